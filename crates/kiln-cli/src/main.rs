@@ -1,0 +1,53 @@
+//! `kiln`: train Burn models on many devices.
+
+mod backend;
+mod train;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+/// Train one Burn model on many devices through pluggable parallelism strategies.
+#[derive(Parser, Debug)]
+#[command(name = "kiln", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Train a built-in model on built-in synthetic data.
+    Train(train::TrainArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => e.exit(), // --help, --version
+        Err(e) => {
+            // One line: the reason, without clap's usage block.
+            let reason = e.to_string();
+            let first = reason.lines().next().unwrap_or("invalid arguments");
+            eprintln!("{first} (see `kiln --help`)");
+            return ExitCode::from(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+
+    let result = match cli.command {
+        Command::Train(args) => train::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! The `kiln train` job as a config: TOML-loadable, every field defaulted; flags override.
+
+use std::path::Path;
+
+use kiln_core::strategy::{DataParallelConfig, DdpConfig, SingleConfig, StrategyKind};
+
+use crate::backend::BackendKind;
+
+/// A built-in model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelKind {
+    /// An MLP classifier on a random linear teacher's labels.
+    #[default]
+    Mlp,
+    /// A small causal transformer on Fibonacci sequences modulo 16.
+    Transformer,
+}
+
+/// Everything `kiln train` needs.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Which built-in model to train.
+    pub model: ModelKind,
+    /// Which strategy (`auto` resolves from the world size).
+    pub strategy: StrategyKind,
+    /// Which backend.
+    pub backend: BackendKind,
+    /// Ranks (devices; on the CPU, threads sharing the CPU).
+    pub world: usize,
+    /// Optimizer steps.
+    pub steps: usize,
+    /// Global batch: samples per optimizer step over all ranks.
+    pub batch: usize,
+    /// Seed of the model, the data and the sample order.
+    pub seed: u64,
+    /// AdamW learning rate.
+    pub lr: f64,
+    /// Samples in the synthetic data set.
+    pub samples: usize,
+    /// Settings of the `single` strategy.
+    pub single: SingleConfig,
+    /// Settings of the `dp` strategy.
+    pub dp: DataParallelConfig,
+    /// Settings of the `ddp` strategy.
+    pub ddp: DdpConfig,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            model: ModelKind::Mlp,
+            strategy: StrategyKind::Auto,
+            backend: BackendKind::Flex,
+            world: 1,
+            steps: 300,
+            batch: 64,
+            seed: 42,
+            lr: 3e-3,
+            samples: 8192,
+            single: SingleConfig::default(),
+            dp: DataParallelConfig::default(),
+            ddp: DdpConfig::default(),
+        }
+    }
+}
+
+/// A config that cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The TOML file could not be read.
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The TOML file is malformed.
+    #[error("config {path} is invalid: {source}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// Why.
+        source: toml::de::Error,
+    },
+    /// World of zero ranks.
+    #[error("--world must be at least 1")]
+    ZeroWorld,
+    /// Global batch smaller than the world.
+    #[error("--batch {batch} is smaller than --world {world}: every rank needs at least one sample per step")]
+    BatchSmallerThanWorld {
+        /// Global batch.
+        batch: usize,
+        /// Ranks.
+        world: usize,
+    },
+    /// More than one rank asked of the one-device strategy.
+    #[error("--strategy single trains on one rank but --world is {0}; use --world 1, or dp, ddp or auto")]
+    SingleWithWorld(usize),
+    /// A learning rate that cannot train.
+    #[error("--lr must be a positive finite number, got {0}")]
+    LearningRate(f64),
+    /// A backend this binary was built without.
+    #[error("backend {backend} is not compiled in; rebuild with `--features {backend}`")]
+    BackendMissing {
+        /// The backend asked for.
+        backend: BackendKind,
+    },
+}
+
+impl TrainConfig {
+    /// Reads a TOML config; missing fields take their defaults.
+    ///
+    /// # Errors
+    /// When the file cannot be read or parsed (unknown fields included).
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let display = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: display.clone(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: display,
+            source,
+        })
+    }
+
+    /// Checks what the strategies cannot check before training starts.
+    ///
+    /// # Errors
+    /// The first problem found.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.world == 0 {
+            return Err(ConfigError::ZeroWorld);
+        }
+        if self.batch < self.world {
+            return Err(ConfigError::BatchSmallerThanWorld {
+                batch: self.batch,
+                world: self.world,
+            });
+        }
+        if self.strategy == StrategyKind::Single && self.world > 1 {
+            return Err(ConfigError::SingleWithWorld(self.world));
+        }
+        if !(self.lr > 0.0 && self.lr.is_finite()) {
+            return Err(ConfigError::LearningRate(self.lr));
+        }
+        Ok(())
+    }
+}

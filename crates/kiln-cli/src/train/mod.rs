@@ -1,0 +1,277 @@
+//! `kiln train`: a built-in model on built-in synthetic data, through any strategy.
+
+mod config;
+mod report;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use burn::backend::Autodiff;
+use burn::optim::{AdamWConfig, Optimizer};
+use burn::tensor::backend::AutodiffBackend;
+use indicatif::{ProgressBar, ProgressStyle};
+use kiln_core::data::{DataSource, EpochSampler};
+use kiln_core::params::checksum;
+use kiln_core::strategy::{DataParallel, Ddp, Single, Strategy, StrategyKind, TrainModel};
+use kiln_core::World;
+use kiln_nn::models::{MlpConfig, TransformerConfig};
+use kiln_nn::tasks::{ClassificationBatcher, FibonacciTask, SequenceBatcher, TeacherTask};
+
+pub use config::{ModelKind, TrainConfig};
+use report::TrainReport;
+
+use crate::backend::BackendKind;
+
+/// Flags of `kiln train`; each overrides the same field of `--config`.
+#[derive(clap::Args, Debug)]
+pub struct TrainArgs {
+    /// TOML config to start from (fields as in the flags; `[ddp]`, `[dp]`, `[single]` tables).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Built-in model.
+    #[arg(long, value_enum)]
+    model: Option<ModelKind>,
+    /// Parallelism strategy.
+    #[arg(long, value_parser = parse_strategy)]
+    strategy: Option<StrategyKind>,
+    /// Backend.
+    #[arg(long, value_enum)]
+    backend: Option<BackendKind>,
+    /// Ranks (devices; CPU ranks share the CPU).
+    #[arg(long)]
+    world: Option<usize>,
+    /// Optimizer steps.
+    #[arg(long)]
+    steps: Option<usize>,
+    /// Global batch size (all ranks together).
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Seed of model, data and sample order.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Learning rate (AdamW).
+    #[arg(long)]
+    lr: Option<f64>,
+    /// Micro-batches per rank and step (gradient accumulation).
+    #[arg(long)]
+    grad_accum: Option<usize>,
+    /// Ddp gradient bucket cap in MiB.
+    #[arg(long)]
+    bucket_cap_mb: Option<f64>,
+    /// Intra-op threads per rank (default: cores shared evenly).
+    #[arg(long)]
+    threads_per_rank: Option<usize>,
+    /// Write a JSON summary here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn parse_strategy(s: &str) -> Result<StrategyKind, String> {
+    match s {
+        "single" => Ok(StrategyKind::Single),
+        "dp" => Ok(StrategyKind::DataParallel),
+        "ddp" => Ok(StrategyKind::Ddp),
+        "auto" => Ok(StrategyKind::Auto),
+        other => Err(format!("unknown strategy {other:?}; use single, dp, ddp or auto")),
+    }
+}
+
+impl TrainArgs {
+    fn into_config(self) -> Result<(TrainConfig, Option<PathBuf>), config::ConfigError> {
+        let mut c = match &self.config {
+            Some(path) => TrainConfig::load(path)?,
+            None => TrainConfig::default(),
+        };
+        macro_rules! set {
+            ($($flag:ident => $($field:ident).+),* $(,)?) => {$(
+                if let Some(v) = self.$flag { c.$($field).+ = v.clone(); }
+            )*};
+        }
+        set!(model => model, strategy => strategy, backend => backend, world => world,
+             steps => steps, batch => batch, seed => seed, lr => lr,
+             grad_accum => single.grad_accumulation, grad_accum => dp.grad_accumulation,
+             grad_accum => ddp.grad_accumulation, bucket_cap_mb => ddp.bucket_cap_mb);
+        if let Some(t) = self.threads_per_rank {
+            c.single.threads = Some(t);
+            c.dp.threads_per_device = Some(t);
+            c.ddp.threads_per_rank = Some(t);
+        }
+        c.validate()?;
+        Ok((c, self.json))
+    }
+}
+
+/// Runs `kiln train`.
+///
+/// # Errors
+/// Invalid flags or config, or a failure while training.
+pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let (config, json) = args.into_config()?;
+    let report = match config.backend {
+        BackendKind::Flex => train_on::<Autodiff<burn::backend::Flex>>(&config, Default::default())?,
+        BackendKind::Ndarray => {
+            train_on::<Autodiff<burn::backend::NdArray>>(&config, Default::default())?
+        }
+        #[cfg(feature = "wgpu")]
+        BackendKind::Wgpu => train_on::<Autodiff<burn::backend::Wgpu>>(&config, Default::default())?,
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => train_on_devices::<Autodiff<burn::backend::Cuda>>(
+            &config,
+            (0..config.world).map(burn::backend::cuda::CudaDevice::new).collect(),
+        )?,
+        #[allow(unreachable_patterns)]
+        backend => return Err(config::ConfigError::BackendMissing { backend }.into()),
+    };
+    println!(
+        "trained {} with {} on {} rank(s): {} steps of {} samples, loss {} -> {}, {:.0} samples/s",
+        report.model,
+        report.strategy,
+        report.world,
+        report.steps,
+        report.global_batch,
+        fmt_loss(report.first_loss),
+        fmt_loss(report.final_loss),
+        report.samples_per_s
+    );
+    if let Some(path) = json {
+        std::fs::write(&path, serde_json::to_string_pretty(&report)?)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn fmt_loss(loss: Option<f64>) -> String {
+    loss.map_or_else(|| "-".into(), |l| format!("{l:.4}"))
+}
+
+/// CPU-like backends: every rank on the same device.
+fn train_on<B: AutodiffBackend>(
+    config: &TrainConfig,
+    device: B::Device,
+) -> Result<TrainReport, Box<dyn std::error::Error>> {
+    train_on_devices::<B>(config, vec![device; config.world])
+}
+
+fn train_on_devices<B: AutodiffBackend>(
+    config: &TrainConfig,
+    devices: Vec<B::Device>,
+) -> Result<TrainReport, Box<dyn std::error::Error>> {
+    B::seed(&devices[0], config.seed);
+    match config.model {
+        ModelKind::Mlp => {
+            let model = MlpConfig::new().init::<B>(&devices[0]);
+            let task = TeacherTask {
+                samples: config.samples,
+                features: 32,
+                classes: 10,
+                seed: config.seed,
+            };
+            let data = DataSource::new(task.dataset(), ClassificationBatcher);
+            train_model(config, devices, model, data)
+        }
+        ModelKind::Transformer => {
+            let model = TransformerConfig::new().init::<B>(&devices[0]);
+            let task = FibonacciTask {
+                samples: config.samples,
+                len: 16,
+                vocab: 16,
+                seed: config.seed,
+            };
+            let data = DataSource::new(task.dataset(), SequenceBatcher);
+            train_model(config, devices, model, data)
+        }
+    }
+}
+
+fn train_model<B, M, I>(
+    config: &TrainConfig,
+    devices: Vec<B::Device>,
+    model: M,
+    data: DataSource<B, I, M::Input>,
+) -> Result<TrainReport, Box<dyn std::error::Error>>
+where
+    B: AutodiffBackend,
+    M: TrainModel<B>,
+    I: Send + 'static,
+{
+    let decision = config.strategy.resolve(devices.len());
+    tracing::info!(strategy = %decision.kind, "strategy {}: {}", decision.kind, decision.reason);
+    let optim = AdamWConfig::new().init::<B, M>();
+    let sampler = EpochSampler::new(data.len(), config.batch, config.seed)?;
+    let mut strategy = build(config, decision.kind, devices, model, optim, data)?;
+
+    let bar = ProgressBar::new(config.steps as u64).with_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} steps  {msg}  [{elapsed}<{eta}]")
+            .expect("valid template"),
+    );
+    let start = Instant::now();
+    let (mut first_loss, mut final_loss) = (None, None);
+    for batch in sampler.batches().take(config.steps) {
+        let out = strategy.step(&batch, config.lr)?;
+        first_loss.get_or_insert(out.loss);
+        final_loss = Some(out.loss);
+        bar.set_message(format!("loss {:.4}", out.loss));
+        bar.inc(1);
+    }
+    let wall_s = start.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+
+    let trained = strategy.model()?;
+    let report = TrainReport {
+        strategy: decision.kind.to_string(),
+        strategy_reason: decision.reason,
+        model: format!("{:?}", config.model).to_lowercase(),
+        backend: config.backend.to_string(),
+        world: strategy.world_size(),
+        steps: config.steps,
+        global_batch: config.batch,
+        grad_accumulation: config.ddp.grad_accumulation,
+        seed: config.seed,
+        first_loss,
+        final_loss,
+        param_sum: 0.0,
+        param_sq_sum: 0.0,
+        param_count: 0,
+        wall_s,
+        samples_per_s: (config.steps * config.batch) as f64 / wall_s.max(f64::MIN_POSITIVE),
+        ranks: strategy.stats().into_iter().map(Into::into).collect(),
+    };
+    Ok(report.with_checksum(checksum(&trained)))
+}
+
+fn build<B, M, O, I>(
+    config: &TrainConfig,
+    kind: StrategyKind,
+    devices: Vec<B::Device>,
+    model: M,
+    optim: O,
+    data: DataSource<B, I, M::Input>,
+) -> Result<Box<dyn Strategy<B, M>>, Box<dyn std::error::Error>>
+where
+    B: AutodiffBackend,
+    M: TrainModel<B>,
+    O: Optimizer<M, B> + 'static,
+    I: Send + 'static,
+{
+    Ok(match kind {
+        StrategyKind::Single => Box::new(Single::new(
+            model,
+            optim,
+            data,
+            devices[0].clone(),
+            config.single.clone(),
+        )?),
+        StrategyKind::DataParallel => Box::new(DataParallel::new(
+            model,
+            optim,
+            data,
+            devices,
+            config.dp.clone(),
+        )?),
+        // `resolve` never returns `Auto`; it shares Ddp's arm rather than a panic.
+        StrategyKind::Ddp | StrategyKind::Auto => {
+            let world = World::local(devices)?;
+            Box::new(Ddp::new(&world, model, optim, data, config.ddp.clone())?)
+        }
+    })
+}

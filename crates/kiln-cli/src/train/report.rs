@@ -1,0 +1,80 @@
+//! The JSON summary of a training run (`--json`).
+
+use kiln_core::params::ParamChecksum;
+use kiln_core::strategy::RankStats;
+
+/// One run's results: the keys other tools and tests compare.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TrainReport {
+    /// The strategy that ran (`auto` resolved).
+    pub strategy: String,
+    /// Why it was chosen.
+    pub strategy_reason: String,
+    /// The model.
+    pub model: String,
+    /// The backend.
+    pub backend: String,
+    /// Ranks.
+    pub world: usize,
+    /// Optimizer steps.
+    pub steps: usize,
+    /// Samples per step over all ranks.
+    pub global_batch: usize,
+    /// Micro-batches per rank and step.
+    pub grad_accumulation: usize,
+    /// Seed.
+    pub seed: u64,
+    /// Loss of the first step.
+    pub first_loss: Option<f64>,
+    /// Loss of the last step.
+    pub final_loss: Option<f64>,
+    /// f64 sum of every final parameter value.
+    pub param_sum: f64,
+    /// f64 sum of squares of every final parameter value.
+    pub param_sq_sum: f64,
+    /// Parameter values.
+    pub param_count: u64,
+    /// Seconds of the training loop.
+    pub wall_s: f64,
+    /// Samples trained per second.
+    pub samples_per_s: f64,
+    /// Per-rank totals.
+    pub ranks: Vec<RankReport>,
+}
+
+/// A rank's totals.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RankReport {
+    /// The rank.
+    pub rank: usize,
+    /// Samples read.
+    pub samples: u64,
+    /// Seconds in forward, backward and optimizer.
+    pub compute_s: f64,
+    /// Seconds synchronising.
+    pub communication_s: f64,
+    /// Collective calls.
+    pub collective_calls: u64,
+}
+
+impl From<RankStats> for RankReport {
+    fn from(s: RankStats) -> Self {
+        Self {
+            rank: s.rank,
+            samples: s.samples,
+            compute_s: s.compute.as_secs_f64(),
+            communication_s: s.communication.as_secs_f64(),
+            collective_calls: s.collective.calls,
+        }
+    }
+}
+
+impl TrainReport {
+    /// Fills in the parameter checksum.
+    pub fn with_checksum(mut self, checksum: ParamChecksum) -> Self {
+        self.param_sum = checksum.sum;
+        self.param_sq_sum = checksum.sq_sum;
+        self.param_count = checksum.count;
+        self
+    }
+}

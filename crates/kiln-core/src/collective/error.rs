@@ -1,0 +1,84 @@
+//! Errors of collective operations; each names the ranks involved and what to do.
+
+use std::time::Duration;
+
+use super::CollectiveOp;
+
+/// Why a collective operation did not complete.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CollectiveError {
+    /// Some ranks did not make the call within the group's timeout.
+    #[error(
+        "{op} #{seq} on rank {rank} timed out after {timeout:?}: rank(s) {missing:?} never \
+         arrived. A rank is stuck or far slower than the others; if steps legitimately take \
+         longer, raise the collective timeout"
+    )]
+    Timeout {
+        /// The operation.
+        op: CollectiveOp,
+        /// Its sequence number in this group (0-based).
+        seq: u64,
+        /// The rank reporting.
+        rank: usize,
+        /// The ranks that did not arrive.
+        missing: Vec<usize>,
+        /// The group's timeout.
+        timeout: Duration,
+    },
+    /// Another rank failed, so the group can no longer communicate.
+    #[error("{op} #{seq} on rank {rank} aborted: rank {failed_rank} failed: {reason}")]
+    PeerFailed {
+        /// The operation that was aborted.
+        op: CollectiveOp,
+        /// Its sequence number in this group.
+        seq: u64,
+        /// The rank reporting.
+        rank: usize,
+        /// The rank that failed first.
+        failed_rank: usize,
+        /// What happened to it.
+        reason: String,
+    },
+    /// Ranks made different calls at the same point of the sequence.
+    #[error(
+        "collective #{seq}: rank {rank} called {op} with {elements} elements but rank \
+         {other_rank} called {other_op} with {other_elements}; every rank must make the same \
+         calls in the same order with the same shapes"
+    )]
+    Mismatch {
+        /// Sequence number of the call.
+        seq: u64,
+        /// The rank reporting.
+        rank: usize,
+        /// Its operation.
+        op: CollectiveOp,
+        /// Its element count.
+        elements: usize,
+        /// The rank it disagrees with.
+        other_rank: usize,
+        /// That rank's operation.
+        other_op: CollectiveOp,
+        /// That rank's element count.
+        other_elements: usize,
+    },
+    /// A broadcast root outside the group.
+    #[error("broadcast root {root} is not a rank of this group of {world_size}")]
+    InvalidRoot {
+        /// The requested root.
+        root: usize,
+        /// Size of the group.
+        world_size: usize,
+    },
+}
+
+impl CollectiveError {
+    /// The rank this error blames: the one that failed, did not arrive, or disagreed.
+    pub fn culprit(&self) -> Option<usize> {
+        match self {
+            CollectiveError::Timeout { missing, .. } => missing.first().copied(),
+            CollectiveError::PeerFailed { failed_rank, .. } => Some(*failed_rank),
+            CollectiveError::Mismatch { other_rank, .. } => Some(*other_rank),
+            CollectiveError::InvalidRoot { .. } => None,
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! `DataParallel`: one process, parameters and optimizer on a main device, the batch split
+//! over devices each step (like PyTorch's `DataParallel`).
+//!
+//! Each step: replicate the model to every device → each device computes the gradients of its
+//! part of the batch → gradients are summed onto the main device (in device order) → one
+//! optimizer step there. The next step's replicas are forked from the updated model, which is
+//! the broadcast of the new parameters.
+
+use std::time::Instant;
+
+use burn::optim::{GradientsParams, Optimizer};
+use burn::tensor::backend::AutodiffBackend;
+use rayon::ThreadPool;
+
+use super::micro_batch::{LocalGradients, local_gradients};
+use super::threads::rank_pool;
+use super::{
+    ConfigError, RankError, RankFailure, RankStats, StepOutput, Strategy, StrategyError,
+    TrainModel,
+};
+use crate::data::{DataSource, ShardPolicy};
+use crate::grads::add_weighted;
+
+/// Configuration of [`DataParallel`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct DataParallelConfig {
+    /// Micro-batches per device and global batch (1 means no accumulation).
+    pub grad_accumulation: usize,
+    /// Intra-op threads per device; `None` shares the cores evenly.
+    pub threads_per_device: Option<usize>,
+}
+
+impl Default for DataParallelConfig {
+    fn default() -> Self {
+        Self {
+            grad_accumulation: 1,
+            threads_per_device: None,
+        }
+    }
+}
+
+/// Single-process data parallelism with a main device.
+pub struct DataParallel<B: AutodiffBackend, M: TrainModel<B>, O, I> {
+    model: Option<M>,
+    optim: O,
+    data: DataSource<B, I, M::Input>,
+    devices: Vec<B::Device>,
+    pools: Vec<ThreadPool>,
+    accumulation: usize,
+    stats: Vec<RankStats>,
+}
+
+impl<B, M, O, I> DataParallel<B, M, O, I>
+where
+    B: AutodiffBackend,
+    M: TrainModel<B>,
+    O: Optimizer<M, B>,
+{
+    /// Trains `model` over `devices` (the first is the main device; a device may repeat, as
+    /// the CPU does when several ranks share it).
+    ///
+    /// # Errors
+    /// [`ConfigError`] for an impossible configuration; an empty device list is rejected too.
+    pub fn new(
+        model: M,
+        optim: O,
+        data: DataSource<B, I, M::Input>,
+        devices: Vec<B::Device>,
+        config: DataParallelConfig,
+    ) -> Result<Self, StrategyError> {
+        if devices.is_empty() {
+            return Err(ConfigError::NoDevices.into());
+        }
+        if config.grad_accumulation == 0 {
+            return Err(ConfigError::ZeroAccumulation.into());
+        }
+        let pools = (0..devices.len())
+            .map(|rank| rank_pool(rank, devices.len(), config.threads_per_device))
+            .collect::<Result<Vec<_>, _>>()?;
+        tracing::info!(
+            devices = devices.len(),
+            accumulation = config.grad_accumulation,
+            "Applied DataParallel: {} devices, optimizer on the main device",
+            devices.len()
+        );
+        let stats = (0..devices.len())
+            .map(|rank| RankStats {
+                rank,
+                ..Default::default()
+            })
+            .collect();
+        Ok(Self {
+            model: Some(model.fork(&devices[0])),
+            optim,
+            data,
+            devices,
+            pools,
+            accumulation: config.grad_accumulation,
+            stats,
+        })
+    }
+
+    /// Forward and backward of every device's shard, in parallel.
+    fn compute(
+        &self,
+        model: &M,
+        shards: &[Vec<usize>],
+        global_samples: usize,
+    ) -> Vec<Result<LocalGradients, RankError>> {
+        std::thread::scope(|scope| {
+            let jobs: Vec<_> = shards
+                .iter()
+                .enumerate()
+                .map(|(rank, shard)| {
+                    let device = &self.devices[rank];
+                    // The main device computes on the model itself; others on a detached copy.
+                    let replica = if rank == 0 {
+                        model.clone()
+                    } else {
+                        model.clone().fork(device)
+                    };
+                    let (pool, data, accumulation) =
+                        (&self.pools[rank], &self.data, self.accumulation);
+                    scope.spawn(move || {
+                        pool.install(move || {
+                            local_gradients(
+                                &replica,
+                                data,
+                                shard,
+                                global_samples,
+                                accumulation,
+                                device,
+                            )
+                        })
+                    })
+                })
+                .collect();
+            jobs.into_iter()
+                .map(|job| job.join().unwrap_or(Err(RankError::Gone)))
+                .collect()
+        })
+    }
+}
+
+impl<B, M, O, I> Strategy<B, M> for DataParallel<B, M, O, I>
+where
+    B: AutodiffBackend,
+    M: TrainModel<B>,
+    O: Optimizer<M, B>,
+    I: Send,
+{
+    fn name(&self) -> &'static str {
+        "dp"
+    }
+
+    fn world_size(&self) -> usize {
+        self.devices.len()
+    }
+
+    fn step(&mut self, batch: &[usize], lr: f64) -> Result<StepOutput, StrategyError> {
+        let shards = ShardPolicy::Uneven.shard(batch, self.devices.len())?;
+        let model = self.model.take().ok_or(StrategyError::Broken { culprit: 0 })?;
+        let results = self.compute(&model, &shards, batch.len());
+
+        let mut failures = Vec::new();
+        let mut locals = Vec::new();
+        for (rank, result) in results.into_iter().enumerate() {
+            match result {
+                Ok(local) => locals.push(local),
+                Err(error) => failures.push(RankFailure { rank, error }),
+            }
+        }
+        if !failures.is_empty() {
+            self.model = Some(model);
+            return Err(StrategyError::from_failures(failures));
+        }
+
+        // Reduce onto the main device in device order, so the sum is deterministic.
+        let reduce_start = Instant::now();
+        let main = &self.devices[0];
+        let mut grads = GradientsParams::new();
+        let (mut loss_sum, mut compute) = (0.0, Default::default());
+        for (stats, local) in self.stats.iter_mut().zip(locals) {
+            grads = add_weighted(&model, grads, local.grads, 1.0, main);
+            loss_sum += local.loss_sum;
+            compute = local.compute.max(compute);
+            stats.steps += 1;
+            stats.samples += local.samples as u64;
+            stats.compute += local.compute;
+        }
+        let communication = reduce_start.elapsed();
+        self.stats[0].communication += communication;
+
+        let optim_start = Instant::now();
+        let model = self.pools[0].install(|| self.optim.step(lr, model, grads));
+        self.model = Some(model);
+        let compute = compute + optim_start.elapsed();
+        Ok(StepOutput {
+            loss: loss_sum / batch.len() as f64,
+            samples: batch.len(),
+            compute,
+            communication,
+        })
+    }
+
+    fn model(&self) -> Result<M, StrategyError> {
+        self.model.clone().ok_or(StrategyError::Broken { culprit: 0 })
+    }
+
+    fn stats(&self) -> Vec<RankStats> {
+        self.stats.clone()
+    }
+}

@@ -1,0 +1,330 @@
+//! `Ddp`: distributed data parallelism — a persistent replica per rank on its own thread.
+//!
+//! Every rank owns a replica and an optimizer. At start, rank 0's parameters are broadcast so
+//! all replicas begin identical. Each step, every rank reads its own shard of the global batch
+//! (the same deterministic sharding on every rank), accumulates the weighted gradients of its
+//! micro-batches locally (no communication on the non-final micro-steps, PyTorch's `no_sync`),
+//! all-reduces them in buckets of at most `bucket_cap_mb`, and steps its optimizer. Identical
+//! gradients and identical optimizer states keep the replicas identical, which the optional
+//! replica check verifies.
+//!
+//! The calling thread only dispatches steps and collects reports; rank 0's worker holds the
+//! canonical model.
+
+mod worker;
+
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use burn::optim::Optimizer;
+use burn::tensor::backend::AutodiffBackend;
+
+use super::{
+    ConfigError, RankError, RankFailure, RankStats, StepOutput, Strategy, StrategyError,
+    TrainModel,
+};
+use crate::World;
+use crate::collective::InProcess;
+use crate::data::{DataSource, ShardPolicy};
+use worker::{Command, Report, Worker};
+
+/// Configuration of [`Ddp`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct DdpConfig {
+    /// Largest gradient bucket, in MiB: one all-reduce per bucket. Default 25, as PyTorch.
+    pub bucket_cap_mb: f64,
+    /// Micro-batches per rank and global batch (1 means no accumulation).
+    pub grad_accumulation: usize,
+    /// How a global batch that does not divide by the world size is sharded.
+    pub shard_policy: ShardPolicy,
+    /// Seconds any collective call may wait for the other ranks before failing.
+    pub collective_timeout_s: f64,
+    /// Check every this many steps that all replicas hold identical parameters (`None`: off).
+    pub check_replicas_every: Option<u64>,
+    /// Intra-op threads per rank; `None` shares the cores evenly among the ranks.
+    pub threads_per_rank: Option<usize>,
+}
+
+impl Default for DdpConfig {
+    fn default() -> Self {
+        Self {
+            bucket_cap_mb: 25.0,
+            grad_accumulation: 1,
+            shard_policy: ShardPolicy::Uneven,
+            collective_timeout_s: 300.0,
+            check_replicas_every: None,
+            threads_per_rank: None,
+        }
+    }
+}
+
+impl DdpConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.grad_accumulation == 0 {
+            return Err(ConfigError::ZeroAccumulation);
+        }
+        if !(self.bucket_cap_mb > 0.0 && self.bucket_cap_mb.is_finite()) {
+            return Err(ConfigError::BucketCap(self.bucket_cap_mb));
+        }
+        if !(self.collective_timeout_s > 0.0 && self.collective_timeout_s.is_finite()) {
+            return Err(ConfigError::Timeout(self.collective_timeout_s));
+        }
+        if self.threads_per_rank == Some(0) {
+            return Err(ConfigError::ZeroThreads);
+        }
+        Ok(())
+    }
+
+    fn bucket_cap_bytes(&self) -> usize {
+        (self.bucket_cap_mb * 1024.0 * 1024.0) as usize
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.collective_timeout_s)
+    }
+}
+
+struct RankHandle<M> {
+    commands: Sender<Command<M>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Distributed data parallelism over the ranks of a [`World`].
+pub struct Ddp<B: AutodiffBackend, M: TrainModel<B>> {
+    ranks: Vec<RankHandle<M>>,
+    reports: Receiver<Report>,
+    config: DdpConfig,
+    stats: Vec<RankStats>,
+    num_buckets: usize,
+    broken: Option<usize>,
+    backend: std::marker::PhantomData<B>,
+}
+
+impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
+    /// Starts one worker per device of `world`, each with a replica of `model` and a clone of
+    /// `optim`, reading from `data`; returns when every rank holds rank 0's parameters.
+    ///
+    /// # Errors
+    /// [`ConfigError`] for an impossible configuration or a multi-process world;
+    /// [`StrategyError::Failed`] when a rank fails while starting.
+    pub fn new<O, I>(
+        world: &World<B::Device>,
+        model: M,
+        optim: O,
+        data: DataSource<B, I, M::Input>,
+        config: DdpConfig,
+    ) -> Result<Self, StrategyError>
+    where
+        O: Optimizer<M, B> + 'static,
+        I: Send + 'static,
+    {
+        config.validate()?;
+        if world.multi_process_enabled() {
+            return Err(ConfigError::MultiProcess {
+                processes: world.process().processes,
+            }
+            .into());
+        }
+        let world_size = world.world_size();
+        let (report_tx, reports) = mpsc::channel();
+        let collectives = InProcess::<B::InnerBackend>::group(world_size, config.timeout());
+
+        let mut ranks = Vec::with_capacity(world_size);
+        for (local, collective) in collectives.into_iter().enumerate() {
+            let rank = world.rank_of(local);
+            let pool = super::threads::rank_pool(rank, world_size, config.threads_per_rank)?;
+            let (commands, inbox) = mpsc::channel();
+            let worker = Worker {
+                rank,
+                world_size,
+                device: world.devices()[local].clone(),
+                model: Some(model.clone()),
+                optim: optim.clone(),
+                data: data.clone(),
+                collective: Box::new(collective),
+                config: config.clone(),
+                plan: None,
+                stats: RankStats {
+                    rank,
+                    ..Default::default()
+                },
+                steps: 0,
+            };
+            let reports = report_tx.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("kiln-ddp-rank{rank}"))
+                .spawn(move || pool.install(move || worker.run(inbox, reports)))
+                .map_err(|e| ConfigError::ThreadPool {
+                    rank,
+                    reason: e.to_string(),
+                })?;
+            ranks.push(RankHandle {
+                commands,
+                thread: Some(thread),
+            });
+        }
+
+        let mut ddp = Self {
+            ranks,
+            reports,
+            stats: (0..world_size)
+                .map(|rank| RankStats {
+                    rank,
+                    ..Default::default()
+                })
+                .collect(),
+            config,
+            num_buckets: 0,
+            broken: None,
+            backend: std::marker::PhantomData,
+        };
+        let ready = ddp.collect()?;
+        ddp.num_buckets = ready.first().map_or(0, |r| r.num_buckets);
+        // Start-up broadcast traffic and time belong to the ranks' totals.
+        ddp.stats = ready.into_iter().map(|r| r.stats).collect();
+        tracing::info!(
+            ranks = world_size,
+            buckets = ddp.num_buckets,
+            accumulation = ddp.config.grad_accumulation,
+            "Applied Ddp: {world_size} ranks, {} gradient buckets of at most {} MiB",
+            ddp.num_buckets,
+            ddp.config.bucket_cap_mb
+        );
+        Ok(ddp)
+    }
+
+    /// Gradient buckets per step, hence all-reduce calls per step.
+    pub fn num_buckets(&self) -> usize {
+        self.num_buckets
+    }
+
+    /// Waits for one report per rank. Once any rank has failed, the others get at most the
+    /// collective timeout to report, so a wedged rank cannot hang the caller.
+    fn collect(&mut self) -> Result<Vec<worker::Done>, StrategyError> {
+        let world_size = self.ranks.len();
+        let mut done: Vec<Option<worker::Done>> = (0..world_size).map(|_| None).collect();
+        let mut failures = Vec::new();
+        let mut pending = world_size;
+        let grace = self.config.timeout() + Duration::from_secs(1);
+        while pending > 0 {
+            let report = if failures.is_empty() {
+                self.reports.recv().map_err(|_| RecvTimeoutError::Disconnected)
+            } else {
+                self.reports.recv_timeout(grace)
+            };
+            match report {
+                Ok(Report { rank, result }) => {
+                    pending -= 1;
+                    // Ranks are this process's only ranks (multi-process worlds are rejected
+                    // in `new`), so a rank is its index.
+                    match result {
+                        Ok(d) => done[rank] = Some(d),
+                        Err(error) => failures.push(RankFailure { rank, error }),
+                    }
+                }
+                Err(reason) => {
+                    let error = match reason {
+                        RecvTimeoutError::Timeout => RankError::Silent(grace),
+                        RecvTimeoutError::Disconnected => RankError::Gone,
+                    };
+                    for (rank, _) in done.iter().enumerate().filter(|(_, d)| d.is_none()) {
+                        if !failures.iter().any(|f: &RankFailure| f.rank == rank) {
+                            failures.push(RankFailure {
+                                rank,
+                                error: error.clone(),
+                            });
+                        }
+                    }
+                    break;
+                }
+            }
+        }
+        if failures.is_empty() {
+            Ok(done.into_iter().map(|d| d.expect("every rank reported")).collect())
+        } else {
+            let error = StrategyError::from_failures(failures);
+            self.broken = error.culprit();
+            Err(error)
+        }
+    }
+
+    fn send(&self, make: impl Fn() -> Command<M>) {
+        for rank in &self.ranks {
+            // A rank whose thread is gone is noticed in `collect` by its missing report.
+            let _ = rank.commands.send(make());
+        }
+    }
+}
+
+impl<B: AutodiffBackend, M: TrainModel<B>> Strategy<B, M> for Ddp<B, M> {
+    fn name(&self) -> &'static str {
+        "ddp"
+    }
+
+    fn world_size(&self) -> usize {
+        self.ranks.len()
+    }
+
+    fn step(&mut self, batch: &[usize], lr: f64) -> Result<StepOutput, StrategyError> {
+        if let Some(culprit) = self.broken {
+            return Err(StrategyError::Broken { culprit });
+        }
+        // Every rank shards the same way; checking here turns bad input into an error before
+        // any rank starts.
+        self.config
+            .shard_policy
+            .shard(batch, self.ranks.len())?;
+        let batch: Arc<[usize]> = batch.into();
+        self.send(|| Command::Step {
+            batch: batch.clone(),
+            lr,
+        });
+        let done = self.collect()?;
+
+        let mut output = StepOutput {
+            loss: 0.0,
+            samples: 0,
+            compute: Duration::ZERO,
+            communication: Duration::ZERO,
+        };
+        let mut loss_sum = 0.0;
+        for (stats, d) in self.stats.iter_mut().zip(done) {
+            loss_sum += d.loss_sum;
+            output.samples += d.samples;
+            output.compute = output.compute.max(d.compute);
+            output.communication = output.communication.max(d.communication);
+            *stats = d.stats;
+        }
+        output.loss = loss_sum / output.samples as f64;
+        Ok(output)
+    }
+
+    fn model(&self) -> Result<M, StrategyError> {
+        let (reply, model) = mpsc::channel();
+        let sent = self.ranks[0].commands.send(Command::Model(reply)).is_ok();
+        match model.recv() {
+            Ok(Some(model)) if sent => Ok(model),
+            _ => Err(StrategyError::Broken {
+                culprit: self.broken.unwrap_or(0),
+            }),
+        }
+    }
+
+    fn stats(&self) -> Vec<RankStats> {
+        self.stats.clone()
+    }
+}
+
+impl<B: AutodiffBackend, M: TrainModel<B>> Drop for Ddp<B, M> {
+    fn drop(&mut self) {
+        self.send(|| Command::Stop);
+        for rank in &mut self.ranks {
+            if let Some(thread) = rank.thread.take() {
+                let _ = thread.join();
+            }
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! Errors of strategies: bad configuration, bad input, and failures on ranks.
+
+use std::fmt;
+
+use crate::collective::CollectiveError;
+use crate::data::DataError;
+
+/// A strategy configuration that cannot work.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    /// No device to train on.
+    #[error("no device given; pass at least one device (the CPU device may repeat)")]
+    NoDevices,
+    /// Gradient accumulation of zero micro-steps.
+    #[error("grad_accumulation must be at least 1 (1 means no accumulation)")]
+    ZeroAccumulation,
+    /// A bucket cap that is not a positive size.
+    #[error("bucket_cap_mb must be a positive number of MiB, got {0}")]
+    BucketCap(f64),
+    /// A collective timeout that is not positive.
+    #[error("collective_timeout_s must be a positive number of seconds, got {0}")]
+    Timeout(f64),
+    /// Zero threads per rank.
+    #[error("threads_per_rank must be at least 1")]
+    ZeroThreads,
+    /// A world that spans processes, which needs the MPI collective.
+    #[error(
+        "the world spans {processes} processes, but this strategy only connects ranks inside \
+         one process; run a single process (one rank per device) until the MPI collective lands"
+    )]
+    MultiProcess {
+        /// Processes in the world.
+        processes: usize,
+    },
+    /// A thread pool for a rank could not be built.
+    #[error("could not start the thread pool of rank {rank}: {reason}")]
+    ThreadPool {
+        /// The rank.
+        rank: usize,
+        /// The pool builder's message.
+        reason: String,
+    },
+}
+
+/// What went wrong on one rank.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RankError {
+    /// The rank's code panicked.
+    #[error("panicked: {0}")]
+    Panicked(String),
+    /// A collective call failed.
+    #[error(transparent)]
+    Collective(#[from] CollectiveError),
+    /// The rank could not load its data.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// The rank's parameters differ from rank 0's.
+    #[error(
+        "replica diverged at step {step}: parameter checksum (sum, sum of squares) is \
+         {found:?}, rank 0 has {expected:?}"
+    )]
+    ReplicasDiverged {
+        /// Step at which the check ran.
+        step: u64,
+        /// Rank 0's checksum.
+        expected: [f32; 2],
+        /// This rank's checksum.
+        found: [f32; 2],
+    },
+    /// The rank's thread is gone.
+    #[error("its worker thread is gone")]
+    Gone,
+    /// The rank did not report in time after another rank failed.
+    #[error("did not report within {0:?} after another rank failed")]
+    Silent(std::time::Duration),
+}
+
+impl RankError {
+    /// Whether this error only reports another rank's failure.
+    fn blames_other(&self, rank: usize) -> Option<usize> {
+        match self {
+            RankError::Collective(e) => e.culprit().filter(|&c| c != rank),
+            _ => None,
+        }
+    }
+}
+
+/// A rank and what went wrong on it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RankFailure {
+    /// The rank.
+    pub rank: usize,
+    /// The error.
+    pub error: RankError,
+}
+
+impl fmt::Display for RankFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "rank {}: {}", self.rank, self.error)
+    }
+}
+
+/// Why a strategy could not be built or could not step.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StrategyError {
+    /// The configuration cannot work.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The batch is invalid for this strategy.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// One or more ranks failed; `culprit` is the rank whose failure caused the others.
+    #[error("rank {culprit} failed; {}", list(failures))]
+    Failed {
+        /// The rank that failed first.
+        culprit: usize,
+        /// What every failing rank reported, in rank order.
+        failures: Vec<RankFailure>,
+    },
+    /// A previous step failed and left the ranks inconsistent.
+    #[error(
+        "this strategy is unusable since rank {culprit} failed; build a new one from the last \
+         checkpoint"
+    )]
+    Broken {
+        /// The rank that failed.
+        culprit: usize,
+    },
+}
+
+fn list(failures: &[RankFailure]) -> String {
+    failures
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl StrategyError {
+    /// Builds [`StrategyError::Failed`] from per-rank failures, finding the culprit: the first
+    /// rank whose error is its own rather than a report of another's.
+    ///
+    /// # Panics
+    /// When `failures` is empty.
+    pub fn from_failures(mut failures: Vec<RankFailure>) -> Self {
+        assert!(!failures.is_empty(), "a failure needs a failing rank");
+        failures.sort_by_key(|f| f.rank);
+        let culprit = failures
+            .iter()
+            .find(|f| f.error.blames_other(f.rank).is_none())
+            .map(|f| f.rank)
+            .or_else(|| failures[0].error.blames_other(failures[0].rank))
+            .unwrap_or(failures[0].rank);
+        StrategyError::Failed { culprit, failures }
+    }
+
+    /// The rank blamed, if the error is a rank failure.
+    pub fn culprit(&self) -> Option<usize> {
+        match self {
+            StrategyError::Failed { culprit, .. } | StrategyError::Broken { culprit } => {
+                Some(*culprit)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The message of a caught panic.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}

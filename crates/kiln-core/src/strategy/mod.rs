@@ -1,0 +1,108 @@
+//! The [`Strategy`] trait and its implementations.
+//!
+//! A strategy owns a model and where its parameters live. [`Strategy::step`] takes the sample
+//! indices of one global batch and reads top-down in every implementation: shard the batch
+//! → forward/backward per rank (micro-batches weighted by their share of the global batch) →
+//! synchronise gradients → optimizer step → statistics. Because the weighting is exact, `k`
+//! steps with any strategy match `k` steps of single-device training on the same global
+//! batches (the equivalence tests in `tests/`).
+
+mod data_parallel;
+mod ddp;
+mod error;
+mod kind;
+mod loss;
+mod micro_batch;
+mod single;
+mod threads;
+
+use std::time::Duration;
+
+use burn::module::AutodiffModule;
+use burn::tensor::backend::AutodiffBackend;
+use burn::train::TrainStep;
+
+pub use data_parallel::{DataParallel, DataParallelConfig};
+pub use ddp::{Ddp, DdpConfig};
+pub use error::{ConfigError, RankError, RankFailure, StrategyError};
+pub use kind::{AutoDecision, StrategyKind};
+pub use loss::StepLoss;
+pub use single::{Single, SingleConfig};
+
+use crate::collective::CollectiveCounters;
+
+/// A model a strategy can train: any Burn [`AutodiffModule`] with a burn-train [`TrainStep`]
+/// whose output reports its loss.
+///
+/// Contract: `TrainStep::step` returns the gradients of the **mean** loss over the samples of
+/// its input; strategies rely on it to weight shards and micro-batches exactly.
+pub trait TrainModel<B: AutodiffBackend>:
+    AutodiffModule<B> + TrainStep<Output: StepLoss> + 'static
+{
+}
+
+impl<B, M> TrainModel<B> for M
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B> + TrainStep<Output: StepLoss> + 'static,
+{
+}
+
+/// What one optimizer step did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepOutput {
+    /// Mean loss over the samples of the global batch.
+    pub loss: f64,
+    /// Samples trained on (after the shard policy).
+    pub samples: usize,
+    /// Longest forward/backward time over the ranks.
+    pub compute: Duration,
+    /// Longest gradient-synchronisation time over the ranks, waiting for peers included.
+    pub communication: Duration,
+}
+
+/// Running totals of one rank.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RankStats {
+    /// The rank.
+    pub rank: usize,
+    /// Optimizer steps taken.
+    pub steps: u64,
+    /// Samples read.
+    pub samples: u64,
+    /// Time in forward and backward passes (micro-batches included).
+    pub compute: Duration,
+    /// Time synchronising gradients and parameters.
+    pub communication: Duration,
+    /// Collective traffic.
+    pub collective: CollectiveCounters,
+}
+
+/// A way of training one model on one or more devices.
+///
+/// `M` is the model and `B` its autodiff backend. Implementations: [`Single`],
+/// [`DataParallel`], [`Ddp`]; build one directly or from a [`StrategyKind`].
+pub trait Strategy<B: AutodiffBackend, M: TrainModel<B>> {
+    /// The strategy's name, as used in configs, the CLI and logs (`"ddp"`).
+    fn name(&self) -> &'static str;
+
+    /// Number of ranks taking part.
+    fn world_size(&self) -> usize;
+
+    /// Trains on the global batch made of the samples at `batch` (indices into the data
+    /// source) with learning rate `lr`: one optimizer step.
+    ///
+    /// # Errors
+    /// [`StrategyError`] for an invalid batch, or a failure on any rank (naming it). After a
+    /// rank failure the strategy is broken and every later call returns an error.
+    fn step(&mut self, batch: &[usize], lr: f64) -> Result<StepOutput, StrategyError>;
+
+    /// The canonical model (rank 0's, or the main device's), for evaluation and checkpoints.
+    ///
+    /// # Errors
+    /// When the rank holding it has failed.
+    fn model(&self) -> Result<M, StrategyError>;
+
+    /// Running totals per rank.
+    fn stats(&self) -> Vec<RankStats>;
+}

@@ -1,0 +1,157 @@
+//! Who takes part in a run: the processes, their devices, and the ranks they make.
+//!
+//! A [`World`] is plain data, validated when it is built (the error names every factor that
+//! is off) and connected to nothing: collectives are created from it only when a strategy
+//! asks. Inside one process there is one rank per local device (one worker thread each, as
+//! Burn's own DDP does); on the CPU several ranks may share the single CPU device.
+//!
+//! Rank layout: with `P` processes of `L` local devices each, the rank of local device `i` in
+//! process `p` is `p * L + i`, so the ranks of one process are contiguous.
+
+mod launcher;
+
+pub use launcher::{EnvLookup, Launcher, ProcessInfo};
+
+/// Error building a [`World`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WorldError {
+    /// No local device was given.
+    #[error("a world needs at least one local device; pass one device per rank of this process")]
+    NoDevices,
+    /// A launcher variable could not be parsed as a number.
+    #[error("launcher variable {name}={value:?} is not a non-negative integer")]
+    NotANumber {
+        /// The environment variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+    },
+    /// The launcher set a rank variable but not its companion.
+    #[error("launcher variable {present} is set but {missing} is not; set both or neither")]
+    Incomplete {
+        /// The variable that was set.
+        present: &'static str,
+        /// The variable that was missing.
+        missing: &'static str,
+    },
+    /// A rank or count that does not fit with the others.
+    #[error(
+        "inconsistent world: process rank {rank} of {processes} processes, local rank \
+         {local_rank} of {local_processes} on node {node_rank} of {nodes} (from {launcher}); \
+         every rank must be below its count and every count at least 1"
+    )]
+    Inconsistent {
+        /// Process rank.
+        rank: usize,
+        /// Number of processes.
+        processes: usize,
+        /// Process rank on this node.
+        local_rank: usize,
+        /// Processes on this node.
+        local_processes: usize,
+        /// This node's index.
+        node_rank: usize,
+        /// Number of nodes.
+        nodes: usize,
+        /// Where the numbers came from.
+        launcher: Launcher,
+    },
+}
+
+/// The participants of a run, seen from one process.
+///
+/// `D` is the device type of the backend (`B::Device`).
+///
+/// # Example
+/// ```
+/// use kiln_core::World;
+/// // Four ranks as threads of this process, all on the one CPU device.
+/// let world = World::local(vec![(); 4]).unwrap();
+/// assert_eq!(world.world_size(), 4);
+/// assert_eq!(world.rank_of(3), 3);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct World<D> {
+    process: ProcessInfo,
+    devices: Vec<D>,
+}
+
+impl<D: Clone> World<D> {
+    /// A world made of this process alone, one rank per device in `devices`.
+    ///
+    /// # Errors
+    /// [`WorldError::NoDevices`] when `devices` is empty.
+    pub fn local(devices: Vec<D>) -> Result<Self, WorldError> {
+        Self::new(ProcessInfo::single(), devices)
+    }
+
+    /// A world from explicit process information and this process's devices.
+    ///
+    /// # Errors
+    /// [`WorldError::NoDevices`] when `devices` is empty, [`WorldError::Inconsistent`] when a
+    /// rank is not below its count.
+    pub fn new(process: ProcessInfo, devices: Vec<D>) -> Result<Self, WorldError> {
+        process.validate()?;
+        if devices.is_empty() {
+            return Err(WorldError::NoDevices);
+        }
+        Ok(Self { process, devices })
+    }
+
+    /// A world whose process information comes from the launcher's environment (torchrun,
+    /// Open MPI's `mpirun`, SLURM's `srun`), or a single process when none is found.
+    ///
+    /// # Errors
+    /// Any [`WorldError`] when the launcher's variables are malformed or inconsistent.
+    pub fn from_env(devices: Vec<D>) -> Result<Self, WorldError> {
+        Self::new(ProcessInfo::from_env(&launcher::process_env)?, devices)
+    }
+
+    /// This process's place among the processes.
+    pub fn process(&self) -> &ProcessInfo {
+        &self.process
+    }
+
+    /// The devices of this process, one per local rank.
+    pub fn devices(&self) -> &[D] {
+        &self.devices
+    }
+
+    /// Ranks held by this process.
+    pub fn local_ranks(&self) -> usize {
+        self.devices.len()
+    }
+
+    /// Ranks in the whole run, over all processes.
+    pub fn world_size(&self) -> usize {
+        self.process.processes * self.devices.len()
+    }
+
+    /// Global rank of this process's local device `local_index`.
+    ///
+    /// # Panics
+    /// When `local_index` is not below [`World::local_ranks`].
+    pub fn rank_of(&self, local_index: usize) -> usize {
+        assert!(
+            local_index < self.devices.len(),
+            "local index {local_index} out of {} local ranks",
+            self.devices.len()
+        );
+        self.process.rank * self.devices.len() + local_index
+    }
+
+    /// Whether the run spans more than this process.
+    pub fn multi_process_enabled(&self) -> bool {
+        self.process.processes > 1
+    }
+
+    /// Whether there is more than one rank at all.
+    pub fn data_parallel_enabled(&self) -> bool {
+        self.world_size() > 1
+    }
+
+    /// Whether this process holds rank 0, which logs, renders progress and checkpoints.
+    pub fn is_main_process(&self) -> bool {
+        self.process.rank == 0
+    }
+}

@@ -1,0 +1,8 @@
+//! Kiln's layers and built-in models.
+//!
+//! For now: the two reference models every strategy is tested and benchmarked with
+//! ([`models::Mlp`], [`models::Transformer`]) and the synthetic tasks they learn
+//! ([`tasks`]), all plain Burn modules and data sets.
+
+pub mod models;
+pub mod tasks;

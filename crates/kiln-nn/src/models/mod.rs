@@ -1,0 +1,8 @@
+//! Reference models: ordinary Burn modules with a burn-train `TrainStep`, so any Kiln strategy
+//! trains them. Dropout is off: random masks could not match across different batch splits.
+
+mod mlp;
+mod transformer;
+
+pub use mlp::{Mlp, MlpConfig};
+pub use transformer::{Transformer, TransformerConfig};

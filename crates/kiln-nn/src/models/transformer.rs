@@ -1,0 +1,103 @@
+//! A small causal (decoder-only) transformer over tokens: the shape of the Algorithm
+//! Distillation model, built from Burn's own transformer layers.
+
+use burn::config::Config;
+use burn::module::Module;
+use burn::nn::attention::generate_autoregressive_mask;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::transformer::{TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput};
+use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Int, Tensor};
+use burn::train::{SequenceOutput, TrainOutput, TrainStep};
+
+use crate::tasks::SequenceBatch;
+
+/// Configuration of [`Transformer`].
+#[derive(Config, Debug)]
+pub struct TransformerConfig {
+    /// Token vocabulary.
+    #[config(default = 16)]
+    pub vocab: usize,
+    /// Longest sequence (positions).
+    #[config(default = 16)]
+    pub max_len: usize,
+    /// Model width.
+    #[config(default = 32)]
+    pub d_model: usize,
+    /// Feed-forward width.
+    #[config(default = 64)]
+    pub d_ff: usize,
+    /// Attention heads.
+    #[config(default = 4)]
+    pub heads: usize,
+    /// Layers.
+    #[config(default = 2)]
+    pub layers: usize,
+}
+
+impl TransformerConfig {
+    /// Builds the model on `device`.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Transformer<B> {
+        Transformer {
+            tokens: EmbeddingConfig::new(self.vocab, self.d_model).init(device),
+            positions: EmbeddingConfig::new(self.max_len, self.d_model).init(device),
+            blocks: TransformerEncoderConfig::new(self.d_model, self.d_ff, self.heads, self.layers)
+                .with_dropout(0.0)
+                .with_norm_first(true)
+                .init(device),
+            head: LinearConfig::new(self.d_model, self.vocab).init(device),
+        }
+    }
+}
+
+/// Token and position embeddings → pre-norm causal transformer → vocabulary logits, trained
+/// on next-token cross-entropy at every position.
+///
+/// # Shapes
+/// Input `[batch, seq]` token ids with `seq ≤ max_len`, output `[batch, seq, vocab]`.
+#[derive(Module, Debug)]
+pub struct Transformer<B: Backend> {
+    tokens: Embedding<B>,
+    positions: Embedding<B>,
+    blocks: TransformerEncoder<B>,
+    head: Linear<B>,
+}
+
+impl<B: Backend> Transformer<B> {
+    /// Next-token logits at every position.
+    pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        let [batch, seq] = tokens.dims();
+        let device = tokens.device();
+        let positions = Tensor::<B, 1, Int>::arange(0..seq as i64, &device)
+            .reshape([1, seq])
+            .repeat_dim(0, batch);
+        let x = self.tokens.forward(tokens) + self.positions.forward(positions);
+        let mask = generate_autoregressive_mask::<B>(batch, seq, &device);
+        let x = self
+            .blocks
+            .forward(TransformerEncoderInput::new(x).mask_attn(mask));
+        self.head.forward(x)
+    }
+
+    /// Logits and mean next-token cross-entropy of a batch.
+    pub fn forward_sequence(&self, batch: SequenceBatch<B>) -> SequenceOutput<B> {
+        let logits = self.forward(batch.inputs);
+        let [b, s, v] = logits.dims();
+        let loss = CrossEntropyLossConfig::new().init(&logits.device()).forward(
+            logits.clone().reshape([b * s, v]),
+            batch.targets.clone().reshape([b * s]),
+        );
+        SequenceOutput::new(loss, logits, None, batch.targets)
+    }
+}
+
+impl<B: AutodiffBackend> TrainStep for Transformer<B> {
+    type Input = SequenceBatch<B>;
+    type Output = SequenceOutput<B>;
+
+    fn step(&self, batch: SequenceBatch<B>) -> TrainOutput<SequenceOutput<B>> {
+        let output = self.forward_sequence(batch);
+        TrainOutput::new(self, output.loss.backward(), output)
+    }
+}

@@ -1,0 +1,163 @@
+//! Shared pieces of the workspace tests: the reference models and data, a plain Burn training
+//! loop as the single-device reference, and parameter comparison.
+
+#![allow(dead_code)] // each test binary uses a different part
+
+use burn::backend::{Autodiff, Flex};
+use burn::data::dataloader::batcher::Batcher;
+pub use burn::data::dataset::Dataset;
+use burn::data::dataset::InMemDataset;
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::optim::{AdamWConfig, Optimizer};
+use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
+use kiln::core::data::{DataSource, EpochSampler, Remainder};
+use kiln::core::strategy::TrainModel;
+use kiln::nn::models::{Mlp, MlpConfig, Transformer, TransformerConfig};
+use kiln::nn::tasks::{
+    ClassificationBatcher, ClassificationItem, FibonacciTask, SequenceBatcher, SequenceItem,
+    TeacherTask,
+};
+
+/// The test backend: Burn's Flex CPU backend with autodiff.
+pub type B = Autodiff<Flex>;
+
+pub const LR: f64 = 1e-2;
+
+/// Relative tolerance of the equivalence tests (DESIGN.md §5): the relative error of the whole
+/// parameter vector, `max|actual − expected| / max|expected|` over every parameter value.
+///
+/// Why model-wide rather than per tensor: Adam normalises every update to about `lr`, so a
+/// zero-initialised bias holds only a few lr-sized steps, and the f32 rounding of its
+/// cancelling gradient sums (which differ with the batch split) reaches ~1e-5 of *that*
+/// tensor's tiny magnitude while staying ~1e-7 of the model's.
+pub const RELATIVE_TOLERANCE: f32 = 1e-5;
+
+/// A model, its data set and batcher, for one test case.
+///
+/// Burn initialises parameters lazily and each clone of an uninitialised module would draw its
+/// own values; the constructors `fork` the model once so every clone shares them.
+pub struct Case<M, I, Bt> {
+    pub model: M,
+    pub dataset: InMemDataset<I>,
+    pub batcher: Bt,
+}
+
+impl<M: Clone, I: Clone + Send + Sync + 'static, Bt: Clone> Case<M, I, Bt> {
+    pub fn source<O>(&self) -> DataSource<B, I, O>
+    where
+        Bt: Batcher<B, I, O> + 'static,
+    {
+        DataSource::new(self.dataset.clone_items(), self.batcher.clone())
+    }
+}
+
+trait CloneItems<I> {
+    fn clone_items(&self) -> InMemDataset<I>;
+}
+
+impl<I: Clone + Send + Sync> CloneItems<I> for InMemDataset<I> {
+    fn clone_items(&self) -> InMemDataset<I> {
+        InMemDataset::new(self.iter().collect())
+    }
+}
+
+pub fn mlp_case(layers: usize, hidden: usize) -> Case<Mlp<B>, ClassificationItem, ClassificationBatcher> {
+    let device = Default::default();
+    B::seed(&device, 7);
+    Case {
+        model: MlpConfig::new()
+            .with_layers(layers)
+            .with_hidden(hidden)
+            .init(&device)
+            .fork(&device),
+        dataset: TeacherTask {
+            samples: 256,
+            features: 32,
+            classes: 10,
+            seed: 11,
+        }
+        .dataset(),
+        batcher: ClassificationBatcher,
+    }
+}
+
+pub fn transformer_case() -> Case<Transformer<B>, SequenceItem, SequenceBatcher> {
+    let device = Default::default();
+    B::seed(&device, 7);
+    Case {
+        model: TransformerConfig::new().init(&device).fork(&device),
+        dataset: FibonacciTask {
+            samples: 128,
+            len: 12,
+            vocab: 16,
+            seed: 11,
+        }
+        .dataset(),
+        batcher: SequenceBatcher,
+    }
+}
+
+/// The first `steps` global batches of `batch` samples, shuffled with seed 3.
+pub fn batches(len: usize, batch: usize, steps: usize) -> Vec<Vec<usize>> {
+    EpochSampler::new(len, batch, 3)
+        .unwrap()
+        .with_remainder(Remainder::Drop)
+        .batches()
+        .take(steps)
+        .collect()
+}
+
+/// Plain single-device Burn training: whole global batch, AdamW, no Kiln code.
+pub fn reference<M, I, Bt>(case: &Case<M, I, Bt>, batches: &[Vec<usize>]) -> M
+where
+    M: TrainModel<B>,
+    I: Clone + Send + Sync,
+    Bt: Batcher<B, I, M::Input>,
+{
+    let device = Default::default();
+    let mut optim = AdamWConfig::new().init::<B, M>();
+    let mut model = case.model.clone();
+    for batch in batches {
+        let items = batch.iter().map(|&i| case.dataset.get(i).unwrap()).collect();
+        let output = model.step(case.batcher.batch(items, &device));
+        model = optim.step(LR, model, output.grads);
+    }
+    model
+}
+
+/// Every float parameter's values, in visiting order.
+pub fn parameters<Bk: Backend, M: Module<Bk>>(model: &M) -> Vec<Vec<f32>> {
+    struct Collect(Vec<Vec<f32>>);
+    impl<Bk: Backend> ModuleVisitor<Bk> for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Bk, D>>) {
+            self.0.push(param.val().into_data().convert::<f32>().to_vec().unwrap());
+        }
+    }
+    let mut collect = Collect(Vec::new());
+    model.visit(&mut collect);
+    collect.0
+}
+
+/// Asserts that `actual` matches `expected` within [`RELATIVE_TOLERANCE`], and that training
+/// moved the parameters (so a strategy that does nothing cannot pass). The message names the
+/// tensor with the largest difference.
+pub fn assert_equivalent<Bk: Backend, M: Module<Bk>>(actual: &M, expected: &M, initial: &M, what: &str) {
+    let (actual, expected, initial) = (parameters(actual), parameters(expected), parameters(initial));
+    assert_eq!(actual.len(), expected.len(), "{what}: parameter count");
+    assert_ne!(expected, initial, "{what}: the reference did not train");
+    let max_abs = |values: &[f32]| values.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let scale = expected.iter().map(|e| max_abs(e)).fold(f32::MIN_POSITIVE, f32::max);
+    let (worst, diff) = actual
+        .iter()
+        .zip(&expected)
+        .map(|(a, e)| a.iter().zip(e).fold(0f32, |m, (x, y)| m.max((x - y).abs())))
+        .enumerate()
+        .fold((0, 0f32), |best, (i, d)| if d > best.1 { (i, d) } else { best });
+    assert!(
+        diff <= RELATIVE_TOLERANCE * scale,
+        "{what}: parameters differ by {diff:e} (relative {:e}, tolerance {RELATIVE_TOLERANCE:e}), \
+         worst in parameter tensor {worst}",
+        diff / scale
+    );
+}

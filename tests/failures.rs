@@ -1,0 +1,114 @@
+//! Failures never hang: a rank that panics mid-step makes every other rank return an error
+//! naming it, well within the collective timeout, and the strategy refuses further steps.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataset::InMemDataset;
+use burn::optim::AdamWConfig;
+use common::*;
+use kiln::core::World;
+use kiln::core::collective::CollectiveError;
+use kiln::core::data::DataSource;
+use kiln::core::strategy::{
+    DataParallel, DataParallelConfig, Ddp, DdpConfig, RankError, Strategy, StrategyError,
+};
+use kiln::nn::tasks::{ClassificationBatch, ClassificationBatcher, ClassificationItem};
+
+const POISON: f32 = 1.0e30;
+
+/// A batcher that panics on a marked sample, standing in for any bug in user code.
+#[derive(Clone)]
+struct PoisonedBatcher;
+
+impl Batcher<B, ClassificationItem, ClassificationBatch<B>> for PoisonedBatcher {
+    fn batch(&self, items: Vec<ClassificationItem>, device: &burn::tensor::Device<B>) -> ClassificationBatch<B> {
+        assert!(items.iter().all(|i| i.features[0] != POISON), "poisoned sample");
+        ClassificationBatcher.batch(items, device)
+    }
+}
+
+/// Sample 3 is poisoned; with 2 ranks and the batch `[0, 1, 2, 3]` it lands on rank 1.
+fn poisoned_source() -> DataSource<B, ClassificationItem, ClassificationBatch<B>> {
+    let case = mlp_case(1, 8);
+    let mut items: Vec<ClassificationItem> = (0..8).map(|i| case.dataset.get(i).unwrap()).collect();
+    items[3].features[0] = POISON;
+    DataSource::new(InMemDataset::new(items), PoisonedBatcher)
+}
+
+fn assert_rank_1_blamed(error: &StrategyError) {
+    let StrategyError::Failed { culprit, failures } = error else {
+        panic!("expected a rank failure, got {error}");
+    };
+    assert_eq!(*culprit, 1, "{error}");
+    let own = failures.iter().find(|f| f.rank == 1).expect("rank 1 reports");
+    assert!(matches!(&own.error, RankError::Panicked(m) if m.contains("poisoned sample")), "{error}");
+}
+
+#[test]
+fn ddp_rank_panic_is_named_by_the_others_within_the_timeout() {
+    let timeout = Duration::from_secs(20);
+    let world = World::local(vec![Default::default(); 2]).unwrap();
+    let config = DdpConfig {
+        collective_timeout_s: timeout.as_secs_f64(),
+        threads_per_rank: Some(1),
+        ..DdpConfig::default()
+    };
+    let model = mlp_case(1, 8).model;
+    let mut ddp = Ddp::new(&world, model, AdamWConfig::new().init(), poisoned_source(), config).unwrap();
+    ddp.step(&[4, 5, 6, 7], LR).expect("a clean step");
+
+    let start = Instant::now();
+    let error = ddp.step(&[0, 1, 2, 3], LR).unwrap_err();
+    assert!(start.elapsed() < timeout / 2, "took {:?}", start.elapsed());
+
+    assert_rank_1_blamed(&error);
+    let StrategyError::Failed { failures, .. } = &error else { unreachable!() };
+    let other = failures.iter().find(|f| f.rank == 0).expect("rank 0 reports too");
+    assert!(
+        matches!(&other.error, RankError::Collective(CollectiveError::PeerFailed { failed_rank: 1, .. })),
+        "{other}"
+    );
+    assert!(error.to_string().contains("rank 1"), "{error}");
+
+    assert_eq!(ddp.step(&[4, 5, 6, 7], LR).unwrap_err(), StrategyError::Broken { culprit: 1 });
+}
+
+#[test]
+fn data_parallel_device_panic_is_named() {
+    let model = mlp_case(1, 8).model;
+    let config = DataParallelConfig { threads_per_device: Some(1), ..Default::default() };
+    let mut dp = DataParallel::new(model, AdamWConfig::new().init(), poisoned_source(), vec![Default::default(); 2], config).unwrap();
+    let error = dp.step(&[0, 1, 2, 3], LR).unwrap_err();
+    assert_rank_1_blamed(&error);
+    // The model survives a failed forward pass: the next clean step works.
+    dp.step(&[4, 5, 6, 7], LR).unwrap();
+}
+
+#[test]
+fn bad_input_is_an_error_not_a_panic() {
+    let world = World::local(vec![Default::default(); 3]).unwrap();
+    let config = DdpConfig { threads_per_rank: Some(1), ..DdpConfig::default() };
+    let mut ddp = Ddp::new(&world, mlp_case(1, 8).model, AdamWConfig::new().init(), poisoned_source(), config).unwrap();
+    let small = ddp.step(&[4, 5], LR).unwrap_err();
+    assert!(small.to_string().contains("at least 3"), "{small}");
+    let out_of_range = ddp.step(&[4, 5, 100], LR).unwrap_err();
+    assert!(out_of_range.to_string().contains("100"), "{out_of_range}");
+}
+
+#[test]
+fn impossible_configs_are_rejected() {
+    let world = World::local(vec![Default::default(); 2]).unwrap();
+    for (config, needle) in [
+        (DdpConfig { grad_accumulation: 0, ..DdpConfig::default() }, "grad_accumulation"),
+        (DdpConfig { bucket_cap_mb: 0.0, ..DdpConfig::default() }, "bucket_cap_mb"),
+        (DdpConfig { collective_timeout_s: -1.0, ..DdpConfig::default() }, "collective_timeout_s"),
+    ] {
+        let error = Ddp::new(&world, mlp_case(1, 8).model, AdamWConfig::new().init(), poisoned_source(), config)
+            .err()
+            .expect("rejected");
+        assert!(error.to_string().contains(needle), "{error}");
+    }
+}
