@@ -17,7 +17,14 @@ fn calls_per_step(bucket_cap_mb: f64) -> (u64, usize) {
         threads_per_rank: Some(1),
         ..DdpConfig::default()
     };
-    let mut ddp = Ddp::new(&world, case.model.clone(), AdamWConfig::new().init(), case.source(), config).unwrap();
+    let mut ddp = Ddp::new(
+        &world,
+        case.model.clone(),
+        AdamWConfig::new().init(),
+        case.source(),
+        config,
+    )
+    .unwrap();
     let before = ddp.stats()[0].collective.calls;
     for batch in batches(case.dataset.len(), 8, 2) {
         ddp.step(&batch, LR).unwrap();

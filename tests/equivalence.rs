@@ -23,7 +23,13 @@ enum Kind {
     Ddp,
 }
 
-fn train<M, I, Bt>(kind: Kind, world: usize, accumulation: usize, case: &Case<M, I, Bt>, batches: &[Vec<usize>]) -> M
+fn train<M, I, Bt>(
+    kind: Kind,
+    world: usize,
+    accumulation: usize,
+    case: &Case<M, I, Bt>,
+    batches: &[Vec<usize>],
+) -> M
 where
     M: TrainModel<B>,
     I: Clone + Send + Sync + 'static,
@@ -34,17 +40,29 @@ where
     let model = case.model.clone();
     let mut strategy: Box<dyn Strategy<B, M>> = match kind {
         Kind::Single => Box::new(
-            Single::new(model, optim, case.source(), devices[0], SingleConfig {
-                grad_accumulation: accumulation,
-                threads: Some(1),
-            })
+            Single::new(
+                model,
+                optim,
+                case.source(),
+                devices[0],
+                SingleConfig {
+                    grad_accumulation: accumulation,
+                    threads: Some(1),
+                },
+            )
             .unwrap(),
         ),
         Kind::DataParallel => Box::new(
-            DataParallel::new(model, optim, case.source(), devices, DataParallelConfig {
-                grad_accumulation: accumulation,
-                threads_per_device: Some(1),
-            })
+            DataParallel::new(
+                model,
+                optim,
+                case.source(),
+                devices,
+                DataParallelConfig {
+                    grad_accumulation: accumulation,
+                    threads_per_device: Some(1),
+                },
+            )
             .unwrap(),
         ),
         Kind::Ddp => {
@@ -66,7 +84,10 @@ where
         assert!(out.loss.is_finite());
     }
     let stats = strategy.stats();
-    assert_eq!(stats.iter().map(|s| s.samples).sum::<u64>(), (batches.len() * batches[0].len()) as u64);
+    assert_eq!(
+        stats.iter().map(|s| s.samples).sum::<u64>(),
+        (batches.len() * batches[0].len()) as u64
+    );
     strategy.model().unwrap()
 }
 
@@ -84,7 +105,8 @@ fn check_transformer(kind: Kind, world: usize, batch: usize, accumulation: usize
     let batches = batches(case.dataset.len(), batch, STEPS);
     let expected = reference(&case, &batches);
     let actual = train(kind, world, accumulation, &case, &batches);
-    let what = format!("{kind:?} transformer world {world} batch {batch} accumulation {accumulation}");
+    let what =
+        format!("{kind:?} transformer world {world} batch {batch} accumulation {accumulation}");
     assert_equivalent(&actual, &expected, &case.model, &what);
 }
 
@@ -148,5 +170,10 @@ fn ddp_with_an_even_batch_and_tiny_buckets() {
     for batch in &batches {
         ddp.step(batch, LR).unwrap();
     }
-    assert_equivalent(&ddp.model().unwrap(), &expected, &case.model, "ddp tiny buckets");
+    assert_equivalent(
+        &ddp.model().unwrap(),
+        &expected,
+        &case.model,
+        "ddp tiny buckets",
+    );
 }

@@ -24,8 +24,15 @@ const POISON: f32 = 1.0e30;
 struct PoisonedBatcher;
 
 impl Batcher<B, ClassificationItem, ClassificationBatch<B>> for PoisonedBatcher {
-    fn batch(&self, items: Vec<ClassificationItem>, device: &burn::tensor::Device<B>) -> ClassificationBatch<B> {
-        assert!(items.iter().all(|i| i.features[0] != POISON), "poisoned sample");
+    fn batch(
+        &self,
+        items: Vec<ClassificationItem>,
+        device: &burn::tensor::Device<B>,
+    ) -> ClassificationBatch<B> {
+        assert!(
+            items.iter().all(|i| i.features[0] != POISON),
+            "poisoned sample"
+        );
         ClassificationBatcher.batch(items, device)
     }
 }
@@ -43,8 +50,14 @@ fn assert_rank_1_blamed(error: &StrategyError) {
         panic!("expected a rank failure, got {error}");
     };
     assert_eq!(*culprit, 1, "{error}");
-    let own = failures.iter().find(|f| f.rank == 1).expect("rank 1 reports");
-    assert!(matches!(&own.error, RankError::Panicked(m) if m.contains("poisoned sample")), "{error}");
+    let own = failures
+        .iter()
+        .find(|f| f.rank == 1)
+        .expect("rank 1 reports");
+    assert!(
+        matches!(&own.error, RankError::Panicked(m) if m.contains("poisoned sample")),
+        "{error}"
+    );
 }
 
 #[test]
@@ -57,7 +70,14 @@ fn ddp_rank_panic_is_named_by_the_others_within_the_timeout() {
         ..DdpConfig::default()
     };
     let model = mlp_case(1, 8).model;
-    let mut ddp = Ddp::new(&world, model, AdamWConfig::new().init(), poisoned_source(), config).unwrap();
+    let mut ddp = Ddp::new(
+        &world,
+        model,
+        AdamWConfig::new().init(),
+        poisoned_source(),
+        config,
+    )
+    .unwrap();
     ddp.step(&[4, 5, 6, 7], LR).expect("a clean step");
 
     let start = Instant::now();
@@ -65,22 +85,43 @@ fn ddp_rank_panic_is_named_by_the_others_within_the_timeout() {
     assert!(start.elapsed() < timeout / 2, "took {:?}", start.elapsed());
 
     assert_rank_1_blamed(&error);
-    let StrategyError::Failed { failures, .. } = &error else { unreachable!() };
-    let other = failures.iter().find(|f| f.rank == 0).expect("rank 0 reports too");
+    let StrategyError::Failed { failures, .. } = &error else {
+        unreachable!()
+    };
+    let other = failures
+        .iter()
+        .find(|f| f.rank == 0)
+        .expect("rank 0 reports too");
     assert!(
-        matches!(&other.error, RankError::Collective(CollectiveError::PeerFailed { failed_rank: 1, .. })),
+        matches!(
+            &other.error,
+            RankError::Collective(CollectiveError::PeerFailed { failed_rank: 1, .. })
+        ),
         "{other}"
     );
     assert!(error.to_string().contains("rank 1"), "{error}");
 
-    assert_eq!(ddp.step(&[4, 5, 6, 7], LR).unwrap_err(), StrategyError::Broken { culprit: 1 });
+    assert_eq!(
+        ddp.step(&[4, 5, 6, 7], LR).unwrap_err(),
+        StrategyError::Broken { culprit: 1 }
+    );
 }
 
 #[test]
 fn data_parallel_device_panic_is_named() {
     let model = mlp_case(1, 8).model;
-    let config = DataParallelConfig { threads_per_device: Some(1), ..Default::default() };
-    let mut dp = DataParallel::new(model, AdamWConfig::new().init(), poisoned_source(), vec![Default::default(); 2], config).unwrap();
+    let config = DataParallelConfig {
+        threads_per_device: Some(1),
+        ..Default::default()
+    };
+    let mut dp = DataParallel::new(
+        model,
+        AdamWConfig::new().init(),
+        poisoned_source(),
+        vec![Default::default(); 2],
+        config,
+    )
+    .unwrap();
     let error = dp.step(&[0, 1, 2, 3], LR).unwrap_err();
     assert_rank_1_blamed(&error);
     // The model survives a failed forward pass: the next clean step works.
@@ -90,8 +131,18 @@ fn data_parallel_device_panic_is_named() {
 #[test]
 fn bad_input_is_an_error_not_a_panic() {
     let world = World::local(vec![Default::default(); 3]).unwrap();
-    let config = DdpConfig { threads_per_rank: Some(1), ..DdpConfig::default() };
-    let mut ddp = Ddp::new(&world, mlp_case(1, 8).model, AdamWConfig::new().init(), poisoned_source(), config).unwrap();
+    let config = DdpConfig {
+        threads_per_rank: Some(1),
+        ..DdpConfig::default()
+    };
+    let mut ddp = Ddp::new(
+        &world,
+        mlp_case(1, 8).model,
+        AdamWConfig::new().init(),
+        poisoned_source(),
+        config,
+    )
+    .unwrap();
     let small = ddp.step(&[4, 5], LR).unwrap_err();
     assert!(small.to_string().contains("at least 3"), "{small}");
     let out_of_range = ddp.step(&[4, 5, 100], LR).unwrap_err();
@@ -102,13 +153,37 @@ fn bad_input_is_an_error_not_a_panic() {
 fn impossible_configs_are_rejected() {
     let world = World::local(vec![Default::default(); 2]).unwrap();
     for (config, needle) in [
-        (DdpConfig { grad_accumulation: 0, ..DdpConfig::default() }, "grad_accumulation"),
-        (DdpConfig { bucket_cap_mb: 0.0, ..DdpConfig::default() }, "bucket_cap_mb"),
-        (DdpConfig { collective_timeout_s: -1.0, ..DdpConfig::default() }, "collective_timeout_s"),
+        (
+            DdpConfig {
+                grad_accumulation: 0,
+                ..DdpConfig::default()
+            },
+            "grad_accumulation",
+        ),
+        (
+            DdpConfig {
+                bucket_cap_mb: 0.0,
+                ..DdpConfig::default()
+            },
+            "bucket_cap_mb",
+        ),
+        (
+            DdpConfig {
+                collective_timeout_s: -1.0,
+                ..DdpConfig::default()
+            },
+            "collective_timeout_s",
+        ),
     ] {
-        let error = Ddp::new(&world, mlp_case(1, 8).model, AdamWConfig::new().init(), poisoned_source(), config)
-            .err()
-            .expect("rejected");
+        let error = Ddp::new(
+            &world,
+            mlp_case(1, 8).model,
+            AdamWConfig::new().init(),
+            poisoned_source(),
+            config,
+        )
+        .err()
+        .expect("rejected");
         assert!(error.to_string().contains(needle), "{error}");
     }
 }

@@ -62,7 +62,10 @@ impl<I: Clone + Send + Sync> CloneItems<I> for InMemDataset<I> {
     }
 }
 
-pub fn mlp_case(layers: usize, hidden: usize) -> Case<Mlp<B>, ClassificationItem, ClassificationBatcher> {
+pub fn mlp_case(
+    layers: usize,
+    hidden: usize,
+) -> Case<Mlp<B>, ClassificationItem, ClassificationBatcher> {
     let device = Default::default();
     B::seed(&device, 7);
     Case {
@@ -119,7 +122,10 @@ where
     let mut optim = AdamWConfig::new().init::<B, M>();
     let mut model = case.model.clone();
     for batch in batches {
-        let items = batch.iter().map(|&i| case.dataset.get(i).unwrap()).collect();
+        let items = batch
+            .iter()
+            .map(|&i| case.dataset.get(i).unwrap())
+            .collect();
         let output = model.step(case.batcher.batch(items, &device));
         model = optim.step(LR, model, output.grads);
     }
@@ -131,7 +137,8 @@ pub fn parameters<Bk: Backend, M: Module<Bk>>(model: &M) -> Vec<Vec<f32>> {
     struct Collect(Vec<Vec<f32>>);
     impl<Bk: Backend> ModuleVisitor<Bk> for Collect {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Bk, D>>) {
-            self.0.push(param.val().into_data().convert::<f32>().to_vec().unwrap());
+            self.0
+                .push(param.val().into_data().convert::<f32>().to_vec().unwrap());
         }
     }
     let mut collect = Collect(Vec::new());
@@ -142,18 +149,33 @@ pub fn parameters<Bk: Backend, M: Module<Bk>>(model: &M) -> Vec<Vec<f32>> {
 /// Asserts that `actual` matches `expected` within [`RELATIVE_TOLERANCE`], and that training
 /// moved the parameters (so a strategy that does nothing cannot pass). The message names the
 /// tensor with the largest difference.
-pub fn assert_equivalent<Bk: Backend, M: Module<Bk>>(actual: &M, expected: &M, initial: &M, what: &str) {
-    let (actual, expected, initial) = (parameters(actual), parameters(expected), parameters(initial));
+pub fn assert_equivalent<Bk: Backend, M: Module<Bk>>(
+    actual: &M,
+    expected: &M,
+    initial: &M,
+    what: &str,
+) {
+    let (actual, expected, initial) = (
+        parameters(actual),
+        parameters(expected),
+        parameters(initial),
+    );
     assert_eq!(actual.len(), expected.len(), "{what}: parameter count");
     assert_ne!(expected, initial, "{what}: the reference did not train");
     let max_abs = |values: &[f32]| values.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let scale = expected.iter().map(|e| max_abs(e)).fold(f32::MIN_POSITIVE, f32::max);
+    let scale = expected
+        .iter()
+        .map(|e| max_abs(e))
+        .fold(f32::MIN_POSITIVE, f32::max);
     let (worst, diff) = actual
         .iter()
         .zip(&expected)
         .map(|(a, e)| a.iter().zip(e).fold(0f32, |m, (x, y)| m.max((x - y).abs())))
         .enumerate()
-        .fold((0, 0f32), |best, (i, d)| if d > best.1 { (i, d) } else { best });
+        .fold(
+            (0, 0f32),
+            |best, (i, d)| if d > best.1 { (i, d) } else { best },
+        );
     assert!(
         diff <= RELATIVE_TOLERANCE * scale,
         "{what}: parameters differ by {diff:e} (relative {:e}, tolerance {RELATIVE_TOLERANCE:e}), \

@@ -3,7 +3,17 @@
 use std::fmt;
 
 /// A Burn backend selectable on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum BackendKind {
     /// Burn's Flex CPU backend (the fastest CPU backend; ranks share the one CPU device).

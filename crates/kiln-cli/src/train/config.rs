@@ -7,7 +7,17 @@ use kiln_core::strategy::{DataParallelConfig, DdpConfig, SingleConfig, StrategyK
 use crate::backend::BackendKind;
 
 /// A built-in model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum ModelKind {
     /// An MLP classifier on a random linear teacher's labels.
@@ -89,7 +99,9 @@ pub enum ConfigError {
     #[error("--world must be at least 1")]
     ZeroWorld,
     /// Global batch smaller than the world.
-    #[error("--batch {batch} is smaller than --world {world}: every rank needs at least one sample per step")]
+    #[error(
+        "--batch {batch} is smaller than --world {world}: every rank needs at least one sample per step"
+    )]
     BatchSmallerThanWorld {
         /// Global batch.
         batch: usize,
@@ -97,7 +109,9 @@ pub enum ConfigError {
         world: usize,
     },
     /// More than one rank asked of the one-device strategy.
-    #[error("--strategy single trains on one rank but --world is {0}; use --world 1, or dp, ddp or auto")]
+    #[error(
+        "--strategy single trains on one rank but --world is {0}; use --world 1, or dp, ddp or auto"
+    )]
     SingleWithWorld(usize),
     /// A learning rate that cannot train.
     #[error("--lr must be a positive finite number, got {0}")]

@@ -10,10 +10,10 @@ use burn::backend::Autodiff;
 use burn::optim::{AdamWConfig, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use indicatif::{ProgressBar, ProgressStyle};
+use kiln_core::World;
 use kiln_core::data::{DataSource, EpochSampler};
 use kiln_core::params::checksum;
 use kiln_core::strategy::{DataParallel, Ddp, Single, Strategy, StrategyKind, TrainModel};
-use kiln_core::World;
 use kiln_nn::models::{MlpConfig, TransformerConfig};
 use kiln_nn::tasks::{ClassificationBatcher, FibonacciTask, SequenceBatcher, TeacherTask};
 
@@ -58,6 +58,9 @@ pub struct TrainArgs {
     /// Ddp gradient bucket cap in MiB.
     #[arg(long)]
     bucket_cap_mb: Option<f64>,
+    /// Samples in the synthetic data set.
+    #[arg(long)]
+    samples: Option<usize>,
     /// Intra-op threads per rank (default: cores shared evenly).
     #[arg(long)]
     threads_per_rank: Option<usize>,
@@ -72,7 +75,9 @@ fn parse_strategy(s: &str) -> Result<StrategyKind, String> {
         "dp" => Ok(StrategyKind::DataParallel),
         "ddp" => Ok(StrategyKind::Ddp),
         "auto" => Ok(StrategyKind::Auto),
-        other => Err(format!("unknown strategy {other:?}; use single, dp, ddp or auto")),
+        other => Err(format!(
+            "unknown strategy {other:?}; use single, dp, ddp or auto"
+        )),
     }
 }
 
@@ -88,7 +93,7 @@ impl TrainArgs {
             )*};
         }
         set!(model => model, strategy => strategy, backend => backend, world => world,
-             steps => steps, batch => batch, seed => seed, lr => lr,
+             steps => steps, batch => batch, seed => seed, lr => lr, samples => samples,
              grad_accum => single.grad_accumulation, grad_accum => dp.grad_accumulation,
              grad_accum => ddp.grad_accumulation, bucket_cap_mb => ddp.bucket_cap_mb);
         if let Some(t) = self.threads_per_rank {
@@ -108,16 +113,22 @@ impl TrainArgs {
 pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let (config, json) = args.into_config()?;
     let report = match config.backend {
-        BackendKind::Flex => train_on::<Autodiff<burn::backend::Flex>>(&config, Default::default())?,
+        BackendKind::Flex => {
+            train_on::<Autodiff<burn::backend::Flex>>(&config, Default::default())?
+        }
         BackendKind::Ndarray => {
             train_on::<Autodiff<burn::backend::NdArray>>(&config, Default::default())?
         }
         #[cfg(feature = "wgpu")]
-        BackendKind::Wgpu => train_on::<Autodiff<burn::backend::Wgpu>>(&config, Default::default())?,
+        BackendKind::Wgpu => {
+            train_on::<Autodiff<burn::backend::Wgpu>>(&config, Default::default())?
+        }
         #[cfg(feature = "cuda")]
         BackendKind::Cuda => train_on_devices::<Autodiff<burn::backend::Cuda>>(
             &config,
-            (0..config.world).map(burn::backend::cuda::CudaDevice::new).collect(),
+            (0..config.world)
+                .map(burn::backend::cuda::CudaDevice::new)
+                .collect(),
         )?,
         #[allow(unreachable_patterns)]
         backend => return Err(config::ConfigError::BackendMissing { backend }.into()),

@@ -404,7 +404,10 @@ mod tests {
                 let r = rank as f32;
                 values(c.all_reduce(tensor(&[r, r + 1.0]), op).unwrap())
             });
-            assert!(results.iter().all(|r| *r == expected), "{op:?}: {results:?}");
+            assert!(
+                results.iter().all(|r| *r == expected),
+                "{op:?}: {results:?}"
+            );
         }
     }
 
@@ -412,7 +415,12 @@ mod tests {
     fn many_rounds_in_a_row() {
         let results = on_ranks(3, LONG, |rank, mut c| {
             (0..50)
-                .map(|i| values(c.all_reduce(tensor(&[(rank * i) as f32]), ReduceOp::Sum).unwrap())[0])
+                .map(|i| {
+                    values(
+                        c.all_reduce(tensor(&[(rank * i) as f32]), ReduceOp::Sum)
+                            .unwrap(),
+                    )[0]
+                })
                 .collect::<Vec<_>>()
         });
         let expected: Vec<f32> = (0..50).map(|i| (3 * i) as f32).collect();
@@ -493,7 +501,11 @@ mod tests {
             c.all_reduce(tensor(&vec![1.0; len]), ReduceOp::Sum)
         });
         assert!(results.iter().all(Result::is_err), "{results:?}");
-        assert!(results.iter().any(|r| matches!(r, Err(CollectiveError::Mismatch { .. }))));
+        assert!(
+            results
+                .iter()
+                .any(|r| matches!(r, Err(CollectiveError::Mismatch { .. })))
+        );
     }
 
     #[test]
@@ -501,7 +513,10 @@ mod tests {
         let mut c = InProcess::<Flex>::group(1, LONG).pop().unwrap();
         assert_eq!(
             c.broadcast(tensor(&[1.0]), 1).unwrap_err(),
-            CollectiveError::InvalidRoot { root: 1, world_size: 1 }
+            CollectiveError::InvalidRoot {
+                root: 1,
+                world_size: 1
+            }
         );
     }
 }

@@ -96,8 +96,11 @@ pub trait Collective<B: Backend>: Send {
     ///
     /// # Errors
     /// As [`Collective::all_reduce`], and when `root` is not a rank.
-    fn broadcast(&mut self, tensor: Tensor<B, 1>, root: usize)
-    -> Result<Tensor<B, 1>, CollectiveError>;
+    fn broadcast(
+        &mut self,
+        tensor: Tensor<B, 1>,
+        root: usize,
+    ) -> Result<Tensor<B, 1>, CollectiveError>;
 
     /// Waits until every rank has arrived.
     ///

@@ -115,7 +115,10 @@ mod tests {
     fn epochs_differ_and_repeat_for_the_same_seed() {
         let sampler = EpochSampler::new(50, 5, 3).unwrap();
         assert_ne!(sampler.epoch(0), sampler.epoch(1));
-        assert_eq!(sampler.epoch(1), EpochSampler::new(50, 5, 3).unwrap().epoch(1));
+        assert_eq!(
+            sampler.epoch(1),
+            EpochSampler::new(50, 5, 3).unwrap().epoch(1)
+        );
     }
 
     #[test]

@@ -16,6 +16,9 @@ pub enum ParamSelection {
     All,
 }
 
+/// What [`BucketPlan::run`] gives back: one flat tensor per slot, and the tail.
+pub(crate) type Unpacked<B> = (Vec<Tensor<B, 1>>, Option<Tensor<B, 1>>);
+
 /// One parameter's place in the flat layout.
 #[derive(Debug, Clone)]
 pub(crate) struct Slot {
@@ -105,7 +108,7 @@ impl BucketPlan {
         flats: Vec<Tensor<B, 1>>,
         tail: Option<Tensor<B, 1>>,
         mut op: impl FnMut(Tensor<B, 1>) -> Result<Tensor<B, 1>, E>,
-    ) -> Result<(Vec<Tensor<B, 1>>, Option<Tensor<B, 1>>), E> {
+    ) -> Result<Unpacked<B>, E> {
         assert_eq!(flats.len(), self.slots.len(), "one flat tensor per slot");
         let mut flats = flats.into_iter();
         let mut out = Vec::with_capacity(self.slots.len());
@@ -200,7 +203,10 @@ mod tests {
         let plan = BucketPlan::new(&many(50), 1024, ParamSelection::Trainable);
         assert_eq!(plan.num_params(), 100);
         assert_eq!(plan.bucket_elements().iter().sum::<usize>(), 50 * 20);
-        assert!(plan.num_buckets() >= 4 && plan.num_buckets() <= 5, "{plan:?}");
+        assert!(
+            plan.num_buckets() >= 4 && plan.num_buckets() <= 5,
+            "{plan:?}"
+        );
         assert!(plan.bucket_elements().iter().all(|&e| e * 4 <= 1024));
     }
 
@@ -244,6 +250,9 @@ mod tests {
             let values = t.into_data().to_vec::<f32>().unwrap();
             assert!(values.iter().all(|&v| v == 2.0 * i as f32));
         }
-        assert_eq!(tail.unwrap().into_data().to_vec::<f32>().unwrap(), vec![14.0, 16.0]);
+        assert_eq!(
+            tail.unwrap().into_data().to_vec::<f32>().unwrap(),
+            vec![14.0, 16.0]
+        );
     }
 }

@@ -35,7 +35,10 @@ pub fn all_reduce_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
     module.visit(&mut flatten);
     let flats = flatten.flats;
 
-    let presence: Vec<f32> = flats.iter().map(|f| f32::from(u8::from(f.is_some()))).collect();
+    let presence: Vec<f32> = flats
+        .iter()
+        .map(|f| f32::from(u8::from(f.is_some())))
+        .collect();
     let flats = flats
         .into_iter()
         .zip(&plan.slots)

@@ -15,8 +15,7 @@ use rayon::ThreadPool;
 use super::micro_batch::{LocalGradients, local_gradients};
 use super::threads::rank_pool;
 use super::{
-    ConfigError, RankError, RankFailure, RankStats, StepOutput, Strategy, StrategyError,
-    TrainModel,
+    ConfigError, RankError, RankFailure, RankStats, StepOutput, Strategy, StrategyError, TrainModel,
 };
 use crate::data::{DataSource, ShardPolicy};
 use crate::grads::add_weighted;
@@ -160,7 +159,10 @@ where
 
     fn step(&mut self, batch: &[usize], lr: f64) -> Result<StepOutput, StrategyError> {
         let shards = ShardPolicy::Uneven.shard(batch, self.devices.len())?;
-        let model = self.model.take().ok_or(StrategyError::Broken { culprit: 0 })?;
+        let model = self
+            .model
+            .take()
+            .ok_or(StrategyError::Broken { culprit: 0 })?;
         let results = self.compute(&model, &shards, batch.len());
 
         let mut failures = Vec::new();
@@ -205,7 +207,9 @@ where
     }
 
     fn model(&self) -> Result<M, StrategyError> {
-        self.model.clone().ok_or(StrategyError::Broken { culprit: 0 })
+        self.model
+            .clone()
+            .ok_or(StrategyError::Broken { culprit: 0 })
     }
 
     fn stats(&self) -> Vec<RankStats> {

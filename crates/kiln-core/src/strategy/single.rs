@@ -8,9 +8,7 @@ use rayon::ThreadPool;
 
 use super::micro_batch::local_gradients;
 use super::threads::rank_pool;
-use super::{
-    ConfigError, RankFailure, RankStats, StepOutput, Strategy, StrategyError, TrainModel,
-};
+use super::{ConfigError, RankFailure, RankStats, StepOutput, Strategy, StrategyError, TrainModel};
 use crate::data::{DataError, DataSource};
 
 /// Configuration of [`Single`].
@@ -99,7 +97,10 @@ where
         if batch.is_empty() {
             return Err(DataError::EmptyBatch.into());
         }
-        let model = self.model.take().ok_or(StrategyError::Broken { culprit: 0 })?;
+        let model = self
+            .model
+            .take()
+            .ok_or(StrategyError::Broken { culprit: 0 })?;
         let (data, device, accumulation) = (&self.data, &self.device, self.accumulation);
         // Modules are `Send` but not `Sync`: the model travels into the pool and back.
         let (model, local) = self.pool.install(move || {
@@ -118,7 +119,9 @@ where
             }
         };
         let start = Instant::now();
-        let model = self.pool.install(|| self.optim.step(lr, model, local.grads));
+        let model = self
+            .pool
+            .install(|| self.optim.step(lr, model, local.grads));
         self.model = Some(model);
         let compute = local.compute + start.elapsed();
 
@@ -134,7 +137,9 @@ where
     }
 
     fn model(&self) -> Result<M, StrategyError> {
-        self.model.clone().ok_or(StrategyError::Broken { culprit: 0 })
+        self.model
+            .clone()
+            .ok_or(StrategyError::Broken { culprit: 0 })
     }
 
     fn stats(&self) -> Vec<RankStats> {

@@ -298,7 +298,14 @@ mod tests {
     #[test]
     fn rank_not_below_size_is_rejected() {
         let err = read(&[("RANK", "4"), ("WORLD_SIZE", "4")]).unwrap_err();
-        assert!(matches!(err, WorldError::Inconsistent { rank: 4, processes: 4, .. }));
+        assert!(matches!(
+            err,
+            WorldError::Inconsistent {
+                rank: 4,
+                processes: 4,
+                ..
+            }
+        ));
         assert!(err.to_string().contains("process rank 4 of 4"));
     }
 

@@ -36,7 +36,11 @@ impl MlpConfig {
                 LinearConfig::new(input, self.hidden).init(device)
             })
             .collect();
-        let head_input = if self.layers == 0 { self.input } else { self.hidden };
+        let head_input = if self.layers == 0 {
+            self.input
+        } else {
+            self.hidden
+        };
         Mlp {
             hidden,
             head: LinearConfig::new(head_input, self.classes).init(device),

@@ -5,7 +5,9 @@ use burn::config::Config;
 use burn::module::Module;
 use burn::nn::attention::generate_autoregressive_mask;
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::nn::transformer::{TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput};
+use burn::nn::transformer::{
+    TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
+};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor};
@@ -84,10 +86,12 @@ impl<B: Backend> Transformer<B> {
     pub fn forward_sequence(&self, batch: SequenceBatch<B>) -> SequenceOutput<B> {
         let logits = self.forward(batch.inputs);
         let [b, s, v] = logits.dims();
-        let loss = CrossEntropyLossConfig::new().init(&logits.device()).forward(
-            logits.clone().reshape([b * s, v]),
-            batch.targets.clone().reshape([b * s]),
-        );
+        let loss = CrossEntropyLossConfig::new()
+            .init(&logits.device())
+            .forward(
+                logits.clone().reshape([b * s, v]),
+                batch.targets.clone().reshape([b * s]),
+            );
         SequenceOutput::new(loss, logits, None, batch.targets)
     }
 }

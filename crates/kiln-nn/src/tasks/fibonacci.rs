@@ -44,7 +44,10 @@ impl FibonacciTask {
         let mut rng = StdRng::seed_from_u64(self.seed);
         let items = (0..self.samples)
             .map(|_| {
-                let mut tokens = vec![rng.random_range(0..self.vocab), rng.random_range(0..self.vocab)];
+                let mut tokens = vec![
+                    rng.random_range(0..self.vocab),
+                    rng.random_range(0..self.vocab),
+                ];
                 while tokens.len() < self.len + 1 {
                     let n = tokens.len();
                     tokens.push((tokens[n - 1] + tokens[n - 2]) % self.vocab);

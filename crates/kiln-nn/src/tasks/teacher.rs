@@ -78,7 +78,10 @@ impl<B: Backend> Batcher<B, ClassificationItem, ClassificationBatch<B>> for Clas
     fn batch(&self, items: Vec<ClassificationItem>, device: &B::Device) -> ClassificationBatch<B> {
         let n = items.len();
         let width = items.first().map_or(0, |i| i.features.len());
-        let features: Vec<f32> = items.iter().flat_map(|i| i.features.iter().copied()).collect();
+        let features: Vec<f32> = items
+            .iter()
+            .flat_map(|i| i.features.iter().copied())
+            .collect();
         let labels: Vec<i64> = items.iter().map(|i| i.label as i64).collect();
         ClassificationBatch {
             features: Tensor::from_data(TensorData::new(features, [n, width]), device),
@@ -86,4 +89,3 @@ impl<B: Backend> Batcher<B, ClassificationItem, ClassificationBatch<B>> for Clas
         }
     }
 }
-

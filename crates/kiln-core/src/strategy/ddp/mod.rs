@@ -22,8 +22,7 @@ use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;
 
 use super::{
-    ConfigError, RankError, RankFailure, RankStats, StepOutput, Strategy, StrategyError,
-    TrainModel,
+    ConfigError, RankError, RankFailure, RankStats, StepOutput, Strategy, StrategyError, TrainModel,
 };
 use crate::World;
 use crate::collective::InProcess;
@@ -129,6 +128,10 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
             .into());
         }
         let world_size = world.world_size();
+        // Burn initialises parameters lazily, on first use, from the backend's global RNG.
+        // Materialise them here, once, so the model does not depend on how the rank threads
+        // interleave, and matches what a single-device run draws from the same seed.
+        let model = model.fork(&world.devices()[0]);
         let (report_tx, reports) = mpsc::channel();
         let collectives = InProcess::<B::InnerBackend>::group(world_size, config.timeout());
 
@@ -211,7 +214,9 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
         let grace = self.config.timeout() + Duration::from_secs(1);
         while pending > 0 {
             let report = if failures.is_empty() {
-                self.reports.recv().map_err(|_| RecvTimeoutError::Disconnected)
+                self.reports
+                    .recv()
+                    .map_err(|_| RecvTimeoutError::Disconnected)
             } else {
                 self.reports.recv_timeout(grace)
             };
@@ -243,7 +248,10 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
             }
         }
         if failures.is_empty() {
-            Ok(done.into_iter().map(|d| d.expect("every rank reported")).collect())
+            Ok(done
+                .into_iter()
+                .map(|d| d.expect("every rank reported"))
+                .collect())
         } else {
             let error = StrategyError::from_failures(failures);
             self.broken = error.culprit();
@@ -274,9 +282,7 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Strategy<B, M> for Ddp<B, M> {
         }
         // Every rank shards the same way; checking here turns bad input into an error before
         // any rank starts.
-        self.config
-            .shard_policy
-            .shard(batch, self.ranks.len())?;
+        self.config.shard_policy.shard(batch, self.ranks.len())?;
         let batch: Arc<[usize]> = batch.into();
         self.send(|| Command::Step {
             batch: batch.clone(),

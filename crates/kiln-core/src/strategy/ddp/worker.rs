@@ -67,7 +67,13 @@ where
     pub fn run(mut self, inbox: Receiver<Command<M>>, reports: Sender<Report>) {
         let result = self.guarded(Self::start);
         let mut failed = result.is_err();
-        if reports.send(Report { rank: self.rank, result }).is_err() {
+        if reports
+            .send(Report {
+                rank: self.rank,
+                result,
+            })
+            .is_err()
+        {
             return;
         }
         for command in inbox {
@@ -79,7 +85,13 @@ where
                         self.guarded(|w| w.step(&batch, lr))
                     };
                     failed |= result.is_err();
-                    if reports.send(Report { rank: self.rank, result }).is_err() {
+                    if reports
+                        .send(Report {
+                            rank: self.rank,
+                            result,
+                        })
+                        .is_err()
+                    {
                         return;
                     }
                 }
@@ -92,7 +104,10 @@ where
     }
 
     /// Runs `f`; a panic or error poisons the group so the other ranks stop waiting at once.
-    fn guarded(&mut self, f: impl FnOnce(&mut Self) -> Result<Done, RankError>) -> Result<Done, RankError> {
+    fn guarded(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<Done, RankError>,
+    ) -> Result<Done, RankError> {
         let result = catch_unwind(AssertUnwindSafe(|| f(self)))
             .unwrap_or_else(|payload| Err(RankError::Panicked(panic_message(payload.as_ref()))));
         if let Err(error) = &result {
@@ -140,7 +155,13 @@ where
 
         let sync_start = Instant::now();
         let grads = if self.world_size > 1 {
-            all_reduce_gradients(&model, local.grads, plan, self.collective.as_mut(), &self.device)?
+            all_reduce_gradients(
+                &model,
+                local.grads,
+                plan,
+                self.collective.as_mut(),
+                &self.device,
+            )?
         } else {
             local.grads
         };
@@ -165,7 +186,13 @@ where
         self.stats.compute += compute;
         self.stats.communication += communication;
         self.stats.collective = self.collective.counters();
-        Ok(self.done(local.loss_sum, local.samples, compute, communication, plan_buckets(&self.plan)))
+        Ok(self.done(
+            local.loss_sum,
+            local.samples,
+            compute,
+            communication,
+            plan_buckets(&self.plan),
+        ))
     }
 
     /// Compares this replica's parameter checksum with rank 0's, bit for bit.
@@ -173,7 +200,11 @@ where
         let mine = checksum_tensor(&model.valid(), &self.device);
         let theirs = self.collective.broadcast(mine.clone(), 0)?;
         let read = |t: burn::tensor::Tensor<B::InnerBackend, 1>| -> [f32; 2] {
-            let v = t.into_data().convert::<f32>().to_vec::<f32>().expect("f32 checksum");
+            let v = t
+                .into_data()
+                .convert::<f32>()
+                .to_vec::<f32>()
+                .expect("f32 checksum");
             [v[0], v[1]]
         };
         let (found, expected) = (read(mine), read(theirs));

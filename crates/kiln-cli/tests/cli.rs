@@ -1,0 +1,76 @@
+//! `kiln train` end to end: the JSON report, and one-line errors for bad settings.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn kiln(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("the kiln binary runs")
+}
+
+fn json_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("kiln-cli-{}-{name}.json", std::process::id()))
+}
+
+fn train_json(name: &str, extra: &[&str]) -> serde_json::Value {
+    let path = json_path(name);
+    let mut args = vec!["train", "--steps", "4", "--batch", "10", "--samples", "64", "--threads-per-rank", "1", "--json"];
+    let path_str = path.to_str().unwrap().to_string();
+    args.push(&path_str);
+    args.extend_from_slice(extra);
+    let out = kiln(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    std::fs::remove_file(path).ok();
+    json
+}
+
+#[test]
+fn json_report_has_the_promised_keys() {
+    let report = train_json("keys", &["--strategy", "ddp", "--world", "2"]);
+    for key in ["strategy", "world", "steps", "global_batch", "final_loss", "param_sum", "param_sq_sum", "wall_s"] {
+        assert!(report.get(key).is_some(), "missing {key}: {report}");
+    }
+    assert_eq!(report["strategy"], "ddp");
+    assert_eq!(report["world"], 2);
+    assert_eq!(report["steps"], 4);
+    assert_eq!(report["global_batch"], 10);
+    assert!(report["final_loss"].as_f64().unwrap().is_finite());
+}
+
+#[test]
+fn ddp_and_single_agree_through_the_cli() {
+    let single = train_json("single", &["--strategy", "single", "--model", "transformer"]);
+    let ddp = train_json("ddp", &["--strategy", "ddp", "--world", "3", "--model", "transformer"]);
+    let (a, b) = (single["param_sq_sum"].as_f64().unwrap(), ddp["param_sq_sum"].as_f64().unwrap());
+    assert!((a - b).abs() <= 1e-5 * a.abs(), "sum of squares {a} vs {b}");
+    assert_ne!(single["first_loss"], single["final_loss"], "training moved the loss");
+}
+
+#[test]
+fn auto_resolves_from_the_world() {
+    assert_eq!(train_json("auto1", &[])["strategy"], "single");
+    assert_eq!(train_json("auto2", &["--world", "2"])["strategy"], "ddp");
+}
+
+fn assert_one_line_error(args: &[&str], needle: &str) {
+    let out = kiln(args);
+    assert!(!out.status.success(), "{args:?} succeeded");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{args:?}: {stderr}");
+    assert!(lines[0].contains(needle), "{args:?}: {stderr}");
+}
+
+#[test]
+fn impossible_settings_fail_with_one_line() {
+    assert_one_line_error(&["train", "--world", "0"], "--world must be at least 1");
+    assert_one_line_error(&["train", "--world", "4", "--batch", "3"], "smaller than --world 4");
+    assert_one_line_error(&["train", "--strategy", "single", "--world", "2"], "single");
+    assert_one_line_error(&["train", "--strategy", "bogus"], "unknown strategy");
+    assert_one_line_error(&["train", "--no-such-flag"], "--no-such-flag");
+    assert_one_line_error(&["train", "--grad-accum", "0", "--steps", "1"], "grad_accumulation");
+}
