@@ -17,12 +17,27 @@ fn json_path(name: &str) -> PathBuf {
 
 fn train_json(name: &str, extra: &[&str]) -> serde_json::Value {
     let path = json_path(name);
-    let mut args = vec!["train", "--steps", "4", "--batch", "10", "--samples", "64", "--threads-per-rank", "1", "--json"];
+    let mut args = vec![
+        "train",
+        "--steps",
+        "4",
+        "--batch",
+        "10",
+        "--samples",
+        "64",
+        "--threads-per-rank",
+        "1",
+        "--json",
+    ];
     let path_str = path.to_str().unwrap().to_string();
     args.push(&path_str);
     args.extend_from_slice(extra);
     let out = kiln(&args);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let json = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     std::fs::remove_file(path).ok();
     json
@@ -31,7 +46,16 @@ fn train_json(name: &str, extra: &[&str]) -> serde_json::Value {
 #[test]
 fn json_report_has_the_promised_keys() {
     let report = train_json("keys", &["--strategy", "ddp", "--world", "2"]);
-    for key in ["strategy", "world", "steps", "global_batch", "final_loss", "param_sum", "param_sq_sum", "wall_s"] {
+    for key in [
+        "strategy",
+        "world",
+        "steps",
+        "global_batch",
+        "final_loss",
+        "param_sum",
+        "param_sq_sum",
+        "wall_s",
+    ] {
         assert!(report.get(key).is_some(), "missing {key}: {report}");
     }
     assert_eq!(report["strategy"], "ddp");
@@ -43,11 +67,30 @@ fn json_report_has_the_promised_keys() {
 
 #[test]
 fn ddp_and_single_agree_through_the_cli() {
-    let single = train_json("single", &["--strategy", "single", "--model", "transformer"]);
-    let ddp = train_json("ddp", &["--strategy", "ddp", "--world", "3", "--model", "transformer"]);
-    let (a, b) = (single["param_sq_sum"].as_f64().unwrap(), ddp["param_sq_sum"].as_f64().unwrap());
+    let single = train_json(
+        "single",
+        &["--strategy", "single", "--model", "transformer"],
+    );
+    let ddp = train_json(
+        "ddp",
+        &[
+            "--strategy",
+            "ddp",
+            "--world",
+            "3",
+            "--model",
+            "transformer",
+        ],
+    );
+    let (a, b) = (
+        single["param_sq_sum"].as_f64().unwrap(),
+        ddp["param_sq_sum"].as_f64().unwrap(),
+    );
     assert!((a - b).abs() <= 1e-5 * a.abs(), "sum of squares {a} vs {b}");
-    assert_ne!(single["first_loss"], single["final_loss"], "training moved the loss");
+    assert_ne!(
+        single["first_loss"], single["final_loss"],
+        "training moved the loss"
+    );
 }
 
 #[test]
@@ -68,9 +111,15 @@ fn assert_one_line_error(args: &[&str], needle: &str) {
 #[test]
 fn impossible_settings_fail_with_one_line() {
     assert_one_line_error(&["train", "--world", "0"], "--world must be at least 1");
-    assert_one_line_error(&["train", "--world", "4", "--batch", "3"], "smaller than --world 4");
+    assert_one_line_error(
+        &["train", "--world", "4", "--batch", "3"],
+        "smaller than --world 4",
+    );
     assert_one_line_error(&["train", "--strategy", "single", "--world", "2"], "single");
     assert_one_line_error(&["train", "--strategy", "bogus"], "unknown strategy");
     assert_one_line_error(&["train", "--no-such-flag"], "--no-such-flag");
-    assert_one_line_error(&["train", "--grad-accum", "0", "--steps", "1"], "grad_accumulation");
+    assert_one_line_error(
+        &["train", "--grad-accum", "0", "--steps", "1"],
+        "grad_accumulation",
+    );
 }

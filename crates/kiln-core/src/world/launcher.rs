@@ -110,9 +110,9 @@ impl ProcessInfo {
     /// [`WorldError`] when a variable is not a number, a rank variable lacks its count, or the
     /// numbers are inconsistent.
     pub fn from_env(env: &EnvLookup<'_>) -> Result<Self, WorldError> {
-        let info = if let Some(info) = torchrun(env)? {
+        let info = if let Some(info) = ranked(env, &TORCHRUN)? {
             info
-        } else if let Some(info) = open_mpi(env)? {
+        } else if let Some(info) = ranked(env, &OPEN_MPI)? {
             info
         } else if let Some(info) = slurm(env)? {
             info
@@ -162,14 +162,36 @@ fn derived_nodes(rank: usize, processes: usize, local_processes: usize) -> (usiz
     (rank / per_node, processes.div_ceil(per_node))
 }
 
-fn torchrun(env: &EnvLookup<'_>) -> Result<Option<ProcessInfo>, WorldError> {
-    let Some((rank, processes)) = pair(env, "RANK", "WORLD_SIZE")? else {
+/// The variable names of a launcher that states rank, size, local rank and size, and node.
+struct RankVars {
+    launcher: Launcher,
+    rank: (&'static str, &'static str),
+    local: (&'static str, &'static str),
+    node: &'static str,
+}
+
+const TORCHRUN: RankVars = RankVars {
+    launcher: Launcher::Torchrun,
+    rank: ("RANK", "WORLD_SIZE"),
+    local: ("LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+    node: "GROUP_RANK",
+};
+
+const OPEN_MPI: RankVars = RankVars {
+    launcher: Launcher::OpenMpi,
+    rank: ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    local: ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    node: "OMPI_COMM_WORLD_NODE_RANK",
+};
+
+fn ranked(env: &EnvLookup<'_>, vars: &RankVars) -> Result<Option<ProcessInfo>, WorldError> {
+    let Some((rank, processes)) = pair(env, vars.rank.0, vars.rank.1)? else {
         return Ok(None);
     };
     let (local_rank, local_processes) =
-        pair(env, "LOCAL_RANK", "LOCAL_WORLD_SIZE")?.unwrap_or((rank, processes));
+        pair(env, vars.local.0, vars.local.1)?.unwrap_or((rank, processes));
     let (derived_node, nodes) = derived_nodes(rank, processes, local_processes);
-    let node_rank = number(env, "GROUP_RANK")?.unwrap_or(derived_node);
+    let node_rank = number(env, vars.node)?.unwrap_or(derived_node);
     Ok(Some(ProcessInfo {
         rank,
         processes,
@@ -177,30 +199,7 @@ fn torchrun(env: &EnvLookup<'_>) -> Result<Option<ProcessInfo>, WorldError> {
         local_processes,
         node_rank,
         nodes,
-        launcher: Launcher::Torchrun,
-    }))
-}
-
-fn open_mpi(env: &EnvLookup<'_>) -> Result<Option<ProcessInfo>, WorldError> {
-    let Some((rank, processes)) = pair(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")? else {
-        return Ok(None);
-    };
-    let (local_rank, local_processes) = pair(
-        env,
-        "OMPI_COMM_WORLD_LOCAL_RANK",
-        "OMPI_COMM_WORLD_LOCAL_SIZE",
-    )?
-    .unwrap_or((rank, processes));
-    let (derived_node, nodes) = derived_nodes(rank, processes, local_processes);
-    let node_rank = number(env, "OMPI_COMM_WORLD_NODE_RANK")?.unwrap_or(derived_node);
-    Ok(Some(ProcessInfo {
-        rank,
-        processes,
-        local_rank,
-        local_processes,
-        node_rank,
-        nodes,
-        launcher: Launcher::OpenMpi,
+        launcher: vars.launcher,
     }))
 }
 

@@ -65,15 +65,12 @@ where
 {
     /// Starts, then serves commands until `Stop` or until the dispatcher is gone.
     pub fn run(mut self, inbox: Receiver<Command<M>>, reports: Sender<Report>) {
+        let rank = self.rank;
+        // A send fails only when the dispatcher is gone, and then there is nobody to serve.
+        let report = |result| reports.send(Report { rank, result }).is_ok();
         let result = self.guarded(Self::start);
         let mut failed = result.is_err();
-        if reports
-            .send(Report {
-                rank: self.rank,
-                result,
-            })
-            .is_err()
-        {
+        if !report(result) {
             return;
         }
         for command in inbox {
@@ -85,13 +82,7 @@ where
                         self.guarded(|w| w.step(&batch, lr))
                     };
                     failed |= result.is_err();
-                    if reports
-                        .send(Report {
-                            rank: self.rank,
-                            result,
-                        })
-                        .is_err()
-                    {
+                    if !report(result) {
                         return;
                     }
                 }
