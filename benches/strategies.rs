@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use burn::backend::{Autodiff, Flex};
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
+use burn::module::Module;
 use burn::optim::{AdamWConfig, Optimizer};
 use burn::tensor::backend::Backend;
 use burn::train::TrainStep;
