@@ -1,13 +1,17 @@
 //! Ddp overhead and scaling on the CPU, measured side by side in one run.
 //!
 //! Three variants train the same MLP on the same global batches, each rank on one thread:
-//! a plain Burn loop (no Kiln), Ddp with world 1, and Ddp with world 2. They run in
-//! interleaved rounds (plain, ddp1, ddp2, plain, …) so machine noise hits all alike, and the
-//! median round of each is compared:
+//! a plain Burn loop (no Kiln), Ddp with world 1, and Ddp with world 2. Every variant starts
+//! fresh threads each round and times only steady-state steps, after untimed warm-up steps
+//! (fresh threads start with cold allocator arenas). They run in interleaved rounds (plain,
+//! ddp1, ddp2, plain, …) so machine noise hits all alike, and the median round of each is
+//! compared:
 //! - overhead = Ddp world 1 / plain − 1 (target ≤ 3 %),
 //! - scaling = Ddp world 2 samples/s ÷ Ddp world 1 samples/s (target ≥ 1.7× on 2 cores).
 //!
-//! `cargo bench --bench strategies [-- ROUNDS STEPS]`
+//! `cargo bench --bench strategies [-- ROUNDS STEPS [plain|ddp1|ddp2]]`: naming a variant runs
+//! only it, once, which is how to count its instructions under
+//! `valgrind --tool=callgrind` (repeatable where wall time is noisy).
 
 use std::time::{Duration, Instant};
 
@@ -26,8 +30,10 @@ use kiln::nn::tasks::{ClassificationBatcher, TeacherTask};
 
 type B = Autodiff<Flex>;
 
-const BATCH: usize = 256;
+const BATCH: usize = 1024;
 const LR: f64 = 1e-3;
+/// Untimed steps at the start of every variant's round.
+const WARMUP: usize = 3;
 
 fn model() -> Mlp<B> {
     let device = Default::default();
@@ -57,7 +63,7 @@ fn main() {
     let batches: Vec<Vec<usize>> = EpochSampler::new(dataset.len(), BATCH, 9)
         .unwrap()
         .batches()
-        .take(steps)
+        .take(WARMUP + steps)
         .collect();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
@@ -86,18 +92,44 @@ fn main() {
         };
         let data = DataSource::new(task.dataset(), ClassificationBatcher);
         let mut ddp = Ddp::new(&world, model(), AdamWConfig::new().init(), data, config).unwrap();
-        let start = Instant::now();
-        for batch in batches {
+        let mut start = Instant::now();
+        for (step, batch) in batches.iter().enumerate() {
+            if step == WARMUP {
+                start = Instant::now();
+            }
             ddp.step(batch, LR).unwrap();
         }
-        start.elapsed()
+        let elapsed = start.elapsed();
+        if std::env::var_os("KILN_BENCH_VERBOSE").is_some() {
+            for s in ddp.stats() {
+                eprintln!(
+                    "  world {} rank {}: compute {:?}, communication {:?}",
+                    world.world_size(),
+                    s.rank,
+                    s.compute,
+                    s.communication
+                );
+            }
+        }
+        elapsed
     };
 
-    // One warm-up round, not measured.
-    plain(&batches[..2]);
-    ddp(1, &batches[..2]);
-    ddp(2, &batches[..2]);
-
+    if let Some(variant) = std::env::args()
+        .skip(1)
+        .find(|a| a.parse::<usize>().is_err() && !a.starts_with('-'))
+    {
+        let elapsed = match variant.as_str() {
+            "plain" => plain(&batches),
+            "ddp1" => ddp(1, &batches),
+            "ddp2" => ddp(2, &batches),
+            other => panic!("unknown variant {other}; use plain, ddp1 or ddp2"),
+        };
+        println!(
+            "{variant}: {:.2} ms/step",
+            elapsed.as_secs_f64() * 1e3 / steps as f64
+        );
+        return;
+    }
     let (mut t_plain, mut t_ddp1, mut t_ddp2) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
         t_plain.push(plain(&batches));

@@ -61,6 +61,18 @@ pub enum CollectiveError {
         /// That rank's element count.
         other_elements: usize,
     },
+    /// The device could not finish the work queued before a hand-over.
+    #[error("{op} #{seq} on rank {rank}: the device failed to synchronise: {reason}")]
+    Device {
+        /// The operation.
+        op: CollectiveOp,
+        /// Its sequence number in this group.
+        seq: u64,
+        /// The rank reporting.
+        rank: usize,
+        /// The backend's message.
+        reason: String,
+    },
     /// A broadcast root outside the group.
     #[error("broadcast root {root} is not a rank of this group of {world_size}")]
     InvalidRoot {
@@ -78,7 +90,7 @@ impl CollectiveError {
             CollectiveError::Timeout { missing, .. } => missing.first().copied(),
             CollectiveError::PeerFailed { failed_rank, .. } => Some(*failed_rank),
             CollectiveError::Mismatch { other_rank, .. } => Some(*other_rank),
-            CollectiveError::InvalidRoot { .. } => None,
+            CollectiveError::InvalidRoot { .. } | CollectiveError::Device { .. } => None,
         }
     }
 }

@@ -6,6 +6,11 @@
 //! others. A round's output cannot be overwritten before every rank has read it, because the
 //! next round needs every rank to arrive.
 //!
+//! Tensors cross threads here, and a device may queue each thread's work separately (CubeCL
+//! keeps a stream per thread): a rank synchronises its device before depositing its tensor,
+//! and the combining rank before publishing the output, so nobody reads unfinished data. On
+//! CPU backends synchronising is free.
+//!
 //! Failure handling keeps the "never a hang" invariant: a waiting rank past its deadline
 //! records which ranks are missing and poisons the group; [`Collective::abort`], a panic
 //! unwinding through the handle, or a dropped handle poison it too, and every rank checks the
@@ -148,6 +153,14 @@ impl<B: Backend> InProcess<B> {
         let elements = input.as_ref().map_or(0, |t| t.dims()[0]);
         self.counters.elements += elements as u64;
         let device = input.as_ref().map(Tensor::device);
+        if let Some(device) = &device {
+            B::sync(device).map_err(|e| CollectiveError::Device {
+                op,
+                seq,
+                rank: self.rank,
+                reason: format!("{e:?}"),
+            })?;
+        }
         let deadline = Instant::now() + self.shared.timeout;
 
         let mut state = self.lock();
@@ -189,6 +202,22 @@ impl<B: Backend> InProcess<B> {
         if state.arrivals == self.shared.world_size {
             let inputs: Vec<_> = state.inputs.iter_mut().map(Option::take).collect();
             state.output = combine(op, inputs, self.shared.world_size);
+            if let Some(output) = &state.output
+                && let Err(e) = B::sync(&output.device())
+            {
+                let reason = format!("device failed to synchronise after combining: {e:?}");
+                state.failure = Some(Failure {
+                    rank: self.rank,
+                    reason: reason.clone(),
+                });
+                self.shared.wake.notify_all();
+                return Err(CollectiveError::Device {
+                    op,
+                    seq,
+                    rank: self.rank,
+                    reason,
+                });
+            }
             state.output_readers = 0;
             state.call = None;
             state.arrived.fill(false);

@@ -12,6 +12,7 @@ use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use rayon::ThreadPool;
 
+use super::error::sync_device;
 use super::micro_batch::{LocalGradients, local_gradients};
 use super::threads::rank_pool;
 use super::{
@@ -89,8 +90,12 @@ where
                 ..Default::default()
             })
             .collect();
+        // Forking materialises lazily initialised parameters; replica threads read them next.
+        let model = model.fork(&devices[0]);
+        sync_device::<B>(&devices[0])
+            .map_err(|error| StrategyError::from_failures(vec![RankFailure { rank: 0, error }]))?;
         Ok(Self {
-            model: Some(model.fork(&devices[0])),
+            model: Some(model),
             optim,
             data,
             devices,
@@ -123,14 +128,17 @@ where
                         (&self.pools[rank], &self.data, self.accumulation);
                     scope.spawn(move || {
                         pool.install(move || {
-                            local_gradients(
+                            let local = local_gradients(
                                 &replica,
                                 data,
                                 shard,
                                 global_samples,
                                 accumulation,
                                 device,
-                            )
+                            )?;
+                            // The main thread reads these gradients next.
+                            sync_device::<B>(device)?;
+                            Ok(local)
                         })
                     })
                 })
@@ -196,6 +204,9 @@ where
 
         let optim_start = Instant::now();
         let model = self.pools[0].install(|| self.optim.step(lr, model, grads));
+        // The next step's replica threads read the new parameters.
+        sync_device::<B>(main)
+            .map_err(|error| StrategyError::from_failures(vec![RankFailure { rank: 0, error }]))?;
         self.model = Some(model);
         let compute = compute + optim_start.elapsed();
         Ok(StepOutput {

@@ -67,6 +67,9 @@ pub enum RankError {
         /// This rank's checksum.
         found: [f32; 2],
     },
+    /// The rank's device failed to finish its queued work.
+    #[error("device failed to synchronise: {0}")]
+    Device(String),
     /// The rank's thread is gone.
     #[error("its worker thread is gone")]
     Gone,
@@ -163,6 +166,15 @@ impl StrategyError {
             _ => None,
         }
     }
+}
+
+/// Waits for `device` to finish the work this thread queued, before its results are handed to
+/// another thread: devices may queue each thread's work separately (CubeCL keeps a stream per
+/// thread). Free on CPU backends.
+pub(crate) fn sync_device<B: burn::tensor::backend::Backend>(
+    device: &B::Device,
+) -> Result<(), RankError> {
+    B::sync(device).map_err(|e| RankError::Device(format!("{e:?}")))
 }
 
 /// The message of a caught panic.

@@ -132,6 +132,9 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
         // Materialise them here, once, so the model does not depend on how the rank threads
         // interleave, and matches what a single-device run draws from the same seed.
         let model = model.fork(&world.devices()[0]);
+        // The rank threads read these parameters next.
+        super::error::sync_device::<B>(&world.devices()[0])
+            .map_err(|error| StrategyError::from_failures(vec![RankFailure { rank: 0, error }]))?;
         let (report_tx, reports) = mpsc::channel();
         let collectives = InProcess::<B::InnerBackend>::group(world_size, config.timeout());
 
