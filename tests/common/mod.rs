@@ -10,7 +10,7 @@ use burn::data::dataset::InMemDataset;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{AdamWConfig, Optimizer};
 use burn::tensor::Tensor;
-use burn::tensor::backend::Backend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use kiln::core::data::{DataSource, EpochSampler, Remainder};
 use kiln::core::strategy::TrainModel;
 use kiln::nn::models::{Mlp, MlpConfig, Transformer, TransformerConfig};
@@ -44,9 +44,9 @@ pub struct Case<M, I, Bt> {
 }
 
 impl<M: Clone, I: Clone + Send + Sync + 'static, Bt: Clone> Case<M, I, Bt> {
-    pub fn source<O>(&self) -> DataSource<B, I, O>
+    pub fn source<Ab: Backend, O>(&self) -> DataSource<Ab, I, O>
     where
-        Bt: Batcher<B, I, O> + 'static,
+        Bt: Batcher<Ab, I, O> + 'static,
     {
         DataSource::new(self.dataset.clone_items(), self.batcher.clone())
     }
@@ -86,8 +86,14 @@ pub fn mlp_case(
 }
 
 pub fn transformer_case() -> Case<Transformer<B>, SequenceItem, SequenceBatcher> {
-    let device = Default::default();
-    B::seed(&device, 7);
+    transformer_case_on(&Default::default())
+}
+
+pub fn transformer_case_on<Ab: AutodiffBackend>(
+    device: &Ab::Device,
+) -> Case<Transformer<Ab>, SequenceItem, SequenceBatcher> {
+    let device = device.clone();
+    Ab::seed(&device, 7);
     Case {
         model: TransformerConfig::new().init(&device).fork(&device),
         dataset: FibonacciTask {
@@ -118,8 +124,22 @@ where
     I: Clone + Send + Sync,
     Bt: Batcher<B, I, M::Input>,
 {
-    let device = Default::default();
-    let mut optim = AdamWConfig::new().init::<B, M>();
+    reference_on(case, batches, &Default::default())
+}
+
+pub fn reference_on<Ab, M, I, Bt>(
+    case: &Case<M, I, Bt>,
+    batches: &[Vec<usize>],
+    device: &Ab::Device,
+) -> M
+where
+    Ab: AutodiffBackend,
+    M: TrainModel<Ab>,
+    I: Clone + Send + Sync,
+    Bt: Batcher<Ab, I, M::Input>,
+{
+    let device = device.clone();
+    let mut optim = AdamWConfig::new().init::<Ab, M>();
     let mut model = case.model.clone();
     for batch in batches {
         let items = batch

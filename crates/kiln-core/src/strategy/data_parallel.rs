@@ -6,7 +6,7 @@
 //! optimizer step there. The next step's replicas are forked from the updated model, which is
 //! the broadcast of the new parameters.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
@@ -186,29 +186,36 @@ where
             return Err(StrategyError::from_failures(failures));
         }
 
-        // Reduce onto the main device in device order, so the sum is deterministic.
-        let reduce_start = Instant::now();
+        // Reduce onto the main device in device order, so the sum is deterministic, then step
+        // the optimizer: both on pool 0's thread, which must also be the one to synchronise
+        // (devices may queue work per thread) before the next replicas read the parameters.
         let main = &self.devices[0];
-        let mut grads = GradientsParams::new();
-        let (mut loss_sum, mut compute) = (0.0, Default::default());
-        for (stats, local) in self.stats.iter_mut().zip(locals) {
-            grads = add_weighted(&model, grads, local.grads, 1.0, main);
+        let (mut loss_sum, mut compute) = (0.0, Duration::ZERO);
+        for (stats, local) in self.stats.iter_mut().zip(&locals) {
             loss_sum += local.loss_sum;
             compute = local.compute.max(compute);
             stats.steps += 1;
             stats.samples += local.samples as u64;
             stats.compute += local.compute;
         }
-        let communication = reduce_start.elapsed();
-        self.stats[0].communication += communication;
-
-        let optim_start = Instant::now();
-        let model = self.pools[0].install(|| self.optim.step(lr, model, grads));
-        // The next step's replica threads read the new parameters.
-        sync_device::<B>(main)
+        let optim = &mut self.optim;
+        let (model, communication, optim_time) = self.pools[0].install(move || {
+            let reduce_start = Instant::now();
+            let mut grads = GradientsParams::new();
+            for local in locals {
+                grads = add_weighted(&model, grads, local.grads, 1.0, main);
+            }
+            let communication = reduce_start.elapsed();
+            let optim_start = Instant::now();
+            let model = optim.step(lr, model, grads);
+            let synced = sync_device::<B>(main);
+            (synced.map(|()| model), communication, optim_start.elapsed())
+        });
+        let model = model
             .map_err(|error| StrategyError::from_failures(vec![RankFailure { rank: 0, error }]))?;
         self.model = Some(model);
-        let compute = compute + optim_start.elapsed();
+        self.stats[0].communication += communication;
+        let compute = compute + optim_time;
         Ok(StepOutput {
             loss: loss_sum / batch.len() as f64,
             samples: batch.len(),
