@@ -13,7 +13,7 @@ use crate::collective::Collective;
 use crate::data::DataSource;
 use crate::grads::{BucketPlan, ParamSelection, all_reduce_gradients, broadcast_parameters};
 use crate::params::checksum_tensor;
-use crate::strategy::error::panic_message;
+use crate::strategy::error::{panic_message, sync_device};
 use crate::strategy::micro_batch::local_gradients;
 use crate::strategy::{RankError, RankStats, TrainModel};
 
@@ -87,7 +87,12 @@ where
                     }
                 }
                 Command::Model(reply) => {
-                    let _ = reply.send(self.model.clone());
+                    // The caller's thread reads this replica next.
+                    let model = match sync_device::<B>(&self.device) {
+                        Ok(()) => self.model.clone(),
+                        Err(_) => None,
+                    };
+                    let _ = reply.send(model);
                 }
                 Command::Stop => return,
             }
