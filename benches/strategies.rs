@@ -3,8 +3,8 @@
 //! Three variants train the same MLP on the same global batches, each rank on one thread:
 //! a plain Burn loop (no Kiln), Ddp with world 1, and Ddp with world 2. Every variant starts
 //! fresh threads each round and times only steady-state steps, after untimed warm-up steps
-//! (fresh threads start with cold allocator arenas). They run in interleaved rounds (plain,
-//! ddp1, ddp2, plain, …) so machine noise hits all alike, and the median round of each is
+//! (fresh threads start with cold allocator arenas). They run in interleaved rounds, their
+//! order rotating every round, so machine noise hits all alike, and the median round of each is
 //! compared:
 //! - overhead = Ddp world 1 / plain − 1 (target ≤ 3 %),
 //! - scaling = Ddp world 2 samples/s ÷ Ddp world 1 samples/s (target ≥ 1.7× on 2 cores).
@@ -131,10 +131,16 @@ fn main() {
         return;
     }
     let (mut t_plain, mut t_ddp1, mut t_ddp2) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..rounds {
-        t_plain.push(plain(&batches));
-        t_ddp1.push(ddp(1, &batches));
-        t_ddp2.push(ddp(2, &batches));
+    // Rotate the order every round, so no variant always follows the same one (a variant that
+    // runs right after another frees its memory pays for the kernel's reclaim).
+    for round in 0..rounds {
+        for variant in 0..3 {
+            match (round + variant) % 3 {
+                0 => t_plain.push(plain(&batches)),
+                1 => t_ddp1.push(ddp(1, &batches)),
+                _ => t_ddp2.push(ddp(2, &batches)),
+            }
+        }
     }
     let median = |v: &mut Vec<Duration>| {
         v.sort();
