@@ -66,8 +66,16 @@ pub fn mlp_case(
     layers: usize,
     hidden: usize,
 ) -> Case<Mlp<B>, ClassificationItem, ClassificationBatcher> {
-    let device = Default::default();
-    B::seed(&device, 7);
+    mlp_case_on(layers, hidden, &Default::default())
+}
+
+pub fn mlp_case_on<Ab: AutodiffBackend>(
+    layers: usize,
+    hidden: usize,
+    device: &Ab::Device,
+) -> Case<Mlp<Ab>, ClassificationItem, ClassificationBatcher> {
+    let device = device.clone();
+    Ab::seed(&device, 7);
     Case {
         model: MlpConfig::new()
             .with_layers(layers)
