@@ -118,16 +118,19 @@ where
                 .enumerate()
                 .map(|(rank, shard)| {
                     let device = &self.devices[rank];
-                    // The main device computes on the model itself; others on a detached copy.
-                    let replica = if rank == 0 {
-                        model.clone()
-                    } else {
-                        model.clone().fork(device)
-                    };
+                    let replica = model.clone();
                     let (pool, data, accumulation) =
                         (&self.pools[rank], &self.data, self.accumulation);
                     scope.spawn(move || {
                         pool.install(move || {
+                            // The main device computes on the model itself, the others on a
+                            // detached copy, made here so a cross-device copy is queued by the
+                            // thread that reads it.
+                            let replica = if rank == 0 {
+                                replica
+                            } else {
+                                replica.fork(device)
+                            };
                             let local = local_gradients(
                                 &replica,
                                 data,
@@ -136,7 +139,7 @@ where
                                 accumulation,
                                 device,
                             )?;
-                            // The main thread reads these gradients next.
+                            // Pool 0's thread reduces these gradients next.
                             sync_device::<B>(device)?;
                             Ok(local)
                         })
