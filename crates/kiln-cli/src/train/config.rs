@@ -88,12 +88,14 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// The TOML file is malformed.
-    #[error("config {path} is invalid: {source}")]
+    #[error("config {path}, line {line}: {message}")]
     Parse {
         /// The file.
         path: String,
-        /// Why.
-        source: toml::de::Error,
+        /// The line of the problem (1-based).
+        line: usize,
+        /// The parser's message.
+        message: String,
     },
     /// World of zero ranks.
     #[error("--world must be at least 1")]
@@ -135,9 +137,12 @@ impl TrainConfig {
             path: display.clone(),
             source,
         })?;
-        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
             path: display,
-            source,
+            line: e
+                .span()
+                .map_or(1, |span| text[..span.start].matches('\n').count() + 1),
+            message: e.message().trim().to_string(),
         })
     }
 

@@ -28,37 +28,37 @@ pub struct TrainArgs {
     /// TOML config to start from (fields as in the flags; `[ddp]`, `[dp]`, `[single]` tables).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Built-in model.
+    /// Built-in model [default: mlp].
     #[arg(long, value_enum)]
     model: Option<ModelKind>,
-    /// Parallelism strategy.
+    /// Parallelism strategy: single, dp, ddp or auto [default: auto].
     #[arg(long, value_parser = parse_strategy)]
     strategy: Option<StrategyKind>,
-    /// Backend.
+    /// Backend [default: flex].
     #[arg(long, value_enum)]
     backend: Option<BackendKind>,
-    /// Ranks (devices; CPU ranks share the CPU).
+    /// Ranks (devices; CPU ranks share the CPU) [default: 1].
     #[arg(long)]
     world: Option<usize>,
-    /// Optimizer steps.
+    /// Optimizer steps [default: 300].
     #[arg(long)]
     steps: Option<usize>,
-    /// Global batch size (all ranks together).
+    /// Global batch size, all ranks together [default: 64].
     #[arg(long)]
     batch: Option<usize>,
-    /// Seed of model, data and sample order.
+    /// Seed of model, data and sample order [default: 42].
     #[arg(long)]
     seed: Option<u64>,
-    /// Learning rate (AdamW).
+    /// Learning rate of AdamW [default: 0.003].
     #[arg(long)]
     lr: Option<f64>,
-    /// Micro-batches per rank and step (gradient accumulation).
+    /// Micro-batches per rank and step, gradient accumulation [default: 1].
     #[arg(long)]
     grad_accum: Option<usize>,
-    /// Ddp gradient bucket cap in MiB.
+    /// Ddp gradient bucket cap in MiB [default: 25].
     #[arg(long)]
     bucket_cap_mb: Option<f64>,
-    /// Samples in the synthetic data set.
+    /// Samples in the synthetic data set [default: 8192].
     #[arg(long)]
     samples: Option<usize>,
     /// Intra-op threads per rank (default: cores shared evenly).
