@@ -236,7 +236,11 @@ where
         world: strategy.world_size(),
         steps: config.steps,
         global_batch: config.batch,
-        grad_accumulation: config.ddp.grad_accumulation,
+        grad_accumulation: match decision.kind {
+            StrategyKind::Single => config.single.grad_accumulation,
+            StrategyKind::DataParallel => config.dp.grad_accumulation,
+            StrategyKind::Ddp | StrategyKind::Auto => config.ddp.grad_accumulation,
+        },
         seed: config.seed,
         first_loss,
         final_loss,

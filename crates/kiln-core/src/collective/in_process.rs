@@ -152,6 +152,10 @@ impl<B: Backend> InProcess<B> {
         self.counters.calls += 1;
         let elements = input.as_ref().map_or(0, |t| t.dims()[0]);
         self.counters.elements += elements as u64;
+        if self.shared.world_size == 1 {
+            // Alone, every operation returns its input: nothing to wait for or combine.
+            return Ok(input);
+        }
         let device = input.as_ref().map(Tensor::device);
         if let Some(device) = &device {
             B::sync(device).map_err(|e| CollectiveError::Device {
@@ -186,11 +190,7 @@ impl<B: Backend> InProcess<B> {
                     other_op: first.op,
                     other_elements: first.elements,
                 };
-                state.failure = Some(Failure {
-                    rank: self.rank,
-                    reason: error.to_string(),
-                });
-                self.shared.wake.notify_all();
+                self.record_failure(&mut state, self.rank, error.to_string());
                 return Err(error);
             }
             Some(_) => {}
@@ -206,11 +206,7 @@ impl<B: Backend> InProcess<B> {
                 && let Err(e) = B::sync(&output.device())
             {
                 let reason = format!("device failed to synchronise after combining: {e:?}");
-                state.failure = Some(Failure {
-                    rank: self.rank,
-                    reason: reason.clone(),
-                });
-                self.shared.wake.notify_all();
+                self.record_failure(&mut state, self.rank, reason.clone());
                 return Err(CollectiveError::Device {
                     op,
                     seq,
@@ -239,14 +235,11 @@ impl<B: Backend> InProcess<B> {
                 let missing: Vec<usize> = (0..self.shared.world_size)
                     .filter(|&r| !state.arrived[r])
                     .collect();
-                state.failure = Some(Failure {
-                    rank: missing[0],
-                    reason: format!(
-                        "never arrived at {op} #{seq} within {:?}",
-                        self.shared.timeout
-                    ),
-                });
-                self.shared.wake.notify_all();
+                let reason = format!(
+                    "never arrived at {op} #{seq} within {:?}",
+                    self.shared.timeout
+                );
+                self.record_failure(&mut state, missing[0], reason);
                 return Err(CollectiveError::Timeout {
                     op,
                     seq,
@@ -266,11 +259,13 @@ impl<B: Backend> InProcess<B> {
 
     fn poison(&self, reason: String) {
         let mut state = self.lock();
+        self.record_failure(&mut state, self.rank, reason);
+    }
+
+    /// Poisons the group, blaming `rank`, unless it already is, and wakes every waiter.
+    fn record_failure(&self, state: &mut State<B>, rank: usize, reason: String) {
         if state.failure.is_none() {
-            state.failure = Some(Failure {
-                rank: self.rank,
-                reason,
-            });
+            state.failure = Some(Failure { rank, reason });
         }
         self.shared.wake.notify_all();
     }
@@ -328,10 +323,6 @@ impl<B: Backend> Collective<B> for InProcess<B> {
         tensor: Tensor<B, 1>,
         op: ReduceOp,
     ) -> Result<Tensor<B, 1>, CollectiveError> {
-        if self.shared.world_size == 1 {
-            self.counters.calls += 1;
-            return Ok(tensor);
-        }
         let output = self.rendezvous(CollectiveOp::AllReduce(op), Some(tensor))?;
         Ok(output.expect("an all-reduce produces a tensor"))
     }
@@ -345,19 +336,12 @@ impl<B: Backend> Collective<B> for InProcess<B> {
         if root >= world_size {
             return Err(CollectiveError::InvalidRoot { root, world_size });
         }
-        if world_size == 1 {
-            self.counters.calls += 1;
-            return Ok(tensor);
-        }
         let output = self.rendezvous(CollectiveOp::Broadcast { root }, Some(tensor))?;
         Ok(output.expect("a broadcast produces a tensor"))
     }
 
     fn barrier(&mut self) -> Result<(), CollectiveError> {
-        if self.shared.world_size > 1 {
-            self.rendezvous(CollectiveOp::Barrier, None)?;
-        }
-        Ok(())
+        self.rendezvous(CollectiveOp::Barrier, None).map(drop)
     }
 
     fn abort(&mut self, reason: &str) {

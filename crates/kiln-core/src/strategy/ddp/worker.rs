@@ -124,12 +124,11 @@ where
             model
         };
         let plan = BucketPlan::new(&model, cap, ParamSelection::Trainable);
-        let num_buckets = plan.num_buckets();
         self.plan = Some(plan);
         self.model = Some(model);
         self.stats.communication += start.elapsed();
         self.stats.collective = self.collective.counters();
-        Ok(self.done(0.0, 0, Duration::ZERO, start.elapsed(), num_buckets))
+        Ok(self.done(0.0, 0, Duration::ZERO, start.elapsed()))
     }
 
     /// Shard → forward/backward → all-reduce → optimizer → replica check → stats.
@@ -182,13 +181,7 @@ where
         self.stats.compute += compute;
         self.stats.communication += communication;
         self.stats.collective = self.collective.counters();
-        Ok(self.done(
-            local.loss_sum,
-            local.samples,
-            compute,
-            communication,
-            plan_buckets(&self.plan),
-        ))
+        Ok(self.done(local.loss_sum, local.samples, compute, communication))
     }
 
     /// Compares this replica's parameter checksum with rank 0's, bit for bit.
@@ -220,19 +213,14 @@ where
         samples: usize,
         compute: Duration,
         communication: Duration,
-        num_buckets: usize,
     ) -> Done {
         Done {
             loss_sum,
             samples,
             compute,
             communication,
-            num_buckets,
+            num_buckets: self.plan.as_ref().map_or(0, BucketPlan::num_buckets),
             stats: self.stats.clone(),
         }
     }
-}
-
-fn plan_buckets(plan: &Option<BucketPlan>) -> usize {
-    plan.as_ref().map_or(0, BucketPlan::num_buckets)
 }
