@@ -1,8 +1,9 @@
 //! Kiln: train one Burn model on many devices through pluggable parallelism strategies.
 //!
-//! This facade re-exports the workspace crates: [`core`] (World, Collective, strategies)
-//! and [`nn`] (layers and reference models).
+//! This facade re-exports the workspace crates: [`core`] (World, Collective, strategies),
+//! [`nn`] (layers and reference models) and [`ad`] (Algorithm Distillation on Dark Room).
 
+pub use kiln_ad as ad;
 pub use kiln_core as core;
 pub use kiln_nn as nn;
 

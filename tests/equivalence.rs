@@ -1,7 +1,7 @@
 //! The equivalence tests (DESIGN.md §5): `k` steps with a strategy give the parameters of
 //! `k` steps of plain single-device training on the same global batches, within 1e-5
 //! relative — for world sizes 1–4, global batches that do not divide by the world size,
-//! gradient accumulation, an MLP and a small transformer. Ddp also checks, bit for bit after
+//! gradient accumulation, an MLP, a small transformer, and the Algorithm Distillation model. Ddp also checks, bit for bit after
 //! every step, that every rank's replica equals rank 0's.
 
 mod common;
@@ -110,6 +110,15 @@ fn check_transformer(kind: Kind, world: usize, batch: usize, accumulation: usize
     assert_equivalent(&actual, &expected, &case.model, &what);
 }
 
+fn check_ad(kind: Kind, world: usize, batch: usize, accumulation: usize) {
+    let case = ad_case();
+    let batches = batches(case.dataset.len(), batch, STEPS);
+    let expected = reference(&case, &batches);
+    let actual = train(kind, world, accumulation, &case, &batches);
+    let what = format!("{kind:?} AD model world {world} batch {batch} accumulation {accumulation}");
+    assert_equivalent(&actual, &expected, &case.model, &what);
+}
+
 /// One test per strategy × world size × case; batches of 13 and 10 divide by none of 2, 3, 4.
 macro_rules! equivalence {
     ($($name:ident: $kind:ident, $world:literal;)*) => {$(
@@ -134,6 +143,11 @@ macro_rules! equivalence {
             #[test]
             fn transformer_grad_accumulation_2() {
                 check_transformer(Kind::$kind, $world, 10, 2);
+            }
+
+            #[test]
+            fn ad_model_uneven_batch_with_accumulation() {
+                check_ad(Kind::$kind, $world, 11, 2);
             }
         }
     )*};

@@ -11,6 +11,10 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{AdamWConfig, Optimizer};
 use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
+use kiln::ad::dataset::{WindowBatcher, WindowDataset, WindowRef};
+use kiln::ad::env::DarkRoomConfig;
+use kiln::ad::model::{AdModelConfig, AdTransformer};
+use kiln::ad::source::{QLearningConfig, learning_histories};
 use kiln::core::data::{DataSource, EpochSampler, Remainder};
 use kiln::core::strategy::TrainModel;
 use kiln::nn::models::{Mlp, MlpConfig, Transformer, TransformerConfig};
@@ -112,6 +116,35 @@ pub fn transformer_case_on<Ab: AutodiffBackend>(
         }
         .dataset(),
         batcher: SequenceBatcher,
+    }
+}
+
+/// The Algorithm Distillation transformer, scaled down, on windows of real Q-learning
+/// histories in a 5×5 room.
+pub fn ad_case() -> Case<AdTransformer<B>, WindowRef, WindowBatcher> {
+    let device = Default::default();
+    B::seed(&device, 7);
+    let room = DarkRoomConfig {
+        size: 5,
+        horizon: 6,
+    };
+    let source = QLearningConfig {
+        histories_per_goal: 1,
+        episodes: 4,
+        ..QLearningConfig::default()
+    };
+    let histories = std::sync::Arc::new(learning_histories(room, &room.cells()[..6], &source, 5));
+    let model = AdModelConfig {
+        context: 10,
+        d_model: 16,
+        d_ff: 32,
+        ..AdModelConfig::default()
+    };
+    let windows = WindowDataset::new(histories.clone(), model.context);
+    Case {
+        model: model.init(&room, &device).fork(&device),
+        dataset: InMemDataset::new(windows.iter().collect()),
+        batcher: WindowBatcher::new(histories, model.context),
     }
 }
 

@@ -1,6 +1,8 @@
 //! `kiln`: train Burn models on many devices.
 
+mod ad;
 mod backend;
+mod config_file;
 mod train;
 
 use std::process::ExitCode;
@@ -20,6 +22,9 @@ struct Cli {
 enum Command {
     /// Train a built-in model on built-in synthetic data.
     Train(train::TrainArgs),
+    /// Algorithm Distillation on Dark Room: train and evaluate in-context RL.
+    #[command(subcommand)]
+    Ad(ad::AdCommand),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +47,7 @@ fn main() -> ExitCode {
 
     let result = match cli.command {
         Command::Train(args) => train::run(args),
+        Command::Ad(command) => ad::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -45,7 +45,7 @@ pub mod prelude {
     pub use crate::data::{DataSource, EpochSampler, Remainder, ShardPolicy};
     pub use crate::strategy::{
         DataParallel, DataParallelConfig, Ddp, DdpConfig, Single, SingleConfig, StepLoss,
-        StepOutput, Strategy, StrategyError, StrategyKind, TrainModel,
+        StepOutput, Strategy, StrategyConfigs, StrategyError, StrategyKind, TrainModel,
     };
     pub use crate::world::World;
 }

@@ -2,9 +2,12 @@
 
 use std::path::Path;
 
-use kiln_core::strategy::{DataParallelConfig, DdpConfig, SingleConfig, StrategyKind};
+use kiln_core::strategy::{
+    DataParallelConfig, DdpConfig, SingleConfig, StrategyConfigs, StrategyKind,
+};
 
 use crate::backend::BackendKind;
+use crate::config_file::{self, ConfigFileError};
 
 /// A built-in model.
 #[derive(
@@ -79,24 +82,9 @@ impl Default for TrainConfig {
 /// A config that cannot run.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// The TOML file could not be read.
-    #[error("cannot read config {path}: {source}")]
-    Read {
-        /// The file.
-        path: String,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The TOML file is malformed.
-    #[error("config {path}, line {line}: {message}")]
-    Parse {
-        /// The file.
-        path: String,
-        /// The line of the problem (1-based).
-        line: usize,
-        /// The parser's message.
-        message: String,
-    },
+    /// The TOML file could not be used.
+    #[error(transparent)]
+    File(#[from] ConfigFileError),
     /// World of zero ranks.
     #[error("--world must be at least 1")]
     ZeroWorld,
@@ -118,32 +106,24 @@ pub enum ConfigError {
     /// A learning rate that cannot train.
     #[error("--lr must be a positive finite number, got {0}")]
     LearningRate(f64),
-    /// A backend this binary was built without.
-    #[error("backend {backend} is not compiled in; rebuild with `--features {backend}`")]
-    BackendMissing {
-        /// The backend asked for.
-        backend: BackendKind,
-    },
 }
 
 impl TrainConfig {
+    /// The settings of every strategy, as the builder takes them.
+    pub fn strategies(&self) -> StrategyConfigs {
+        StrategyConfigs {
+            single: self.single.clone(),
+            dp: self.dp.clone(),
+            ddp: self.ddp.clone(),
+        }
+    }
+
     /// Reads a TOML config; missing fields take their defaults.
     ///
     /// # Errors
     /// When the file cannot be read or parsed (unknown fields included).
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let display = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: display.clone(),
-            source,
-        })?;
-        toml::from_str(&text).map_err(|e| ConfigError::Parse {
-            path: display,
-            line: e
-                .span()
-                .map_or(1, |span| text[..span.start].matches('\n').count() + 1),
-            message: e.message().trim().to_string(),
-        })
+        Ok(config_file::load(path)?)
     }
 
     /// Checks what the strategies cannot check before training starts.

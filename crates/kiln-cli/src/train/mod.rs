@@ -6,21 +6,19 @@ mod report;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use burn::backend::Autodiff;
-use burn::optim::{AdamWConfig, Optimizer};
+use burn::optim::AdamWConfig;
 use burn::tensor::backend::AutodiffBackend;
 use indicatif::{ProgressBar, ProgressStyle};
-use kiln_core::World;
 use kiln_core::data::{DataSource, EpochSampler};
 use kiln_core::params::checksum;
-use kiln_core::strategy::{DataParallel, Ddp, Single, Strategy, StrategyKind, TrainModel};
+use kiln_core::strategy::{StrategyKind, TrainModel, build};
 use kiln_nn::models::{MlpConfig, TransformerConfig};
 use kiln_nn::tasks::{ClassificationBatcher, FibonacciTask, SequenceBatcher, TeacherTask};
 
 pub use config::{ModelKind, TrainConfig};
 use report::TrainReport;
 
-use crate::backend::BackendKind;
+use crate::backend::{BackendKind, Job, dispatch};
 
 /// Flags of `kiln train`; each overrides the same field of `--config`.
 #[derive(clap::Args, Debug)]
@@ -69,7 +67,8 @@ pub struct TrainArgs {
     json: Option<PathBuf>,
 }
 
-fn parse_strategy(s: &str) -> Result<StrategyKind, String> {
+/// Parses a strategy name as the flags spell it.
+pub fn parse_strategy(s: &str) -> Result<StrategyKind, String> {
     match s {
         "single" => Ok(StrategyKind::Single),
         "dp" => Ok(StrategyKind::DataParallel),
@@ -112,27 +111,7 @@ impl TrainArgs {
 /// Invalid flags or config, or a failure while training.
 pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let (config, json) = args.into_config()?;
-    let report = match config.backend {
-        BackendKind::Flex => {
-            train_on::<Autodiff<burn::backend::Flex>>(&config, Default::default())?
-        }
-        BackendKind::Ndarray => {
-            train_on::<Autodiff<burn::backend::NdArray>>(&config, Default::default())?
-        }
-        #[cfg(feature = "wgpu")]
-        BackendKind::Wgpu => {
-            train_on::<Autodiff<burn::backend::Wgpu>>(&config, Default::default())?
-        }
-        #[cfg(feature = "cuda")]
-        BackendKind::Cuda => train_on_devices::<Autodiff<burn::backend::Cuda>>(
-            &config,
-            (0..config.world)
-                .map(burn::backend::cuda::CudaDevice::new)
-                .collect(),
-        )?,
-        #[allow(unreachable_patterns)]
-        backend => return Err(config::ConfigError::BackendMissing { backend }.into()),
-    };
+    let report = dispatch(config.backend, config.world, TrainJob(&config))?;
     println!(
         "trained {} with {} on {} rank(s): {} steps of {} samples, loss {} -> {}, {:.0} samples/s",
         report.model,
@@ -155,12 +134,18 @@ fn fmt_loss(loss: Option<f64>) -> String {
     loss.map_or_else(|| "-".into(), |l| format!("{l:.4}"))
 }
 
-/// CPU-like backends: every rank on the same device.
-fn train_on<B: AutodiffBackend>(
-    config: &TrainConfig,
-    device: B::Device,
-) -> Result<TrainReport, Box<dyn std::error::Error>> {
-    train_on_devices::<B>(config, vec![device; config.world])
+/// `kiln train` on whichever backend was chosen.
+struct TrainJob<'a>(&'a TrainConfig);
+
+impl Job for TrainJob<'_> {
+    type Output = TrainReport;
+
+    fn run<B: AutodiffBackend>(
+        self,
+        devices: Vec<B::Device>,
+    ) -> Result<TrainReport, Box<dyn std::error::Error>> {
+        train_on_devices::<B>(self.0, devices)
+    }
 }
 
 fn train_on_devices<B: AutodiffBackend>(
@@ -209,7 +194,14 @@ where
     tracing::info!(strategy = %decision.kind, "strategy {}: {}", decision.kind, decision.reason);
     let optim = AdamWConfig::new().init::<B, M>();
     let sampler = EpochSampler::new(data.len(), config.batch, config.seed)?;
-    let mut strategy = build(config, decision.kind, devices, model, optim, data)?;
+    let mut strategy = build(
+        decision.kind,
+        devices,
+        model,
+        optim,
+        data,
+        &config.strategies(),
+    )?;
 
     let bar = ProgressBar::new(config.steps as u64).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} steps  {msg}  [{elapsed}<{eta}]")
@@ -236,11 +228,7 @@ where
         world: strategy.world_size(),
         steps: config.steps,
         global_batch: config.batch,
-        grad_accumulation: match decision.kind {
-            StrategyKind::Single => config.single.grad_accumulation,
-            StrategyKind::DataParallel => config.dp.grad_accumulation,
-            StrategyKind::Ddp | StrategyKind::Auto => config.ddp.grad_accumulation,
-        },
+        grad_accumulation: config.strategies().grad_accumulation(decision.kind),
         seed: config.seed,
         first_loss,
         final_loss,
@@ -252,41 +240,4 @@ where
         ranks: strategy.stats().into_iter().map(Into::into).collect(),
     };
     Ok(report.with_checksum(checksum(&trained)))
-}
-
-fn build<B, M, O, I>(
-    config: &TrainConfig,
-    kind: StrategyKind,
-    devices: Vec<B::Device>,
-    model: M,
-    optim: O,
-    data: DataSource<B, I, M::Input>,
-) -> Result<Box<dyn Strategy<B, M>>, Box<dyn std::error::Error>>
-where
-    B: AutodiffBackend,
-    M: TrainModel<B>,
-    O: Optimizer<M, B> + 'static,
-    I: Send + 'static,
-{
-    Ok(match kind {
-        StrategyKind::Single => Box::new(Single::new(
-            model,
-            optim,
-            data,
-            devices[0].clone(),
-            config.single.clone(),
-        )?),
-        StrategyKind::DataParallel => Box::new(DataParallel::new(
-            model,
-            optim,
-            data,
-            devices,
-            config.dp.clone(),
-        )?),
-        // `resolve` never returns `Auto`; it shares Ddp's arm rather than a panic.
-        StrategyKind::Ddp | StrategyKind::Auto => {
-            let world = World::local(devices)?;
-            Box::new(Ddp::new(&world, model, optim, data, config.ddp.clone())?)
-        }
-    })
 }

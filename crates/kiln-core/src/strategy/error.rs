@@ -11,6 +11,14 @@ pub enum ConfigError {
     /// No device to train on.
     #[error("no device given; pass at least one device (the CPU device may repeat)")]
     NoDevices,
+    /// `Single` given several devices.
+    #[error(
+        "the single strategy trains on one device but {devices} were given; use dp, ddp or auto"
+    )]
+    SingleWithMany {
+        /// Devices given.
+        devices: usize,
+    },
     /// Gradient accumulation of zero micro-steps.
     #[error("grad_accumulation must be at least 1 (1 means no accumulation)")]
     ZeroAccumulation,

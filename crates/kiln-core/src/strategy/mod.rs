@@ -7,6 +7,7 @@
 //! steps with any strategy match `k` steps of single-device training on the same global
 //! batches (the equivalence tests in `tests/`).
 
+mod build;
 mod data_parallel;
 mod ddp;
 mod error;
@@ -22,6 +23,7 @@ use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use burn::train::TrainStep;
 
+pub use build::{StrategyConfigs, build};
 pub use data_parallel::{DataParallel, DataParallelConfig};
 pub use ddp::{Ddp, DdpConfig};
 pub use error::{ConfigError, RankError, RankFailure, StrategyError};

@@ -1,0 +1,139 @@
+//! Time per training step of the Algorithm Distillation transformer on one CPU core: batch 32,
+//! context 60, d_model 64, 2 layers, 4 heads, feed-forward 256, AdamW.
+//!
+//! ```text
+//! cargo bench --bench ad_step [-- STEPS ROUNDS]
+//! ```
+//! Each round times `STEPS` steps (after 3 untimed warm-up steps) of a plain Burn loop and of
+//! Kiln's `Single` strategy, in rotating order, each inside a one-thread pool; it prints the
+//! median ms/step of each over the rounds, and their ratio (ratios from one run are what to
+//! compare on a shared machine).
+
+use std::time::Instant;
+
+use burn::backend::{Autodiff, Flex, NdArray};
+use burn::data::dataloader::batcher::Batcher;
+use burn::module::Module;
+use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::tensor::backend::AutodiffBackend;
+use kiln::ad::config::AdConfig;
+use kiln::ad::dataset::{WindowBatcher, WindowDataset};
+use kiln::ad::train::generate;
+use kiln::core::data::{DataSource, EpochSampler};
+use kiln::core::strategy::{Single, SingleConfig, Strategy};
+
+const LR: f64 = 1e-3;
+
+fn one_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("a one-thread pool")
+        .install(f)
+}
+
+fn plain<B: AutodiffBackend>(config: &AdConfig, batches: &[Vec<usize>], steps: usize) -> f64 {
+    let data = generate(config).expect("default config");
+    let context = config.model.context;
+    let windows = WindowDataset::new(data.histories.clone(), context);
+    let batcher = WindowBatcher::new(data.histories.clone(), context);
+    let device = B::Device::default();
+    one_thread(|| {
+        B::seed(&device, 1);
+        let mut model = config.model.init::<B>(&config.env, &device).fork(&device);
+        let mut optim = AdamWConfig::new().init::<B, _>();
+        let mut timed = Instant::now();
+        for (i, indices) in batches.iter().take(steps + 3).enumerate() {
+            if i == 3 {
+                B::sync(&device).expect("sync");
+                timed = Instant::now();
+            }
+            let items = indices
+                .iter()
+                .map(|&i| burn::data::dataset::Dataset::get(&windows, i).unwrap())
+                .collect();
+            let batch = batcher.batch(items, &device);
+            let loss = model.forward_loss(batch).loss;
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = optim.step(LR, model, grads);
+        }
+        B::sync(&device).expect("sync");
+        1e3 * timed.elapsed().as_secs_f64() / steps as f64
+    })
+}
+
+fn kiln_single<B: AutodiffBackend>(config: &AdConfig, batches: &[Vec<usize>], steps: usize) -> f64 {
+    let data = generate(config).expect("default config");
+    let context = config.model.context;
+    let source = DataSource::new(
+        WindowDataset::new(data.histories.clone(), context),
+        WindowBatcher::new(data.histories.clone(), context),
+    );
+    let device = B::Device::default();
+    B::seed(&device, 1);
+    let model = config.model.init::<B>(&config.env, &device);
+    let optim = AdamWConfig::new().init::<B, _>();
+    let single = SingleConfig {
+        grad_accumulation: 1,
+        threads: Some(1),
+    };
+    let mut strategy = Single::new(model, optim, source, device, single).expect("single");
+    let mut timed = Instant::now();
+    for (i, batch) in batches.iter().take(steps + 3).enumerate() {
+        if i == 3 {
+            timed = Instant::now();
+        }
+        strategy.step(batch, LR).expect("step");
+    }
+    1e3 * timed.elapsed().as_secs_f64() / steps as f64
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
+    let steps: usize = args.next().map_or(20, |s| s.parse().expect("STEPS"));
+    let rounds: usize = args.next().map_or(5, |s| s.parse().expect("ROUNDS"));
+    let config = AdConfig::default();
+    let data = generate(&config).expect("default config");
+    let windows = data.histories.count() * (data.histories.len() - config.model.context + 1);
+    let batches: Vec<Vec<usize>> = EpochSampler::new(windows, config.train.batch, 7)
+        .expect("sampler")
+        .batches()
+        .take(steps + 3)
+        .collect();
+    println!(
+        "AD step: batch {}, context {}, d_model {}, {} layers, {} heads, d_ff {}; one thread; \
+         {steps} steps x {rounds} rounds",
+        config.train.batch,
+        config.model.context,
+        config.model.d_model,
+        config.model.layers,
+        config.model.heads,
+        config.model.d_ff
+    );
+    type Runner = fn(&AdConfig, &[Vec<usize>], usize) -> f64;
+    let runners: [(&str, Runner); 3] = [
+        ("burn loop, flex", plain::<Autodiff<Flex>>),
+        ("kiln single, flex", kiln_single::<Autodiff<Flex>>),
+        ("burn loop, ndarray", plain::<Autodiff<NdArray>>),
+    ];
+    let mut times = vec![Vec::new(); runners.len()];
+    for round in 0..rounds {
+        for k in 0..runners.len() {
+            let i = (k + round) % runners.len();
+            times[i].push((runners[i].1)(&config, &batches, steps));
+        }
+    }
+    let medians: Vec<f64> = times.into_iter().map(median).collect();
+    for ((name, _), ms) in runners.iter().zip(&medians) {
+        println!("{name:<20} {ms:7.1} ms/step");
+    }
+    println!(
+        "kiln single / burn loop (flex): {:.3}",
+        medians[1] / medians[0]
+    );
+}

@@ -1,0 +1,225 @@
+//! The whole AD job as one config: TOML-loadable, every field defaulted.
+//!
+//! The defaults are the run the acceptance numbers in the README were measured with.
+
+use kiln_core::strategy::{StrategyConfigs, StrategyKind};
+use serde::{Deserialize, Serialize};
+
+use crate::env::DarkRoomConfig;
+use crate::error::AdError;
+use crate::eval::EvalConfig;
+use crate::goals::GoalSplitConfig;
+use crate::model::AdModelConfig;
+use crate::source::QLearningConfig;
+
+/// How the transformer is trained.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdTrainConfig {
+    /// Optimizer steps.
+    pub steps: usize,
+    /// Windows per optimizer step, over all ranks.
+    pub batch: usize,
+    /// Peak AdamW learning rate.
+    pub lr: f64,
+    /// Steps of linear warm-up to `lr`.
+    pub warmup_steps: usize,
+    /// The cosine decay ends at `lr × final_lr_fraction`.
+    pub final_lr_fraction: f64,
+    /// AdamW weight decay.
+    pub weight_decay: f64,
+    /// Strategy (`auto` resolves from `world`).
+    pub strategy: StrategyKind,
+    /// Ranks (devices; on the CPU, threads sharing the cores).
+    pub world: usize,
+}
+
+impl Default for AdTrainConfig {
+    fn default() -> Self {
+        Self {
+            steps: 3000,
+            batch: 32,
+            lr: 1e-3,
+            warmup_steps: 100,
+            final_lr_fraction: 0.1,
+            weight_decay: 1e-4,
+            strategy: StrategyKind::Auto,
+            world: 1,
+        }
+    }
+}
+
+impl AdTrainConfig {
+    /// Learning rate of step `step` (0-based): linear warm-up, then cosine decay.
+    pub fn lr_at(&self, step: usize) -> f64 {
+        if step < self.warmup_steps {
+            return self.lr * (step + 1) as f64 / self.warmup_steps as f64;
+        }
+        let decay = (self.steps - self.warmup_steps).max(1) as f64;
+        let progress = ((step - self.warmup_steps) as f64 / decay).min(1.0);
+        let cosine = 0.5 * (1.0 + (std::f64::consts::PI * progress).cos());
+        self.lr * (self.final_lr_fraction + (1.0 - self.final_lr_fraction) * cosine)
+    }
+}
+
+/// Everything an AD run needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdConfig {
+    /// Seed of the histories, the model, the sample order and the evaluation.
+    pub seed: u64,
+    /// The room.
+    pub env: DarkRoomConfig,
+    /// Which goals are held out.
+    pub goals: GoalSplitConfig,
+    /// The source algorithm and its histories.
+    pub source: QLearningConfig,
+    /// The transformer.
+    pub model: AdModelConfig,
+    /// Training.
+    pub train: AdTrainConfig,
+    /// Settings of each strategy (`[parallel.ddp]`, …).
+    pub parallel: StrategyConfigs,
+    /// Evaluation.
+    pub eval: EvalConfig,
+}
+
+impl Default for AdConfig {
+    fn default() -> Self {
+        Self {
+            seed: 42,
+            env: DarkRoomConfig::default(),
+            goals: GoalSplitConfig::default(),
+            source: QLearningConfig::default(),
+            model: AdModelConfig::default(),
+            train: AdTrainConfig::default(),
+            parallel: StrategyConfigs::default(),
+            eval: EvalConfig::default(),
+        }
+    }
+}
+
+impl AdConfig {
+    /// Checks what would otherwise fail deep inside a run.
+    ///
+    /// # Errors
+    /// The first problem found.
+    pub fn validate(&self) -> Result<(), AdError> {
+        let room = self.env;
+        if room.size % 2 == 0 || !(3..=63).contains(&room.size) || room.horizon == 0 {
+            return Err(AdError::Room {
+                size: room.size,
+                horizon: room.horizon,
+            });
+        }
+        self.source.validate()?;
+        let steps = self.source.episodes * room.horizon;
+        if self.model.context == 0 || self.model.context > steps {
+            return Err(AdError::ContextTooLong {
+                context: self.model.context,
+                steps,
+            });
+        }
+        for (name, value) in [
+            ("model.d_model", self.model.d_model),
+            ("model.layers", self.model.layers),
+            ("model.heads", self.model.heads),
+            ("model.d_ff", self.model.d_ff),
+            ("train.steps", self.train.steps),
+            ("train.batch", self.train.batch),
+            ("train.world", self.train.world),
+            ("eval.episodes", self.eval.episodes),
+            ("eval.seeds", self.eval.seeds),
+        ] {
+            if value == 0 {
+                return Err(AdError::Zero(name));
+            }
+        }
+        if self.model.d_model % self.model.heads != 0 {
+            return Err(AdError::Heads {
+                d_model: self.model.d_model,
+                heads: self.model.heads,
+            });
+        }
+        if self.train.batch < self.train.world {
+            return Err(AdError::BatchSmallerThanWorld {
+                batch: self.train.batch,
+                world: self.train.world,
+            });
+        }
+        let positive = |field, value: f64| {
+            if value > 0.0 && value.is_finite() {
+                Ok(())
+            } else {
+                Err(AdError::OutOfRange {
+                    field,
+                    value,
+                    range: "positive finite numbers",
+                })
+            }
+        };
+        positive("train.lr", self.train.lr)?;
+        positive("eval.temperature", self.eval.temperature)?;
+        if !(0.0..=1.0).contains(&self.train.final_lr_fraction) {
+            return Err(AdError::OutOfRange {
+                field: "train.final_lr_fraction",
+                value: self.train.final_lr_fraction,
+                range: "[0, 1]",
+            });
+        }
+        if !(0.0..1.0).contains(&self.model.dropout) {
+            return Err(AdError::OutOfRange {
+                field: "model.dropout",
+                value: self.model.dropout,
+                range: "[0, 1)",
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_schedule_warms_up_then_decays() {
+        let config = AdConfig::default();
+        config.validate().unwrap();
+        let t = &config.train;
+        assert!(t.lr_at(0) < t.lr_at(t.warmup_steps - 1));
+        assert!((t.lr_at(t.warmup_steps) - t.lr).abs() < 1e-12);
+        assert!((t.lr_at(t.steps - 1) - t.lr * t.final_lr_fraction).abs() < 1e-6);
+    }
+
+    #[test]
+    fn bad_settings_are_named() {
+        let mut c = AdConfig::default();
+        c.model.context = 10_000;
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("model.context")
+        );
+        let mut c = AdConfig::default();
+        c.model.heads = 5;
+        assert!(c.validate().unwrap_err().to_string().contains("heads"));
+        let mut c = AdConfig::default();
+        c.env.size = 8;
+        assert!(c.validate().unwrap_err().to_string().contains("env.size"));
+        let mut c = AdConfig::default();
+        c.eval.seeds = 0;
+        assert!(c.validate().unwrap_err().to_string().contains("eval.seeds"));
+    }
+
+    #[test]
+    fn toml_overrides_only_what_it_names() {
+        let c: AdConfig =
+            toml::from_str("[train]\nsteps = 7\n[parallel.ddp]\nbucket_cap_mb = 1.0\n").unwrap();
+        assert_eq!(c.train.steps, 7);
+        assert_eq!(c.parallel.ddp.bucket_cap_mb, 1.0);
+        assert_eq!(c.model, AdModelConfig::default());
+        assert!(toml::from_str::<AdConfig>("[train]\nstep = 7\n").is_err());
+    }
+}

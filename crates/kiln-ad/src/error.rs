@@ -1,0 +1,94 @@
+//! Errors of the Algorithm Distillation pipeline.
+
+/// A bad setting or a failure of the AD pipeline.
+#[derive(Debug, thiserror::Error)]
+pub enum AdError {
+    /// A goal split with nothing on one side.
+    #[error(
+        "goals.held_out must be between 1 and {} (the room has {goals} goals), got {held_out}",
+        goals - 1
+    )]
+    HeldOut {
+        /// Goals asked to be held out.
+        held_out: usize,
+        /// Goals in the room.
+        goals: usize,
+    },
+    /// A number outside its range.
+    #[error("{field} must be in {range}, got {value}")]
+    OutOfRange {
+        /// The config field.
+        field: &'static str,
+        /// Its value.
+        value: f64,
+        /// The allowed range.
+        range: &'static str,
+    },
+    /// A count that must be positive is zero.
+    #[error("{0} must be at least 1")]
+    Zero(&'static str),
+    /// Heads that do not divide the width.
+    #[error("model.heads ({heads}) must divide model.d_model ({d_model})")]
+    Heads {
+        /// Width.
+        d_model: usize,
+        /// Heads.
+        heads: usize,
+    },
+    /// A global batch smaller than the world.
+    #[error(
+        "train.batch ({batch}) is smaller than train.world ({world}): every rank needs a window per step"
+    )]
+    BatchSmallerThanWorld {
+        /// Windows per step.
+        batch: usize,
+        /// Ranks.
+        world: usize,
+    },
+    /// Histories without steps.
+    #[error("source.histories_per_goal and source.episodes must be at least 1")]
+    EmptyHistories,
+    /// A context longer than the histories it is cut from.
+    #[error(
+        "model.context {context} is longer than a learning history ({steps} steps); \
+         shorten the context or raise source.episodes"
+    )]
+    ContextTooLong {
+        /// Tokens of context.
+        context: usize,
+        /// Steps per history.
+        steps: usize,
+    },
+    /// The room's geometry cannot be played.
+    #[error(
+        "env.size must be odd and between 3 and 63 and env.horizon at least 1, got {size} and {horizon}"
+    )]
+    Room {
+        /// Cells per side.
+        size: u8,
+        /// Steps per episode.
+        horizon: usize,
+    },
+    /// Training failed.
+    #[error(transparent)]
+    Strategy(#[from] kiln_core::StrategyError),
+    /// The data could not be sampled.
+    #[error(transparent)]
+    Data(#[from] kiln_core::data::DataError),
+    /// The plot could not be written.
+    #[error("cannot write plot {path}: {reason}")]
+    Plot {
+        /// The file.
+        path: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A checkpoint could not be written or read.
+    #[error("checkpoint {path}: {reason}")]
+    Checkpoint {
+        /// The file or folder.
+        path: String,
+        /// What went wrong.
+        reason: String,
+    },
+}

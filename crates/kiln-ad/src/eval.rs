@@ -1,0 +1,263 @@
+//! In-context evaluation: the frozen model acts on held-out goals for many consecutive
+//! episodes, next to a random policy and the source algorithm on the same goals.
+
+use burn::tensor::activation::softmax;
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use crate::dataset::{encode, feature_width};
+use crate::env::{ACTIONS, Cell, DarkRoom, DarkRoomConfig};
+use crate::history::{NO_ACTION, NO_REWARD, Token};
+use crate::model::AdTransformer;
+use crate::source::{QLearningConfig, run_q_learning};
+
+/// How the evaluation runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EvalConfig {
+    /// Consecutive episodes per goal and seed.
+    pub episodes: usize,
+    /// Independent runs per held-out goal.
+    pub seeds: usize,
+    /// Softmax temperature of the sampled actions (1 samples the model's distribution).
+    pub temperature: f64,
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        Self {
+            episodes: 40,
+            seeds: 4,
+            temperature: 1.0,
+        }
+    }
+}
+
+/// What the model remembers between episodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Memory {
+    /// The context runs on across episode boundaries, as in the training windows.
+    AcrossEpisodes,
+    /// The context is cleared at every episode start: the control, which can only improve
+    /// across episodes if it memorised goals instead of learning in context.
+    OneEpisode,
+}
+
+/// Return per episode, averaged over goals × seeds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Curve {
+    /// Mean return of episode 1, 2, ….
+    pub returns: Vec<f64>,
+    /// Mean return of episode 1.
+    pub first: f64,
+    /// Mean return over the last 10 episodes (all of them when fewer).
+    pub last10: f64,
+    /// Mean return over all episodes.
+    pub mean: f64,
+}
+
+impl Curve {
+    /// Summarises per-episode means.
+    pub fn new(returns: Vec<f64>) -> Self {
+        let mean_of = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len().max(1) as f64;
+        let tail = &returns[returns.len().saturating_sub(10)..];
+        Self {
+            first: returns.first().copied().unwrap_or(0.0),
+            last10: mean_of(tail),
+            mean: mean_of(&returns),
+            returns,
+        }
+    }
+
+    /// Averages `[run][episode]` returns over runs.
+    fn from_runs(runs: &[Vec<f64>]) -> Self {
+        let episodes = runs.first().map_or(0, Vec::len);
+        Self::new(
+            (0..episodes)
+                .map(|e| runs.iter().map(|r| r[e]).sum::<f64>() / runs.len() as f64)
+                .collect(),
+        )
+    }
+}
+
+/// One evaluation run per (goal, seed), goal-major: goal `i / seeds`.
+fn runs(goals: &[Cell], seeds: usize) -> impl Iterator<Item = (usize, Cell)> + '_ {
+    goals
+        .iter()
+        .flat_map(move |&g| std::iter::repeat_n(g, seeds))
+        .enumerate()
+}
+
+/// The model acting in context: all runs step in lockstep, so every step is one batched
+/// forward pass over the runs' contexts (the last `context` steps, or the current episode's).
+///
+/// `on_step` is called after every environment step with the steps done so far.
+pub fn in_context<B: Backend>(
+    model: &AdTransformer<B>,
+    room: DarkRoomConfig,
+    goals: &[Cell],
+    config: &EvalConfig,
+    memory: Memory,
+    seed: u64,
+    device: &B::Device,
+    on_step: &mut dyn FnMut(usize),
+) -> Curve {
+    let context = model.context();
+    let width = feature_width(&room);
+    let mut envs: Vec<(DarkRoom, StdRng)> = runs(goals, config.seeds)
+        .map(|(i, g)| (DarkRoom::new(room, g), StdRng::seed_from_u64(mix(seed, i))))
+        .collect();
+    let n = envs.len();
+    let fresh = |env: &DarkRoom| Token {
+        x: env.observation().0,
+        y: env.observation().1,
+        prev_action: NO_ACTION,
+        prev_reward: NO_REWARD,
+    };
+    let mut tokens: Vec<Vec<Token>> = envs.iter().map(|(env, _)| vec![fresh(env)]).collect();
+    let mut returns = vec![vec![0.0; config.episodes]; n];
+    for step in 0..config.episodes * room.horizon {
+        let episode = step / room.horizon;
+        let len = tokens[0].len();
+        let mut features = vec![0.0f32; n * len * width];
+        for (i, run) in tokens.iter().enumerate() {
+            for (j, &token) in run.iter().enumerate() {
+                let at = (i * len + j) * width;
+                encode(&room, token, &mut features[at..at + width]);
+            }
+        }
+        let input = Tensor::<B, 3>::from_data(TensorData::new(features, [n, len, width]), device);
+        let last = model
+            .forward(input)
+            .slice([0..n, len - 1..len])
+            .reshape([n, ACTIONS]);
+        let probs = softmax(last / config.temperature, 1)
+            .into_data()
+            .convert::<f32>()
+            .to_vec::<f32>()
+            .expect("f32 probabilities");
+        for (i, ((env, rng), run)) in envs.iter_mut().zip(&mut tokens).enumerate() {
+            let action = sample(&probs[i * ACTIONS..(i + 1) * ACTIONS], rng);
+            let tr = env.step(action);
+            returns[i][episode] += f64::from(tr.reward);
+            let next = if tr.episode_done && memory == Memory::OneEpisode {
+                run.clear();
+                fresh(env)
+            } else {
+                Token {
+                    x: env.observation().0,
+                    y: env.observation().1,
+                    prev_action: action,
+                    prev_reward: tr.reward,
+                }
+            };
+            run.push(next);
+            if run.len() > context {
+                run.remove(0);
+            }
+        }
+        on_step(step + 1);
+    }
+    Curve::from_runs(&returns)
+}
+
+/// A uniformly random policy on the same runs.
+pub fn random_policy(
+    room: DarkRoomConfig,
+    goals: &[Cell],
+    config: &EvalConfig,
+    seed: u64,
+) -> Curve {
+    let returns: Vec<Vec<f64>> = runs(goals, config.seeds)
+        .map(|(i, g)| {
+            let mut env = DarkRoom::new(room, g);
+            let mut rng = StdRng::seed_from_u64(mix(seed, i));
+            (0..config.episodes)
+                .map(|_| {
+                    (0..room.horizon)
+                        .map(|_| f64::from(env.step(rng.random_range(0..ACTIONS as u8)).reward))
+                        .sum()
+                })
+                .collect()
+        })
+        .collect();
+    Curve::from_runs(&returns)
+}
+
+/// The source algorithm learning from scratch on the same runs, with its own ε schedule,
+/// over its first `config.episodes` episodes (fewer when its histories are shorter).
+pub fn source_algorithm(
+    room: DarkRoomConfig,
+    goals: &[Cell],
+    source: &QLearningConfig,
+    config: &EvalConfig,
+    seed: u64,
+) -> Curve {
+    let goals: Vec<Cell> = runs(goals, config.seeds).map(|(_, g)| g).collect();
+    let histories = run_q_learning(room, &goals, source, seed);
+    let runs: Vec<Vec<f64>> = (0..histories.count())
+        .map(|h| {
+            let mut r = histories.episode_returns(h);
+            r.truncate(config.episodes);
+            r
+        })
+        .collect();
+    Curve::from_runs(&runs)
+}
+
+/// Mean best return over the goals: the ceiling of every curve.
+pub fn optimal_return(room: DarkRoomConfig, goals: &[Cell]) -> f64 {
+    goals
+        .iter()
+        .map(|&g| room.optimal_return(g) as f64)
+        .sum::<f64>()
+        / goals.len().max(1) as f64
+}
+
+fn sample(probs: &[f32], rng: &mut StdRng) -> u8 {
+    let mut u = rng.random::<f32>() * probs.iter().sum::<f32>();
+    for (a, &p) in probs.iter().enumerate() {
+        if u < p {
+            return a as u8;
+        }
+        u -= p;
+    }
+    // Rounding left `u` just above the last bucket.
+    (probs.len() - 1) as u8
+}
+
+/// Seed of evaluation run `i`: distinct from the source's training agents' streams.
+fn mix(seed: u64, i: usize) -> u64 {
+    crate::source::agent_seed(seed ^ 0xE7A1_0000_0000_0000, i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn curve_summaries() {
+        let c = Curve::new((1..=20).map(f64::from).collect());
+        assert_eq!(c.first, 1.0);
+        assert_eq!(c.last10, 15.5);
+        assert_eq!(c.mean, 10.5);
+    }
+
+    #[test]
+    fn random_policy_rarely_finds_far_goals() {
+        let room = DarkRoomConfig::default();
+        let config = EvalConfig::default();
+        let far = random_policy(room, &[(0, 0), (8, 8)], &config, 1);
+        let here = random_policy(room, &[(4, 4)], &config, 1);
+        assert!(far.mean < 0.5, "{}", far.mean);
+        assert!(
+            here.mean > 2.0 * far.mean.max(0.1),
+            "{} vs {}",
+            here.mean,
+            far.mean
+        );
+    }
+}

@@ -1,0 +1,139 @@
+//! The AD transformer: one token per step, a causal pre-norm transformer, and the source's
+//! next action as the target at every position.
+
+use burn::module::{Module, Param};
+use burn::nn::attention::generate_autoregressive_mask;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::transformer::{
+    TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
+};
+use burn::nn::{Initializer, LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use burn::tensor::Tensor;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::train::{SequenceOutput, TrainOutput, TrainStep};
+use serde::{Deserialize, Serialize};
+
+use crate::dataset::{AdBatch, feature_width};
+use crate::env::{ACTIONS, DarkRoomConfig};
+
+/// Shape of the [`AdTransformer`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdModelConfig {
+    /// Steps of context (tokens), the longest window the model reads.
+    pub context: usize,
+    /// Model width.
+    pub d_model: usize,
+    /// Transformer layers.
+    pub layers: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Feed-forward width.
+    pub d_ff: usize,
+    /// Dropout inside the transformer (0 keeps strategies bit-comparable).
+    pub dropout: f64,
+}
+
+impl Default for AdModelConfig {
+    fn default() -> Self {
+        Self {
+            context: 60,
+            d_model: 64,
+            layers: 2,
+            heads: 4,
+            d_ff: 256,
+            dropout: 0.0,
+        }
+    }
+}
+
+impl AdModelConfig {
+    /// Builds the model for `room` on `device`.
+    pub fn init<B: Backend>(&self, room: &DarkRoomConfig, device: &B::Device) -> AdTransformer<B> {
+        AdTransformer {
+            embed: LinearConfig::new(feature_width(room), self.d_model)
+                .with_bias(false)
+                .init(device),
+            positions: Initializer::Normal {
+                mean: 0.0,
+                std: 0.02,
+            }
+            .init([self.context, self.d_model], device),
+            blocks: TransformerEncoderConfig::new(self.d_model, self.d_ff, self.heads, self.layers)
+                .with_dropout(self.dropout)
+                .with_norm_first(true)
+                .init(device),
+            norm: LayerNormConfig::new(self.d_model).init(device),
+            head: LinearConfig::new(self.d_model, ACTIONS).init(device),
+        }
+    }
+}
+
+/// Multi-hot step tokens → summed embeddings plus learned positions → causal pre-norm
+/// transformer → final norm → action logits.
+///
+/// # Shapes
+/// Input `[batch, seq, feature_width]` with `seq ≤ context`; output `[batch, seq, ACTIONS]`.
+#[derive(Module, Debug)]
+pub struct AdTransformer<B: Backend> {
+    embed: Linear<B>,
+    positions: Param<Tensor<B, 2>>,
+    blocks: TransformerEncoder<B>,
+    norm: LayerNorm<B>,
+    head: Linear<B>,
+}
+
+impl<B: Backend> AdTransformer<B> {
+    /// The longest window the model reads.
+    pub fn context(&self) -> usize {
+        self.positions.dims()[0]
+    }
+
+    /// Action logits at every position.
+    ///
+    /// # Panics
+    /// When `seq` exceeds the context the model was built for (a caller's bug: the evaluator
+    /// and the data set never pass longer windows).
+    pub fn forward(&self, features: Tensor<B, 3>) -> Tensor<B, 3> {
+        let [batch, seq, _] = features.dims();
+        let [context, d_model] = self.positions.dims();
+        assert!(
+            seq <= context,
+            "a window of {seq} steps exceeds the context of {context}"
+        );
+        let positions = self
+            .positions
+            .val()
+            .slice([0..seq])
+            .reshape([1, seq, d_model]);
+        let x = self.embed.forward(features) + positions;
+        let mask = generate_autoregressive_mask::<B>(batch, seq, &x.device());
+        let x = self
+            .blocks
+            .forward(TransformerEncoderInput::new(x).mask_attn(mask));
+        self.head.forward(self.norm.forward(x))
+    }
+
+    /// Logits and the mean cross-entropy of the source's actions over every position.
+    pub fn forward_loss(&self, batch: AdBatch<B>) -> SequenceOutput<B> {
+        let logits = self.forward(batch.features);
+        let [b, s, a] = logits.dims();
+        let loss = CrossEntropyLossConfig::new()
+            .init(&logits.device())
+            .forward(
+                logits.clone().reshape([b * s, a]),
+                batch.targets.clone().reshape([b * s]),
+            );
+        SequenceOutput::new(loss, logits, None, batch.targets)
+    }
+}
+
+impl<B: AutodiffBackend> TrainStep for AdTransformer<B> {
+    type Input = AdBatch<B>;
+    type Output = SequenceOutput<B>;
+
+    fn step(&self, batch: AdBatch<B>) -> TrainOutput<SequenceOutput<B>> {
+        let output = self.forward_loss(batch);
+        TrainOutput::new(self, output.loss.backward(), output)
+    }
+}

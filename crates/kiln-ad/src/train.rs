@@ -1,0 +1,138 @@
+//! Data generation and training: learning histories on the training goals, then the
+//! transformer trained on their windows through any Kiln strategy.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use burn::optim::AdamWConfig;
+use burn::tensor::backend::AutodiffBackend;
+use kiln_core::data::{DataSource, EpochSampler};
+use kiln_core::strategy;
+use serde::{Deserialize, Serialize};
+
+use crate::config::AdConfig;
+use crate::dataset::{WindowBatcher, WindowDataset};
+use crate::error::AdError;
+use crate::goals::GoalSplit;
+use crate::history::Histories;
+use crate::model::AdTransformer;
+use crate::source::learning_histories;
+
+/// The goal split and the source's learning histories on the training goals.
+#[derive(Debug, Clone)]
+pub struct Data {
+    /// Training and held-out goals.
+    pub goals: GoalSplit,
+    /// Histories on the training goals only.
+    pub histories: Arc<Histories>,
+    /// Seconds spent generating them.
+    pub seconds: f64,
+}
+
+/// Generates the data of `config` (deterministic in `config.seed` and `config.goals.seed`).
+///
+/// # Errors
+/// An invalid config.
+pub fn generate(config: &AdConfig) -> Result<Data, AdError> {
+    config.validate()?;
+    let start = Instant::now();
+    let goals = GoalSplit::new(&config.env, &config.goals)?;
+    let histories = learning_histories(config.env, &goals.train, &config.source, config.seed);
+    Ok(Data {
+        goals,
+        histories: Arc::new(histories),
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// What training did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainSummary {
+    /// The strategy that ran.
+    pub strategy: String,
+    /// Why it was chosen.
+    pub strategy_reason: String,
+    /// Ranks.
+    pub world: usize,
+    /// Optimizer steps.
+    pub steps: usize,
+    /// Windows per step.
+    pub batch: usize,
+    /// Windows in the data set.
+    pub windows: usize,
+    /// Loss of the first step.
+    pub first_loss: f64,
+    /// Mean loss over the last 50 steps (fewer when shorter).
+    pub final_loss: f64,
+    /// Loss every `steps / 100` steps (at least every step), for curves.
+    pub loss_curve: Vec<(usize, f64)>,
+    /// Wall-clock seconds of the training loop.
+    pub wall_s: f64,
+    /// Milliseconds per optimizer step.
+    pub ms_per_step: f64,
+}
+
+/// Trains a fresh [`AdTransformer`] on `data` with the strategy of `config.train` over
+/// `devices` (one rank each), calling `on_step(step, loss)` after every step.
+///
+/// # Errors
+/// An invalid config, or a strategy failure.
+pub fn train<B: AutodiffBackend>(
+    config: &AdConfig,
+    data: &Data,
+    devices: Vec<B::Device>,
+    on_step: &mut dyn FnMut(usize, f64),
+) -> Result<(AdTransformer<B>, TrainSummary), AdError> {
+    config.validate()?;
+    let t = &config.train;
+    B::seed(&devices[0], config.seed);
+    let model = config.model.init::<B>(&config.env, &devices[0]);
+    let context = config.model.context;
+    let source = DataSource::new(
+        WindowDataset::new(data.histories.clone(), context),
+        WindowBatcher::new(data.histories.clone(), context),
+    );
+    let windows = source.len();
+    let sampler = EpochSampler::new(windows, t.batch, config.seed)?;
+    let optim = AdamWConfig::new()
+        .with_weight_decay(t.weight_decay as f32)
+        .init::<B, AdTransformer<B>>();
+    let decision = t.strategy.resolve(devices.len());
+    tracing::info!(strategy = %decision.kind, "strategy {}: {}", decision.kind, decision.reason);
+    let mut strategy = strategy::build(
+        decision.kind,
+        devices,
+        model,
+        optim,
+        source,
+        &config.parallel,
+    )?;
+
+    let every = (t.steps / 100).max(1);
+    let (mut losses, mut loss_curve) = (Vec::with_capacity(t.steps), Vec::new());
+    let start = Instant::now();
+    for (step, batch) in sampler.batches().take(t.steps).enumerate() {
+        let out = strategy.step(&batch, t.lr_at(step))?;
+        losses.push(out.loss);
+        if step % every == 0 || step + 1 == t.steps {
+            loss_curve.push((step, out.loss));
+        }
+        on_step(step + 1, out.loss);
+    }
+    let wall_s = start.elapsed().as_secs_f64();
+    let tail = &losses[losses.len().saturating_sub(50)..];
+    let summary = TrainSummary {
+        strategy: decision.kind.to_string(),
+        strategy_reason: decision.reason,
+        world: strategy.world_size(),
+        steps: losses.len(),
+        batch: t.batch,
+        windows,
+        first_loss: losses.first().copied().unwrap_or(f64::NAN),
+        final_loss: tail.iter().sum::<f64>() / tail.len().max(1) as f64,
+        loss_curve,
+        wall_s,
+        ms_per_step: 1e3 * wall_s / losses.len().max(1) as f64,
+    };
+    Ok((strategy.model()?, summary))
+}

@@ -1,0 +1,334 @@
+//! `kiln ad train` and `kiln ad eval`: Algorithm Distillation on Dark Room.
+
+mod progress;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use burn::module::AutodiffModule;
+use burn::tensor::backend::AutodiffBackend;
+use kiln_ad::checkpoint;
+use kiln_ad::config::AdConfig;
+use kiln_ad::goals::GoalSplit;
+use kiln_ad::report::{EvalReport, evaluate};
+use kiln_ad::train::{Data, TrainSummary, generate, train};
+use kiln_core::strategy::StrategyKind;
+use serde::Serialize;
+
+use crate::backend::{BackendKind, Job, dispatch};
+use crate::config_file;
+use crate::train::parse_strategy;
+
+/// The `kiln ad` commands.
+#[derive(clap::Subcommand, Debug)]
+pub enum AdCommand {
+    /// Generate learning histories, train the AD transformer, save it, and evaluate it.
+    Train(TrainArgs),
+    /// Evaluate a saved run on its held-out goals.
+    Eval(EvalArgs),
+}
+
+/// Flags of `kiln ad train`; each overrides the same field of `--config`.
+#[derive(clap::Args, Debug)]
+pub struct TrainArgs {
+    /// TOML config to start from (tables: env, goals, source, model, train, parallel, eval).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Parallelism strategy: single, dp, ddp or auto [default: auto].
+    #[arg(long, value_parser = parse_strategy)]
+    strategy: Option<StrategyKind>,
+    /// Ranks (devices; CPU ranks share the CPU) [default: 1].
+    #[arg(long)]
+    world: Option<usize>,
+    /// Backend [default: flex].
+    #[arg(long, value_enum, default_value_t)]
+    backend: BackendKind,
+    /// Optimizer steps [default: 3000].
+    #[arg(long)]
+    steps: Option<usize>,
+    /// Windows per step, all ranks together [default: 32].
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Peak learning rate [default: 0.001].
+    #[arg(long)]
+    lr: Option<f64>,
+    /// Seed of data, model, sample order and evaluation [default: 42].
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Intra-op threads per rank (default: cores shared evenly).
+    #[arg(long)]
+    threads_per_rank: Option<usize>,
+    /// Folder for the run: config.toml, model.mpk, metrics.json, returns.svg.
+    #[arg(long, default_value = "runs/ad")]
+    out: PathBuf,
+    /// Also write the metrics JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write the plot here instead of `<out>/returns.svg`.
+    #[arg(long)]
+    svg: Option<PathBuf>,
+    /// Skip the evaluation (train and save only).
+    #[arg(long)]
+    no_eval: bool,
+}
+
+/// Flags of `kiln ad eval`.
+#[derive(clap::Args, Debug)]
+pub struct EvalArgs {
+    /// Folder of a run written by `kiln ad train`.
+    #[arg(long, default_value = "runs/ad")]
+    run: PathBuf,
+    /// Consecutive episodes per goal and seed (default: the run's config).
+    #[arg(long)]
+    episodes: Option<usize>,
+    /// Runs per held-out goal (default: the run's config).
+    #[arg(long)]
+    seeds: Option<usize>,
+    /// Backend [default: flex].
+    #[arg(long, value_enum, default_value_t)]
+    backend: BackendKind,
+    /// Also write the metrics JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write the plot here instead of `<run>/returns.svg`.
+    #[arg(long)]
+    svg: Option<PathBuf>,
+}
+
+/// Runs a `kiln ad` command.
+///
+/// # Errors
+/// Invalid flags or config, or a failure of the run.
+pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
+    match command {
+        AdCommand::Train(args) => {
+            let config = args.config()?;
+            let world = config.train.world;
+            dispatch(args.backend, world, TrainJob { args, config })
+        }
+        AdCommand::Eval(args) => dispatch(args.backend, 1, EvalJob(args)),
+    }
+}
+
+impl TrainArgs {
+    fn config(&self) -> Result<AdConfig, Box<dyn std::error::Error>> {
+        let mut c: AdConfig = match &self.config {
+            Some(path) => config_file::load(path)?,
+            None => AdConfig::default(),
+        };
+        macro_rules! set {
+            ($($flag:ident => $($field:ident).+),* $(,)?) => {$(
+                if let Some(v) = self.$flag { c.$($field).+ = v; }
+            )*};
+        }
+        set!(strategy => train.strategy, world => train.world, steps => train.steps,
+             batch => train.batch, lr => train.lr, seed => seed);
+        if let Some(t) = self.threads_per_rank {
+            c.parallel.set_threads_per_rank(t);
+        }
+        if c.train.strategy == StrategyKind::Single && c.train.world > 1 {
+            return Err(format!(
+                "--strategy single trains on one rank but --world is {}; use --world 1, or dp, \
+                 ddp or auto",
+                c.train.world
+            )
+            .into());
+        }
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+/// What `metrics.json` holds.
+#[derive(Serialize)]
+struct Metrics<'a> {
+    config: &'a AdConfig,
+    backend: String,
+    data: Option<DataSummary>,
+    train: Option<TrainSummary>,
+    eval: Option<EvalReport>,
+    seconds: Seconds,
+}
+
+#[derive(Serialize)]
+struct DataSummary {
+    train_goals: usize,
+    held_out_goals: usize,
+    histories: usize,
+    steps_per_history: usize,
+    /// The source's mean return per episode over the training histories.
+    source_training_curve: Vec<f64>,
+}
+
+impl DataSummary {
+    fn new(data: &Data) -> Self {
+        Self {
+            train_goals: data.goals.train.len(),
+            held_out_goals: data.goals.held_out.len(),
+            histories: data.histories.count(),
+            steps_per_history: data.histories.len(),
+            source_training_curve: data.histories.mean_episode_returns(),
+        }
+    }
+}
+
+#[derive(Serialize, Default)]
+struct Seconds {
+    data: f64,
+    train: f64,
+    eval: f64,
+    total: f64,
+}
+
+struct TrainJob {
+    args: TrainArgs,
+    config: AdConfig,
+}
+
+impl Job for TrainJob {
+    type Output = ();
+
+    fn run<B: AutodiffBackend>(
+        self,
+        devices: Vec<B::Device>,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let (args, config) = (self.args, self.config);
+        let start = Instant::now();
+        let data = generate(&config)?;
+        tracing::info!(
+            "{} learning histories of {} steps on {} training goals in {:.2} s; {} goals held out",
+            data.histories.count(),
+            data.histories.len(),
+            data.goals.train.len(),
+            data.seconds,
+            data.goals.held_out.len()
+        );
+        let device = devices[0].clone();
+        let bar = progress::bar(config.train.steps, "train");
+        let (model, summary) = train::<B>(&config, &data, devices, &mut |_, loss| {
+            bar.set_message(format!("loss {loss:.4}"));
+            bar.inc(1);
+        })?;
+        bar.finish_and_clear();
+        println!(
+            "trained with {} on {} rank(s): {} steps of {} windows, loss {:.4} -> {:.4}, {:.1} ms/step",
+            summary.strategy,
+            summary.world,
+            summary.steps,
+            summary.batch,
+            summary.first_loss,
+            summary.final_loss,
+            summary.ms_per_step
+        );
+        let model = model.valid();
+        checkpoint::save(&args.out, &config, model.clone())?;
+        let train_s = summary.wall_s;
+        let eval = (!args.no_eval)
+            .then(|| evaluate_and_print(&model, &config, &data.goals, &device))
+            .transpose()?;
+        let seconds = Seconds {
+            data: data.seconds,
+            train: train_s,
+            eval: eval.as_ref().map_or(0.0, |(_, s)| *s),
+            total: start.elapsed().as_secs_f64(),
+        };
+        let metrics = Metrics {
+            config: &config,
+            backend: args.backend.to_string(),
+            data: Some(DataSummary::new(&data)),
+            train: Some(summary),
+            eval: eval.map(|(report, _)| report),
+            seconds,
+        };
+        write_outputs(
+            &metrics,
+            &args.out,
+            args.json.as_deref(),
+            args.svg.as_deref(),
+        )
+    }
+}
+
+struct EvalJob(EvalArgs);
+
+impl Job for EvalJob {
+    type Output = ();
+
+    fn run<B: AutodiffBackend>(
+        self,
+        devices: Vec<B::Device>,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let args = self.0;
+        let start = Instant::now();
+        let device = devices[0].clone();
+        let (mut config, model) = checkpoint::load::<B::InnerBackend>(&args.run, &device)?;
+        if let Some(e) = args.episodes {
+            config.eval.episodes = e;
+        }
+        if let Some(s) = args.seeds {
+            config.eval.seeds = s;
+        }
+        config.validate()?;
+        let goals = GoalSplit::new(&config.env, &config.goals)?;
+        let (report, eval_s) = evaluate_and_print(&model, &config, &goals, &device)?;
+        let metrics = Metrics {
+            config: &config,
+            backend: args.backend.to_string(),
+            data: None,
+            train: None,
+            eval: Some(report),
+            seconds: Seconds {
+                eval: eval_s,
+                total: start.elapsed().as_secs_f64(),
+                ..Seconds::default()
+            },
+        };
+        write_outputs(
+            &metrics,
+            &args.run,
+            args.json.as_deref(),
+            args.svg.as_deref(),
+        )
+    }
+}
+
+fn evaluate_and_print<B: burn::tensor::backend::Backend>(
+    model: &kiln_ad::model::AdTransformer<B>,
+    config: &AdConfig,
+    goals: &GoalSplit,
+    device: &B::Device,
+) -> Result<(EvalReport, f64), Box<dyn std::error::Error>> {
+    let start = Instant::now();
+    let total = 2 * config.eval.episodes * config.env.horizon;
+    let bar = progress::bar(total, "eval");
+    let report = evaluate(model, config, &goals.held_out, device, &mut |done, _| {
+        bar.set_position(done as u64);
+    });
+    bar.finish_and_clear();
+    println!("{}", report.summary());
+    Ok((report, start.elapsed().as_secs_f64()))
+}
+
+fn write_outputs(
+    metrics: &Metrics<'_>,
+    dir: &Path,
+    json: Option<&Path>,
+    svg: Option<&Path>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let text = serde_json::to_string_pretty(metrics)?;
+    for path in std::iter::once(dir.join("metrics.json")).chain(json.map(Path::to_path_buf)) {
+        std::fs::write(&path, &text)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    if let Some(report) = &metrics.eval {
+        let path = svg.map_or_else(|| dir.join("returns.svg"), Path::to_path_buf);
+        kiln_ad::plot::write_svg(report, &path)?;
+        println!(
+            "wrote {} and {}",
+            dir.join("metrics.json").display(),
+            path.display()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,163 @@
+//! `kiln ad train` and `kiln ad eval` end to end on a tiny config: the files they write, the
+//! metrics they report, and one-line errors.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn kiln(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("the kiln binary runs")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kiln-ad-cli-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+const TINY: &str = r#"
+seed = 3
+[env]
+size = 5
+horizon = 8
+[goals]
+held_out = 2
+[source]
+histories_per_goal = 2
+episodes = 6
+[model]
+context = 16
+d_model = 16
+d_ff = 32
+[train]
+steps = 4
+warmup_steps = 1
+batch = 6
+[eval]
+episodes = 3
+seeds = 2
+"#;
+
+fn succeed(args: &[&str]) -> String {
+    let out = kiln(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn metrics(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("metrics.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn train_then_eval_write_metrics_plot_and_checkpoint() {
+    let dir = scratch("run");
+    let config = dir.join("tiny.toml");
+    std::fs::write(&config, TINY).unwrap();
+    let out = dir.join("out");
+    let (config, out_s) = (config.to_str().unwrap(), out.to_str().unwrap());
+    let extra_json = dir.join("extra.json");
+    let stdout = succeed(&[
+        "ad",
+        "train",
+        "--config",
+        config,
+        "--out",
+        out_s,
+        "--world",
+        "2",
+        "--threads-per-rank",
+        "1",
+        "--json",
+        extra_json.to_str().unwrap(),
+    ]);
+    assert!(stdout.contains("trained with ddp on 2 rank(s)"), "{stdout}");
+    for file in ["config.toml", "model.mpk", "metrics.json", "returns.svg"] {
+        assert!(out.join(file).exists(), "{file} missing");
+    }
+    let m = metrics(&out);
+    assert_eq!(
+        m,
+        serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(&extra_json).unwrap())
+            .unwrap()
+    );
+    assert_eq!(m["train"]["strategy"], "ddp");
+    assert_eq!(m["train"]["steps"], 4);
+    assert_eq!(m["data"]["train_goals"], 23);
+    assert_eq!(m["data"]["histories"], 46);
+    for curve in ["ad", "control", "source", "random"] {
+        let c = &m["eval"][curve];
+        assert_eq!(c["returns"].as_array().unwrap().len(), 3, "{curve}");
+        assert!(c["first"].is_number() && c["last10"].is_number(), "{curve}");
+    }
+    assert_eq!(m["eval"]["goals"].as_array().unwrap().len(), 2);
+    assert!(m["eval"]["acceptance"]["passed"].is_boolean());
+
+    // Evaluating the saved run again reproduces the same AD curve.
+    let stdout = succeed(&["ad", "eval", "--run", out_s]);
+    assert!(stdout.contains("AD "), "{stdout}");
+    let again = metrics(&out);
+    assert_eq!(again["eval"]["ad"], m["eval"]["ad"]);
+    assert!(again["train"].is_null());
+    succeed(&[
+        "ad",
+        "eval",
+        "--run",
+        out_s,
+        "--episodes",
+        "5",
+        "--seeds",
+        "1",
+    ]);
+    assert_eq!(
+        metrics(&out)["eval"]["ad"]["returns"]
+            .as_array()
+            .unwrap()
+            .len(),
+        5
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn assert_one_line_error(args: &[&str], needle: &str) {
+    let out = kiln(args);
+    assert!(!out.status.success(), "{args:?} succeeded");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{args:?}: {stderr}");
+    assert!(lines[0].contains(needle), "{args:?}: {stderr}");
+}
+
+#[test]
+fn bad_settings_fail_with_one_line() {
+    let dir = scratch("bad");
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[model]\ncontext = 60\nwidth = 3\n").unwrap();
+    assert_one_line_error(
+        &["ad", "train", "--config", bad.to_str().unwrap()],
+        "line 3",
+    );
+    assert_one_line_error(
+        &["ad", "train", "--world", "0"],
+        "train.world must be at least 1",
+    );
+    assert_one_line_error(
+        &["ad", "train", "--strategy", "single", "--world", "2"],
+        "single",
+    );
+    assert_one_line_error(
+        &["ad", "train", "--batch", "1", "--world", "2"],
+        "train.batch",
+    );
+    assert_one_line_error(
+        &["ad", "eval", "--run", dir.join("none").to_str().unwrap()],
+        "config.toml",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
