@@ -35,7 +35,7 @@ fn one_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
 fn plain<B: AutodiffBackend>(config: &AdConfig, batches: &[Vec<usize>], steps: usize) -> f64 {
     let data = generate(config).expect("default config");
     let context = config.model.context;
-    let windows = WindowDataset::new(data.histories.clone(), context);
+    let windows = WindowDataset::new(data.histories.clone(), context).expect("default context");
     let batcher = WindowBatcher::new(data.histories.clone(), context);
     let device = B::Device::default();
     one_thread(|| {
@@ -66,7 +66,7 @@ fn kiln_single<B: AutodiffBackend>(config: &AdConfig, batches: &[Vec<usize>], st
     let data = generate(config).expect("default config");
     let context = config.model.context;
     let source = DataSource::new(
-        WindowDataset::new(data.histories.clone(), context),
+        WindowDataset::new(data.histories.clone(), context).expect("default context"),
         WindowBatcher::new(data.histories.clone(), context),
     );
     let device = B::Device::default();

@@ -140,7 +140,7 @@ pub fn ad_case() -> Case<AdTransformer<B>, WindowRef, WindowBatcher> {
         d_ff: 32,
         ..AdModelConfig::default()
     };
-    let windows = WindowDataset::new(histories.clone(), model.context);
+    let windows = WindowDataset::new(histories.clone(), model.context).unwrap();
     Case {
         model: model.init(&room, &device).fork(&device),
         dataset: InMemDataset::new(windows.iter().collect()),

@@ -37,7 +37,7 @@ pub struct AdTrainConfig {
 impl Default for AdTrainConfig {
     fn default() -> Self {
         Self {
-            steps: 3000,
+            steps: 4000,
             batch: 32,
             lr: 1e-3,
             warmup_steps: 100,
@@ -106,7 +106,7 @@ impl AdConfig {
     /// The first problem found.
     pub fn validate(&self) -> Result<(), AdError> {
         let room = self.env;
-        if room.size % 2 == 0 || !(3..=63).contains(&room.size) || room.horizon == 0 {
+        if room.size.is_multiple_of(2) || !(3..=63).contains(&room.size) || room.horizon == 0 {
             return Err(AdError::Room {
                 size: room.size,
                 horizon: room.horizon,
@@ -135,7 +135,7 @@ impl AdConfig {
                 return Err(AdError::Zero(name));
             }
         }
-        if self.model.d_model % self.model.heads != 0 {
+        if !self.model.d_model.is_multiple_of(self.model.heads) {
             return Err(AdError::Heads {
                 d_model: self.model.d_model,
                 heads: self.model.heads,

@@ -9,6 +9,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
 use crate::env::{ACTIONS, DarkRoomConfig};
+use crate::error::AdError;
 use crate::history::{Histories, Token};
 
 /// Width of a token's encoding: one-hot x, one-hot y, one-hot previous action (or none),
@@ -46,14 +47,18 @@ pub struct WindowDataset {
 }
 
 impl WindowDataset {
-    /// Windows of `context` steps; `context` must not exceed a history's length.
-    pub fn new(histories: Arc<Histories>, context: usize) -> Self {
-        assert!(
-            (1..=histories.len()).contains(&context),
-            "context {context} must be within 1..={} (checked by AdConfig::validate)",
-            histories.len()
-        );
-        Self { histories, context }
+    /// Windows of `context` steps.
+    ///
+    /// # Errors
+    /// [`AdError::ContextTooLong`] when `context` is 0 or exceeds a history's length.
+    pub fn new(histories: Arc<Histories>, context: usize) -> Result<Self, AdError> {
+        if !(1..=histories.len()).contains(&context) {
+            return Err(AdError::ContextTooLong {
+                context,
+                steps: histories.len(),
+            });
+        }
+        Ok(Self { histories, context })
     }
 
     fn per_history(&self) -> usize {
@@ -146,7 +151,9 @@ mod tests {
 
     #[test]
     fn windows_cover_every_start_of_every_history() {
-        let data = WindowDataset::new(histories(), 3);
+        let data = WindowDataset::new(histories(), 3).unwrap();
+        assert!(WindowDataset::new(histories(), 5).is_err());
+        assert!(WindowDataset::new(histories(), 0).is_err());
         assert_eq!(data.len(), 2 * 2);
         assert_eq!(
             data.get(3),

@@ -50,7 +50,7 @@ pub enum AdError {
     EmptyHistories,
     /// A context longer than the histories it is cut from.
     #[error(
-        "model.context {context} is longer than a learning history ({steps} steps); \
+        "model.context must be between 1 and a learning history's length ({steps} steps), got {context}; \
          shorten the context or raise source.episodes"
     )]
     ContextTooLong {

@@ -104,7 +104,7 @@ impl<B: Backend> AdTransformer<B> {
         let positions = self
             .positions
             .val()
-            .slice([0..seq])
+            .narrow(0, 0, seq)
             .reshape([1, seq, d_model]);
         let x = self.embed.forward(features) + positions;
         let mask = generate_autoregressive_mask::<B>(batch, seq, &x.device());

@@ -89,7 +89,7 @@ pub fn train<B: AutodiffBackend>(
     let model = config.model.init::<B>(&config.env, &devices[0]);
     let context = config.model.context;
     let source = DataSource::new(
-        WindowDataset::new(data.histories.clone(), context),
+        WindowDataset::new(data.histories.clone(), context)?,
         WindowBatcher::new(data.histories.clone(), context),
     );
     let windows = source.len();

@@ -20,10 +20,12 @@ type B = Autodiff<Flex>;
 
 /// A 5×5 room, short histories, a tiny model, a few steps: every stage runs in seconds.
 fn smoke_config() -> AdConfig {
-    let mut c = AdConfig::default();
-    c.env = DarkRoomConfig {
-        size: 5,
-        horizon: 8,
+    let mut c = AdConfig {
+        env: DarkRoomConfig {
+            size: 5,
+            horizon: 8,
+        },
+        ..AdConfig::default()
     };
     c.goals.held_out = 3;
     c.source.histories_per_goal = 2;

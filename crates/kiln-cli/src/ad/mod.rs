@@ -43,7 +43,7 @@ pub struct TrainArgs {
     /// Backend [default: flex].
     #[arg(long, value_enum, default_value_t)]
     backend: BackendKind,
-    /// Optimizer steps [default: 3000].
+    /// Optimizer steps [default: 4000].
     #[arg(long)]
     steps: Option<usize>,
     /// Windows per step, all ranks together [default: 32].
