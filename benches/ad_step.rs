@@ -2,8 +2,9 @@
 //! context 60, d_model 64, 2 layers, 4 heads, feed-forward 256, AdamW.
 //!
 //! ```text
-//! cargo bench --bench ad_step [-- STEPS ROUNDS]
+//! cargo bench --bench ad_step [-- STEPS ROUNDS [FILTER]]
 //! ```
+//! `FILTER` keeps the runners whose name contains it (e.g. `flex`).
 //! Each round times `STEPS` steps (after 3 untimed warm-up steps) of a plain Burn loop and of
 //! Kiln's `Single` strategy, in rotating order, each inside a one-thread pool; it prints the
 //! median ms/step of each over the rounds, and their ratio (ratios from one run are what to
@@ -97,6 +98,7 @@ fn main() {
     let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
     let steps: usize = args.next().map_or(20, |s| s.parse().expect("STEPS"));
     let rounds: usize = args.next().map_or(5, |s| s.parse().expect("ROUNDS"));
+    let filter = args.next().unwrap_or_default();
     let config = AdConfig::default();
     let data = generate(&config).expect("default config");
     let windows = data.histories.count() * (data.histories.len() - config.model.context + 1);
@@ -116,11 +118,14 @@ fn main() {
         config.model.d_ff
     );
     type Runner = fn(&AdConfig, &[Vec<usize>], usize) -> f64;
-    let runners: [(&str, Runner); 3] = [
-        ("burn loop, flex", plain::<Autodiff<Flex>>),
+    let runners: Vec<(&str, Runner)> = [
+        ("burn loop, flex", plain::<Autodiff<Flex>> as Runner),
         ("kiln single, flex", kiln_single::<Autodiff<Flex>>),
         ("burn loop, ndarray", plain::<Autodiff<NdArray>>),
-    ];
+    ]
+    .into_iter()
+    .filter(|(name, _)| name.contains(filter.as_str()))
+    .collect();
     let mut times = vec![Vec::new(); runners.len()];
     for round in 0..rounds {
         for k in 0..runners.len() {
@@ -132,8 +137,13 @@ fn main() {
     for ((name, _), ms) in runners.iter().zip(&medians) {
         println!("{name:<20} {ms:7.1} ms/step");
     }
-    println!(
-        "kiln single / burn loop (flex): {:.3}",
-        medians[1] / medians[0]
-    );
+    let ms = |name: &str| {
+        runners
+            .iter()
+            .position(|(n, _)| *n == name)
+            .map(|i| medians[i])
+    };
+    if let (Some(kiln), Some(burn)) = (ms("kiln single, flex"), ms("burn loop, flex")) {
+        println!("kiln single / burn loop (flex): {:.3}", kiln / burn);
+    }
 }
