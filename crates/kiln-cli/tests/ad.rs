@@ -1,16 +1,10 @@
 //! `kiln ad train` and `kiln ad eval` end to end on a tiny config: the files they write, the
 //! metrics they report, and one-line errors.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn kiln(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("the kiln binary runs")
-}
+use common::{assert_one_line_error, kiln};
+use std::path::{Path, PathBuf};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("kiln-ad-cli-{}-{name}", std::process::id()));
@@ -123,15 +117,6 @@ fn train_then_eval_write_metrics_plot_and_checkpoint() {
         5
     );
     std::fs::remove_dir_all(&dir).unwrap();
-}
-
-fn assert_one_line_error(args: &[&str], needle: &str) {
-    let out = kiln(args);
-    assert!(!out.status.success(), "{args:?} succeeded");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "{args:?}: {stderr}");
-    assert!(lines[0].contains(needle), "{args:?}: {stderr}");
 }
 
 #[test]

@@ -1,15 +1,9 @@
 //! `kiln train` end to end: the JSON report, and one-line errors for bad settings.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn kiln(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("the kiln binary runs")
-}
+use common::{assert_one_line_error, kiln};
+use std::path::PathBuf;
 
 fn json_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("kiln-cli-{}-{name}.json", std::process::id()))
@@ -97,15 +91,6 @@ fn ddp_and_single_agree_through_the_cli() {
 fn auto_resolves_from_the_world() {
     assert_eq!(train_json("auto1", &[])["strategy"], "single");
     assert_eq!(train_json("auto2", &["--world", "2"])["strategy"], "ddp");
-}
-
-fn assert_one_line_error(args: &[&str], needle: &str) {
-    let out = kiln(args);
-    assert!(!out.status.success(), "{args:?} succeeded");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "{args:?}: {stderr}");
-    assert!(lines[0].contains(needle), "{args:?}: {stderr}");
 }
 
 #[test]
