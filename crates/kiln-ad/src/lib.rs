@@ -1,10 +1,21 @@
 //! Algorithm Distillation (Laskin et al., 2022) on Dark Room, trained through Kiln's strategies.
 //!
 //! The pipeline reads top-down: [`source`] records learning histories of tabular Q-learning
-//! on the training goals → [`dataset`] cuts them into windows of consecutive steps →
-//! [`model::AdTransformer`] learns to predict the source's next action from the window (any
-//! Kiln strategy trains it) → [`eval`] lets the frozen model act on held-out goals for many
-//! episodes with its context carried across them, next to a random policy and the source.
+//! on the training goals of [`goals`] → [`dataset`] cuts them into windows of consecutive steps
+//! → [`model::AdTransformer`] learns to predict the source's next action from each window (any
+//! Kiln strategy trains it, see [`train`]) → [`eval`] lets the frozen model act on held-out
+//! goals for many episodes with its context carried across them, next to a random policy and
+//! the source → [`report`] checks in-context learning and [`plot`] draws it.
+//! [`pipeline::run`] does all of it in one call; [`checkpoint`] saves and loads a run.
+//!
+//! ```no_run
+//! use burn::backend::{Autodiff, Flex};
+//! use kiln_ad::config::AdConfig;
+//!
+//! let run = kiln_ad::pipeline::run::<Autodiff<Flex>>(&AdConfig::default(), vec![Default::default()])?;
+//! println!("{}", run.eval.summary());
+//! # Ok::<(), kiln_ad::AdError>(())
+//! ```
 
 pub mod checkpoint;
 pub mod config;

@@ -1,8 +1,9 @@
 //! `kiln ad train` and `kiln ad eval`: Algorithm Distillation on Dark Room.
 
+mod metrics;
 mod progress;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use burn::module::AutodiffModule;
@@ -11,13 +12,13 @@ use kiln_ad::checkpoint;
 use kiln_ad::config::AdConfig;
 use kiln_ad::goals::GoalSplit;
 use kiln_ad::report::{EvalReport, evaluate};
-use kiln_ad::train::{Data, TrainSummary, generate, train};
+use kiln_ad::train::{generate, train};
 use kiln_core::strategy::StrategyKind;
-use serde::Serialize;
 
 use crate::backend::{BackendKind, Job, dispatch};
 use crate::config_file;
 use crate::train::parse_strategy;
+use metrics::{DataSummary, Metrics, Seconds, write_outputs};
 
 /// The `kiln ad` commands.
 #[derive(clap::Subcommand, Debug)]
@@ -137,47 +138,6 @@ impl TrainArgs {
         c.validate()?;
         Ok(c)
     }
-}
-
-/// What `metrics.json` holds.
-#[derive(Serialize)]
-struct Metrics<'a> {
-    config: &'a AdConfig,
-    backend: String,
-    data: Option<DataSummary>,
-    train: Option<TrainSummary>,
-    eval: Option<EvalReport>,
-    seconds: Seconds,
-}
-
-#[derive(Serialize)]
-struct DataSummary {
-    train_goals: usize,
-    held_out_goals: usize,
-    histories: usize,
-    steps_per_history: usize,
-    /// The source's mean return per episode over the training histories.
-    source_training_curve: Vec<f64>,
-}
-
-impl DataSummary {
-    fn new(data: &Data) -> Self {
-        Self {
-            train_goals: data.goals.train.len(),
-            held_out_goals: data.goals.held_out.len(),
-            histories: data.histories.count(),
-            steps_per_history: data.histories.len(),
-            source_training_curve: data.histories.mean_episode_returns(),
-        }
-    }
-}
-
-#[derive(Serialize, Default)]
-struct Seconds {
-    data: f64,
-    train: f64,
-    eval: f64,
-    total: f64,
 }
 
 struct TrainJob {
@@ -307,28 +267,4 @@ fn evaluate_and_print<B: burn::tensor::backend::Backend>(
     bar.finish_and_clear();
     println!("{}", report.summary());
     Ok((report, start.elapsed().as_secs_f64()))
-}
-
-fn write_outputs(
-    metrics: &Metrics<'_>,
-    dir: &Path,
-    json: Option<&Path>,
-    svg: Option<&Path>,
-) -> Result<(), Box<dyn std::error::Error>> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let text = serde_json::to_string_pretty(metrics)?;
-    for path in std::iter::once(dir.join("metrics.json")).chain(json.map(Path::to_path_buf)) {
-        std::fs::write(&path, &text)
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    }
-    if let Some(report) = &metrics.eval {
-        let path = svg.map_or_else(|| dir.join("returns.svg"), Path::to_path_buf);
-        kiln_ad::plot::write_svg(report, &path)?;
-        println!(
-            "wrote {} and {}",
-            dir.join("metrics.json").display(),
-            path.display()
-        );
-    }
-    Ok(())
 }
