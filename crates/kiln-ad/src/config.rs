@@ -167,13 +167,6 @@ impl AdConfig {
                 range: "[0, 1]",
             });
         }
-        if !(0.0..1.0).contains(&self.model.dropout) {
-            return Err(AdError::OutOfRange {
-                field: "model.dropout",
-                value: self.model.dropout,
-                range: "[0, 1)",
-            });
-        }
         Ok(())
     }
 }

@@ -2,15 +2,13 @@
 //! next action as the target at every position.
 
 use burn::module::{Module, Param};
-use burn::nn::attention::generate_autoregressive_mask;
+use burn::nn::activation::ActivationConfig;
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::nn::transformer::{
-    TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
-};
 use burn::nn::{Initializer, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::train::{SequenceOutput, TrainOutput, TrainStep};
+use kiln_nn::layers::{PreNormBlock, PreNormBlockConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::dataset::{AdBatch, feature_width};
@@ -30,8 +28,32 @@ pub struct AdModelConfig {
     pub heads: usize,
     /// Feed-forward width.
     pub d_ff: usize,
-    /// Dropout inside the transformer (0 keeps strategies bit-comparable).
-    pub dropout: f64,
+    /// Feed-forward activation.
+    pub activation: FeedForwardActivation,
+}
+
+/// The activation between the two feed-forward layers.
+///
+/// ReLU is the default: on the CPU, GELU's `erf` and its backward took about a tenth of this
+/// model's training step in a profile of `benches/ad_step.rs`, and Dark Room needs nothing
+/// smoother.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FeedForwardActivation {
+    /// `max(x, 0)`.
+    #[default]
+    Relu,
+    /// The exact, `erf`-based GELU.
+    Gelu,
+}
+
+impl From<FeedForwardActivation> for ActivationConfig {
+    fn from(activation: FeedForwardActivation) -> Self {
+        match activation {
+            FeedForwardActivation::Relu => ActivationConfig::Relu,
+            FeedForwardActivation::Gelu => ActivationConfig::Gelu,
+        }
+    }
 }
 
 impl Default for AdModelConfig {
@@ -42,7 +64,7 @@ impl Default for AdModelConfig {
             layers: 2,
             heads: 4,
             d_ff: 256,
-            dropout: 0.0,
+            activation: FeedForwardActivation::Relu,
         }
     }
 }
@@ -59,10 +81,13 @@ impl AdModelConfig {
                 std: 0.02,
             }
             .init([self.context, self.d_model], device),
-            blocks: TransformerEncoderConfig::new(self.d_model, self.d_ff, self.heads, self.layers)
-                .with_dropout(self.dropout)
-                .with_norm_first(true)
-                .init(device),
+            blocks: (0..self.layers)
+                .map(|_| {
+                    PreNormBlockConfig::new(self.d_model, self.d_ff, self.heads)
+                        .with_activation(self.activation.into())
+                        .init(device)
+                })
+                .collect(),
             norm: LayerNormConfig::new(self.d_model).init(device),
             head: LinearConfig::new(self.d_model, ACTIONS).init(device),
         }
@@ -70,7 +95,8 @@ impl AdModelConfig {
 }
 
 /// Multi-hot step tokens → summed embeddings plus learned positions → causal pre-norm
-/// transformer → final norm → action logits.
+/// transformer blocks (no dropout, so every strategy computes the same function) → final norm
+/// → action logits.
 ///
 /// # Shapes
 /// Input `[batch, seq, feature_width]` with `seq ≤ context`; output `[batch, seq, ACTIONS]`.
@@ -78,7 +104,7 @@ impl AdModelConfig {
 pub struct AdTransformer<B: Backend> {
     embed: Linear<B>,
     positions: Param<Tensor<B, 2>>,
-    blocks: TransformerEncoder<B>,
+    blocks: Vec<PreNormBlock<B>>,
     norm: LayerNorm<B>,
     head: Linear<B>,
 }
@@ -95,7 +121,7 @@ impl<B: Backend> AdTransformer<B> {
     /// When `seq` exceeds the context the model was built for (a caller's bug: the evaluator
     /// and the data set never pass longer windows).
     pub fn forward(&self, features: Tensor<B, 3>) -> Tensor<B, 3> {
-        let [batch, seq, _] = features.dims();
+        let [_, seq, _] = features.dims();
         let [context, d_model] = self.positions.dims();
         assert!(
             seq <= context,
@@ -107,10 +133,7 @@ impl<B: Backend> AdTransformer<B> {
             .narrow(0, 0, seq)
             .reshape([1, seq, d_model]);
         let x = self.embed.forward(features) + positions;
-        let mask = generate_autoregressive_mask::<B>(batch, seq, &x.device());
-        let x = self
-            .blocks
-            .forward(TransformerEncoderInput::new(x).mask_attn(mask));
+        let x = self.blocks.iter().fold(x, |x, block| block.forward(x));
         self.head.forward(self.norm.forward(x))
     }
 

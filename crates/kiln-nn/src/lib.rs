@@ -1,8 +1,9 @@
 //! Kiln's layers and built-in models.
 //!
-//! For now: the two reference models every strategy is tested and benchmarked with
+//! Layers shaped for training speed ([`layers`]), the two reference models every strategy is tested and benchmarked with
 //! ([`models::Mlp`], [`models::Transformer`]) and the synthetic tasks they learn
 //! ([`tasks`]), all plain Burn modules and data sets.
 
+pub mod layers;
 pub mod models;
 pub mod tasks;

@@ -1,0 +1,64 @@
+//! A pre-norm transformer block: `x + attn(norm(x))`, then `x + ff(norm(x))`.
+
+use burn::config::Config;
+use burn::module::Module;
+use burn::nn::activation::{Activation, ActivationConfig};
+use burn::nn::{LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
+
+use super::causal_attention::{CausalSelfAttention, CausalSelfAttentionConfig};
+
+/// Configuration of [`PreNormBlock`].
+#[derive(Config, Debug)]
+pub struct PreNormBlockConfig {
+    /// Model width.
+    pub d_model: usize,
+    /// Feed-forward width.
+    pub d_ff: usize,
+    /// Attention heads; must divide `d_model`.
+    pub heads: usize,
+    /// The feed-forward activation.
+    #[config(default = "ActivationConfig::Gelu")]
+    pub activation: ActivationConfig,
+}
+
+impl PreNormBlockConfig {
+    /// Builds the block on `device`.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> PreNormBlock<B> {
+        PreNormBlock {
+            norm_attn: LayerNormConfig::new(self.d_model).init(device),
+            attn: CausalSelfAttentionConfig::new(self.d_model, self.heads).init(device),
+            norm_ff: LayerNormConfig::new(self.d_model).init(device),
+            ff_in: LinearConfig::new(self.d_model, self.d_ff).init(device),
+            ff_out: LinearConfig::new(self.d_ff, self.d_model).init(device),
+            activation: self.activation.init(device),
+        }
+    }
+}
+
+/// Causal self-attention and a feed-forward (GELU by default), each on a layer-normalised input and added
+/// back to the residual stream (GPT-2's block, without dropout).
+///
+/// # Shapes
+/// `[batch, seq, d_model]` → `[batch, seq, d_model]`.
+#[derive(Module, Debug)]
+pub struct PreNormBlock<B: Backend> {
+    norm_attn: LayerNorm<B>,
+    attn: CausalSelfAttention<B>,
+    norm_ff: LayerNorm<B>,
+    ff_in: Linear<B>,
+    ff_out: Linear<B>,
+    activation: Activation<B>,
+}
+
+impl<B: Backend> PreNormBlock<B> {
+    /// Applies the block.
+    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let x = x.clone() + self.attn.forward(self.norm_attn.forward(x));
+        let hidden = self
+            .activation
+            .forward(self.ff_in.forward(self.norm_ff.forward(x.clone())));
+        x + self.ff_out.forward(hidden)
+    }
+}
