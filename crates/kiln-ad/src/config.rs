@@ -214,5 +214,11 @@ mod tests {
         assert_eq!(c.parallel.ddp.bucket_cap_mb, 1.0);
         assert_eq!(c.model, AdModelConfig::default());
         assert!(toml::from_str::<AdConfig>("[train]\nstep = 7\n").is_err());
+        let gelu: AdConfig = toml::from_str("[model]\nactivation = \"gelu\"\n").unwrap();
+        assert_eq!(
+            gelu.model.activation,
+            crate::model::FeedForwardActivation::Gelu
+        );
+        assert!(toml::from_str::<AdConfig>("[model]\nactivation = \"swish\"\n").is_err());
     }
 }
