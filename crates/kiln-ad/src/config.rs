@@ -55,7 +55,7 @@ impl AdTrainConfig {
         if step < self.warmup_steps {
             return self.lr * (step + 1) as f64 / self.warmup_steps as f64;
         }
-        let decay = (self.steps - self.warmup_steps).max(1) as f64;
+        let decay = self.steps.saturating_sub(self.warmup_steps).max(1) as f64;
         let progress = ((step - self.warmup_steps) as f64 / decay).min(1.0);
         let cosine = 0.5 * (1.0 + (std::f64::consts::PI * progress).cos());
         self.lr * (self.final_lr_fraction + (1.0 - self.final_lr_fraction) * cosine)
@@ -183,6 +183,13 @@ mod tests {
         assert!(t.lr_at(0) < t.lr_at(t.warmup_steps - 1));
         assert!((t.lr_at(t.warmup_steps) - t.lr).abs() < 1e-12);
         assert!((t.lr_at(t.steps - 1) - t.lr * t.final_lr_fraction).abs() < 1e-6);
+        // A warm-up longer than the run only warms up.
+        let short = AdTrainConfig {
+            steps: 5,
+            warmup_steps: 10,
+            ..AdTrainConfig::default()
+        };
+        assert!((0..5).all(|s| short.lr_at(s) < short.lr));
     }
 
     #[test]
