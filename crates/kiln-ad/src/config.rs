@@ -141,6 +141,9 @@ impl AdConfig {
                 heads: self.model.heads,
             });
         }
+        if self.train.strategy == StrategyKind::Single && self.train.world > 1 {
+            return Err(AdError::SingleWithWorld(self.train.world));
+        }
         if self.train.batch < self.train.world {
             return Err(AdError::BatchSmallerThanWorld {
                 batch: self.train.batch,
@@ -208,6 +211,10 @@ mod tests {
         let mut c = AdConfig::default();
         c.env.size = 8;
         assert!(c.validate().unwrap_err().to_string().contains("env.size"));
+        let mut c = AdConfig::default();
+        c.train.strategy = StrategyKind::Single;
+        c.train.world = 2;
+        assert!(c.validate().unwrap_err().to_string().contains("single"));
         let mut c = AdConfig::default();
         c.eval.seeds = 0;
         assert!(c.validate().unwrap_err().to_string().contains("eval.seeds"));

@@ -127,14 +127,6 @@ impl TrainArgs {
         if let Some(t) = self.threads_per_rank {
             c.parallel.set_threads_per_rank(t);
         }
-        if c.train.strategy == StrategyKind::Single && c.train.world > 1 {
-            return Err(format!(
-                "--strategy single trains on one rank but --world is {}; use --world 1, or dp, \
-                 ddp or auto",
-                c.train.world
-            )
-            .into());
-        }
         c.validate()?;
         Ok(c)
     }

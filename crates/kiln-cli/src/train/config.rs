@@ -118,6 +118,12 @@ impl TrainConfig {
         }
     }
 
+    /// Replaces the settings of every strategy.
+    pub fn set_strategies(&mut self, strategies: StrategyConfigs) {
+        let StrategyConfigs { single, dp, ddp } = strategies;
+        (self.single, self.dp, self.ddp) = (single, dp, ddp);
+    }
+
     /// Reads a TOML config; missing fields take their defaults.
     ///
     /// # Errors

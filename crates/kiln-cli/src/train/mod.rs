@@ -93,13 +93,15 @@ impl TrainArgs {
         }
         set!(model => model, strategy => strategy, backend => backend, world => world,
              steps => steps, batch => batch, seed => seed, lr => lr, samples => samples,
-             grad_accum => single.grad_accumulation, grad_accum => dp.grad_accumulation,
-             grad_accum => ddp.grad_accumulation, bucket_cap_mb => ddp.bucket_cap_mb);
-        if let Some(t) = self.threads_per_rank {
-            c.single.threads = Some(t);
-            c.dp.threads_per_device = Some(t);
-            c.ddp.threads_per_rank = Some(t);
+             bucket_cap_mb => ddp.bucket_cap_mb);
+        let mut strategies = c.strategies();
+        if let Some(micro_batches) = self.grad_accum {
+            strategies.set_grad_accumulation(micro_batches);
         }
+        if let Some(t) = self.threads_per_rank {
+            strategies.set_threads_per_rank(t);
+        }
+        c.set_strategies(strategies);
         c.validate()?;
         Ok((c, self.json))
     }
