@@ -1,3 +1,24 @@
-//! Kiln's CubeCL kernels, exposed as a Burn backend extension with reference implementations
-//! for every other backend: the QLoRA (4-bit NF4 / int4) matmul and fused ops (RMSNorm, SwiGLU,
-//! softmax cross-entropy, AdamW, global squared norm). Empty until that work lands (DESIGN §4).
+//! Kiln's kernels as a Burn backend extension: the QLoRA matmul over 4-bit (NF4 / int4)
+//! block-quantised weights and fused RMSNorm, SwiGLU, softmax cross-entropy, AdamW and a
+//! global squared norm with a non-finite check.
+//!
+//! [`KernelBackend`] is implemented three ways (DESIGN §4):
+//! - for Burn's CubeCL backends (`CubeBackend<R, ..>`: wgpu, CUDA) by the kernels in [`cube`],
+//!   written once in CubeCL, with a path that uses no plane (warp) operations;
+//! - for `Autodiff<B>` with a backward for every differentiable op ([`autodiff`]);
+//! - for every other backend (Flex, NdArray) by the plain-Burn [`reference`], which is also
+//!   what the kernel tests compare against.
+//!
+//! Models call the `Tensor` functions in [`ops`] and run on any of them.
+
+mod adamw_step;
+pub mod autodiff;
+pub mod backend;
+pub mod cube;
+pub mod ops;
+pub mod quant;
+pub mod reference;
+
+pub use adamw_step::AdamWStep;
+pub use backend::KernelBackend;
+pub use quant::{QuantFormat, QuantizedWeight, ScaleDtype};

@@ -1,0 +1,262 @@
+//! `Autodiff<B>` over any [`KernelBackend`]: each differentiable kernel gets a backward node
+//! that calls `B`'s backward kernel, so a model trained with the fused ops runs them both ways.
+//!
+//! Only what a backward needs is kept (no probabilities for cross-entropy, no `deq(W)` for the
+//! QLoRA matmul). The backward kernels themselves are not differentiable again: their results
+//! are constants of the graph, as are the AdamW step and the gradient norm.
+
+use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::tensor::ops::{FloatTensor, IntTensor};
+
+use crate::AdamWStep;
+use crate::backend::KernelBackend;
+use crate::quant::QuantizedPrimitive;
+
+type Ad<B, C> = Autodiff<B, C>;
+
+/// A graph constant: a result no gradient flows through.
+fn constant<B: KernelBackend, C: CheckpointStrategy>(t: FloatTensor<B>) -> FloatTensor<Ad<B, C>> {
+    FloatTensor::<Ad<B, C>>::new(t)
+}
+
+fn inner<B: KernelBackend, C: CheckpointStrategy>(
+    w: QuantizedPrimitive<Ad<B, C>>,
+) -> QuantizedPrimitive<B> {
+    QuantizedPrimitive {
+        packed: w.packed,
+        scales: w.scales.primitive,
+        codebook: w.codebook.primitive,
+        k: w.k,
+        n: w.n,
+    }
+}
+
+#[derive(Debug)]
+struct QLoraBackward;
+
+impl<B: KernelBackend> Backward<B, 3> for QLoraBackward {
+    // The weight, t = x·A, the adapter B and the scale: dx needs the weight, dt needs B,
+    // dB needs t; x itself is not needed.
+    type State = (QuantizedPrimitive<B>, FloatTensor<B>, FloatTensor<B>, f32);
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_x, node_t, node_b] = ops.parents;
+        let dy = grads.consume::<B>(&ops.node);
+        let (weight, t, b, scale) = ops.state;
+        if let Some(node) = node_t {
+            let dt = B::float_matmul(dy.clone(), B::float_transpose(b));
+            grads.register::<B>(node.id, B::float_mul_scalar(dt, scale.into()));
+        }
+        if let Some(node) = node_b {
+            let db = B::float_matmul(B::float_transpose(t), dy.clone());
+            grads.register::<B>(node.id, B::float_mul_scalar(db, scale.into()));
+        }
+        if let Some(node) = node_x {
+            grads.register::<B>(node.id, B::qlora_input_grad(dy, weight));
+        }
+    }
+}
+
+#[derive(Debug)]
+struct RmsNormBackward;
+
+impl<B: KernelBackend> Backward<B, 2> for RmsNormBackward {
+    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_x, node_gamma] = ops.parents;
+        let dy = grads.consume::<B>(&ops.node);
+        let (x, gamma, rstd) = ops.state;
+        let (dx, dgamma) = B::rms_norm_backward(dy, x, gamma, rstd);
+        if let Some(node) = node_x {
+            grads.register::<B>(node.id, dx);
+        }
+        if let Some(node) = node_gamma {
+            grads.register::<B>(node.id, dgamma);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct SwigluBackward;
+
+impl<B: KernelBackend> Backward<B, 2> for SwigluBackward {
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_gate, node_up] = ops.parents;
+        let dy = grads.consume::<B>(&ops.node);
+        let (gate, up) = ops.state;
+        let (dgate, dup) = B::swiglu_backward(dy, gate, up);
+        if let Some(node) = node_gate {
+            grads.register::<B>(node.id, dgate);
+        }
+        if let Some(node) = node_up {
+            grads.register::<B>(node.id, dup);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct CrossEntropyBackward;
+
+impl<B: KernelBackend> Backward<B, 1> for CrossEntropyBackward {
+    type State = (FloatTensor<B>, IntTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_logits] = ops.parents;
+        let dloss = grads.consume::<B>(&ops.node);
+        let (logits, targets, lse) = ops.state;
+        if let Some(node) = node_logits {
+            grads.register::<B>(
+                node.id,
+                B::cross_entropy_backward(dloss, logits, targets, lse),
+            );
+        }
+    }
+}
+
+impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
+    fn qlora_forward(
+        x: FloatTensor<Self>,
+        weight: QuantizedPrimitive<Self>,
+        t: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        scale: f32,
+    ) -> FloatTensor<Self> {
+        let weight = inner(weight);
+        let nodes = [x.node.clone(), t.node.clone(), b.node.clone()];
+        let out = B::qlora_forward(
+            x.primitive,
+            weight.clone(),
+            t.primitive.clone(),
+            b.primitive.clone(),
+            scale,
+        );
+        match QLoraBackward.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish((weight, t.primitive, b.primitive, scale), out),
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        }
+    }
+
+    fn qlora_input_grad(
+        dy: FloatTensor<Self>,
+        weight: QuantizedPrimitive<Self>,
+    ) -> FloatTensor<Self> {
+        constant::<B, C>(B::qlora_input_grad(dy.primitive, inner(weight)))
+    }
+
+    fn rms_norm_forward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        eps: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let nodes = [x.node.clone(), gamma.node.clone()];
+        let (y, rstd) = B::rms_norm_forward(x.primitive.clone(), gamma.primitive.clone(), eps);
+        let y = match RmsNormBackward
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((x.primitive, gamma.primitive, rstd.clone()), y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        };
+        (y, constant::<B, C>(rstd))
+    }
+
+    fn rms_norm_backward(
+        dy: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (dx, dg) =
+            B::rms_norm_backward(dy.primitive, x.primitive, gamma.primitive, rstd.primitive);
+        (constant::<B, C>(dx), constant::<B, C>(dg))
+    }
+
+    fn swiglu_forward(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        let nodes = [gate.node.clone(), up.node.clone()];
+        let y = B::swiglu_forward(gate.primitive.clone(), up.primitive.clone());
+        match SwigluBackward
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((gate.primitive, up.primitive), y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        }
+    }
+
+    fn swiglu_backward(
+        dy: FloatTensor<Self>,
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (dg, du) = B::swiglu_backward(dy.primitive, gate.primitive, up.primitive);
+        (constant::<B, C>(dg), constant::<B, C>(du))
+    }
+
+    fn cross_entropy_forward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let nodes = [logits.node.clone()];
+        let (loss, lse) = B::cross_entropy_forward(logits.primitive.clone(), targets.clone());
+        let loss = match CrossEntropyBackward
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((logits.primitive, targets, lse.clone()), loss),
+            OpsKind::UnTracked(prep) => prep.finish(loss),
+        };
+        (loss, constant::<B, C>(lse))
+    }
+
+    fn cross_entropy_backward(
+        dloss: FloatTensor<Self>,
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        constant::<B, C>(B::cross_entropy_backward(
+            dloss.primitive,
+            logits.primitive,
+            targets,
+            lse.primitive,
+        ))
+    }
+
+    fn adamw_step(
+        param: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        m: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        step: &AdamWStep,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let (p, m, v) = B::adamw_step(
+            param.primitive,
+            grad.primitive,
+            m.primitive,
+            v.primitive,
+            step,
+        );
+        (
+            constant::<B, C>(p),
+            constant::<B, C>(m),
+            constant::<B, C>(v),
+        )
+    }
+
+    fn grad_sq_norm(tensors: Vec<FloatTensor<Self>>, device: &Self::Device) -> FloatTensor<Self> {
+        constant::<B, C>(B::grad_sq_norm(
+            tensors.into_iter().map(|t| t.primitive).collect(),
+            device,
+        ))
+    }
+}

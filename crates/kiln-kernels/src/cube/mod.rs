@@ -1,0 +1,107 @@
+//! The CubeCL kernels and their implementation of [`KernelBackend`] for Burn's CubeCL
+//! backends (`CubeBackend<R, ..>`: wgpu, CUDA, …). Each kernel accumulates in f32 whatever the
+//! tensors' float type (f32, f16, bf16), and none uses plane (warp) operations.
+
+mod cross_entropy;
+mod elementwise;
+mod grad_norm;
+mod qlora;
+mod reduce;
+mod rms_norm;
+
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn_cubecl::element::BoolElement;
+use burn_cubecl::{CubeBackend, CubeRuntime, FloatElement, IntElement};
+
+use crate::AdamWStep;
+use crate::backend::KernelBackend;
+use crate::quant::QuantizedPrimitive;
+
+fn weight<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
+    w: QuantizedPrimitive<CubeBackend<R, F, I, BT>>,
+) -> qlora::CubeWeight<R> {
+    qlora::CubeWeight {
+        packed: w.packed,
+        scales: w.scales,
+        codebook: w.codebook,
+        k: w.k,
+        n: w.n,
+    }
+}
+
+impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> KernelBackend
+    for CubeBackend<R, F, I, BT>
+{
+    fn qlora_forward(
+        x: FloatTensor<Self>,
+        w: QuantizedPrimitive<Self>,
+        t: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        scale: f32,
+    ) -> FloatTensor<Self> {
+        qlora::qlora_matmul(x, weight(w), Some((t, b, scale)), false)
+    }
+
+    fn qlora_input_grad(dy: FloatTensor<Self>, w: QuantizedPrimitive<Self>) -> FloatTensor<Self> {
+        qlora::qlora_matmul(dy, weight(w), None, true)
+    }
+
+    fn rms_norm_forward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        eps: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        rms_norm::forward(x, gamma, eps)
+    }
+
+    fn rms_norm_backward(
+        dy: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        rms_norm::backward(dy, x, gamma, rstd)
+    }
+
+    fn swiglu_forward(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        elementwise::swiglu(gate, up)
+    }
+
+    fn swiglu_backward(
+        dy: FloatTensor<Self>,
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        elementwise::swiglu_backward(dy, gate, up)
+    }
+
+    fn cross_entropy_forward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        cross_entropy::forward(logits, targets)
+    }
+
+    fn cross_entropy_backward(
+        dloss: FloatTensor<Self>,
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        elementwise::cross_entropy_backward(dloss, logits, targets, lse)
+    }
+
+    fn adamw_step(
+        param: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        m: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        step: &AdamWStep,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        elementwise::adamw(param, grad, m, v, step)
+    }
+
+    fn grad_sq_norm(tensors: Vec<FloatTensor<Self>>, device: &Self::Device) -> FloatTensor<Self> {
+        grad_norm::sq_norm(tensors, device)
+    }
+}

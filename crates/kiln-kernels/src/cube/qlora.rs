@@ -1,0 +1,272 @@
+//! The QLoRA matmul: `out = lhs · deq(W)` (forward, plus the fused `s·t·B` epilogue) or
+//! `out = lhs · deq(W)ᵀ` (the input gradient), dequantising each `W` tile into shared memory.
+//!
+//! One cube computes a `BM × BN` tile of `out` with `(BM/TM)·(BN/TN)` units, each holding a
+//! `TM × TN` block of f32 accumulators in registers. Per step of `BK` along the reduction it
+//! stages `lhs[BM, BK]` and the dequantised `W[BK, BN]` in shared memory: every unit decodes
+//! one 32-bit word (8 codes), so `deq(W)` exists only tile by tile, in shared memory, and never
+//! in global memory. `BK = 32` divides the 64-row scale block, so a tile column has one scale.
+//! No plane (warp) operations: only shared memory and `sync_cube`, which every CubeCL runtime
+//! has (lavapipe included).
+
+use burn::tensor::Shape;
+use burn_cubecl::CubeRuntime;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+
+use crate::quant::format::{BLOCK, CODES_PER_WORD};
+
+/// Rows of the reduction staged per step: half a scale block, four words per column.
+const BK: usize = 32;
+/// Columns of `out` per cube.
+const BN: usize = 64;
+/// Units per cube: one packed word of the `BK × BN` tile each.
+const UNITS: usize = BK * BN / CODES_PER_WORD;
+
+/// The tile shape, chosen per launch from the number of rows.
+#[derive(Clone, Copy, Debug)]
+struct Tiling {
+    /// Rows of `out` per cube.
+    bm: usize,
+    /// Rows per unit.
+    tm: usize,
+    /// Columns per unit.
+    tn: usize,
+}
+
+impl Tiling {
+    fn for_rows(m: usize) -> Self {
+        // Few rows (decoding, small batches): 16-row tiles so the cube is not mostly padding;
+        // otherwise 64 × 64 with 4 × 4 per unit, which reuses each staged value 4 times.
+        if m <= 16 {
+            Self {
+                bm: 16,
+                tm: 1,
+                tn: 4,
+            }
+        } else {
+            Self {
+                bm: 64,
+                tm: 4,
+                tn: 4,
+            }
+        }
+    }
+}
+
+/// `out[m, c] = Σ_red lhs[m, red] · deq(red, c)` (+ `scale · Σ_q t[m, q] · b[q, c]` when
+/// `lora`), where `deq(red, c)` is `W[red, c]`, or `W[c, red]` when `transposed`.
+/// `packed` is `[n, words]`, `scales` `[n, blocks]` for `W: [k, n]`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments, unused_assignments)]
+fn qlora_matmul_kernel<F: Float, S: Float>(
+    lhs: &Tensor<F>,
+    packed: &Tensor<i32>,
+    scales: &Tensor<S>,
+    codebook: &Tensor<f32>,
+    t: &Tensor<F>,
+    b: &Tensor<F>,
+    out: &mut Tensor<F>,
+    scale: f32,
+    #[comptime] bm: usize,
+    #[comptime] tm: usize,
+    #[comptime] tn: usize,
+    #[comptime] transposed: bool,
+    #[comptime] lora: bool,
+    #[define(F, S)] _dtypes: [StorageType; 2],
+) {
+    let m_total = out.shape(0);
+    let cols = out.shape(1);
+    let red_total = lhs.shape(1);
+    let words = packed.shape(1);
+    let nblocks = scales.shape(1);
+    let unit = UNIT_POS as usize;
+    let row0 = CUBE_POS_Y as usize * bm;
+    let col0 = CUBE_POS_X as usize * BN;
+    let units_x = BN / tn;
+    let tx = unit % units_x;
+    let ty = unit / units_x;
+
+    let mut book = SharedMemory::<f32>::new(16usize);
+    if unit < 16 {
+        book[unit] = codebook[unit];
+    }
+    let mut lhs_tile = SharedMemory::<f32>::new(bm * BK);
+    let mut w_tile = SharedMemory::<f32>::new(BK * BN);
+    let mut acc = Array::<f32>::new(tm * tn);
+    #[unroll]
+    for i in 0..tm * tn {
+        acc[i] = 0.0;
+    }
+    let mut a_reg = Array::<f32>::new(tm);
+    let mut b_reg = Array::<f32>::new(tn);
+    sync_cube();
+
+    let mut red0 = 0usize;
+    while red0 < red_total {
+        // Stage lhs[row0.., red0..] (zero outside the matrix).
+        let mut idx = unit;
+        while idx < bm * BK {
+            let r = row0 + idx / BK;
+            let c = red0 + idx % BK;
+            let mut v = 0.0f32;
+            if r < m_total && c < red_total {
+                v = f32::cast_from(lhs[r * red_total + c]);
+            }
+            lhs_tile[idx] = v;
+            idx += UNITS;
+        }
+
+        // Decode one word: 8 consecutive rows of `k` of one column `n` of W. Transposed, tile
+        // rows are n (the reduction) and tile columns k; otherwise tile rows are k.
+        let tile_step = comptime!(if transposed { 1usize } else { BN });
+        let mut n = 0usize;
+        let mut kword = 0usize;
+        let mut tile_pos = 0usize;
+        if comptime!(transposed) {
+            let r = unit / (BN / CODES_PER_WORD);
+            let wc = unit % (BN / CODES_PER_WORD);
+            n = red0 + r;
+            kword = col0 / CODES_PER_WORD + wc;
+            tile_pos = r * BN + wc * CODES_PER_WORD;
+        } else {
+            let wr = unit / BN;
+            let c = unit % BN;
+            n = col0 + c;
+            kword = red0 / CODES_PER_WORD + wr;
+            tile_pos = wr * CODES_PER_WORD * BN + c;
+        }
+        let k_extent = if comptime!(transposed) {
+            cols
+        } else {
+            red_total
+        };
+        let n_extent = if comptime!(transposed) {
+            red_total
+        } else {
+            cols
+        };
+        let mut word = 0u32;
+        let valid = n < n_extent && kword < words;
+        if valid {
+            word = u32::cast_from(packed[n * words + kword]);
+        }
+        #[unroll]
+        for j in 0..CODES_PER_WORD {
+            let k = kword * CODES_PER_WORD + j;
+            let mut v = 0.0f32;
+            if valid && k < k_extent {
+                let code = ((word >> (4 * j) as u32) & 15u32) as usize;
+                v = book[code] * f32::cast_from(scales[n * nblocks + k / BLOCK]);
+            }
+            w_tile[tile_pos + j * tile_step] = v;
+        }
+        sync_cube();
+
+        #[unroll]
+        for kk in 0..BK {
+            #[unroll]
+            for i in 0..tm {
+                a_reg[i] = lhs_tile[(ty * tm + i) * BK + kk];
+            }
+            #[unroll]
+            for j in 0..tn {
+                b_reg[j] = w_tile[kk * BN + tx * tn + j];
+            }
+            #[unroll]
+            for i in 0..tm {
+                #[unroll]
+                for j in 0..tn {
+                    acc[i * tn + j] += a_reg[i] * b_reg[j];
+                }
+            }
+        }
+        sync_cube();
+        red0 += BK;
+    }
+
+    let rank = t.shape(1);
+    #[unroll]
+    for i in 0..tm {
+        let r = row0 + ty * tm + i;
+        #[unroll]
+        for j in 0..tn {
+            let c = col0 + tx * tn + j;
+            if r < m_total && c < cols {
+                let mut v = acc[i * tn + j];
+                if comptime!(lora) {
+                    let mut low = 0.0f32;
+                    for q in 0..rank {
+                        low += f32::cast_from(t[r * rank + q]) * f32::cast_from(b[q * cols + c]);
+                    }
+                    v += scale * low;
+                }
+                out[r * cols + c] = F::cast_from(v);
+            }
+        }
+    }
+}
+
+/// The weight's tensors, as the CubeCL backends hold them.
+pub(crate) struct CubeWeight<R: CubeRuntime> {
+    pub packed: CubeTensor<R>,
+    pub scales: CubeTensor<R>,
+    pub codebook: CubeTensor<R>,
+    pub k: usize,
+    pub n: usize,
+}
+
+/// `lhs · deq(W)` (+ `s·t·B` given `lora = (t, b, s)`), or `lhs · deq(W)ᵀ` when `transposed`.
+pub(crate) fn qlora_matmul<R: CubeRuntime>(
+    lhs: CubeTensor<R>,
+    weight: CubeWeight<R>,
+    lora: Option<(CubeTensor<R>, CubeTensor<R>, f32)>,
+    transposed: bool,
+) -> CubeTensor<R> {
+    let lhs = into_contiguous(lhs);
+    let packed = into_contiguous(weight.packed);
+    let scales = into_contiguous(weight.scales);
+    let codebook = into_contiguous(weight.codebook);
+    let m = lhs.meta.shape()[0];
+    let cols = if transposed { weight.k } else { weight.n };
+    let client = lhs.client.clone();
+    let dtype = lhs.dtype;
+    let out = empty_device_dtype(
+        client.clone(),
+        lhs.device.clone(),
+        Shape::new([m, cols]),
+        dtype,
+    );
+    let tiling = Tiling::for_rows(m);
+    let count = CubeCount::Static(cols.div_ceil(BN) as u32, m.div_ceil(tiling.bm) as u32, 1);
+    let dim = CubeDim::new_1d(UNITS as u32);
+    debug_assert_eq!((tiling.bm / tiling.tm) * (BN / tiling.tn), UNITS);
+    let (t, b, scale, with_lora) = match lora {
+        Some((t, b, s)) => (into_contiguous(t), into_contiguous(b), s, true),
+        // Never read: `lora` is false at compile time.
+        None => (lhs.clone(), lhs.clone(), 0.0, false),
+    };
+    let scale_dtype = scales.dtype;
+    qlora_matmul_kernel::launch::<R>(
+        &client,
+        count,
+        dim,
+        lhs.into_tensor_arg(),
+        packed.into_tensor_arg(),
+        scales.into_tensor_arg(),
+        codebook.into_tensor_arg(),
+        t.into_tensor_arg(),
+        b.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        scale,
+        tiling.bm,
+        tiling.tm,
+        tiling.tn,
+        transposed,
+        with_lora,
+        [dtype.into(), scale_dtype.into()],
+    );
+    out
+}

@@ -1,0 +1,48 @@
+//! The cube-wide sum the row kernels share: a tree in shared memory with `sync_cube`, so it
+//! runs where plane (warp) operations do not (lavapipe).
+
+use cubecl::prelude::*;
+
+/// Units per cube of the row kernels; a power of two for the tree.
+pub(crate) const UNITS: usize = 256;
+
+/// The sum of `value` over the cube's units, returned to every unit.
+#[cube]
+pub(crate) fn block_sum(value: f32) -> f32 {
+    let mut shared = SharedMemory::<f32>::new(UNITS);
+    let unit = UNIT_POS as usize;
+    shared[unit] = value;
+    sync_cube();
+    let mut stride = UNITS / 2;
+    while stride > 0 {
+        if unit < stride {
+            shared[unit] = shared[unit] + shared[unit + stride];
+        }
+        sync_cube();
+        stride /= 2;
+    }
+    let total = shared[0];
+    // Every unit has read the total before the memory is reused by a later call.
+    sync_cube();
+    total
+}
+
+/// The maximum of `value` over the cube's units, returned to every unit.
+#[cube]
+pub(crate) fn block_max(value: f32) -> f32 {
+    let mut shared = SharedMemory::<f32>::new(UNITS);
+    let unit = UNIT_POS as usize;
+    shared[unit] = value;
+    sync_cube();
+    let mut stride = UNITS / 2;
+    while stride > 0 {
+        if unit < stride {
+            shared[unit] = f32::max(shared[unit], shared[unit + stride]);
+        }
+        sync_cube();
+        stride /= 2;
+    }
+    let total = shared[0];
+    sync_cube();
+    total
+}

@@ -1,0 +1,223 @@
+//! The kernels as `Tensor` functions of any rank, with their inputs checked.
+//!
+//! Leading dimensions are flattened into rows before the backend sees them, so every
+//! implementation works on plain matrices.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Shape, Tensor, TensorPrimitive};
+use thiserror::Error;
+
+use crate::AdamWStep;
+use crate::backend::KernelBackend;
+use crate::quant::QuantizedWeight;
+
+/// Inputs a kernel cannot take, with what was expected.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum KernelError {
+    /// Two sizes that must agree do not.
+    #[error("{op}: {what} is {got} but must be {expected}")]
+    Mismatch {
+        /// The operation.
+        op: &'static str,
+        /// Which size.
+        what: &'static str,
+        /// The size it must have.
+        expected: usize,
+        /// The size it has.
+        got: usize,
+    },
+    /// Two shapes that must be equal are not.
+    #[error(
+        "{op}: {left} has shape {left_shape:?} but {right} has {right_shape:?}; they must be equal"
+    )]
+    Shapes {
+        /// The operation.
+        op: &'static str,
+        /// The first tensor.
+        left: &'static str,
+        /// Its shape.
+        left_shape: Vec<usize>,
+        /// The second tensor.
+        right: &'static str,
+        /// Its shape.
+        right_shape: Vec<usize>,
+    },
+}
+
+fn check(
+    op: &'static str,
+    what: &'static str,
+    expected: usize,
+    got: usize,
+) -> Result<(), KernelError> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(KernelError::Mismatch {
+            op,
+            what,
+            expected,
+            got,
+        })
+    }
+}
+
+fn rows<B: Backend, const D: usize>(x: Tensor<B, D>) -> (Tensor<B, 2>, Shape) {
+    let shape = x.shape();
+    let last = shape.dims::<D>()[D - 1];
+    (x.reshape([shape.num_elements() / last.max(1), last]), shape)
+}
+
+fn with_last<const D: usize>(shape: &Shape, last: usize) -> [usize; D] {
+    let mut dims = shape.dims::<D>();
+    dims[D - 1] = last;
+    dims
+}
+
+fn float<B: Backend, const D: usize>(t: Tensor<B, D>) -> burn::tensor::ops::FloatTensor<B> {
+    t.into_primitive().tensor()
+}
+
+fn tensor<B: Backend, const D: usize>(t: burn::tensor::ops::FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(t))
+}
+
+/// `x·deq(W) + scale·t·B` where `t = x'·A` for the adapter input `x'` (`x`, or a dropout of
+/// it): the QLoRA matmul with its low-rank term fused into the kernel's epilogue.
+///
+/// `x: [.., k]`, `t: [.., r]` with the same leading dimensions, `b: [r, n]` → `[.., n]`.
+/// Gradients flow to `x`, `t` (hence to `A`) and `b`; the weight gets none.
+pub fn qlora_matmul<B: KernelBackend, const D: usize>(
+    x: Tensor<B, D>,
+    weight: &QuantizedWeight<B>,
+    t: Tensor<B, D>,
+    b: Tensor<B, 2>,
+    scale: f32,
+) -> Result<Tensor<B, D>, KernelError> {
+    const OP: &str = "qlora_matmul";
+    let (x, shape) = rows(x);
+    let (t, t_shape) = rows(t);
+    check(OP, "the input's last dimension (k)", weight.k, x.dims()[1])?;
+    check(OP, "the rows of t", x.dims()[0], t.dims()[0])?;
+    let [r, n] = b.dims();
+    check(
+        OP,
+        "t's last dimension (the rank)",
+        r,
+        t_shape.dims::<D>()[D - 1],
+    )?;
+    check(OP, "B's columns", weight.n, n)?;
+    let y = B::qlora_forward(float(x), weight.primitive(), float(t), float(b), scale);
+    Ok(tensor::<B, 2>(y).reshape(with_last::<D>(&shape, n)))
+}
+
+/// RMSNorm over the last dimension: `x / √(mean(x²) + eps) · gamma`.
+pub fn rms_norm<B: KernelBackend, const D: usize>(
+    x: Tensor<B, D>,
+    gamma: Tensor<B, 1>,
+    eps: f32,
+) -> Result<Tensor<B, D>, KernelError> {
+    let (x, shape) = rows(x);
+    check("rms_norm", "gamma's length", x.dims()[1], gamma.dims()[0])?;
+    let (y, _) = B::rms_norm_forward(float(x), float(gamma), eps);
+    Ok(tensor::<B, 2>(y).reshape(shape))
+}
+
+/// SwiGLU gating, `silu(gate) · up`, element-wise over equal shapes.
+pub fn swiglu<B: KernelBackend, const D: usize>(
+    gate: Tensor<B, D>,
+    up: Tensor<B, D>,
+) -> Result<Tensor<B, D>, KernelError> {
+    let shape = gate.shape();
+    if shape != up.shape() {
+        return Err(KernelError::Shapes {
+            op: "swiglu",
+            left: "gate",
+            left_shape: shape.to_vec(),
+            right: "up",
+            right_shape: up.shape().to_vec(),
+        });
+    }
+    let len = shape.num_elements();
+    let y = B::swiglu_forward(float(gate.reshape([len])), float(up.reshape([len])));
+    Ok(tensor::<B, 1>(y).reshape(shape))
+}
+
+/// Softmax cross-entropy per row of `logits: [rows, classes]` against class indices
+/// `targets: [rows]` (each in `0..classes`): `[rows]` losses, for the caller to reduce.
+/// The backward recomputes the softmax from a saved log-sum-exp per row instead of keeping
+/// the `[rows, classes]` probabilities.
+pub fn cross_entropy<B: KernelBackend>(
+    logits: Tensor<B, 2>,
+    targets: Tensor<B, 1, Int>,
+) -> Result<Tensor<B, 1>, KernelError> {
+    check(
+        "cross_entropy",
+        "the number of targets",
+        logits.dims()[0],
+        targets.dims()[0],
+    )?;
+    let (loss, _) = B::cross_entropy_forward(float(logits), targets.into_primitive());
+    Ok(tensor(loss))
+}
+
+/// One fused AdamW step (Burn's `AdamW` formula): `(param, m, v)` after the step.
+pub fn adamw_step<B: KernelBackend, const D: usize>(
+    param: Tensor<B, D>,
+    grad: Tensor<B, D>,
+    m: Tensor<B, D>,
+    v: Tensor<B, D>,
+    step: &AdamWStep,
+) -> Result<(Tensor<B, D>, Tensor<B, D>, Tensor<B, D>), KernelError> {
+    let shape = param.shape();
+    for (name, other) in [("grad", grad.shape()), ("m", m.shape()), ("v", v.shape())] {
+        if other != shape {
+            return Err(KernelError::Shapes {
+                op: "adamw_step",
+                left: "param",
+                left_shape: shape.to_vec(),
+                right: name,
+                right_shape: other.to_vec(),
+            });
+        }
+    }
+    let len = shape.num_elements();
+    let flat = |t: Tensor<B, D>| float(t.reshape([len]));
+    let (p, m, v) = B::adamw_step(flat(param), flat(grad), flat(m), flat(v), step);
+    let back = |t| tensor::<B, 1>(t).reshape(shape.clone());
+    Ok((back(p), back(m), back(v)))
+}
+
+/// The global squared L2 norm of a set of tensors and how many of their values are NaN or
+/// infinite, in one pass over them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NormReport {
+    /// `Σ x²` over every finite value (f32 accumulation).
+    pub sq_norm: f32,
+    /// Values that are NaN or ±∞.
+    pub non_finite: u64,
+}
+
+impl NormReport {
+    /// The L2 norm of the finite values.
+    pub fn norm(&self) -> f32 {
+        self.sq_norm.sqrt()
+    }
+}
+
+/// [`NormReport`] over `tensors` (flattened; any number, any sizes), read back to the host.
+pub fn grad_norm<B: KernelBackend>(tensors: Vec<Tensor<B, 1>>, device: &B::Device) -> NormReport {
+    let out = tensor::<B, 1>(B::grad_sq_norm(
+        tensors.into_iter().map(float).collect(),
+        device,
+    ));
+    let values = out
+        .into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .expect("f32 data after convert");
+    NormReport {
+        sq_norm: values[0],
+        non_finite: values[1] as u64,
+    }
+}

@@ -1,0 +1,74 @@
+//! Shared helpers of the kernel tests: seeded data, backends, and the closeness check.
+#![allow(dead_code)]
+
+use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
+use burn::backend::{Autodiff, Flex};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData, f16};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+
+/// The kernels on the wgpu runtime (lavapipe on a machine without a GPU), f32 and f16.
+pub type Gpu32 = CubeBackend<WgpuRuntime, f32, i32, u32>;
+pub type Gpu16 = CubeBackend<WgpuRuntime, f16, i32, u32>;
+/// The reference, on the CPU.
+pub type Cpu = Flex;
+pub type AdCpu = Autodiff<Flex>;
+
+pub fn gpu() -> WgpuDevice {
+    // SAFETY-free global: Vulkan loaders warn without a runtime dir.
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        // SAFETY: tests set it before any thread reads the environment.
+        unsafe { std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir()) };
+    }
+    WgpuDevice::Cpu
+}
+
+/// Values uniform in `[-scale, scale]`, rounded to f16 when `half` so that the f16 kernel and
+/// the f32 reference see the same inputs.
+pub fn values(len: usize, scale: f32, seed: u64, half: bool) -> Vec<f32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..len)
+        .map(|_| {
+            let v = (rng.random::<f32>() * 2.0 - 1.0) * scale;
+            if half { f16::from_f32(v).to_f32() } else { v }
+        })
+        .collect()
+}
+
+pub fn tensor<B: Backend, const D: usize>(
+    values: &[f32],
+    shape: [usize; D],
+    device: &B::Device,
+) -> Tensor<B, D> {
+    Tensor::from_data(TensorData::new(values.to_vec(), shape), device)
+}
+
+pub fn to_vec<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+    t.into_data().convert::<f32>().into_vec::<f32>().unwrap()
+}
+
+/// `got` is within `tol · max|expected|` of `expected` everywhere: the error budget of a
+/// result whose every element is a sum of comparable terms is relative to the result's scale,
+/// not to each element (an element that cancels to ~0 keeps the absolute error of its terms).
+pub fn assert_close(what: &str, got: &[f32], expected: &[f32], tol: f32) {
+    assert_eq!(got.len(), expected.len(), "{what}: lengths");
+    let scale = expected
+        .iter()
+        .fold(0.0f32, |m, v| m.max(v.abs()))
+        .max(1e-6);
+    let (mut worst, mut at) = (0.0f32, 0);
+    for (i, (g, e)) in got.iter().zip(expected).enumerate() {
+        let d = (g - e).abs();
+        assert!(g.is_finite(), "{what}[{i}] = {g}, expected {e}");
+        if d > worst {
+            worst = d;
+            at = i;
+        }
+    }
+    assert!(
+        worst <= tol * scale,
+        "{what}: max |diff| {worst} at {at} ({} vs {}) exceeds {tol} × {scale}",
+        got[at],
+        expected[at]
+    );
+}
