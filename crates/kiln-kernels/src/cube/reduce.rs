@@ -5,6 +5,8 @@ use cubecl::prelude::*;
 
 /// Units per cube of the row kernels; a power of two for the tree.
 pub(crate) const UNITS: usize = 256;
+/// `log2(UNITS)`: the levels of the tree.
+const LEVELS: usize = 8;
 
 /// The sum of `value` over the cube's units, returned to every unit.
 #[cube]
@@ -13,13 +15,13 @@ pub(crate) fn block_sum(value: f32) -> f32 {
     let unit = UNIT_POS as usize;
     shared[unit] = value;
     sync_cube();
-    let mut stride = UNITS / 2;
-    while stride > 0 {
+    #[unroll]
+    for level in 0..LEVELS {
+        let stride = UNITS >> (level + 1);
         if unit < stride {
             shared[unit] = shared[unit] + shared[unit + stride];
         }
         sync_cube();
-        stride /= 2;
     }
     let total = shared[0];
     // Every unit has read the total before the memory is reused by a later call.
@@ -34,13 +36,13 @@ pub(crate) fn block_max(value: f32) -> f32 {
     let unit = UNIT_POS as usize;
     shared[unit] = value;
     sync_cube();
-    let mut stride = UNITS / 2;
-    while stride > 0 {
+    #[unroll]
+    for level in 0..LEVELS {
+        let stride = UNITS >> (level + 1);
         if unit < stride {
             shared[unit] = f32::max(shared[unit], shared[unit + stride]);
         }
         sync_cube();
-        stride /= 2;
     }
     let total = shared[0];
     sync_cube();
