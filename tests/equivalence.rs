@@ -119,6 +119,15 @@ fn check_ad(kind: Kind, world: usize, batch: usize, accumulation: usize) {
     assert_equivalent(&actual, &expected, &case.model, &what);
 }
 
+fn check_qlora(kind: Kind, world: usize, batch: usize, accumulation: usize) {
+    let case = qlora_case();
+    let batches = batches(case.dataset.len(), batch, STEPS);
+    let expected = reference(&case, &batches);
+    let actual = train(kind, world, accumulation, &case, &batches);
+    let what = format!("{kind:?} QLoRA model world {world} batch {batch} accumulation {accumulation}");
+    assert_equivalent(&actual, &expected, &case.model, &what);
+}
+
 /// One test per strategy × world size × case; batches of 13 and 10 divide by none of 2, 3, 4.
 macro_rules! equivalence {
     ($($name:ident: $kind:ident, $world:literal;)*) => {$(
@@ -143,6 +152,11 @@ macro_rules! equivalence {
             #[test]
             fn transformer_grad_accumulation_2() {
                 check_transformer(Kind::$kind, $world, 10, 2);
+            }
+
+            #[test]
+            fn qlora_model_uneven_batch_with_accumulation() {
+                check_qlora(Kind::$kind, $world, 10, 2);
             }
 
             #[test]

@@ -17,7 +17,8 @@ use kiln::ad::model::{AdModelConfig, AdTransformer};
 use kiln::ad::source::{QLearningConfig, learning_histories};
 use kiln::core::data::{DataSource, EpochSampler, Remainder};
 use kiln::core::strategy::TrainModel;
-use kiln::nn::models::{Mlp, MlpConfig, Transformer, TransformerConfig};
+use kiln::nn::lora::{LoraConfig, LoraKind, QuantConfig};
+use kiln::nn::models::{LoraTransformer, LoraTransformerConfig, Mlp, MlpConfig, Transformer, TransformerConfig};
 use kiln::nn::tasks::{
     ClassificationBatcher, ClassificationItem, FibonacciTask, SequenceBatcher, SequenceItem,
     TeacherTask,
@@ -115,6 +116,24 @@ pub fn transformer_case_on<Ab: AutodiffBackend>(
             seed: 11,
         }
         .dataset(),
+        batcher: SequenceBatcher,
+    }
+}
+
+/// QLoRA fine-tuning: a transformer of NF4-quantised blocks whose adapters (rank 4) and
+/// embeddings train, on the Fibonacci task. It runs the fused ops' reference path and backward.
+pub fn qlora_case() -> Case<LoraTransformer<B>, SequenceItem, SequenceBatcher> {
+    let device = Default::default();
+    B::seed(&device, 7);
+    let model = LoraTransformerConfig::new()
+        .with_layers(1)
+        .with_lora(LoraConfig::new().with_rank(4))
+        .with_kind(LoraKind::QLora(QuantConfig::new()))
+        .init(&device)
+        .fork(&device);
+    Case {
+        model,
+        dataset: FibonacciTask { samples: 128, len: 12, vocab: 16, seed: 11 }.dataset(),
         batcher: SequenceBatcher,
     }
 }

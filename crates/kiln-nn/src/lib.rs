@@ -5,5 +5,6 @@
 //! ([`tasks`]), all plain Burn modules and data sets.
 
 pub mod layers;
+pub mod lora;
 pub mod models;
 pub mod tasks;

@@ -65,29 +65,33 @@ pub struct CausalSelfAttention<B: Backend> {
 impl<B: Backend> CausalSelfAttention<B> {
     /// Attends causally over `x`.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let [batch, seq, d_model] = x.dims();
-        let d_head = d_model / self.heads;
-        let heads = |t: Tensor<B, 3>| t.reshape([batch, seq, self.heads, d_head]).swap_dims(1, 2);
-        // Scaling the queries touches seq × d_model values instead of seq × seq per head.
-        let q = heads(
-            self.query
-                .forward(x.clone())
-                .mul_scalar((d_head as f64).powf(-0.5)),
+        let context = attend(
+            self.query.forward(x.clone()),
+            self.key.forward(x.clone()),
+            self.value.forward(x),
+            self.heads,
         );
-        let k = heads(self.key.forward(x.clone()));
-        let v = heads(self.value.forward(x));
-        let mask = causal_mask::<B>([batch, self.heads, seq, seq], &q.device());
-        let weights = softmax(q.matmul(k.swap_dims(2, 3)).mask_fill(mask, MASKED), 3);
-        let context = weights
-            .matmul(v)
-            .swap_dims(1, 2)
-            .reshape([batch, seq, d_model]);
         self.output.forward(context)
     }
 }
 
-/// `[batch, heads, seq, seq]`, true where key `j >` query `i`: written out in full, so that
-/// `mask_fill` and its backward read it contiguously instead of expanding a broadcast.
+/// Causal multi-head attention of already projected queries, keys and values, each
+/// `[batch, seq, d_model]`: the context `[batch, seq, d_model]` before the output projection.
+/// Shared by every attention layer whose projections differ (dense, LoRA, QLoRA).
+pub fn attend<B: Backend>(q: Tensor<B, 3>, k: Tensor<B, 3>, v: Tensor<B, 3>, heads: usize) -> Tensor<B, 3> {
+    let [batch, seq, d_model] = q.dims();
+    let d_head = d_model / heads;
+    let split = |t: Tensor<B, 3>| t.reshape([batch, seq, heads, d_head]).swap_dims(1, 2);
+    // Scaling the queries touches seq × d_model values instead of seq × seq per head.
+    let q = split(q.mul_scalar((d_head as f64).powf(-0.5)));
+    let mask = causal_mask::<B>([batch, heads, seq, seq], &q.device());
+    let weights = softmax(q.matmul(split(k).swap_dims(2, 3)).mask_fill(mask, MASKED), 3);
+    weights
+        .matmul(split(v))
+        .swap_dims(1, 2)
+        .reshape([batch, seq, d_model])
+}
+
 fn causal_mask<B: Backend>(shape: [usize; 4], device: &B::Device) -> Tensor<B, 4, Bool> {
     let [batch, heads, seq, _] = shape;
     let one: Vec<bool> = (0..seq)

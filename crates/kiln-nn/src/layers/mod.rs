@@ -4,4 +4,4 @@ mod block;
 mod causal_attention;
 
 pub use block::{PreNormBlock, PreNormBlockConfig};
-pub use causal_attention::{CausalSelfAttention, CausalSelfAttentionConfig};
+pub use causal_attention::{CausalSelfAttention, CausalSelfAttentionConfig, attend};

@@ -1,8 +1,10 @@
 //! Reference models: ordinary Burn modules with a burn-train `TrainStep`, so any Kiln strategy
 //! trains them. Dropout is off: random masks could not match across different batch splits.
 
+mod lora_transformer;
 mod mlp;
 mod transformer;
 
+pub use lora_transformer::{LoraTransformer, LoraTransformerConfig};
 pub use mlp::{Mlp, MlpConfig};
 pub use transformer::{Transformer, TransformerConfig};

@@ -1,0 +1,101 @@
+//! A small causal language model whose blocks are [`LoraBlock`]s: the fine-tuning case
+//! (frozen bases, trainable adapters) for every Kiln strategy, and a user of every fused op
+//! (QLoRA matmul, RMSNorm, SwiGLU, cross-entropy).
+
+use burn::config::Config;
+use burn::module::Module;
+use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Int, Tensor};
+use burn::train::{SequenceOutput, TrainOutput, TrainStep};
+use kiln_kernels::{KernelBackend, ops};
+
+use crate::lora::{LoraBlock, LoraBlockConfig, LoraConfig, LoraKind};
+use crate::tasks::SequenceBatch;
+
+/// Sizes of a [`LoraTransformer`].
+#[derive(Config, Debug)]
+pub struct LoraTransformerConfig {
+    /// Token vocabulary.
+    #[config(default = 16)]
+    pub vocab: usize,
+    /// Longest sequence.
+    #[config(default = 16)]
+    pub max_len: usize,
+    /// Model width.
+    #[config(default = 32)]
+    pub d_model: usize,
+    /// SwiGLU hidden width.
+    #[config(default = 64)]
+    pub d_ff: usize,
+    /// Attention heads.
+    #[config(default = 4)]
+    pub heads: usize,
+    /// Blocks.
+    #[config(default = 2)]
+    pub layers: usize,
+    /// The adapters.
+    #[config(default = "LoraConfig::new()")]
+    pub lora: LoraConfig,
+    /// Dense or 4-bit bases.
+    #[config(default = "LoraKind::Lora")]
+    pub kind: LoraKind,
+}
+
+impl LoraTransformerConfig {
+    /// Trainable embeddings and head around frozen-base LoRA blocks.
+    pub fn init<B: KernelBackend>(&self, device: &B::Device) -> LoraTransformer<B> {
+        let block = LoraBlockConfig::new(self.d_model, self.heads, self.d_ff, self.lora.clone(), self.kind.clone());
+        LoraTransformer {
+            tokens: EmbeddingConfig::new(self.vocab, self.d_model).init(device),
+            positions: EmbeddingConfig::new(self.max_len, self.d_model).init(device),
+            blocks: (0..self.layers).map(|_| block.init(device)).collect(),
+            head: LinearConfig::new(self.d_model, self.vocab).init(device),
+        }
+    }
+}
+
+/// Token and position embeddings, [`LoraBlock`]s, a linear head; trained with the fused
+/// softmax cross-entropy.
+#[derive(Module, Debug)]
+pub struct LoraTransformer<B: KernelBackend> {
+    tokens: Embedding<B>,
+    positions: Embedding<B>,
+    /// The blocks, for their adapters.
+    pub blocks: Vec<LoraBlock<B>>,
+    head: Linear<B>,
+}
+
+impl<B: KernelBackend> LoraTransformer<B> {
+    /// Logits `[batch, seq, vocab]`.
+    pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        let [batch, seq] = tokens.dims();
+        let positions = Tensor::<B, 1, Int>::arange(0..seq as i64, &tokens.device())
+            .reshape([1, seq])
+            .repeat_dim(0, batch);
+        let mut x = self.tokens.forward(tokens) + self.positions.forward(positions);
+        for block in &self.blocks {
+            x = block.forward(x);
+        }
+        self.head.forward(x)
+    }
+
+    /// Mean next-token cross-entropy over every position.
+    pub fn forward_sequence(&self, batch: SequenceBatch<B>) -> SequenceOutput<B> {
+        let logits = self.forward(batch.inputs);
+        let [b, s, v] = logits.dims();
+        let losses = ops::cross_entropy(logits.clone().reshape([b * s, v]), batch.targets.clone().reshape([b * s]))
+            .unwrap_or_else(|e| panic!("{e}"));
+        SequenceOutput::new(losses.mean(), logits, None, batch.targets)
+    }
+}
+
+impl<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend> TrainStep for LoraTransformer<B> {
+    type Input = SequenceBatch<B>;
+    type Output = SequenceOutput<B>;
+
+    fn step(&self, batch: SequenceBatch<B>) -> TrainOutput<SequenceOutput<B>> {
+        let output = self.forward_sequence(batch);
+        TrainOutput::new(self, output.loss.backward(), output)
+    }
+}
