@@ -124,7 +124,8 @@ fn check_qlora(kind: Kind, world: usize, batch: usize, accumulation: usize) {
     let batches = batches(case.dataset.len(), batch, STEPS);
     let expected = reference(&case, &batches);
     let actual = train(kind, world, accumulation, &case, &batches);
-    let what = format!("{kind:?} QLoRA model world {world} batch {batch} accumulation {accumulation}");
+    let what =
+        format!("{kind:?} QLoRA model world {world} batch {batch} accumulation {accumulation}");
     assert_equivalent(&actual, &expected, &case.model, &what);
 }
 

@@ -18,7 +18,9 @@ use kiln::ad::source::{QLearningConfig, learning_histories};
 use kiln::core::data::{DataSource, EpochSampler, Remainder};
 use kiln::core::strategy::TrainModel;
 use kiln::nn::lora::{LoraConfig, LoraKind, QuantConfig};
-use kiln::nn::models::{LoraTransformer, LoraTransformerConfig, Mlp, MlpConfig, Transformer, TransformerConfig};
+use kiln::nn::models::{
+    LoraTransformer, LoraTransformerConfig, Mlp, MlpConfig, Transformer, TransformerConfig,
+};
 use kiln::nn::tasks::{
     ClassificationBatcher, ClassificationItem, FibonacciTask, SequenceBatcher, SequenceItem,
     TeacherTask,
@@ -133,7 +135,13 @@ pub fn qlora_case() -> Case<LoraTransformer<B>, SequenceItem, SequenceBatcher> {
         .fork(&device);
     Case {
         model,
-        dataset: FibonacciTask { samples: 128, len: 12, vocab: 16, seed: 11 }.dataset(),
+        dataset: FibonacciTask {
+            samples: 128,
+            len: 12,
+            vocab: 16,
+            seed: 11,
+        }
+        .dataset(),
         batcher: SequenceBatcher,
     }
 }

@@ -2,6 +2,7 @@
 
 mod ad;
 mod backend;
+mod bench;
 mod config_file;
 mod train;
 
@@ -25,6 +26,9 @@ enum Command {
     /// Algorithm Distillation on Dark Room: train and evaluate in-context RL.
     #[command(subcommand)]
     Ad(ad::AdCommand),
+    /// Benchmarks: `kiln bench kernels` times the CubeCL kernels against Burn's composites.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +52,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Train(args) => train::run(args),
         Command::Ad(command) => ad::run(command),
+        Command::Bench(command) => bench::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -14,6 +14,7 @@
 mod adamw_step;
 pub mod autodiff;
 pub mod backend;
+pub mod bench;
 pub mod cube;
 pub mod ops;
 pub mod quant;

@@ -161,6 +161,9 @@ pub fn cross_entropy<B: KernelBackend>(
     Ok(tensor(loss))
 }
 
+/// A parameter and its two AdamW moments: `(param, m, v)`.
+pub type ParamAndMoments<B, const D: usize> = (Tensor<B, D>, Tensor<B, D>, Tensor<B, D>);
+
 /// One fused AdamW step (Burn's `AdamW` formula): `(param, m, v)` after the step.
 pub fn adamw_step<B: KernelBackend, const D: usize>(
     param: Tensor<B, D>,
@@ -168,7 +171,7 @@ pub fn adamw_step<B: KernelBackend, const D: usize>(
     m: Tensor<B, D>,
     v: Tensor<B, D>,
     step: &AdamWStep,
-) -> Result<(Tensor<B, D>, Tensor<B, D>, Tensor<B, D>), KernelError> {
+) -> Result<ParamAndMoments<B, D>, KernelError> {
     let shape = param.shape();
     for (name, other) in [("grad", grad.shape()), ("m", m.shape()), ("v", v.shape())] {
         if other != shape {

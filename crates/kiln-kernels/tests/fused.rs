@@ -33,35 +33,66 @@ fn compare(what: &str, got: &[Vec<f32>], expected: &[Vec<f32>], names: &[&str], 
 const ROWS: usize = 13;
 const D: usize = 300;
 
-fn rms<B: AutodiffBackend + KernelBackend>(fused: bool, half: bool, device: &B::Device) -> Vec<Vec<f32>> {
+fn rms<B: AutodiffBackend + KernelBackend>(
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
     let x = tensor::<B, 3>(&values(ROWS * D, 2.0, 1, half), [1, ROWS, D], device).require_grad();
     let gamma = tensor::<B, 1>(&values(D, 1.5, 2, half), [D], device).require_grad();
     let probe = tensor::<B, 3>(&values(ROWS * D, 1.0, 3, half), [1, ROWS, D], device);
     let y = if fused {
         ops::rms_norm(x.clone(), gamma.clone(), 1e-5).unwrap()
     } else {
-        let (y, _) = reference::rms_norm::forward(x.clone().reshape([ROWS, D]), gamma.clone(), 1e-5);
+        let (y, _) =
+            reference::rms_norm::forward(x.clone().reshape([ROWS, D]), gamma.clone(), 1e-5);
         y.reshape([1, ROWS, D])
     };
     let grads = (y.clone() * probe).sum().backward();
-    vec![to_vec(y), to_vec(x.grad(&grads).unwrap()), to_vec(gamma.grad(&grads).unwrap())]
+    vec![
+        to_vec(y),
+        to_vec(x.grad(&grads).unwrap()),
+        to_vec(gamma.grad(&grads).unwrap()),
+    ]
 }
 
 #[test]
 fn rms_norm_matches_the_reference() {
     let names = ["y", "dx", "dgamma"];
     let expected = rms::<AdCpu>(false, false, &Default::default());
-    compare("rms_norm cpu", &rms::<AdCpu>(true, false, &Default::default()), &expected, &names, F32_TOL);
-    compare("rms_norm f32", &rms::<Autodiff<Gpu32>>(true, false, &gpu()), &expected, &names, F32_TOL);
+    compare(
+        "rms_norm cpu",
+        &rms::<AdCpu>(true, false, &Default::default()),
+        &expected,
+        &names,
+        F32_TOL,
+    );
+    compare(
+        "rms_norm f32",
+        &rms::<Autodiff<Gpu32>>(true, false, &gpu()),
+        &expected,
+        &names,
+        F32_TOL,
+    );
     let expected = rms::<AdCpu>(false, true, &Default::default());
-    compare("rms_norm f16", &rms::<Autodiff<Gpu16>>(true, true, &gpu()), &expected, &names, F16_TOL);
+    compare(
+        "rms_norm f16",
+        &rms::<Autodiff<Gpu16>>(true, true, &gpu()),
+        &expected,
+        &names,
+        F16_TOL,
+    );
 }
 
 // ---------------------------------------------------------------- SwiGLU
 
 const LEN: usize = 1001;
 
-fn swiglu<B: AutodiffBackend + KernelBackend>(fused: bool, half: bool, device: &B::Device) -> Vec<Vec<f32>> {
+fn swiglu<B: AutodiffBackend + KernelBackend>(
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
     let gate = tensor::<B, 2>(&values(LEN, 6.0, 4, half), [7, 143], device).require_grad();
     let up = tensor::<B, 2>(&values(LEN, 2.0, 5, half), [7, 143], device).require_grad();
     let probe = tensor::<B, 2>(&values(LEN, 1.0, 6, half), [7, 143], device);
@@ -71,17 +102,39 @@ fn swiglu<B: AutodiffBackend + KernelBackend>(fused: bool, half: bool, device: &
         reference::swiglu::forward(gate.clone(), up.clone())
     };
     let grads = (y.clone() * probe).sum().backward();
-    vec![to_vec(y), to_vec(gate.grad(&grads).unwrap()), to_vec(up.grad(&grads).unwrap())]
+    vec![
+        to_vec(y),
+        to_vec(gate.grad(&grads).unwrap()),
+        to_vec(up.grad(&grads).unwrap()),
+    ]
 }
 
 #[test]
 fn swiglu_matches_the_reference() {
     let names = ["y", "dgate", "dup"];
     let expected = swiglu::<AdCpu>(false, false, &Default::default());
-    compare("swiglu cpu", &swiglu::<AdCpu>(true, false, &Default::default()), &expected, &names, F32_TOL);
-    compare("swiglu f32", &swiglu::<Autodiff<Gpu32>>(true, false, &gpu()), &expected, &names, F32_TOL);
+    compare(
+        "swiglu cpu",
+        &swiglu::<AdCpu>(true, false, &Default::default()),
+        &expected,
+        &names,
+        F32_TOL,
+    );
+    compare(
+        "swiglu f32",
+        &swiglu::<Autodiff<Gpu32>>(true, false, &gpu()),
+        &expected,
+        &names,
+        F32_TOL,
+    );
     let expected = swiglu::<AdCpu>(false, true, &Default::default());
-    compare("swiglu f16", &swiglu::<Autodiff<Gpu16>>(true, true, &gpu()), &expected, &names, F16_TOL);
+    compare(
+        "swiglu f16",
+        &swiglu::<Autodiff<Gpu16>>(true, true, &gpu()),
+        &expected,
+        &names,
+        F16_TOL,
+    );
 }
 
 // ---------------------------------------------------------------- cross-entropy
@@ -90,11 +143,22 @@ const CE_ROWS: usize = 11;
 const CLASSES: usize = 1000;
 
 fn targets() -> Vec<i64> {
-    (0..CE_ROWS).map(|r| ((r * 389 + 7) % CLASSES) as i64).collect()
+    (0..CE_ROWS)
+        .map(|r| ((r * 389 + 7) % CLASSES) as i64)
+        .collect()
 }
 
-fn cross_entropy<B: AutodiffBackend + KernelBackend>(fused: bool, half: bool, device: &B::Device) -> Vec<Vec<f32>> {
-    let logits = tensor::<B, 2>(&values(CE_ROWS * CLASSES, 8.0, 7, half), [CE_ROWS, CLASSES], device).require_grad();
+fn cross_entropy<B: AutodiffBackend + KernelBackend>(
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    let logits = tensor::<B, 2>(
+        &values(CE_ROWS * CLASSES, 8.0, 7, half),
+        [CE_ROWS, CLASSES],
+        device,
+    )
+    .require_grad();
     let targets = Tensor::<B, 1, Int>::from_data(TensorData::new(targets(), [CE_ROWS]), device);
     let weights = tensor::<B, 1>(&values(CE_ROWS, 1.0, 8, half), [CE_ROWS], device);
     let loss = if fused {
@@ -110,10 +174,28 @@ fn cross_entropy<B: AutodiffBackend + KernelBackend>(fused: bool, half: bool, de
 fn cross_entropy_matches_the_reference() {
     let names = ["loss", "dlogits"];
     let expected = cross_entropy::<AdCpu>(false, false, &Default::default());
-    compare("ce cpu", &cross_entropy::<AdCpu>(true, false, &Default::default()), &expected, &names, F32_TOL);
-    compare("ce f32", &cross_entropy::<Autodiff<Gpu32>>(true, false, &gpu()), &expected, &names, F32_TOL);
+    compare(
+        "ce cpu",
+        &cross_entropy::<AdCpu>(true, false, &Default::default()),
+        &expected,
+        &names,
+        F32_TOL,
+    );
+    compare(
+        "ce f32",
+        &cross_entropy::<Autodiff<Gpu32>>(true, false, &gpu()),
+        &expected,
+        &names,
+        F32_TOL,
+    );
     let expected = cross_entropy::<AdCpu>(false, true, &Default::default());
-    compare("ce f16", &cross_entropy::<Autodiff<Gpu16>>(true, true, &gpu()), &expected, &names, F16_TOL);
+    compare(
+        "ce f16",
+        &cross_entropy::<Autodiff<Gpu16>>(true, true, &gpu()),
+        &expected,
+        &names,
+        F16_TOL,
+    );
 }
 
 #[test]
@@ -133,7 +215,14 @@ fn adamw<B: Backend + KernelBackend>(fused: bool, half: bool, device: &B::Device
     let (mut p, mut m, mut v) = (t(10, 1.0), t(11, 0.1), t(12, 0.01).abs());
     // Three steps, so the bias corrections and the carried moments all matter.
     for time in 1..=3 {
-        let step = AdamWStep { lr: 1e-2, beta_1: 0.9, beta_2: 0.99, epsilon: 1e-5, weight_decay: 0.1, time };
+        let step = AdamWStep {
+            lr: 1e-2,
+            beta_1: 0.9,
+            beta_2: 0.99,
+            epsilon: 1e-5,
+            weight_decay: 0.1,
+            time,
+        };
         let g = t(20 + time as u64, 1.0);
         (p, m, v) = if fused {
             ops::adamw_step(p, g, m, v, &step).unwrap()
@@ -148,9 +237,21 @@ fn adamw<B: Backend + KernelBackend>(fused: bool, half: bool, device: &B::Device
 fn adamw_matches_the_reference() {
     let names = ["param", "m", "v"];
     let expected = adamw::<Cpu>(false, false, &Default::default());
-    compare("adamw f32", &adamw::<Gpu32>(true, false, &gpu()), &expected, &names, F32_TOL);
+    compare(
+        "adamw f32",
+        &adamw::<Gpu32>(true, false, &gpu()),
+        &expected,
+        &names,
+        F32_TOL,
+    );
     let expected = adamw::<Cpu>(false, true, &Default::default());
-    compare("adamw f16", &adamw::<Gpu16>(true, true, &gpu()), &expected, &names, F16_TOL);
+    compare(
+        "adamw f16",
+        &adamw::<Gpu16>(true, true, &gpu()),
+        &expected,
+        &names,
+        F16_TOL,
+    );
 }
 
 /// The reference step is Burn's own AdamW: same parameters after the same steps.
@@ -170,7 +271,14 @@ fn the_adamw_formula_is_burns() {
     for time in 1..=3u32 {
         let g = tensor::<Cpu, 1>(&values(64, 1.0, 40 + time as u64, false), [64], &device);
         (burn_p, state) = optim.step(1e-2, burn_p, g.clone(), state);
-        let step = AdamWStep { lr: 1e-2, beta_1: 0.9, beta_2: 0.99, epsilon: 1e-5, weight_decay: 0.1, time };
+        let step = AdamWStep {
+            lr: 1e-2,
+            beta_1: 0.9,
+            beta_2: 0.99,
+            epsilon: 1e-5,
+            weight_decay: 0.1,
+            time,
+        };
         ours = reference::adamw::step(ours.0, g, ours.1, ours.2, &step);
     }
     assert_close("adamw vs burn", &to_vec(ours.0), &to_vec(burn_p), 1e-6);
@@ -198,7 +306,10 @@ fn norm_inputs<B: Backend>(half: bool, poison: bool, device: &B::Device) -> Vec<
 #[test]
 fn the_global_norm_matches_the_reference_and_counts_non_finite_values() {
     for poison in [false, true] {
-        let expected = ops::grad_norm(norm_inputs::<Cpu>(false, poison, &Default::default()), &Default::default());
+        let expected = ops::grad_norm(
+            norm_inputs::<Cpu>(false, poison, &Default::default()),
+            &Default::default(),
+        );
         let got = ops::grad_norm(norm_inputs::<Gpu32>(false, poison, &gpu()), &gpu());
         assert_close("sq_norm", &[got.sq_norm], &[expected.sq_norm], F32_TOL);
         assert_eq!(got.non_finite, expected.non_finite);
@@ -210,13 +321,23 @@ fn the_global_norm_matches_the_reference_and_counts_non_finite_values() {
             .filter(|v| v.is_finite())
             .map(|v| (v as f64) * (v as f64))
             .sum();
-        assert!(((got.sq_norm as f64) - exact).abs() <= 1e-5 * exact, "{} vs {exact}", got.sq_norm);
+        assert!(
+            ((got.sq_norm as f64) - exact).abs() <= 1e-5 * exact,
+            "{} vs {exact}",
+            got.sq_norm
+        );
 
         let half = ops::grad_norm(norm_inputs::<Gpu16>(true, poison, &gpu()), &gpu());
-        let expected = ops::grad_norm(norm_inputs::<Cpu>(true, poison, &Default::default()), &Default::default());
+        let expected = ops::grad_norm(
+            norm_inputs::<Cpu>(true, poison, &Default::default()),
+            &Default::default(),
+        );
         // f16 inputs, f32 sums on both sides: only the order of the sums differs.
         assert_close("sq_norm f16", &[half.sq_norm], &[expected.sq_norm], F32_TOL);
         assert_eq!(half.non_finite, expected.non_finite);
     }
-    assert_eq!(ops::grad_norm(Vec::<Tensor<Gpu32, 1>>::new(), &gpu()).sq_norm, 0.0);
+    assert_eq!(
+        ops::grad_norm(Vec::<Tensor<Gpu32, 1>>::new(), &gpu()).sq_norm,
+        0.0
+    );
 }

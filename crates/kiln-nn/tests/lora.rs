@@ -15,11 +15,18 @@ type B = Autodiff<Flex>;
 fn linear(d_in: usize, d_out: usize, bias: bool) -> Linear<B> {
     let device = Default::default();
     B::seed(&device, 5);
-    LinearConfig::new(d_in, d_out).with_bias(bias).init::<B>(&device).fork(&device)
+    LinearConfig::new(d_in, d_out)
+        .with_bias(bias)
+        .init::<B>(&device)
+        .fork(&device)
 }
 
 fn input(rows: usize, d: usize) -> Tensor<B, 3> {
-    Tensor::random([2, rows, d], Distribution::Normal(0.0, 1.0), &Default::default())
+    Tensor::random(
+        [2, rows, d],
+        Distribution::Normal(0.0, 1.0),
+        &Default::default(),
+    )
 }
 
 fn max_diff<const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> f32 {
@@ -35,12 +42,21 @@ fn train_adapter_b(b: Param<Tensor<B, 2>>) -> Param<Tensor<B, 2>> {
 fn lora_starts_as_the_base_and_merging_keeps_the_output() {
     let base = linear(24, 10, true);
     let x = input(3, 24);
-    let mut layer = LoraLinear::from_linear(base.clone(), &LoraConfig::new().with_rank(4).with_alpha(8.0));
-    assert_eq!(max_diff(layer.forward(x.clone()), base.forward(x.clone())), 0.0);
+    let mut layer = LoraLinear::from_linear(
+        base.clone(),
+        &LoraConfig::new().with_rank(4).with_alpha(8.0),
+    );
+    assert_eq!(
+        max_diff(layer.forward(x.clone()), base.forward(x.clone())),
+        0.0
+    );
 
     layer.adapter.b = train_adapter_b(layer.adapter.b);
     let unmerged = layer.forward(x.clone());
-    assert!(max_diff(unmerged.clone(), base.forward(x.clone())) > 1e-3, "the adapter must matter");
+    assert!(
+        max_diff(unmerged.clone(), base.forward(x.clone())) > 1e-3,
+        "the adapter must matter"
+    );
     let merged = layer.merge();
     assert!(merged.is_merged());
     assert!(max_diff(merged.forward(x.clone()), unmerged.clone()) < 1e-5);
@@ -59,7 +75,11 @@ fn only_the_adapter_gets_gradients() {
     assert!(layer.adapter.a.grad(&grads).is_some());
     assert!(layer.adapter.b.grad(&grads).is_some());
 
-    let mut q = QLoraLinear::from_linear(linear(64, 6, true), &LoraConfig::new().with_rank(2), &QuantConfig::new());
+    let mut q = QLoraLinear::from_linear(
+        linear(64, 6, true),
+        &LoraConfig::new().with_rank(2),
+        &QuantConfig::new(),
+    );
     q.adapter.b = train_adapter_b(q.adapter.b);
     let grads = q.forward(input(3, 64)).sum().backward();
     assert!(q.base.scales.grad(&grads).is_none());
@@ -105,7 +125,13 @@ fn adapters_save_and_load_alone() {
     let dir = std::env::temp_dir().join(format!("kiln-lora-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let device = Default::default();
-    let config = LoraBlockConfig::new(16, 2, 24, LoraConfig::new().with_rank(2), LoraKind::QLora(QuantConfig::new()));
+    let config = LoraBlockConfig::new(
+        16,
+        2,
+        24,
+        LoraConfig::new().with_rank(2),
+        LoraKind::QLora(QuantConfig::new()),
+    );
     let mut trained = config.init::<B>(&device);
     let adapters = trained.adapters();
     let adapters = kiln_nn::lora::LoraBlockAdapters {
@@ -127,13 +153,16 @@ fn adapters_save_and_load_alone() {
 
     // A block with the same base but fresh adapters gets the trained behaviour back.
     let x = input(4, 16);
-    let fresh = trained.clone().with_adapters(config.init::<B>(&device).adapters());
+    let fresh = trained
+        .clone()
+        .with_adapters(config.init::<B>(&device).adapters());
     assert!(max_diff(fresh.forward(x.clone()), trained.forward(x.clone())) > 1e-4);
     let loaded = fresh.load_adapters(&path, &device).unwrap();
     assert_eq!(max_diff(loaded.forward(x.clone()), trained.forward(x)), 0.0);
 
     // Adapters of another shape are refused with a message naming both.
-    let other = LoraBlockConfig::new(16, 2, 24, LoraConfig::new().with_rank(3), LoraKind::Lora).init::<B>(&device);
+    let other = LoraBlockConfig::new(16, 2, 24, LoraConfig::new().with_rank(3), LoraKind::Lora)
+        .init::<B>(&device);
     let err = other.load_adapters(&path, &device).unwrap_err().to_string();
     assert!(err.contains("shapes"), "{err}");
     std::fs::remove_dir_all(dir).ok();

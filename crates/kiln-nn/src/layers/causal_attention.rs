@@ -78,14 +78,22 @@ impl<B: Backend> CausalSelfAttention<B> {
 /// Causal multi-head attention of already projected queries, keys and values, each
 /// `[batch, seq, d_model]`: the context `[batch, seq, d_model]` before the output projection.
 /// Shared by every attention layer whose projections differ (dense, LoRA, QLoRA).
-pub fn attend<B: Backend>(q: Tensor<B, 3>, k: Tensor<B, 3>, v: Tensor<B, 3>, heads: usize) -> Tensor<B, 3> {
+pub fn attend<B: Backend>(
+    q: Tensor<B, 3>,
+    k: Tensor<B, 3>,
+    v: Tensor<B, 3>,
+    heads: usize,
+) -> Tensor<B, 3> {
     let [batch, seq, d_model] = q.dims();
     let d_head = d_model / heads;
     let split = |t: Tensor<B, 3>| t.reshape([batch, seq, heads, d_head]).swap_dims(1, 2);
     // Scaling the queries touches seq × d_model values instead of seq × seq per head.
     let q = split(q.mul_scalar((d_head as f64).powf(-0.5)));
     let mask = causal_mask::<B>([batch, heads, seq, seq], &q.device());
-    let weights = softmax(q.matmul(split(k).swap_dims(2, 3)).mask_fill(mask, MASKED), 3);
+    let weights = softmax(
+        q.matmul(split(k).swap_dims(2, 3)).mask_fill(mask, MASKED),
+        3,
+    );
     weights
         .matmul(split(v))
         .swap_dims(1, 2)

@@ -5,8 +5,8 @@ use std::path::Path;
 
 use burn::module::{Module, Param};
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, RecorderError};
-use burn::tensor::{Distribution, Tensor};
 use burn::tensor::backend::Backend;
+use burn::tensor::{Distribution, Tensor};
 
 /// `A [d_in, r]` (Kaiming-uniform, as Burn's `Linear` initialises weights) and
 /// `B [r, d_out]` (zeros).
@@ -26,7 +26,11 @@ impl<B: Backend> LoraAdapter<B> {
     pub fn new(d_in: usize, d_out: usize, rank: usize, device: &B::Device) -> Self {
         let bound = 1.0 / (d_in.max(1) as f64).sqrt();
         Self {
-            a: Param::from_tensor(Tensor::random([d_in, rank], Distribution::Uniform(-bound, bound), device)),
+            a: Param::from_tensor(Tensor::random(
+                [d_in, rank],
+                Distribution::Uniform(-bound, bound),
+                device,
+            )),
             b: Param::from_tensor(Tensor::zeros([rank, d_out], device)),
         }
     }
@@ -44,7 +48,8 @@ impl<B: Backend> LoraAdapter<B> {
 
     /// Saves the adapter alone (Burn's named MessagePack record, full precision).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<(), RecorderError> {
-        self.clone().save_file(path.as_ref().to_path_buf(), &recorder())
+        self.clone()
+            .save_file(path.as_ref().to_path_buf(), &recorder())
     }
 
     /// Loads an adapter saved by [`LoraAdapter::save`] into this one, keeping its device.

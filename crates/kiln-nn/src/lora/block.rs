@@ -42,6 +42,9 @@ pub struct LoraBlockConfig {
 }
 
 /// One projection: LoRA or QLoRA.
+// Seven per block, held by value: the size difference costs nothing worth a Box (which Burn's
+// Module derive would also have to see through).
+#[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
 pub enum Projection<B: KernelBackend> {
     /// Dense frozen base.
@@ -110,9 +113,14 @@ impl LoraBlockConfig {
             self.heads,
             self.d_model
         );
-        assert!(self.lora.rank > 0, "a LoRA rank of 0 has no adapter; use a rank ≥ 1");
+        assert!(
+            self.lora.rank > 0,
+            "a LoRA rank of 0 has no adapter; use a rank ≥ 1"
+        );
         let proj = |d_in, d_out| {
-            let linear = LinearConfig::new(d_in, d_out).with_bias(false).init::<B>(device);
+            let linear = LinearConfig::new(d_in, d_out)
+                .with_bias(false)
+                .init::<B>(device);
             match &self.kind {
                 LoraKind::Lora => Projection::Lora(LoraLinear::from_linear(linear, &self.lora)),
                 LoraKind::QLora(quant) => {
@@ -120,7 +128,8 @@ impl LoraBlockConfig {
                 }
             }
         };
-        let gain = || Param::from_tensor(Tensor::ones([self.d_model], device)).set_require_grad(false);
+        let gain =
+            || Param::from_tensor(Tensor::ones([self.d_model], device)).set_require_grad(false);
         let (d, f) = (self.d_model, self.d_ff);
         LoraBlock {
             norm_attn: gain(),
@@ -172,8 +181,18 @@ impl<B: KernelBackend> LoraBlock<B> {
 
     /// A copy of the block's adapters.
     pub fn adapters(&self) -> LoraBlockAdapters<B> {
-        let all = [&self.query, &self.key, &self.value, &self.output, &self.gate, &self.up, &self.down];
-        LoraBlockAdapters { adapters: all.iter().map(|p| p.adapter().clone()).collect() }
+        let all = [
+            &self.query,
+            &self.key,
+            &self.value,
+            &self.output,
+            &self.gate,
+            &self.up,
+            &self.down,
+        ];
+        LoraBlockAdapters {
+            adapters: all.iter().map(|p| p.adapter().clone()).collect(),
+        }
     }
 
     /// Replaces the block's adapters.
@@ -186,16 +205,34 @@ impl<B: KernelBackend> LoraBlock<B> {
 
     /// Saves only the adapters (a few KB to MB; the frozen base is not written).
     pub fn save_adapters(&self, path: impl AsRef<Path>) -> Result<(), RecorderError> {
-        let recorder = burn::record::NamedMpkFileRecorder::<burn::record::FullPrecisionSettings>::new();
-        self.adapters().save_file(path.as_ref().to_path_buf(), &recorder)
+        let recorder =
+            burn::record::NamedMpkFileRecorder::<burn::record::FullPrecisionSettings>::new();
+        self.adapters()
+            .save_file(path.as_ref().to_path_buf(), &recorder)
     }
 
     /// Loads adapters saved by [`LoraBlock::save_adapters`] into this block.
-    pub fn load_adapters(self, path: impl AsRef<Path>, device: &B::Device) -> Result<Self, RecorderError> {
-        let recorder = burn::record::NamedMpkFileRecorder::<burn::record::FullPrecisionSettings>::new();
-        let expected: Vec<_> = self.adapters().adapters.iter().map(|a| (a.a.dims(), a.b.dims())).collect();
-        let loaded = self.adapters().load_file(path.as_ref().to_path_buf(), &recorder, device)?;
-        let got: Vec<_> = loaded.adapters.iter().map(|a| (a.a.dims(), a.b.dims())).collect();
+    pub fn load_adapters(
+        self,
+        path: impl AsRef<Path>,
+        device: &B::Device,
+    ) -> Result<Self, RecorderError> {
+        let recorder =
+            burn::record::NamedMpkFileRecorder::<burn::record::FullPrecisionSettings>::new();
+        let expected: Vec<_> = self
+            .adapters()
+            .adapters
+            .iter()
+            .map(|a| (a.a.dims(), a.b.dims()))
+            .collect();
+        let loaded = self
+            .adapters()
+            .load_file(path.as_ref().to_path_buf(), &recorder, device)?;
+        let got: Vec<_> = loaded
+            .adapters
+            .iter()
+            .map(|a| (a.a.dims(), a.b.dims()))
+            .collect();
         if got != expected {
             return Err(RecorderError::Unknown(format!(
                 "adapter file {} holds adapters of shapes {got:?}, but this block's are {expected:?}",

@@ -43,7 +43,12 @@ impl<B: Backend> LoraLinear<B> {
         }
         let a = self.adapter.a.val().unsqueeze::<D>();
         let b = self.adapter.b.val().unsqueeze::<D>();
-        y + self.dropout.forward(x).matmul(a).matmul(b).mul_scalar(self.scale)
+        y + self
+            .dropout
+            .forward(x)
+            .matmul(a)
+            .matmul(b)
+            .mul_scalar(self.scale)
     }
 
     /// Whether the adapter is folded into the base weight.

@@ -71,7 +71,8 @@ impl<B: KernelBackend> QLoraLinear<B> {
     /// A dense `Linear` computing what this layer computes without dropout:
     /// `deq(W) + scale·A·B`, for inference or export. The 4-bit base is not touched.
     pub fn merge(&self) -> Linear<B> {
-        let weight = reference::qlora::dequantize(&self.base.primitive()).detach() + self.adapter.delta(self.scale);
+        let weight = reference::qlora::dequantize(&self.base.primitive()).detach()
+            + self.adapter.delta(self.scale);
         Linear {
             weight: Param::from_tensor(weight),
             bias: self.bias.clone(),
@@ -81,7 +82,12 @@ impl<B: KernelBackend> QLoraLinear<B> {
     /// The inverse of [`QLoraLinear::merge`]: subtracts `scale·A·B` from a merged `Linear`
     /// and quantises the rest again. Because `merge` wrote the decoded values exactly, the
     /// codes come back the same (the test checks it) and the scales within f32 rounding.
-    pub fn unmerge(merged: Linear<B>, adapter: LoraAdapter<B>, lora: &LoraConfig, quant: &QuantConfig) -> Self {
+    pub fn unmerge(
+        merged: Linear<B>,
+        adapter: LoraAdapter<B>,
+        lora: &LoraConfig,
+        quant: &QuantConfig,
+    ) -> Self {
         let base = merged.weight.val() - adapter.delta(lora.scale());
         Self {
             base: QuantizedWeight::quantize(&base, quant.format, quant.scales),

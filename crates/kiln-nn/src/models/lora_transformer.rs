@@ -45,7 +45,13 @@ pub struct LoraTransformerConfig {
 impl LoraTransformerConfig {
     /// Trainable embeddings and head around frozen-base LoRA blocks.
     pub fn init<B: KernelBackend>(&self, device: &B::Device) -> LoraTransformer<B> {
-        let block = LoraBlockConfig::new(self.d_model, self.heads, self.d_ff, self.lora.clone(), self.kind.clone());
+        let block = LoraBlockConfig::new(
+            self.d_model,
+            self.heads,
+            self.d_ff,
+            self.lora.clone(),
+            self.kind.clone(),
+        );
         LoraTransformer {
             tokens: EmbeddingConfig::new(self.vocab, self.d_model).init(device),
             positions: EmbeddingConfig::new(self.max_len, self.d_model).init(device),
@@ -84,13 +90,18 @@ impl<B: KernelBackend> LoraTransformer<B> {
     pub fn forward_sequence(&self, batch: SequenceBatch<B>) -> SequenceOutput<B> {
         let logits = self.forward(batch.inputs);
         let [b, s, v] = logits.dims();
-        let losses = ops::cross_entropy(logits.clone().reshape([b * s, v]), batch.targets.clone().reshape([b * s]))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let losses = ops::cross_entropy(
+            logits.clone().reshape([b * s, v]),
+            batch.targets.clone().reshape([b * s]),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         SequenceOutput::new(losses.mean(), logits, None, batch.targets)
     }
 }
 
-impl<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend> TrainStep for LoraTransformer<B> {
+impl<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend> TrainStep
+    for LoraTransformer<B>
+{
     type Input = SequenceBatch<B>;
     type Output = SequenceOutput<B>;
 
