@@ -17,9 +17,11 @@ pub mod backend;
 pub mod bench;
 pub mod cube;
 pub mod ops;
+pub mod optim;
 pub mod quant;
 pub mod reference;
 
 pub use adamw_step::AdamWStep;
 pub use backend::KernelBackend;
+pub use optim::{FusedAdamW, FusedAdamWConfig};
 pub use quant::{QuantFormat, QuantizedWeight, ScaleDtype};

@@ -1,0 +1,95 @@
+//! `FusedAdamW` trains exactly like Burn's `AdamW` through Burn's own optimizer adaptor: on the
+//! CPU (the reference step) and on wgpu (the kernel), three steps of a small MLP.
+
+mod common;
+
+use burn::backend::Autodiff;
+use burn::module::{AutodiffModule, Module};
+use burn::nn::{Linear, LinearConfig};
+use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::tensor::activation::relu;
+use burn::tensor::backend::AutodiffBackend;
+use common::*;
+use kiln_kernels::{FusedAdamWConfig, KernelBackend};
+
+#[derive(Module, Debug)]
+struct Mlp<B: burn::tensor::backend::Backend> {
+    a: Linear<B>,
+    b: Linear<B>,
+}
+
+fn model<B: burn::tensor::backend::Backend>(device: &B::Device) -> Mlp<B> {
+    // Weights from fixed values so that both backends start from the same point.
+    let load = |d_in: usize, d_out: usize, seed: u64| {
+        let mut l = LinearConfig::new(d_in, d_out).init::<B>(device);
+        l.weight = burn::module::Param::from_tensor(tensor(
+            &values(d_in * d_out, 0.3, seed, false),
+            [d_in, d_out],
+            device,
+        ));
+        l.bias = Some(burn::module::Param::from_tensor(tensor(
+            &values(d_out, 0.1, seed + 1, false),
+            [d_out],
+            device,
+        )));
+        l
+    };
+    Mlp {
+        a: load(12, 9, 1),
+        b: load(9, 3, 3),
+    }
+}
+
+fn train<B: AutodiffBackend, O: Optimizer<Mlp<B>, B>>(
+    mut optim: O,
+    device: &B::Device,
+) -> Vec<f32> {
+    let mut m = model::<B>(device);
+    for step in 0..3u64 {
+        let x = tensor::<B, 2>(&values(5 * 12, 1.0, 10 + step, false), [5, 12], device);
+        let loss = m.b.forward(relu(m.a.forward(x))).powi_scalar(2).mean();
+        let grads = GradientsParams::from_grads(loss.backward(), &m);
+        m = optim.step(1e-2, m, grads);
+    }
+    let m = m.valid();
+    [m.a.weight.val(), m.b.weight.val()]
+        .into_iter()
+        .flat_map(|t| to_vec(t))
+        .chain(
+            [m.a.bias.unwrap().val(), m.b.bias.unwrap().val()]
+                .into_iter()
+                .flat_map(to_vec),
+        )
+        .collect()
+}
+
+fn check<B: AutodiffBackend<InnerBackend: KernelBackend>>(device: &B::Device) {
+    let burn = train::<B, _>(AdamWConfig::new().with_weight_decay(0.1).init(), device);
+    let fused = train::<B, _>(
+        FusedAdamWConfig::new().with_weight_decay(0.1).init(),
+        device,
+    );
+    let start: Vec<f32> = {
+        let m = model::<B>(device).valid();
+        [m.a.weight.val(), m.b.weight.val()]
+            .into_iter()
+            .flat_map(|t| to_vec(t))
+            .collect()
+    };
+    assert_ne!(
+        &burn[..start.len()],
+        &start[..],
+        "training moved the weights"
+    );
+    assert_close("fused vs burn adamw", &fused, &burn, 1e-5);
+}
+
+#[test]
+fn fused_adamw_trains_like_burns_adamw_on_the_cpu() {
+    check::<AdCpu>(&Default::default());
+}
+
+#[test]
+fn fused_adamw_trains_like_burns_adamw_on_wgpu() {
+    check::<Autodiff<Gpu32>>(&gpu());
+}
