@@ -167,6 +167,28 @@ impl<B: KernelBackend> LoraBlock<B> {
         h + self.down.forward(hidden)
     }
 
+    /// The frozen bases: `(parameters, bytes on the device)`, the bytes counting a 4-bit base's
+    /// codes and scales.
+    pub fn base_storage(&self) -> (usize, usize) {
+        let all = [
+            &self.query,
+            &self.key,
+            &self.value,
+            &self.output,
+            &self.gate,
+            &self.up,
+            &self.down,
+        ];
+        all.iter().fold((0, 0), |(params, bytes), p| match p {
+            Projection::Lora(l) => {
+                let w = l.base.weight.val();
+                let n = w.shape().num_elements();
+                (params + n, bytes + n * w.dtype().size())
+            }
+            Projection::QLora(l) => (params + l.base.k * l.base.n, bytes + l.base.storage_bytes()),
+        })
+    }
+
     fn projections_mut(&mut self) -> [&mut Projection<B>; 7] {
         [
             &mut self.query,
