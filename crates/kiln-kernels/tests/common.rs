@@ -35,12 +35,16 @@ pub fn values(len: usize, scale: f32, seed: u64, half: bool) -> Vec<f32> {
         .collect()
 }
 
+/// A tensor in the backend's own float type. The dtype is explicit because Burn keeps the
+/// default float type per device, and the f32 and f16 wgpu backends share `WgpuDevice::Cpu`:
+/// whichever test reaches the device first would otherwise set it for all the others.
 pub fn tensor<B: Backend, const D: usize>(
     values: &[f32],
     shape: [usize; D],
     device: &B::Device,
 ) -> Tensor<B, D> {
-    Tensor::from_data(TensorData::new(values.to_vec(), shape), device)
+    let dtype = <B::FloatElem as burn::tensor::Element>::dtype();
+    Tensor::from_data(TensorData::new(values.to_vec(), shape), (device, dtype))
 }
 
 pub fn to_vec<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {

@@ -54,7 +54,7 @@ fn train<B: AutodiffBackend, O: Optimizer<Mlp<B>, B>>(
     let m = m.valid();
     [m.a.weight.val(), m.b.weight.val()]
         .into_iter()
-        .flat_map(|t| to_vec(t))
+        .flat_map(to_vec)
         .chain(
             [m.a.bias.unwrap().val(), m.b.bias.unwrap().val()]
                 .into_iter()
@@ -73,7 +73,7 @@ fn check<B: AutodiffBackend<InnerBackend: KernelBackend>>(device: &B::Device) {
         let m = model::<B>(device).valid();
         [m.a.weight.val(), m.b.weight.val()]
             .into_iter()
-            .flat_map(|t| to_vec(t))
+            .flat_map(to_vec)
             .collect()
     };
     assert_ne!(

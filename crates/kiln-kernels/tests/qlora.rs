@@ -121,6 +121,15 @@ fn few_rows_use_the_small_tile_and_match() {
 }
 
 #[test]
+fn a_long_reduction_with_few_rows_is_split_and_matches() {
+    // Forward: 1 column tile, k = 2000 → 7 splits of 288 rows (the last one shorter).
+    check::<Gpu32>(case(3, 2000, 40, QuantFormat::Nf4), false, 1e-4);
+    // Backward (dx reduces over n = 2000): the transposed kernel splits too.
+    check::<Gpu32>(case(2, 40, 2000, QuantFormat::Int4), false, 1e-4);
+    check::<Gpu16>(case(1, 1100, 70, QuantFormat::Nf4), true, 4e-3);
+}
+
+#[test]
 fn f16_with_f16_scales_matches_the_reference() {
     let mut c = case(37, 203, 75, QuantFormat::Nf4);
     c.scale_dtype = ScaleDtype::F16;

@@ -6,15 +6,18 @@
 //! stages `lhs[BM, BK]` and the dequantised `W[BK, BN]` in shared memory: every unit decodes
 //! one 32-bit word (8 codes), so `deq(W)` exists only tile by tile, in shared memory, and never
 //! in global memory. `BK = 32` divides the 64-row scale block, so a tile column has one scale.
+//! With few rows (decoding, `M ≤ 16`) the output has too few tiles to fill a GPU, so the
+//! reduction is split across cubes (split-K): each writes f32 partial sums and a second, element-
+//! wise kernel adds them and the adapter's term.
 //! No plane (warp) operations: only shared memory and `sync_cube`, which every CubeCL runtime
 //! has (lavapipe included).
 
-use burn::tensor::Shape;
+use burn::tensor::{DType, Shape};
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
-use cubecl::prelude::*;
+use cubecl::{calculate_cube_count_elemwise, prelude::*};
 
 use crate::quant::format::{BLOCK, CODES_PER_WORD};
 
@@ -69,12 +72,15 @@ fn qlora_matmul_kernel<F: Float, S: Float>(
     t: &Tensor<F>,
     b: &Tensor<F>,
     out: &mut Tensor<F>,
+    partial: &mut Tensor<f32>,
     scale: f32,
+    split_len: u32,
     #[comptime] bm: usize,
     #[comptime] tm: usize,
     #[comptime] tn: usize,
     #[comptime] transposed: bool,
     #[comptime] lora: bool,
+    #[comptime] split: bool,
     #[define(F, S)] _dtypes: [StorageType; 2],
 ) {
     let m_total = out.shape(0);
@@ -104,8 +110,12 @@ fn qlora_matmul_kernel<F: Float, S: Float>(
     let mut b_reg = Array::<f32>::new(tn);
     sync_cube();
 
-    let mut red0 = 0usize;
-    while red0 < red_total {
+    // Split-K: cube z reduces rows [z·split_len, (z+1)·split_len) of the reduction. split_len
+    // is a multiple of BK, so no staged tile straddles two splits.
+    let red_begin = CUBE_POS_Z as usize * split_len as usize;
+    let red_end = usize::min(red_begin + split_len as usize, red_total);
+    let mut red0 = red_begin;
+    while red0 < red_end {
         // Stage lhs[row0.., red0..] (zero outside the matrix).
         let mut idx = unit;
         while idx < bm * BK {
@@ -188,6 +198,7 @@ fn qlora_matmul_kernel<F: Float, S: Float>(
     }
 
     let rank = t.shape(1);
+    let split_base = CUBE_POS_Z as usize * m_total * cols;
     #[unroll]
     for i in 0..tm {
         let r = row0 + ty * tm + i;
@@ -196,18 +207,82 @@ fn qlora_matmul_kernel<F: Float, S: Float>(
             let c = col0 + tx * tn + j;
             if r < m_total && c < cols {
                 let mut v = acc[i * tn + j];
-                if comptime!(lora) {
-                    let mut low = 0.0f32;
-                    for q in 0..rank {
-                        low += f32::cast_from(t[r * rank + q]) * f32::cast_from(b[q * cols + c]);
+                if comptime!(split) {
+                    // The epilogue runs once, in `split_sum_kernel`, after every split.
+                    partial[split_base + r * cols + c] = v;
+                } else {
+                    if comptime!(lora) {
+                        v += scale * low_rank(t, b, r, c, rank, cols);
                     }
-                    v += scale * low;
+                    out[r * cols + c] = F::cast_from(v);
                 }
-                out[r * cols + c] = F::cast_from(v);
             }
         }
     }
 }
+
+/// `Σ_q t[r, q] · b[q, c]`: the adapter's term of one output.
+#[cube]
+fn low_rank<F: Float>(
+    t: &Tensor<F>,
+    b: &Tensor<F>,
+    r: usize,
+    c: usize,
+    rank: usize,
+    cols: usize,
+) -> f32 {
+    let mut low = 0.0f32;
+    for q in 0..rank {
+        low += f32::cast_from(t[r * rank + q]) * f32::cast_from(b[q * cols + c]);
+    }
+    low
+}
+
+/// Sums the split-K partials `[splits, m, cols]` into `out` and adds the adapter's term.
+#[cube(launch)]
+fn split_sum_kernel<F: Float>(
+    partial: &Tensor<f32>,
+    t: &Tensor<F>,
+    b: &Tensor<F>,
+    out: &mut Tensor<F>,
+    scale: f32,
+    splits: u32,
+    #[comptime] lora: bool,
+    #[define(F)] _dtype: StorageType,
+) {
+    let i = ABSOLUTE_POS;
+    let len = out.len();
+    if i >= len {
+        terminate!();
+    }
+    let mut v = 0.0f32;
+    for z in 0..splits as usize {
+        v += partial[z * len + i];
+    }
+    if comptime!(lora) {
+        let cols = out.shape(1);
+        v += scale * low_rank(t, b, i / cols, i % cols, t.shape(1), cols);
+    }
+    out[i] = F::cast_from(v);
+}
+
+/// How many ways to split the reduction: with few rows there are only `cols / 64` tiles,
+/// too few cubes to keep a GPU busy over a long reduction, so the reduction is cut until
+/// there are about [`TARGET_CUBES`], each split keeping at least [`MIN_SPLIT`] rows.
+fn splits(m: usize, cols: usize, red: usize) -> usize {
+    if m > 16 {
+        return 1;
+    }
+    let tiles = cols.div_ceil(BN);
+    TARGET_CUBES
+        .div_ceil(tiles)
+        .clamp(1, (red / MIN_SPLIT).max(1))
+}
+
+/// Cubes a split-K launch aims for: a few per multiprocessor of a large GPU.
+const TARGET_CUBES: usize = 256;
+/// The shortest reduction a split is given.
+const MIN_SPLIT: usize = 256;
 
 /// The weight's tensors, as the CubeCL backends hold them.
 pub(crate) struct CubeWeight<R: CubeRuntime> {
@@ -240,7 +315,21 @@ pub(crate) fn qlora_matmul<R: CubeRuntime>(
         dtype,
     );
     let tiling = Tiling::for_rows(m);
-    let count = CubeCount::Static(cols.div_ceil(BN) as u32, m.div_ceil(tiling.bm) as u32, 1);
+    let red = lhs.meta.shape()[1];
+    let split_len = red.div_ceil(splits(m, cols, red)).div_ceil(BK) * BK;
+    let splits = red.div_ceil(split_len.max(BK)).max(1);
+    let count = CubeCount::Static(
+        cols.div_ceil(BN) as u32,
+        m.div_ceil(tiling.bm) as u32,
+        splits as u32,
+    );
+    let partial = empty_device_dtype(
+        client.clone(),
+        lhs.device.clone(),
+        // Unused (one element) without a split.
+        Shape::new([if splits > 1 { splits * m * cols } else { 1 }]),
+        DType::F32,
+    );
     let dim = CubeDim::new_1d(UNITS as u32);
     debug_assert_eq!((tiling.bm / tiling.tm) * (BN / tiling.tn), UNITS);
     let (t, b, scale, with_lora) = match lora {
@@ -249,6 +338,7 @@ pub(crate) fn qlora_matmul<R: CubeRuntime>(
         None => (lhs.clone(), lhs.clone(), 0.0, false),
     };
     let scale_dtype = scales.dtype;
+    let (t_sum, b_sum) = (t.clone(), b.clone());
     qlora_matmul_kernel::launch::<R>(
         &client,
         count,
@@ -260,13 +350,33 @@ pub(crate) fn qlora_matmul<R: CubeRuntime>(
         t.into_tensor_arg(),
         b.into_tensor_arg(),
         out.clone().into_tensor_arg(),
+        partial.clone().into_tensor_arg(),
         scale,
+        split_len.max(BK) as u32,
         tiling.bm,
         tiling.tm,
         tiling.tn,
         transposed,
         with_lora,
+        splits > 1,
         [dtype.into(), scale_dtype.into()],
     );
+    if splits > 1 {
+        let len = m * cols;
+        let dim = CubeDim::new(&client, len);
+        split_sum_kernel::launch::<R>(
+            &client,
+            calculate_cube_count_elemwise(&client, len, dim),
+            dim,
+            partial.into_tensor_arg(),
+            t_sum.into_tensor_arg(),
+            b_sum.into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            scale,
+            splits as u32,
+            with_lora,
+            dtype.into(),
+        );
+    }
     out
 }
