@@ -28,6 +28,38 @@ fn compare(what: &str, got: &[Vec<f32>], expected: &[Vec<f32>], names: &[&str], 
     }
 }
 
+/// Compares `$run` through the fused op with the composite under Burn's autodiff: on the CPU
+/// (the reference backward), on wgpu in f32, and on wgpu in f16 (against f16-rounded inputs).
+macro_rules! check_everywhere {
+    ($what:literal, $run:ident, $names:expr) => {{
+        let cpu = Default::default();
+        let expected = $run::<AdCpu>(false, false, &cpu);
+        let names = $names;
+        compare(
+            concat!($what, " cpu"),
+            &$run::<AdCpu>(true, false, &cpu),
+            &expected,
+            &names,
+            F32_TOL,
+        );
+        compare(
+            concat!($what, " f32"),
+            &$run::<Autodiff<Gpu32>>(true, false, &gpu()),
+            &expected,
+            &names,
+            F32_TOL,
+        );
+        let expected = $run::<AdCpu>(false, true, &cpu);
+        compare(
+            concat!($what, " f16"),
+            &$run::<Autodiff<Gpu16>>(true, true, &gpu()),
+            &expected,
+            &names,
+            F16_TOL,
+        );
+    }};
+}
+
 // ---------------------------------------------------------------- RMSNorm
 
 const ROWS: usize = 13;
@@ -58,30 +90,7 @@ fn rms<B: AutodiffBackend + KernelBackend>(
 
 #[test]
 fn rms_norm_matches_the_reference() {
-    let names = ["y", "dx", "dgamma"];
-    let expected = rms::<AdCpu>(false, false, &Default::default());
-    compare(
-        "rms_norm cpu",
-        &rms::<AdCpu>(true, false, &Default::default()),
-        &expected,
-        &names,
-        F32_TOL,
-    );
-    compare(
-        "rms_norm f32",
-        &rms::<Autodiff<Gpu32>>(true, false, &gpu()),
-        &expected,
-        &names,
-        F32_TOL,
-    );
-    let expected = rms::<AdCpu>(false, true, &Default::default());
-    compare(
-        "rms_norm f16",
-        &rms::<Autodiff<Gpu16>>(true, true, &gpu()),
-        &expected,
-        &names,
-        F16_TOL,
-    );
+    check_everywhere!("rms_norm", rms, ["y", "dx", "dgamma"]);
 }
 
 // ---------------------------------------------------------------- SwiGLU
@@ -111,30 +120,7 @@ fn swiglu<B: AutodiffBackend + KernelBackend>(
 
 #[test]
 fn swiglu_matches_the_reference() {
-    let names = ["y", "dgate", "dup"];
-    let expected = swiglu::<AdCpu>(false, false, &Default::default());
-    compare(
-        "swiglu cpu",
-        &swiglu::<AdCpu>(true, false, &Default::default()),
-        &expected,
-        &names,
-        F32_TOL,
-    );
-    compare(
-        "swiglu f32",
-        &swiglu::<Autodiff<Gpu32>>(true, false, &gpu()),
-        &expected,
-        &names,
-        F32_TOL,
-    );
-    let expected = swiglu::<AdCpu>(false, true, &Default::default());
-    compare(
-        "swiglu f16",
-        &swiglu::<Autodiff<Gpu16>>(true, true, &gpu()),
-        &expected,
-        &names,
-        F16_TOL,
-    );
+    check_everywhere!("swiglu", swiglu, ["y", "dgate", "dup"]);
 }
 
 // ---------------------------------------------------------------- cross-entropy
@@ -172,30 +158,7 @@ fn cross_entropy<B: AutodiffBackend + KernelBackend>(
 
 #[test]
 fn cross_entropy_matches_the_reference() {
-    let names = ["loss", "dlogits"];
-    let expected = cross_entropy::<AdCpu>(false, false, &Default::default());
-    compare(
-        "ce cpu",
-        &cross_entropy::<AdCpu>(true, false, &Default::default()),
-        &expected,
-        &names,
-        F32_TOL,
-    );
-    compare(
-        "ce f32",
-        &cross_entropy::<Autodiff<Gpu32>>(true, false, &gpu()),
-        &expected,
-        &names,
-        F32_TOL,
-    );
-    let expected = cross_entropy::<AdCpu>(false, true, &Default::default());
-    compare(
-        "ce f16",
-        &cross_entropy::<Autodiff<Gpu16>>(true, true, &gpu()),
-        &expected,
-        &names,
-        F16_TOL,
-    );
+    check_everywhere!("cross_entropy", cross_entropy, ["loss", "dlogits"]);
 }
 
 #[test]

@@ -11,27 +11,17 @@ const LEVELS: usize = 8;
 /// The sum of `value` over the cube's units, returned to every unit.
 #[cube]
 pub(crate) fn block_sum(value: f32) -> f32 {
-    let mut shared = SharedMemory::<f32>::new(UNITS);
-    let unit = UNIT_POS as usize;
-    shared[unit] = value;
-    sync_cube();
-    #[unroll]
-    for level in 0..LEVELS {
-        let stride = UNITS >> (level + 1);
-        if unit < stride {
-            shared[unit] = shared[unit] + shared[unit + stride];
-        }
-        sync_cube();
-    }
-    let total = shared[0];
-    // Every unit has read the total before the memory is reused by a later call.
-    sync_cube();
-    total
+    block_reduce(value, false)
 }
 
 /// The maximum of `value` over the cube's units, returned to every unit.
 #[cube]
 pub(crate) fn block_max(value: f32) -> f32 {
+    block_reduce(value, true)
+}
+
+#[cube]
+fn block_reduce(value: f32, #[comptime] max: bool) -> f32 {
     let mut shared = SharedMemory::<f32>::new(UNITS);
     let unit = UNIT_POS as usize;
     shared[unit] = value;
@@ -40,11 +30,17 @@ pub(crate) fn block_max(value: f32) -> f32 {
     for level in 0..LEVELS {
         let stride = UNITS >> (level + 1);
         if unit < stride {
-            shared[unit] = f32::max(shared[unit], shared[unit + stride]);
+            let (a, b) = (shared[unit], shared[unit + stride]);
+            shared[unit] = if comptime!(max) {
+                f32::max(a, b)
+            } else {
+                a + b
+            };
         }
         sync_cube();
     }
     let total = shared[0];
+    // Every unit has read the total before the memory is reused by a later call.
     sync_cube();
     total
 }

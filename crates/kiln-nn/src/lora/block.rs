@@ -170,7 +170,23 @@ impl<B: KernelBackend> LoraBlock<B> {
     /// The frozen bases: `(parameters, bytes on the device)`, the bytes counting a 4-bit base's
     /// codes and scales.
     pub fn base_storage(&self) -> (usize, usize) {
-        let all = [
+        self.projections()
+            .into_iter()
+            .fold((0, 0), |(params, bytes), p| match p {
+                Projection::Lora(l) => {
+                    let w = l.base.weight.val();
+                    let n = w.shape().num_elements();
+                    (params + n, bytes + n * w.dtype().size())
+                }
+                Projection::QLora(l) => {
+                    (params + l.base.k * l.base.n, bytes + l.base.storage_bytes())
+                }
+            })
+    }
+
+    /// The seven projections, in a fixed order (the order of [`LoraBlockAdapters`]).
+    fn projections(&self) -> [&Projection<B>; 7] {
+        [
             &self.query,
             &self.key,
             &self.value,
@@ -178,15 +194,7 @@ impl<B: KernelBackend> LoraBlock<B> {
             &self.gate,
             &self.up,
             &self.down,
-        ];
-        all.iter().fold((0, 0), |(params, bytes), p| match p {
-            Projection::Lora(l) => {
-                let w = l.base.weight.val();
-                let n = w.shape().num_elements();
-                (params + n, bytes + n * w.dtype().size())
-            }
-            Projection::QLora(l) => (params + l.base.k * l.base.n, bytes + l.base.storage_bytes()),
-        })
+        ]
     }
 
     fn projections_mut(&mut self) -> [&mut Projection<B>; 7] {
@@ -203,17 +211,12 @@ impl<B: KernelBackend> LoraBlock<B> {
 
     /// A copy of the block's adapters.
     pub fn adapters(&self) -> LoraBlockAdapters<B> {
-        let all = [
-            &self.query,
-            &self.key,
-            &self.value,
-            &self.output,
-            &self.gate,
-            &self.up,
-            &self.down,
-        ];
         LoraBlockAdapters {
-            adapters: all.iter().map(|p| p.adapter().clone()).collect(),
+            adapters: self
+                .projections()
+                .iter()
+                .map(|p| p.adapter().clone())
+                .collect(),
         }
     }
 
