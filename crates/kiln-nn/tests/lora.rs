@@ -167,3 +167,42 @@ fn adapters_save_and_load_alone() {
     assert!(err.contains("shapes"), "{err}");
     std::fs::remove_dir_all(dir).ok();
 }
+
+#[test]
+fn dropout_applies_to_the_adapter_input_only_and_only_in_training() {
+    use burn::module::AutodiffModule;
+    let base = linear(16, 8, true);
+    let x = input(4, 16);
+    {
+        let config = LoraConfig::new().with_rank(4).with_dropout(0.5);
+        let mut layer = LoraLinear::from_linear(base.clone(), &config);
+        layer.adapter.b = train_adapter_b(layer.adapter.b);
+        let plain = layer.clone();
+        // Training: two passes draw two masks, so the outputs differ…
+        let (a, b) = (layer.forward(x.clone()), layer.forward(x.clone()));
+        assert!(max_diff(a.clone(), b) > 1e-4);
+        // …but only through the adapter: with B = 0 the masks change nothing.
+        let mut zero = layer.clone();
+        zero.adapter.b = Param::from_tensor(zero.adapter.b.val().zeros_like());
+        assert_eq!(
+            max_diff(zero.forward(x.clone()), base.forward(x.clone())),
+            0.0
+        );
+        // Inference (the inner backend) keeps every input: it equals the layer without dropout.
+        let mut no_dropout =
+            LoraLinear::from_linear(base.clone(), &config.clone().with_dropout(0.0));
+        no_dropout.adapter = plain.adapter.clone();
+        let xv = x.clone().inner();
+        assert_eq!(
+            max_diff_inner(
+                plain.valid().forward(xv.clone()),
+                no_dropout.valid().forward(xv)
+            ),
+            0.0
+        );
+    }
+}
+
+fn max_diff_inner<const D: usize>(a: Tensor<Flex, D>, b: Tensor<Flex, D>) -> f32 {
+    (a - b).abs().max().into_scalar()
+}
