@@ -14,11 +14,13 @@ use crate::AdamWStep;
 use crate::quant::QuantizedPrimitive;
 use crate::reference;
 
-fn wrap<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
+/// A primitive as a `Tensor` of rank `D`.
+pub(crate) fn wrap<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(t))
 }
 
-fn unwrap<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
+/// A `Tensor`'s float primitive.
+pub(crate) fn unwrap<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
     t.into_primitive().tensor()
 }
 

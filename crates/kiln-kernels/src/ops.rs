@@ -4,11 +4,11 @@
 //! implementation works on plain matrices.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Shape, Tensor, TensorPrimitive};
+use burn::tensor::{Int, Shape, Tensor};
 use thiserror::Error;
 
 use crate::AdamWStep;
-use crate::backend::KernelBackend;
+use crate::backend::{KernelBackend, unwrap, wrap};
 use crate::quant::QuantizedWeight;
 
 /// Inputs a kernel cannot take, with what was expected.
@@ -74,14 +74,6 @@ fn with_last<const D: usize>(shape: &Shape, last: usize) -> [usize; D] {
     dims
 }
 
-fn float<B: Backend, const D: usize>(t: Tensor<B, D>) -> burn::tensor::ops::FloatTensor<B> {
-    t.into_primitive().tensor()
-}
-
-fn tensor<B: Backend, const D: usize>(t: burn::tensor::ops::FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(t))
-}
-
 /// `x·deq(W) + scale·t·B` where `t = x'·A` for the adapter input `x'` (`x`, or a dropout of
 /// it): the QLoRA matmul with its low-rank term fused into the kernel's epilogue.
 ///
@@ -107,8 +99,8 @@ pub fn qlora_matmul<B: KernelBackend, const D: usize>(
         t_shape.dims::<D>()[D - 1],
     )?;
     check(OP, "B's columns", weight.n, n)?;
-    let y = B::qlora_forward(float(x), weight.primitive(), float(t), float(b), scale);
-    Ok(tensor::<B, 2>(y).reshape(with_last::<D>(&shape, n)))
+    let y = B::qlora_forward(unwrap(x), weight.primitive(), unwrap(t), unwrap(b), scale);
+    Ok(wrap::<B, 2>(y).reshape(with_last::<D>(&shape, n)))
 }
 
 /// RMSNorm over the last dimension: `x / √(mean(x²) + eps) · gamma`.
@@ -119,8 +111,8 @@ pub fn rms_norm<B: KernelBackend, const D: usize>(
 ) -> Result<Tensor<B, D>, KernelError> {
     let (x, shape) = rows(x);
     check("rms_norm", "gamma's length", x.dims()[1], gamma.dims()[0])?;
-    let (y, _) = B::rms_norm_forward(float(x), float(gamma), eps);
-    Ok(tensor::<B, 2>(y).reshape(shape))
+    let (y, _) = B::rms_norm_forward(unwrap(x), unwrap(gamma), eps);
+    Ok(wrap::<B, 2>(y).reshape(shape))
 }
 
 /// SwiGLU gating, `silu(gate) · up`, element-wise over equal shapes.
@@ -139,8 +131,8 @@ pub fn swiglu<B: KernelBackend, const D: usize>(
         });
     }
     let len = shape.num_elements();
-    let y = B::swiglu_forward(float(gate.reshape([len])), float(up.reshape([len])));
-    Ok(tensor::<B, 1>(y).reshape(shape))
+    let y = B::swiglu_forward(unwrap(gate.reshape([len])), unwrap(up.reshape([len])));
+    Ok(wrap::<B, 1>(y).reshape(shape))
 }
 
 /// Softmax cross-entropy per row of `logits: [rows, classes]` against class indices
@@ -157,8 +149,8 @@ pub fn cross_entropy<B: KernelBackend>(
         logits.dims()[0],
         targets.dims()[0],
     )?;
-    let (loss, _) = B::cross_entropy_forward(float(logits), targets.into_primitive());
-    Ok(tensor(loss))
+    let (loss, _) = B::cross_entropy_forward(unwrap(logits), targets.into_primitive());
+    Ok(wrap(loss))
 }
 
 /// A parameter and its two AdamW moments: `(param, m, v)`.
@@ -185,9 +177,9 @@ pub fn adamw_step<B: KernelBackend, const D: usize>(
         }
     }
     let len = shape.num_elements();
-    let flat = |t: Tensor<B, D>| float(t.reshape([len]));
+    let flat = |t: Tensor<B, D>| unwrap(t.reshape([len]));
     let (p, m, v) = B::adamw_step(flat(param), flat(grad), flat(m), flat(v), step);
-    let back = |t| tensor::<B, 1>(t).reshape(shape.clone());
+    let back = |t| wrap::<B, 1>(t).reshape(shape.clone());
     Ok((back(p), back(m), back(v)))
 }
 
@@ -210,8 +202,8 @@ impl NormReport {
 
 /// [`NormReport`] over `tensors` (flattened; any number, any sizes), read back to the host.
 pub fn grad_norm<B: KernelBackend>(tensors: Vec<Tensor<B, 1>>, device: &B::Device) -> NormReport {
-    let out = tensor::<B, 1>(B::grad_sq_norm(
-        tensors.into_iter().map(float).collect(),
+    let out = wrap::<B, 1>(B::grad_sq_norm(
+        tensors.into_iter().map(unwrap).collect(),
         device,
     ));
     let values = out
