@@ -61,34 +61,203 @@ pub trait Job {
     ) -> Result<Self::Output, Box<dyn std::error::Error>>;
 }
 
-/// Runs `job` on `backend` with `world` ranks: CPU-like backends repeat their one device,
-/// CUDA takes GPUs `0..world`.
+/// Where the ranks of a job run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    /// This many ranks on the backend's default devices: CPU-like backends repeat their one
+    /// device, CUDA takes GPUs `0..n`.
+    Ranks(usize),
+    /// One device number per rank (`--devices 0,0,1`). Ranks may share a device: several CPU
+    /// ranks, or two ranks on one GPU when the machine has one.
+    Devices(Vec<usize>),
+}
+
+impl Placement {
+    /// From `--world` and `--devices`: the device list, when given, names the ranks.
+    ///
+    /// # Errors
+    /// An empty device list, or a world that disagrees with the list's length.
+    pub fn new(world: usize, devices: Option<&[usize]>) -> Result<Self, DeviceError> {
+        match devices {
+            None => Ok(Self::Ranks(world)),
+            Some([]) => Err(DeviceError::Empty),
+            Some(list) if list.len() != world => Err(DeviceError::WorldMismatch {
+                world,
+                devices: list.to_vec(),
+            }),
+            Some(list) => Ok(Self::Devices(list.to_vec())),
+        }
+    }
+
+    /// Each rank's device number on a backend with `available` devices, of which
+    /// `default_spread` says whether default ranks take one device each (CUDA) or share
+    /// device 0 (the CPU backends).
+    fn ordinals(
+        &self,
+        backend: BackendKind,
+        available: usize,
+        default_spread: bool,
+    ) -> Result<Vec<usize>, DeviceError> {
+        let ordinals = match self {
+            Self::Ranks(n) if default_spread => (0..*n).collect(),
+            Self::Ranks(n) => vec![0; *n],
+            Self::Devices(list) => list.clone(),
+        };
+        match ordinals.iter().find(|&&d| d >= available) {
+            Some(&device) => Err(DeviceError::Missing {
+                backend,
+                device,
+                available,
+            }),
+            None => Ok(ordinals),
+        }
+    }
+}
+
+/// A `--devices` / `--world` combination that names no usable devices.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceError {
+    /// `--devices` with no device in it.
+    #[error("--devices names no device; give one number per rank, e.g. --devices 0,0")]
+    Empty,
+    /// Both flags given, and they disagree.
+    #[error(
+        "--world {world} disagrees with --devices {} ({} ranks); give one of them, or make them agree",
+        fmt_devices(devices),
+        devices.len()
+    )]
+    WorldMismatch {
+        /// The `--world` given.
+        world: usize,
+        /// The `--devices` given.
+        devices: Vec<usize>,
+    },
+    /// A device number the backend does not have.
+    #[error(
+        "device {device} does not exist: the {backend} backend has {available} device(s), numbered from 0 \
+         (ranks may share one, e.g. --devices 0,0)"
+    )]
+    Missing {
+        /// The backend.
+        backend: BackendKind,
+        /// The device number asked for.
+        device: usize,
+        /// How many the backend has.
+        available: usize,
+    },
+}
+
+fn fmt_devices(devices: &[usize]) -> String {
+    devices
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `--devices` as given: one device number per rank.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceList(pub Vec<usize>);
+
+/// Parses `--devices`: comma-separated device numbers, one per rank.
+pub fn parse_devices(s: &str) -> Result<DeviceList, String> {
+    s.split(',')
+        .map(|d| d.trim().parse::<usize>())
+        .collect::<Result<_, _>>()
+        .map(DeviceList)
+        .map_err(|_| {
+            format!(
+                "--devices takes device numbers separated by commas, e.g. 0,0 or 0,1; got {s:?}"
+            )
+        })
+}
+
+/// Runs `job` on `backend` with its ranks placed as `placement` says.
 ///
 /// # Errors
-/// The job's error, or [`BackendMissing`].
+/// The job's error, [`BackendMissing`], or [`DeviceError`] for a device the backend lacks.
 pub fn dispatch<J: Job>(
     backend: BackendKind,
-    world: usize,
+    placement: &Placement,
     job: J,
 ) -> Result<J::Output, Box<dyn std::error::Error>> {
+    // The CPU backends and wgpu (its default adapter) have one device that ranks share.
+    let shared_one = |placement: &Placement| placement.ordinals(backend, 1, false).map(|o| o.len());
     match backend {
-        BackendKind::Flex => {
-            job.run::<Autodiff<burn::backend::Flex>>(vec![Default::default(); world])
-        }
+        BackendKind::Flex => job
+            .run::<Autodiff<burn::backend::Flex>>(vec![Default::default(); shared_one(placement)?]),
         BackendKind::Ndarray => {
-            job.run::<Autodiff<burn::backend::NdArray>>(vec![Default::default(); world])
+            job.run::<Autodiff<burn::backend::NdArray>>(vec![
+                Default::default();
+                shared_one(placement)?
+            ])
         }
         #[cfg(feature = "wgpu")]
-        BackendKind::Wgpu => {
-            job.run::<Autodiff<burn::backend::Wgpu>>(vec![Default::default(); world])
-        }
+        BackendKind::Wgpu => job
+            .run::<Autodiff<burn::backend::Wgpu>>(vec![Default::default(); shared_one(placement)?]),
         #[cfg(feature = "cuda")]
-        BackendKind::Cuda => job.run::<Autodiff<burn::backend::Cuda>>(
-            (0..world)
-                .map(burn::backend::cuda::CudaDevice::new)
-                .collect(),
-        ),
+        BackendKind::Cuda => {
+            use burn::tensor::backend::Backend;
+            let available = <burn::backend::Cuda as Backend>::device_count(0);
+            let ordinals = placement.ordinals(backend, available, true)?;
+            job.run::<Autodiff<burn::backend::Cuda>>(
+                ordinals
+                    .into_iter()
+                    .map(burn::backend::cuda::CudaDevice::new)
+                    .collect(),
+            )
+        }
         #[allow(unreachable_patterns)]
         backend => Err(BackendMissing(backend).into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_name_the_ranks_and_must_agree_with_the_world() {
+        assert_eq!(parse_devices("0, 0,1"), Ok(DeviceList(vec![0, 0, 1])));
+        assert!(parse_devices("0,a").unwrap_err().contains("e.g. 0,0"));
+        assert_eq!(Placement::new(3, None), Ok(Placement::Ranks(3)));
+        assert_eq!(
+            Placement::new(2, Some(&[0, 0])),
+            Ok(Placement::Devices(vec![0, 0]))
+        );
+        assert_eq!(Placement::new(1, Some(&[])), Err(DeviceError::Empty));
+        assert_eq!(
+            Placement::new(3, Some(&[0, 1])).unwrap_err().to_string(),
+            "--world 3 disagrees with --devices 0,1 (2 ranks); give one of them, or make them agree"
+        );
+    }
+
+    #[test]
+    fn a_device_the_backend_lacks_is_named() {
+        let cpu = Placement::Devices(vec![0, 1]);
+        assert_eq!(
+            cpu.ordinals(BackendKind::Flex, 1, false)
+                .unwrap_err()
+                .to_string(),
+            "device 1 does not exist: the flex backend has 1 device(s), numbered from 0 \
+             (ranks may share one, e.g. --devices 0,0)"
+        );
+        assert_eq!(
+            Placement::Ranks(3).ordinals(BackendKind::Flex, 1, false),
+            Ok(vec![0; 3])
+        );
+        assert_eq!(
+            Placement::Ranks(2).ordinals(BackendKind::Cuda, 2, true),
+            Ok(vec![0, 1])
+        );
+        assert_eq!(
+            Placement::Devices(vec![0, 0]).ordinals(BackendKind::Cuda, 1, true),
+            Ok(vec![0, 0])
+        );
+        assert!(
+            Placement::Ranks(2)
+                .ordinals(BackendKind::Cuda, 1, true)
+                .is_err()
+        );
     }
 }

@@ -94,6 +94,37 @@ fn auto_resolves_from_the_world() {
 }
 
 #[test]
+fn devices_name_the_ranks() {
+    // Two ranks sharing device 0: the same training as --world 2.
+    let listed = train_json("devices", &["--strategy", "ddp", "--devices", "0,0"]);
+    let world = train_json("world2", &["--strategy", "ddp", "--world", "2"]);
+    assert_eq!(listed["world"], 2);
+    assert_eq!(listed["param_sq_sum"], world["param_sq_sum"]);
+    assert_one_line_error(
+        &["train", "--devices", "0,1"],
+        "device 1 does not exist: the flex backend has 1 device(s)",
+    );
+    assert_one_line_error(
+        &["train", "--devices", "0,0", "--world", "3"],
+        "--world 3 disagrees with --devices 0,0",
+    );
+    assert_one_line_error(&["train", "--devices", "0,x"], "device numbers");
+    assert_one_line_error(
+        &[
+            "ad",
+            "train",
+            "--devices",
+            "0,0",
+            "--world",
+            "3",
+            "--steps",
+            "1",
+        ],
+        "--world 3 disagrees with --devices 0,0",
+    );
+}
+
+#[test]
 fn impossible_settings_fail_with_one_line() {
     assert_one_line_error(&["train", "--world", "0"], "--world must be at least 1");
     assert_one_line_error(

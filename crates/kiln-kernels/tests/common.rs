@@ -1,27 +1,61 @@
 //! Shared helpers of the kernel tests: seeded data, backends, and the closeness check.
 #![allow(dead_code)]
 
-use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData, f16};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
-/// The kernels on the wgpu runtime (lavapipe on a machine without a GPU), f32 and f16.
-pub type Gpu32 = CubeBackend<WgpuRuntime, f32, i32, u32>;
-pub type Gpu16 = CubeBackend<WgpuRuntime, f16, i32, u32>;
+/// The kernels on the runtime under test, f32 and f16: wgpu by default (Mesa's lavapipe on a
+/// machine without a GPU), CUDA with `--features cuda`. See `crates/kiln-kernels/GPU.md`.
+#[cfg(not(feature = "cuda"))]
+mod runtime {
+    use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
+    use burn::tensor::f16;
+
+    pub type Gpu32 = CubeBackend<WgpuRuntime, f32, i32, u32>;
+    pub type Gpu16 = CubeBackend<WgpuRuntime, f16, i32, u32>;
+    pub type GpuDevice = WgpuDevice;
+
+    /// Burn's own f32 matmul is exact f32 here (lavapipe has no TF32), so results that pass
+    /// through it (the QLoRA adapter's gradients) keep the kernels' own tolerance.
+    pub const MATMUL_F32_TOL: f32 = 0.0;
+
+    pub fn gpu() -> WgpuDevice {
+        // Vulkan loaders warn without a runtime dir.
+        if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+            // SAFETY: tests set it before any thread reads the environment.
+            unsafe { std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir()) };
+        }
+        WgpuDevice::Cpu
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod runtime {
+    use burn::backend::cuda::CudaDevice;
+    use burn::tensor::f16;
+
+    pub type Gpu32 = burn::backend::Cuda<f32, i32>;
+    pub type Gpu16 = burn::backend::Cuda<f16, i32>;
+    pub type GpuDevice = CudaDevice;
+
+    /// Burn's f32 matmul on CUDA stages its inputs in TF32 on tensor cores (cubek-matmul's
+    /// `adjust_dtypes`): 10 mantissa bits, so each product is off by up to 2⁻¹⁰ ≈ 1e-3 of its
+    /// size. Results that pass through it (the adapter's terms of the QLoRA gradients) get
+    /// this budget; the kernels' own outputs keep theirs.
+    pub const MATMUL_F32_TOL: f32 = 2e-3;
+
+    pub fn gpu() -> CudaDevice {
+        CudaDevice::default()
+    }
+}
+
+pub use runtime::*;
+
 /// The reference, on the CPU.
 pub type Cpu = Flex;
 pub type AdCpu = Autodiff<Flex>;
-
-pub fn gpu() -> WgpuDevice {
-    // SAFETY-free global: Vulkan loaders warn without a runtime dir.
-    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
-        // SAFETY: tests set it before any thread reads the environment.
-        unsafe { std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir()) };
-    }
-    WgpuDevice::Cpu
-}
 
 /// Values uniform in `[-scale, scale]`, rounded to f16 when `half` so that the f16 kernel and
 /// the f32 reference see the same inputs.

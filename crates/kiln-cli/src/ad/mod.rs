@@ -15,7 +15,7 @@ use kiln_ad::report::{EvalReport, evaluate};
 use kiln_ad::train::{generate, train};
 use kiln_core::strategy::StrategyKind;
 
-use crate::backend::{BackendKind, Job, dispatch};
+use crate::backend::{BackendKind, DeviceList, Job, Placement, dispatch, parse_devices};
 use crate::config_file;
 use crate::train::parse_strategy;
 use metrics::{DataSummary, Metrics, Seconds, write_outputs};
@@ -38,9 +38,13 @@ pub struct TrainArgs {
     /// Parallelism strategy: single, dp, ddp or auto [default: auto].
     #[arg(long, value_parser = parse_strategy)]
     strategy: Option<StrategyKind>,
-    /// Ranks (devices; CPU ranks share the CPU) [default: 1].
+    /// Ranks (devices; CPU ranks share the CPU) [default: 1, or the length of --devices].
     #[arg(long)]
     world: Option<usize>,
+    /// Device of each rank, e.g. `0,0` for two ranks on GPU 0 or `0,1` for two GPUs
+    /// [default: CPU ranks share the CPU, CUDA ranks take GPUs 0..world].
+    #[arg(long, value_parser = parse_devices)]
+    devices: Option<DeviceList>,
     /// Backend [default: flex].
     #[arg(long, value_enum, default_value_t)]
     backend: BackendKind,
@@ -104,10 +108,11 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
     match command {
         AdCommand::Train(args) => {
             let config = args.config()?;
-            let world = config.train.world;
-            dispatch(args.backend, world, TrainJob { args, config })
+            let devices = args.devices.as_ref().map(|DeviceList(d)| d.as_slice());
+            let placement = Placement::new(config.train.world, devices)?;
+            dispatch(args.backend, &placement, TrainJob { args, config })
         }
-        AdCommand::Eval(args) => dispatch(args.backend, 1, EvalJob(args)),
+        AdCommand::Eval(args) => dispatch(args.backend, &Placement::Ranks(1), EvalJob(args)),
     }
 }
 
@@ -124,6 +129,10 @@ impl TrainArgs {
         }
         set!(strategy => train.strategy, world => train.world, steps => train.steps,
              batch => train.batch, lr => train.lr, seed => seed);
+        if let Some(DeviceList(devices)) = &self.devices {
+            // The list names the ranks; an explicit --world must agree (checked by Placement).
+            c.train.world = self.world.unwrap_or(devices.len());
+        }
         if let Some(t) = self.threads_per_rank {
             c.parallel.set_threads_per_rank(t);
         }

@@ -6,7 +6,7 @@ use kiln_core::strategy::{
     DataParallelConfig, DdpConfig, SingleConfig, StrategyConfigs, StrategyKind,
 };
 
-use crate::backend::BackendKind;
+use crate::backend::{BackendKind, DeviceError, Placement};
 use crate::config_file::{self, ConfigFileError};
 
 /// A built-in model.
@@ -42,6 +42,10 @@ pub struct TrainConfig {
     pub backend: BackendKind,
     /// Ranks (devices; on the CPU, threads sharing the CPU).
     pub world: usize,
+    /// The device of each rank (`devices = [0, 0]`); `world` must equal its length. Without
+    /// it, CPU ranks share the CPU and CUDA ranks take GPUs `0..world`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub devices: Option<Vec<usize>>,
     /// Optimizer steps.
     pub steps: usize,
     /// Global batch: samples per optimizer step over all ranks.
@@ -67,6 +71,7 @@ impl Default for TrainConfig {
             strategy: StrategyKind::Auto,
             backend: BackendKind::Flex,
             world: 1,
+            devices: None,
             steps: 300,
             batch: 64,
             seed: 42,
@@ -103,6 +108,9 @@ pub enum ConfigError {
         "--strategy single trains on one rank but --world is {0}; use --world 1, or dp, ddp or auto"
     )]
     SingleWithWorld(usize),
+    /// `devices` and `world` disagree, or `devices` is empty.
+    #[error(transparent)]
+    Devices(#[from] DeviceError),
     /// A learning rate that cannot train.
     #[error("--lr must be a positive finite number, got {0}")]
     LearningRate(f64),
@@ -122,6 +130,14 @@ impl TrainConfig {
     pub fn set_strategies(&mut self, strategies: StrategyConfigs) {
         let StrategyConfigs { single, dp, ddp } = strategies;
         (self.single, self.dp, self.ddp) = (single, dp, ddp);
+    }
+
+    /// Where the ranks run.
+    ///
+    /// # Errors
+    /// When `devices` is empty or disagrees with `world`.
+    pub fn placement(&self) -> Result<Placement, DeviceError> {
+        Placement::new(self.world, self.devices.as_deref())
     }
 
     /// Reads a TOML config; missing fields take their defaults.
@@ -146,6 +162,7 @@ impl TrainConfig {
                 world: self.world,
             });
         }
+        self.placement()?;
         if self.strategy == StrategyKind::Single && self.world > 1 {
             return Err(ConfigError::SingleWithWorld(self.world));
         }

@@ -18,7 +18,7 @@ use kiln_nn::tasks::{ClassificationBatcher, FibonacciTask, SequenceBatcher, Teac
 pub use config::{ModelKind, TrainConfig};
 use report::TrainReport;
 
-use crate::backend::{BackendKind, Job, dispatch};
+use crate::backend::{BackendKind, DeviceList, Job, dispatch, parse_devices};
 
 /// Flags of `kiln train`; each overrides the same field of `--config`.
 #[derive(clap::Args, Debug)]
@@ -35,9 +35,13 @@ pub struct TrainArgs {
     /// Backend [default: flex].
     #[arg(long, value_enum)]
     backend: Option<BackendKind>,
-    /// Ranks (devices; CPU ranks share the CPU) [default: 1].
+    /// Ranks (devices; CPU ranks share the CPU) [default: 1, or the length of --devices].
     #[arg(long)]
     world: Option<usize>,
+    /// Device of each rank, e.g. `0,0` for two ranks on GPU 0 or `0,1` for two GPUs
+    /// [default: CPU ranks share the CPU, CUDA ranks take GPUs 0..world].
+    #[arg(long, value_parser = parse_devices)]
+    devices: Option<DeviceList>,
     /// Optimizer steps [default: 300].
     #[arg(long)]
     steps: Option<usize>,
@@ -94,6 +98,11 @@ impl TrainArgs {
         set!(model => model, strategy => strategy, backend => backend, world => world,
              steps => steps, batch => batch, seed => seed, lr => lr, samples => samples,
              bucket_cap_mb => ddp.bucket_cap_mb);
+        if let Some(DeviceList(devices)) = self.devices {
+            // The list names the ranks; an explicit --world must agree (checked by validate).
+            c.world = self.world.unwrap_or(devices.len());
+            c.devices = Some(devices);
+        }
         let mut strategies = c.strategies();
         if let Some(micro_batches) = self.grad_accum {
             strategies.set_grad_accumulation(micro_batches);
@@ -113,7 +122,7 @@ impl TrainArgs {
 /// Invalid flags or config, or a failure while training.
 pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let (config, json) = args.into_config()?;
-    let report = dispatch(config.backend, config.world, TrainJob(&config))?;
+    let report = dispatch(config.backend, &config.placement()?, TrainJob(&config))?;
     println!(
         "trained {} with {} on {} rank(s): {} steps of {} samples, loss {} -> {}, {:.0} samples/s",
         report.model,

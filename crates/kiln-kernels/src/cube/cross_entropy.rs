@@ -3,11 +3,10 @@
 
 use burn::tensor::Shape;
 use burn_cubecl::CubeRuntime;
-use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
+use super::layout::{dense_input, dense_output};
 use super::reduce::{UNITS, block_max, block_sum};
 
 #[cube(launch)]
@@ -55,12 +54,12 @@ pub(crate) fn forward<R: CubeRuntime>(
     logits: CubeTensor<R>,
     targets: CubeTensor<R>,
 ) -> (CubeTensor<R>, CubeTensor<R>) {
-    let logits = into_contiguous(logits);
-    let targets = into_contiguous(targets);
+    let logits = dense_input(logits);
+    let targets = dense_input(targets);
     let rows = logits.meta.shape()[0];
-    let (client, device, dtype) = (logits.client.clone(), logits.device.clone(), logits.dtype);
-    let loss = empty_device_dtype(client.clone(), device.clone(), Shape::new([rows]), dtype);
-    let lse = empty_device_dtype(client.clone(), device, Shape::new([rows]), dtype);
+    let (client, dtype) = (logits.client.clone(), logits.dtype);
+    let loss = dense_output(&logits, Shape::new([rows]), dtype);
+    let lse = dense_output(&logits, Shape::new([rows]), dtype);
     if rows > 0 {
         let dtypes = [dtype.into(), targets.dtype.into()];
         cross_entropy_kernel::launch::<R>(

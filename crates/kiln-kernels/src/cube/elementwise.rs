@@ -1,13 +1,11 @@
 //! The element-wise kernels: SwiGLU both ways, cross-entropy's backward and the AdamW step.
 //! One unit per element; the math in f32 whatever the storage type.
 
-use burn::tensor::{DType, Shape};
 use burn_cubecl::CubeRuntime;
-use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::{calculate_cube_count_elemwise, prelude::*};
 
+use super::layout::{dense_input, dense_output};
 use crate::AdamWStep;
 
 #[cube]
@@ -107,18 +105,14 @@ fn adamw_kernel<F: Float>(
     v_out[i] = F::cast_from(v1);
 }
 
-fn like<R: CubeRuntime>(t: &CubeTensor<R>, shape: Shape, dtype: DType) -> CubeTensor<R> {
-    empty_device_dtype(t.client.clone(), t.device.clone(), shape, dtype)
-}
-
 fn grid<R: CubeRuntime>(t: &CubeTensor<R>, len: usize) -> (CubeCount, CubeDim) {
     let dim = CubeDim::new(&t.client, len);
     (calculate_cube_count_elemwise(&t.client, len, dim), dim)
 }
 
 pub(crate) fn swiglu<R: CubeRuntime>(gate: CubeTensor<R>, up: CubeTensor<R>) -> CubeTensor<R> {
-    let (gate, up) = (into_contiguous(gate), into_contiguous(up));
-    let y = like(&gate, gate.meta.shape().clone(), gate.dtype);
+    let (gate, up) = (dense_input(gate), dense_input(up));
+    let y = dense_output(&gate, gate.meta.shape().clone(), gate.dtype);
     let len = y.meta.shape().num_elements();
     if len > 0 {
         let (count, dim) = grid(&y, len);
@@ -141,13 +135,9 @@ pub(crate) fn swiglu_backward<R: CubeRuntime>(
     gate: CubeTensor<R>,
     up: CubeTensor<R>,
 ) -> (CubeTensor<R>, CubeTensor<R>) {
-    let (dy, gate, up) = (
-        into_contiguous(dy),
-        into_contiguous(gate),
-        into_contiguous(up),
-    );
-    let dgate = like(&gate, gate.meta.shape().clone(), gate.dtype);
-    let dup = like(&gate, gate.meta.shape().clone(), gate.dtype);
+    let (dy, gate, up) = (dense_input(dy), dense_input(gate), dense_input(up));
+    let dgate = dense_output(&gate, gate.meta.shape().clone(), gate.dtype);
+    let dup = dense_output(&gate, gate.meta.shape().clone(), gate.dtype);
     let len = gate.meta.shape().num_elements();
     if len > 0 {
         let (count, dim) = grid(&gate, len);
@@ -173,9 +163,9 @@ pub(crate) fn cross_entropy_backward<R: CubeRuntime>(
     targets: CubeTensor<R>,
     lse: CubeTensor<R>,
 ) -> CubeTensor<R> {
-    let (dloss, logits) = (into_contiguous(dloss), into_contiguous(logits));
-    let (targets, lse) = (into_contiguous(targets), into_contiguous(lse));
-    let out = like(&logits, logits.meta.shape().clone(), logits.dtype);
+    let (dloss, logits) = (dense_input(dloss), dense_input(logits));
+    let (targets, lse) = (dense_input(targets), dense_input(lse));
+    let out = dense_output(&logits, logits.meta.shape().clone(), logits.dtype);
     let len = out.meta.shape().num_elements();
     if len > 0 {
         let (count, dim) = grid(&out, len);
@@ -202,10 +192,11 @@ pub(crate) fn adamw<R: CubeRuntime>(
     v: CubeTensor<R>,
     h: &AdamWStep,
 ) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
-    let (param, grad) = (into_contiguous(param), into_contiguous(grad));
-    let (m, v) = (into_contiguous(m), into_contiguous(v));
+    let (param, grad) = (dense_input(param), dense_input(grad));
+    let (m, v) = (dense_input(m), dense_input(v));
     let shape = param.meta.shape().clone();
-    let outs = [param.dtype, m.dtype, v.dtype].map(|dtype| like(&param, shape.clone(), dtype));
+    let outs =
+        [param.dtype, m.dtype, v.dtype].map(|dtype| dense_output(&param, shape.clone(), dtype));
     let len = shape.num_elements();
     if len > 0 {
         let (count, dim) = grid(&param, len);

@@ -4,11 +4,11 @@
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::CubeRuntime;
-use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::{empty_device_dtype, zeros};
+use burn_cubecl::ops::numeric::zeros;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
+use super::layout::{dense_input, dense_output_on};
 use super::reduce::{UNITS, block_sum};
 
 /// At most this many cubes per tensor: enough to fill a GPU, few enough that the final sum
@@ -73,7 +73,7 @@ pub(crate) fn sq_norm<R: CubeRuntime>(
     let client = R::client(device);
     let tensors: Vec<_> = tensors
         .into_iter()
-        .map(into_contiguous)
+        .map(dense_input)
         .filter(|t| t.meta.shape().num_elements() > 0)
         .collect();
     let cubes: Vec<usize> = tensors
@@ -81,7 +81,7 @@ pub(crate) fn sq_norm<R: CubeRuntime>(
         .map(|t| t.meta.shape().num_elements().div_ceil(UNITS).min(MAX_CUBES))
         .collect();
     let total: usize = cubes.iter().sum();
-    let partials = empty_device_dtype(
+    let partials = dense_output_on(
         client.clone(),
         device.clone(),
         Shape::new([2 * total.max(1)]),
@@ -102,10 +102,11 @@ pub(crate) fn sq_norm<R: CubeRuntime>(
         offset += n;
     }
     if total == 0 {
-        // Nothing to sum: the partials buffer was never written.
+        // Nothing to sum: the partials buffer was never written. (A 1-D tensor is never
+        // pitched, so the optimized-layout `zeros` is dense too.)
         return zeros::<R>(device.clone(), Shape::new([2]), DType::F32);
     }
-    let out = empty_device_dtype(client.clone(), device.clone(), Shape::new([2]), DType::F32);
+    let out = dense_output_on(client.clone(), device.clone(), Shape::new([2]), DType::F32);
     total_kernel::launch::<R>(
         &client,
         CubeCount::Static(1, 1, 1),

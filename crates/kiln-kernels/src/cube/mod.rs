@@ -5,6 +5,7 @@
 mod cross_entropy;
 mod elementwise;
 mod grad_norm;
+mod layout;
 mod qlora;
 mod reduce;
 mod rms_norm;

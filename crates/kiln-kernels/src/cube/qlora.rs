@@ -14,11 +14,10 @@
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::CubeRuntime;
-use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::{calculate_cube_count_elemwise, prelude::*};
 
+use super::layout::{dense_input, dense_output};
 use crate::quant::format::{BLOCK, CODES_PER_WORD};
 
 /// Rows of the reduction staged per step: half a scale block, four words per column.
@@ -300,20 +299,15 @@ pub(crate) fn qlora_matmul<R: CubeRuntime>(
     lora: Option<(CubeTensor<R>, CubeTensor<R>, f32)>,
     transposed: bool,
 ) -> CubeTensor<R> {
-    let lhs = into_contiguous(lhs);
-    let packed = into_contiguous(weight.packed);
-    let scales = into_contiguous(weight.scales);
-    let codebook = into_contiguous(weight.codebook);
+    let lhs = dense_input(lhs);
+    let packed = dense_input(weight.packed);
+    let scales = dense_input(weight.scales);
+    let codebook = dense_input(weight.codebook);
     let m = lhs.meta.shape()[0];
     let cols = if transposed { weight.k } else { weight.n };
     let client = lhs.client.clone();
     let dtype = lhs.dtype;
-    let out = empty_device_dtype(
-        client.clone(),
-        lhs.device.clone(),
-        Shape::new([m, cols]),
-        dtype,
-    );
+    let out = dense_output(&lhs, Shape::new([m, cols]), dtype);
     let tiling = Tiling::for_rows(m);
     let red = lhs.meta.shape()[1];
     let split_len = red.div_ceil(splits(m, cols, red)).div_ceil(BK) * BK;
@@ -323,17 +317,16 @@ pub(crate) fn qlora_matmul<R: CubeRuntime>(
         m.div_ceil(tiling.bm) as u32,
         splits as u32,
     );
-    let partial = empty_device_dtype(
-        client.clone(),
-        lhs.device.clone(),
-        // Unused (one element) without a split.
+    // `[splits, m, cols]` indexed densely by the kernels; unused (one element) without a split.
+    let partial = dense_output(
+        &lhs,
         Shape::new([if splits > 1 { splits * m * cols } else { 1 }]),
         DType::F32,
     );
     let dim = CubeDim::new_1d(UNITS as u32);
     debug_assert_eq!((tiling.bm / tiling.tm) * (BN / tiling.tn), UNITS);
     let (t, b, scale, with_lora) = match lora {
-        Some((t, b, s)) => (into_contiguous(t), into_contiguous(b), s, true),
+        Some((t, b, s)) => (dense_input(t), dense_input(b), s, true),
         // Never read: `lora` is false at compile time.
         None => (lhs.clone(), lhs.clone(), 0.0, false),
     };

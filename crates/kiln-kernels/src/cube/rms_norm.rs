@@ -4,11 +4,10 @@
 
 use burn::tensor::Shape;
 use burn_cubecl::CubeRuntime;
-use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
+use super::layout::{dense_input, dense_output};
 use super::reduce::{UNITS, block_sum};
 
 #[cube(launch)]
@@ -102,12 +101,12 @@ pub(crate) fn forward<R: CubeRuntime>(
     gamma: CubeTensor<R>,
     eps: f32,
 ) -> (CubeTensor<R>, CubeTensor<R>) {
-    let x = into_contiguous(x);
-    let gamma = into_contiguous(gamma);
+    let x = dense_input(x);
+    let gamma = dense_input(gamma);
     let [rows, d] = x.meta.shape().dims::<2>();
-    let (client, device, dtype) = (x.client.clone(), x.device.clone(), x.dtype);
-    let y = empty_device_dtype(client.clone(), device.clone(), Shape::new([rows, d]), dtype);
-    let rstd = empty_device_dtype(client.clone(), device, Shape::new([rows]), dtype);
+    let (client, dtype) = (x.client.clone(), x.dtype);
+    let y = dense_output(&x, Shape::new([rows, d]), dtype);
+    let rstd = dense_output(&x, Shape::new([rows]), dtype);
     if rows > 0 {
         rms_norm_kernel::launch::<R>(
             &client,
@@ -131,14 +130,14 @@ pub(crate) fn backward<R: CubeRuntime>(
     gamma: CubeTensor<R>,
     rstd: CubeTensor<R>,
 ) -> (CubeTensor<R>, CubeTensor<R>) {
-    let dy = into_contiguous(dy);
-    let x = into_contiguous(x);
-    let gamma = into_contiguous(gamma);
-    let rstd = into_contiguous(rstd);
+    let dy = dense_input(dy);
+    let x = dense_input(x);
+    let gamma = dense_input(gamma);
+    let rstd = dense_input(rstd);
     let [rows, d] = x.meta.shape().dims::<2>();
-    let (client, device, dtype) = (x.client.clone(), x.device.clone(), x.dtype);
-    let dx = empty_device_dtype(client.clone(), device.clone(), Shape::new([rows, d]), dtype);
-    let dgamma = empty_device_dtype(client.clone(), device, Shape::new([d]), dtype);
+    let (client, dtype) = (x.client.clone(), x.dtype);
+    let dx = dense_output(&x, Shape::new([rows, d]), dtype);
+    let dgamma = dense_output(&x, Shape::new([d]), dtype);
     if rows > 0 {
         rms_norm_dx_kernel::launch::<R>(
             &client,

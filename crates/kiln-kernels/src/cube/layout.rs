@@ -1,0 +1,56 @@
+//! The memory layout every kernel relies on: dense row-major inputs and outputs.
+//!
+//! The kernels index their tensors as dense row-major buffers (`y[row·d + i]`). Two things can
+//! break that, and this module is the one place that rules them out:
+//! - **Pitched outputs.** CubeCL's CUDA runtime allocates a tensor requested with the
+//!   "optimized" layout (burn-cubecl's `empty_device_dtype`) with padded rows: a `[rows, d]`
+//!   tensor whose row is not a multiple of the alignment gets `strides[0] > d`. Written densely,
+//!   such an output scrambles every row after the first. wgpu never pitches, so lavapipe cannot
+//!   show the bug; the workspace's `clippy.toml` forbids the pitched allocators instead.
+//! - **Strided inputs.** Slices and transposes are views with other strides; Burn's
+//!   `into_contiguous` copies them (and pitched tensors) into dense buffers.
+
+use burn::tensor::{DType, Shape};
+use burn_cubecl::CubeRuntime;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::client::ComputeClient;
+
+/// An uninitialised dense row-major tensor on `like`'s device.
+pub(crate) fn dense_output<R: CubeRuntime>(
+    like: &CubeTensor<R>,
+    shape: Shape,
+    dtype: DType,
+) -> CubeTensor<R> {
+    dense_output_on(like.client.clone(), like.device.clone(), shape, dtype)
+}
+
+/// An uninitialised dense row-major tensor on `device`.
+pub(crate) fn dense_output_on<R: CubeRuntime>(
+    client: ComputeClient<R>,
+    device: R::Device,
+    shape: Shape,
+    dtype: DType,
+) -> CubeTensor<R> {
+    let out = empty_device_contiguous_dtype(client, device, shape, dtype);
+    debug_assert!(
+        out.is_contiguous(),
+        "a dense allocation came back with strides {:?} for shape {:?}",
+        out.meta.strides(),
+        out.meta.shape()
+    );
+    out
+}
+
+/// `t` as a dense row-major tensor: itself when it already is one, a copy otherwise.
+pub(crate) fn dense_input<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+    let t = into_contiguous(t);
+    debug_assert!(
+        t.is_contiguous(),
+        "into_contiguous left strides {:?} for shape {:?}",
+        t.meta.strides(),
+        t.meta.shape()
+    );
+    t
+}
