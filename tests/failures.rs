@@ -187,3 +187,27 @@ fn impossible_configs_are_rejected() {
         assert!(error.to_string().contains(needle), "{error}");
     }
 }
+
+#[test]
+fn ddp_refuses_a_mesh_that_splits_the_model() {
+    use kiln::core::world::Mesh;
+    let case = mlp_case(1, 8);
+    let world = World::local(vec![Default::default(); 4])
+        .unwrap()
+        .with_mesh(Mesh::new(&[("dp", 2), ("pp", 2)]).unwrap())
+        .unwrap();
+    let error = Ddp::new(
+        &world,
+        case.model.clone(),
+        AdamWConfig::new().init(),
+        case.source(),
+        DdpConfig::default(),
+    )
+    .err()
+    .expect("a dp × pp mesh is refused");
+    assert_eq!(
+        error.to_string(),
+        "ddp keeps a whole replica on every rank, but mesh dp=2 × pp=2 also splits the model; \
+         give it a mesh with only a dp axis (World::local does), or use a strategy that splits"
+    );
+}

@@ -81,6 +81,29 @@ pub enum CollectiveError {
         /// Size of the group.
         world_size: usize,
     },
+    /// A send or receive naming a rank outside the group.
+    #[error("{op}: rank {peer} is not a rank of this group of {world_size}")]
+    InvalidPeer {
+        /// The operation.
+        op: CollectiveOp,
+        /// The rank named.
+        peer: usize,
+        /// Size of the group.
+        world_size: usize,
+    },
+    /// A reduce-scatter whose input does not split into equal chunks.
+    #[error(
+        "reduce_scatter on rank {rank}: {elements} elements do not split into {world_size} \
+         equal chunks; pad the input to a multiple of the group's size"
+    )]
+    Indivisible {
+        /// The rank reporting.
+        rank: usize,
+        /// The input's length.
+        elements: usize,
+        /// Size of the group.
+        world_size: usize,
+    },
 }
 
 impl CollectiveError {
@@ -90,7 +113,10 @@ impl CollectiveError {
             CollectiveError::Timeout { missing, .. } => missing.first().copied(),
             CollectiveError::PeerFailed { failed_rank, .. } => Some(*failed_rank),
             CollectiveError::Mismatch { other_rank, .. } => Some(*other_rank),
-            CollectiveError::InvalidRoot { .. } | CollectiveError::Device { .. } => None,
+            CollectiveError::InvalidRoot { .. }
+            | CollectiveError::InvalidPeer { .. }
+            | CollectiveError::Indivisible { .. }
+            | CollectiveError::Device { .. } => None,
         }
     }
 }

@@ -1,8 +1,10 @@
 //! Collective communication between the ranks of a run.
 //!
-//! A [`Collective`] is one rank's handle on its group, like an MPI communicator. Every call
-//! blocks until all ranks of the group have made the same call, and every call is bounded by
-//! the group's timeout: a rank that never arrives makes the others return
+//! A [`Collective`] is one rank's handle on its group, like an MPI communicator. A group
+//! operation (all-reduce, broadcast, all-gather, reduce-scatter, barrier) blocks until all
+//! ranks of the group have made the same call; a point-to-point [`Collective::recv`] blocks
+//! until its peer's matching [`Collective::send`]. Every blocking call is bounded by the
+//! group's timeout: a rank that never arrives (or never sends) makes the others return
 //! [`CollectiveError::Timeout`] naming it, and a rank that fails ([`Collective::abort`], a
 //! panic, or dropping its handle) poisons the group so that every other rank returns
 //! [`CollectiveError::PeerFailed`] at once instead of waiting.
@@ -12,9 +14,11 @@
 //! small.
 //!
 //! Implementations: [`InProcess`] (ranks are threads of one process, any backend).
+//! [`MeshCollectives`] gives a rank its group along each axis of a [`crate::world::Mesh`].
 
 mod error;
 mod in_process;
+mod mesh;
 
 use std::fmt;
 
@@ -22,6 +26,7 @@ use burn::tensor::{Tensor, backend::Backend};
 
 pub use error::CollectiveError;
 pub use in_process::InProcess;
+pub use mesh::MeshCollectives;
 
 /// How an all-reduce combines the ranks' tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -46,6 +51,20 @@ pub enum CollectiveOp {
     },
     /// [`Collective::barrier`].
     Barrier,
+    /// [`Collective::all_gather`].
+    AllGather,
+    /// [`Collective::reduce_scatter`].
+    ReduceScatter(ReduceOp),
+    /// [`Collective::send`] to the given rank.
+    Send {
+        /// The receiving rank.
+        to: usize,
+    },
+    /// [`Collective::recv`] from the given rank.
+    Recv {
+        /// The sending rank.
+        from: usize,
+    },
 }
 
 impl fmt::Display for CollectiveOp {
@@ -54,6 +73,10 @@ impl fmt::Display for CollectiveOp {
             CollectiveOp::AllReduce(op) => write!(f, "all_reduce({op:?})"),
             CollectiveOp::Broadcast { root } => write!(f, "broadcast(root {root})"),
             CollectiveOp::Barrier => f.write_str("barrier"),
+            CollectiveOp::AllGather => f.write_str("all_gather"),
+            CollectiveOp::ReduceScatter(op) => write!(f, "reduce_scatter({op:?})"),
+            CollectiveOp::Send { to } => write!(f, "send(to rank {to})"),
+            CollectiveOp::Recv { from } => write!(f, "recv(from rank {from})"),
         }
     }
 }
@@ -63,7 +86,7 @@ impl fmt::Display for CollectiveOp {
 pub struct CollectiveCounters {
     /// Calls made (all operations).
     pub calls: u64,
-    /// Elements sent by this rank in all-reduce and broadcast calls.
+    /// Elements this rank contributed: its input to group operations, and what it sent.
     pub elements: u64,
 }
 
@@ -100,6 +123,50 @@ pub trait Collective<B: Backend>: Send {
         &mut self,
         tensor: Tensor<B, 1>,
         root: usize,
+    ) -> Result<Tensor<B, 1>, CollectiveError>;
+
+    /// Concatenates every rank's `tensor` (`[n]`, the same `n` everywhere) in rank order:
+    /// `[world_size · n]`, identical on every rank, on the device of the input.
+    ///
+    /// # Errors
+    /// As [`Collective::all_reduce`].
+    fn all_gather(&mut self, tensor: Tensor<B, 1>) -> Result<Tensor<B, 1>, CollectiveError>;
+
+    /// Combines the ranks' `tensor`s (`[world_size · n]`) as [`Collective::all_reduce`] does
+    /// and returns this rank's chunk of the result: elements `rank·n .. (rank+1)·n`.
+    ///
+    /// # Errors
+    /// As [`Collective::all_reduce`], and [`CollectiveError::Indivisible`] when the length is
+    /// not a multiple of the group's size.
+    fn reduce_scatter(
+        &mut self,
+        tensor: Tensor<B, 1>,
+        op: ReduceOp,
+    ) -> Result<Tensor<B, 1>, CollectiveError>;
+
+    /// Sends `tensor` to rank `to`, where the matching [`Collective::recv`] takes it. Returns
+    /// once the tensor is handed over, without waiting for the receiver (a buffered send):
+    /// messages between two ranks arrive in the order they were sent.
+    ///
+    /// # Errors
+    /// [`CollectiveError::InvalidPeer`] for a rank outside the group, and
+    /// [`CollectiveError::PeerFailed`] when the group has failed.
+    fn send(&mut self, tensor: Tensor<B, 1>, to: usize) -> Result<(), CollectiveError>;
+
+    /// Receives the next tensor that rank `from` sent to this rank; it must have `elements`
+    /// elements (the receiver knows the shape it expects, as with an MPI or NCCL buffer) and
+    /// arrives on `device`.
+    ///
+    /// # Errors
+    /// [`CollectiveError::Timeout`] naming `from` when nothing arrives in time,
+    /// [`CollectiveError::Mismatch`] when the message has another length,
+    /// [`CollectiveError::PeerFailed`] when the group fails while waiting, and
+    /// [`CollectiveError::InvalidPeer`] for a rank outside the group.
+    fn recv(
+        &mut self,
+        from: usize,
+        elements: usize,
+        device: &B::Device,
     ) -> Result<Tensor<B, 1>, CollectiveError>;
 
     /// Waits until every rank has arrived.

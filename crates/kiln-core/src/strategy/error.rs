@@ -40,6 +40,18 @@ pub enum ConfigError {
         /// Processes in the world.
         processes: usize,
     },
+    /// A mesh that splits the model (pipeline or tensor axes) given to a strategy that
+    /// replicates it whole.
+    #[error(
+        "{strategy} keeps a whole replica on every rank, but mesh {mesh} also splits the model; \
+         give it a mesh with only a dp axis (World::local does), or use a strategy that splits"
+    )]
+    MeshSplitsTheModel {
+        /// The strategy.
+        strategy: &'static str,
+        /// The mesh, as `dp=2 × pp=2`.
+        mesh: String,
+    },
     /// A thread pool for a rank could not be built.
     #[error("could not start the thread pool of rank {rank}: {reason}")]
     ThreadPool {

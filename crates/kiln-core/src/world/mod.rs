@@ -9,8 +9,10 @@
 //! process `p` is `p * L + i`, so the ranks of one process are contiguous.
 
 mod launcher;
+mod mesh;
 
 pub use launcher::{EnvLookup, Launcher, ProcessInfo};
+pub use mesh::{Axis, Mesh, MeshError};
 
 /// Error building a [`World`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -56,6 +58,9 @@ pub enum WorldError {
         /// Where the numbers came from.
         launcher: Launcher,
     },
+    /// A mesh that does not fit the world.
+    #[error(transparent)]
+    Mesh(#[from] MeshError),
 }
 
 /// The participants of a run, seen from one process.
@@ -74,6 +79,7 @@ pub enum WorldError {
 pub struct World<D> {
     process: ProcessInfo,
     devices: Vec<D>,
+    mesh: Mesh,
 }
 
 impl<D: Clone> World<D> {
@@ -95,7 +101,38 @@ impl<D: Clone> World<D> {
         if devices.is_empty() {
             return Err(WorldError::NoDevices);
         }
-        Ok(Self { process, devices })
+        let mesh = Mesh::flat(process.processes * devices.len());
+        Ok(Self {
+            process,
+            devices,
+            mesh,
+        })
+    }
+
+    /// The same world with its ranks arranged as `mesh` (a flat world is `dp = world size`).
+    ///
+    /// # Errors
+    /// [`WorldError::Mesh`] when the mesh's degrees do not multiply to the world size.
+    ///
+    /// # Example
+    /// ```
+    /// use kiln_core::world::{Mesh, World};
+    /// let world = World::local(vec![(); 4])
+    ///     .unwrap()
+    ///     .with_mesh(Mesh::new(&[("dp", 2), ("pp", 2)]).unwrap())
+    ///     .unwrap();
+    /// assert_eq!(world.mesh().coords(3), vec![1, 1]);
+    /// assert!(World::local(vec![(); 4]).unwrap().with_mesh(Mesh::flat(3)).is_err());
+    /// ```
+    pub fn with_mesh(mut self, mesh: Mesh) -> Result<Self, WorldError> {
+        mesh.check_size(self.world_size())?;
+        self.mesh = mesh;
+        Ok(self)
+    }
+
+    /// The ranks' arrangement along named axes.
+    pub fn mesh(&self) -> &Mesh {
+        &self.mesh
     }
 
     /// A world whose process information comes from the launcher's environment (torchrun,

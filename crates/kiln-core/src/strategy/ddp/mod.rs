@@ -8,8 +8,9 @@
 //! gradients and identical optimizer states keep the replicas identical, which the optional
 //! replica check verifies.
 //!
-//! The calling thread only dispatches steps and collects reports; rank 0's worker holds the
-//! canonical model.
+//! The ranks all-reduce over the `dp` axis of the world's mesh, which for Ddp is the whole
+//! world (a mesh that also splits the model is refused). The calling thread only dispatches
+//! steps and collects reports; rank 0's worker holds the canonical model.
 
 mod worker;
 
@@ -25,8 +26,9 @@ use super::{
     ConfigError, RankError, RankFailure, RankStats, StepOutput, Strategy, StrategyError, TrainModel,
 };
 use crate::World;
-use crate::collective::InProcess;
+use crate::collective::MeshCollectives;
 use crate::data::{DataSource, ShardPolicy};
+use crate::world::Mesh;
 use worker::{Command, Report, Worker};
 
 /// Configuration of [`Ddp`].
@@ -128,6 +130,14 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
             .into());
         }
         let world_size = world.world_size();
+        let mesh = world.mesh();
+        if mesh.degree(Mesh::DP) != world_size {
+            return Err(ConfigError::MeshSplitsTheModel {
+                strategy: "ddp",
+                mesh: mesh.to_string(),
+            }
+            .into());
+        }
         // Burn initialises parameters lazily, on first use, from the backend's global RNG.
         // Materialise them here, once, so the model does not depend on how the rank threads
         // interleave, and matches what a single-device run draws from the same seed.
@@ -136,7 +146,12 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
         super::error::sync_device::<B>(&world.devices()[0])
             .map_err(|error| StrategyError::from_failures(vec![RankFailure { rank: 0, error }]))?;
         let (report_tx, reports) = mpsc::channel();
-        let collectives = InProcess::<B::InnerBackend>::group(world_size, config.timeout());
+        // Gradients are averaged over the data-parallel axis, which here spans every rank.
+        let collectives: Vec<_> =
+            MeshCollectives::<B::InnerBackend>::in_process(mesh, config.timeout())
+                .into_iter()
+                .map(|ranks| ranks.into_axis(Mesh::DP).expect("checked: the mesh has dp"))
+                .collect();
 
         let mut ranks = Vec::with_capacity(world_size);
         for (local, collective) in collectives.into_iter().enumerate() {
@@ -150,7 +165,7 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
                 model: Some(model.clone()),
                 optim: optim.clone(),
                 data: data.clone(),
-                collective: Box::new(collective),
+                collective,
                 config: config.clone(),
                 plan: None,
                 stats: RankStats {

@@ -1,0 +1,295 @@
+//! The in-process collective: ranks are threads of one process, on any Burn backend.
+//!
+//! One mutex and one condition variable serve two kinds of call:
+//! - group operations ([`round`]) are *rounds* of a rendezvous. Ranks deposit their tensor and
+//!   wait with a deadline; the last rank to arrive combines the inputs in rank order (so every
+//!   rank gets bit-identical results), publishes the output, and wakes the others. A round's
+//!   output cannot be overwritten before every rank has read it, because the next round needs
+//!   every rank to arrive.
+//! - point-to-point messages ([`mailbox`]) go through one FIFO queue per (sender, receiver)
+//!   pair: a send deposits and returns, a receive waits with a deadline for the head of its
+//!   queue. Message `k` from a rank to another is that pair's `k`-th send and receive.
+//!
+//! Tensors cross threads here, and a device may queue each thread's work separately (CubeCL
+//! keeps a stream per thread): a rank synchronises its device before depositing its tensor,
+//! and the combining rank before publishing the output, so nobody reads unfinished data. On
+//! CPU backends synchronising is free.
+//!
+//! Failure handling keeps the "never a hang" invariant: a waiting rank past its deadline
+//! records which ranks are missing and poisons the group; [`Collective::abort`], a panic
+//! unwinding through the handle, or a dropped handle poison it too, and every rank checks the
+//! poison before and while waiting.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use burn::tensor::{Tensor, backend::Backend};
+
+use super::{Collective, CollectiveCounters, CollectiveError, CollectiveOp, ReduceOp};
+
+mod mailbox;
+mod round;
+
+/// One rank's handle on a group of threads of this process.
+///
+/// # Example
+/// ```
+/// use std::time::Duration;
+/// use burn::backend::Flex;
+/// use burn::tensor::Tensor;
+/// use kiln_core::collective::{Collective, InProcess, ReduceOp};
+///
+/// let handles = InProcess::<Flex>::group(2, Duration::from_secs(10));
+/// let sums: Vec<f32> = std::thread::scope(|s| {
+///     let jobs: Vec<_> = handles
+///         .into_iter()
+///         .map(|mut c| {
+///             s.spawn(move || {
+///                 let x = Tensor::<Flex, 1>::from_floats([c.rank() as f32 + 1.0], &Default::default());
+///                 c.all_reduce(x, ReduceOp::Sum).unwrap().into_scalar()
+///             })
+///         })
+///         .collect();
+///     jobs.into_iter().map(|j| j.join().unwrap()).collect()
+/// });
+/// assert_eq!(sums, vec![3.0, 3.0]);
+/// ```
+pub struct InProcess<B: Backend> {
+    rank: usize,
+    shared: Arc<Shared<B>>,
+    seq: u64,
+    /// Messages sent to each rank so far.
+    sent: Vec<u64>,
+    /// Messages received from each rank so far.
+    received: Vec<u64>,
+    counters: CollectiveCounters,
+}
+
+struct Shared<B: Backend> {
+    world_size: usize,
+    /// The rank in the whole world of each rank of this group, for errors: a sub-group of a
+    /// mesh numbers its ranks from 0, but a user looks for the failed rank in the world.
+    members: Vec<usize>,
+    timeout: Duration,
+    state: Mutex<State<B>>,
+    wake: Condvar,
+}
+
+/// The failure that poisoned a group: the rank blamed and why.
+#[derive(Clone)]
+struct Failure {
+    rank: usize,
+    reason: String,
+}
+
+/// What the first rank to arrive in a round called; later ranks must match it.
+#[derive(Clone, Copy)]
+struct Call {
+    op: CollectiveOp,
+    elements: usize,
+    rank: usize,
+}
+
+struct State<B: Backend> {
+    /// Sequence number of the round being gathered; rounds before it are complete.
+    round: u64,
+    call: Option<Call>,
+    inputs: Vec<Option<Tensor<B, 1>>>,
+    arrived: Vec<bool>,
+    arrivals: usize,
+    /// Output of round `round - 1`, kept until every rank has taken it.
+    output: Option<Tensor<B, 1>>,
+    output_readers: usize,
+    failure: Option<Failure>,
+    /// Point-to-point messages in flight, queue `from · world_size + to`.
+    mail: Vec<std::collections::VecDeque<Tensor<B, 1>>>,
+}
+
+impl<B: Backend> InProcess<B> {
+    /// Creates a group of `world_size` ranks whose calls time out after `timeout`; hand
+    /// element `r` of the result to the thread of rank `r`.
+    ///
+    /// # Panics
+    /// When `world_size` is 0.
+    pub fn group(world_size: usize, timeout: Duration) -> Vec<Self> {
+        Self::subgroup((0..world_size).collect(), timeout)
+    }
+
+    /// Creates a group of the world's ranks `members` (in group-rank order); errors name the
+    /// world's ranks. Hand element `i` of the result to the thread of rank `members[i]`.
+    ///
+    /// # Panics
+    /// When `members` is empty.
+    pub fn subgroup(members: Vec<usize>, timeout: Duration) -> Vec<Self> {
+        let world_size = members.len();
+        assert!(world_size > 0, "a collective group needs at least one rank");
+        let shared = Arc::new(Shared {
+            world_size,
+            members,
+            timeout,
+            state: Mutex::new(State {
+                round: 0,
+                call: None,
+                inputs: vec![None; world_size],
+                arrived: vec![false; world_size],
+                arrivals: 0,
+                output: None,
+                output_readers: 0,
+                failure: None,
+                mail: (0..world_size * world_size)
+                    .map(|_| Default::default())
+                    .collect(),
+            }),
+            wake: Condvar::new(),
+        });
+        (0..world_size)
+            .map(|rank| Self {
+                rank,
+                shared: shared.clone(),
+                seq: 0,
+                sent: vec![0; world_size],
+                received: vec![0; world_size],
+                counters: CollectiveCounters::default(),
+            })
+            .collect()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<B>> {
+        // A panic while holding the lock can only come from a Burn op in `combine`; the state
+        // is still consistent enough to report failures, so keep going.
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The world's rank of this group's rank `rank`.
+    fn global(&self, rank: usize) -> usize {
+        self.shared.members[rank]
+    }
+
+    fn peer_failed(&self, op: CollectiveOp, seq: u64, failure: &Failure) -> CollectiveError {
+        CollectiveError::PeerFailed {
+            op,
+            seq,
+            rank: self.global(self.rank),
+            failed_rank: self.global(failure.rank),
+            reason: failure.reason.clone(),
+        }
+    }
+
+    fn poison(&self, reason: String) {
+        let mut state = self.lock();
+        self.record_failure(&mut state, self.rank, reason);
+    }
+
+    /// Poisons the group, blaming `rank`, unless it already is, and wakes every waiter.
+    fn record_failure(&self, state: &mut State<B>, rank: usize, reason: String) {
+        if state.failure.is_none() {
+            state.failure = Some(Failure { rank, reason });
+        }
+        self.shared.wake.notify_all();
+    }
+}
+
+impl<B: Backend> Collective<B> for InProcess<B> {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.shared.world_size
+    }
+
+    fn all_reduce(
+        &mut self,
+        tensor: Tensor<B, 1>,
+        op: ReduceOp,
+    ) -> Result<Tensor<B, 1>, CollectiveError> {
+        let output = self.rendezvous(CollectiveOp::AllReduce(op), Some(tensor))?;
+        Ok(output.expect("an all-reduce produces a tensor"))
+    }
+
+    fn broadcast(
+        &mut self,
+        tensor: Tensor<B, 1>,
+        root: usize,
+    ) -> Result<Tensor<B, 1>, CollectiveError> {
+        let world_size = self.shared.world_size;
+        if root >= world_size {
+            return Err(CollectiveError::InvalidRoot { root, world_size });
+        }
+        let output = self.rendezvous(CollectiveOp::Broadcast { root }, Some(tensor))?;
+        Ok(output.expect("a broadcast produces a tensor"))
+    }
+
+    fn all_gather(&mut self, tensor: Tensor<B, 1>) -> Result<Tensor<B, 1>, CollectiveError> {
+        let output = self.rendezvous(CollectiveOp::AllGather, Some(tensor))?;
+        Ok(output.expect("an all-gather produces a tensor"))
+    }
+
+    fn reduce_scatter(
+        &mut self,
+        tensor: Tensor<B, 1>,
+        op: ReduceOp,
+    ) -> Result<Tensor<B, 1>, CollectiveError> {
+        let (elements, world_size) = (tensor.dims()[0], self.shared.world_size);
+        if !elements.is_multiple_of(world_size) {
+            // Poison the group too: the other ranks would otherwise wait for this one.
+            let error = CollectiveError::Indivisible {
+                rank: self.global(self.rank),
+                elements,
+                world_size,
+            };
+            self.poison(error.to_string());
+            return Err(error);
+        }
+        let reduced = self.rendezvous(CollectiveOp::ReduceScatter(op), Some(tensor))?;
+        let chunk = elements / world_size;
+        let start = self.rank * chunk;
+        Ok(reduced
+            .expect("a reduce-scatter produces a tensor")
+            .slice(start..start + chunk))
+    }
+
+    fn send(&mut self, tensor: Tensor<B, 1>, to: usize) -> Result<(), CollectiveError> {
+        self.post(tensor, to)
+    }
+
+    fn recv(
+        &mut self,
+        from: usize,
+        elements: usize,
+        device: &B::Device,
+    ) -> Result<Tensor<B, 1>, CollectiveError> {
+        self.take(from, elements, device)
+    }
+
+    fn barrier(&mut self) -> Result<(), CollectiveError> {
+        self.rendezvous(CollectiveOp::Barrier, None).map(drop)
+    }
+
+    fn abort(&mut self, reason: &str) {
+        self.poison(reason.to_string());
+    }
+
+    fn counters(&self) -> CollectiveCounters {
+        self.counters
+    }
+}
+
+impl<B: Backend> Drop for InProcess<B> {
+    fn drop(&mut self) {
+        // A rank that is gone can never arrive again: tell the others now rather than let
+        // them wait for the timeout. After a clean finish nobody is waiting, so this is moot.
+        let reason = if std::thread::panicking() {
+            "panicked".to_string()
+        } else {
+            format!("left the group after {} calls", self.seq)
+        };
+        self.poison(reason);
+    }
+}
+
+#[cfg(test)]
+mod tests;
