@@ -7,7 +7,8 @@
 //! - **axis**: a direction of the device grid (data, pipeline, tensor); **dim** is a tensor's.
 //! - **replica**: a full copy of the model on one rank (data parallelism).
 //! - **shard**: a rank's part of something split: a global batch, or a weight.
-//! - **stage**: a contiguous part of a model's layers (pipeline parallelism).
+//! - **stage**: a contiguous part of a model's blocks (pipeline parallelism); see [`stages`].
+//! - **mesh**: the ranks arranged along named axes (`dp × pp × tp`); see [`world::Mesh`].
 //! - **global batch**: the samples of one optimizer step over all ranks;
 //!   **micro_batch**: the part of a rank's shard run in one forward/backward.
 //!
@@ -32,6 +33,7 @@ pub mod collective;
 pub mod data;
 pub mod grads;
 pub mod params;
+pub mod stages;
 pub mod strategy;
 pub mod world;
 
@@ -43,9 +45,12 @@ pub use world::{World, WorldError};
 pub mod prelude {
     pub use crate::collective::{Collective, InProcess, ReduceOp};
     pub use crate::data::{DataSource, EpochSampler, Remainder, ShardPolicy};
+    pub use crate::stages::PipelineModel;
     pub use crate::strategy::{
-        DataParallel, DataParallelConfig, Ddp, DdpConfig, Single, SingleConfig, StepLoss,
-        StepOutput, Strategy, StrategyConfigs, StrategyError, StrategyKind, TrainModel,
+        DataParallel, DataParallelConfig, Ddp, DdpConfig, Pipeline, PipelineConfig, Schedule,
+        Single, SingleConfig, StepLoss, StepOutput, Strategy, StrategyConfigs, StrategyError,
+        StrategyKind, TrainModel,
     };
+    pub use crate::world::Mesh;
     pub use crate::world::World;
 }

@@ -52,6 +52,52 @@ pub enum ConfigError {
         /// The mesh, as `dp=2 × pp=2`.
         mesh: String,
     },
+    /// A pipeline of zero stages.
+    #[error("stages must be at least 1")]
+    ZeroStages,
+    /// A pipeline flush of zero micro-batches.
+    #[error("micro_batches must be at least 1")]
+    ZeroMicroBatches,
+    /// More stages than the model has blocks to split between.
+    #[error(
+        "the pipeline has {stages} stages but the model has {blocks} blocks to split between; \
+         use at most {blocks} stages"
+    )]
+    TooManyStages {
+        /// Stages asked for.
+        stages: usize,
+        /// The model's blocks.
+        blocks: usize,
+    },
+    /// A world that is not `dp × stages` ranks.
+    #[error(
+        "a pipeline of {stages} stages needs a world of dp × {stages} ranks (a mesh with axes \
+         dp and pp = {stages}), but the world has {world_size} ranks as mesh {mesh}"
+    )]
+    PipelineMesh {
+        /// The world's mesh.
+        mesh: String,
+        /// Stages asked for.
+        stages: usize,
+        /// Ranks in the world.
+        world_size: usize,
+    },
+    /// More micro-batches than a replica has samples.
+    #[error(
+        "{micro_batches} micro-batches but a replica's shard of the global batch of {batch} \
+         (over {replicas} replica(s)) has only {samples} samples; use at most {samples} \
+         micro-batches or a larger batch"
+    )]
+    MicroBatchesExceedBatch {
+        /// Micro-batches asked for.
+        micro_batches: usize,
+        /// Samples of the smallest shard.
+        samples: usize,
+        /// The global batch.
+        batch: usize,
+        /// Data-parallel replicas.
+        replicas: usize,
+    },
     /// A thread pool for a rank could not be built.
     #[error("could not start the thread pool of rank {rank}: {reason}")]
     ThreadPool {

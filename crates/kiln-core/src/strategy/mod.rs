@@ -10,10 +10,12 @@
 mod build;
 mod data_parallel;
 mod ddp;
+mod dispatch;
 mod error;
 mod kind;
 mod loss;
 mod micro_batch;
+mod pipeline;
 mod single;
 mod threads;
 
@@ -29,6 +31,7 @@ pub use ddp::{Ddp, DdpConfig};
 pub use error::{ConfigError, RankError, RankFailure, StrategyError};
 pub use kind::{AutoDecision, StrategyKind};
 pub use loss::StepLoss;
+pub use pipeline::{Action, Pipeline, PipelineConfig, Schedule, peak_live};
 pub use single::{Single, SingleConfig};
 
 use crate::collective::CollectiveCounters;
@@ -78,6 +81,14 @@ pub struct RankStats {
     pub communication: Duration,
     /// Collective traffic.
     pub collective: CollectiveCounters,
+    /// Time waiting for another stage's activations or gradients (the pipeline bubble);
+    /// zero for strategies without stages.
+    pub idle: Duration,
+    /// Most micro-batches whose activations this rank held at once (pipeline stages).
+    pub peak_live_micro_batches: usize,
+    /// Bytes of the stage-boundary activations held at that peak: a lower bound of the
+    /// activation memory, which also holds each stage's internal intermediates.
+    pub peak_activation_bytes: u64,
 }
 
 /// A way of training one model on one or more devices.

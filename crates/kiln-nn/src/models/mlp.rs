@@ -55,8 +55,8 @@ impl MlpConfig {
 /// Input `[batch, input]`, output `[batch, classes]`.
 #[derive(Module, Debug)]
 pub struct Mlp<B: Backend> {
-    hidden: Vec<Linear<B>>,
-    head: Linear<B>,
+    pub(super) hidden: Vec<Linear<B>>,
+    pub(super) head: Linear<B>,
     activation: Relu,
 }
 

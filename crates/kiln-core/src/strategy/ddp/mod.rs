@@ -15,21 +15,20 @@
 mod worker;
 
 use std::sync::Arc;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;
 
-use super::{
-    ConfigError, RankError, RankFailure, RankStats, StepOutput, Strategy, StrategyError, TrainModel,
-};
+use super::dispatch::{Report, collect};
+use super::{ConfigError, RankFailure, RankStats, StepOutput, Strategy, StrategyError, TrainModel};
 use crate::World;
 use crate::collective::MeshCollectives;
 use crate::data::{DataSource, ShardPolicy};
 use crate::world::Mesh;
-use worker::{Command, Report, Worker};
+use worker::{Command, Done, Worker};
 
 /// Configuration of [`Ddp`].
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -96,7 +95,7 @@ struct RankHandle<M> {
 /// Distributed data parallelism over the ranks of a [`World`].
 pub struct Ddp<B: AutodiffBackend, M: TrainModel<B>> {
     ranks: Vec<RankHandle<M>>,
-    reports: Receiver<Report>,
+    reports: Receiver<Report<Done>>,
     config: DdpConfig,
     stats: Vec<RankStats>,
     num_buckets: usize,
@@ -222,59 +221,12 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
         self.num_buckets
     }
 
-    /// Waits for one report per rank. Once any rank has failed, the others get at most the
-    /// collective timeout to report, so a wedged rank cannot hang the caller.
-    fn collect(&mut self) -> Result<Vec<worker::Done>, StrategyError> {
-        let world_size = self.ranks.len();
-        let mut done: Vec<Option<worker::Done>> = (0..world_size).map(|_| None).collect();
-        let mut failures = Vec::new();
-        let mut pending = world_size;
+    /// Waits for one report per rank; a failure marks the strategy broken.
+    fn collect(&mut self) -> Result<Vec<Done>, StrategyError> {
         let grace = self.config.timeout() + Duration::from_secs(1);
-        while pending > 0 {
-            let report = if failures.is_empty() {
-                self.reports
-                    .recv()
-                    .map_err(|_| RecvTimeoutError::Disconnected)
-            } else {
-                self.reports.recv_timeout(grace)
-            };
-            match report {
-                Ok(Report { rank, result }) => {
-                    pending -= 1;
-                    // Ranks are this process's only ranks (multi-process worlds are rejected
-                    // in `new`), so a rank is its index.
-                    match result {
-                        Ok(d) => done[rank] = Some(d),
-                        Err(error) => failures.push(RankFailure { rank, error }),
-                    }
-                }
-                Err(reason) => {
-                    let error = match reason {
-                        RecvTimeoutError::Timeout => RankError::Silent(grace),
-                        RecvTimeoutError::Disconnected => RankError::Gone,
-                    };
-                    for (rank, _) in done.iter().enumerate().filter(|(_, d)| d.is_none()) {
-                        if !failures.iter().any(|f: &RankFailure| f.rank == rank) {
-                            failures.push(RankFailure {
-                                rank,
-                                error: error.clone(),
-                            });
-                        }
-                    }
-                    break;
-                }
-            }
-        }
-        if failures.is_empty() {
-            Ok(done
-                .into_iter()
-                .map(|d| d.expect("every rank reported"))
-                .collect())
-        } else {
-            let error = StrategyError::from_failures(failures);
+        collect(&self.reports, self.ranks.len(), grace).inspect_err(|error| {
             self.broken = error.culprit();
-            Err(error)
-        }
+        })
     }
 
     fn send(&self, make: impl Fn() -> Command<M>) {

@@ -13,6 +13,7 @@ use crate::collective::Collective;
 use crate::data::DataSource;
 use crate::grads::{BucketPlan, ParamSelection, all_reduce_gradients, broadcast_parameters};
 use crate::params::checksum_tensor;
+use crate::strategy::dispatch::Report;
 use crate::strategy::error::{panic_message, sync_device};
 use crate::strategy::micro_batch::local_gradients;
 use crate::strategy::{RankError, RankStats, TrainModel};
@@ -25,12 +26,6 @@ pub(super) enum Command<M> {
     Model(Sender<Option<M>>),
     /// Leave the loop.
     Stop,
-}
-
-/// A rank's answer to start-up or a step.
-pub(super) struct Report {
-    pub rank: usize,
-    pub result: Result<Done, RankError>,
 }
 
 /// A finished start-up or step.
@@ -64,7 +59,7 @@ where
     O: Optimizer<M, B>,
 {
     /// Starts, then serves commands until `Stop` or until the dispatcher is gone.
-    pub fn run(mut self, inbox: Receiver<Command<M>>, reports: Sender<Report>) {
+    pub fn run(mut self, inbox: Receiver<Command<M>>, reports: Sender<Report<Done>>) {
         let rank = self.rank;
         // A send fails only when the dispatcher is gone, and then there is nobody to serve.
         let report = |result| reports.send(Report { rank, result }).is_ok();

@@ -1,0 +1,366 @@
+//! `Pipeline`: the model split into stages on different ranks, micro-batches flowing through
+//! them (GPipe or 1F1B), optionally times data parallelism (`dp × pp`).
+//!
+//! The world's ranks form a `dp × pp` mesh: rank `(d, s)` runs stage `s` of replica `d` on its
+//! own thread. Every step, each replica takes its shard of the global batch (as Ddp shards),
+//! cuts it into `m` micro-batches (times the gradient accumulation) and runs the schedule:
+//! activations go forward and their gradients backward through the `pp` group's send and
+//! receive; the backward of stage `s` starts from the gradient received from stage `s + 1`,
+//! injected as the output gradient of its forward. Each micro-batch's loss is weighted by its
+//! share of the global batch exactly as in Ddp, so after the stages' gradients are all-reduced
+//! over `dp` (per stage, bucketed) and every stage steps its optimizer, the stages hold what
+//! single-device training would. [`Strategy::model`] assembles the whole model from the
+//! stages of replica 0 by `ParamId`.
+//!
+//! A stage keeps only the *input* of each micro-batch between its forward and its backward,
+//! and the backward recomputes the stage's forward (activation checkpointing at stage
+//! granularity, as Megatron-LM's full recompute): each rank holds one autodiff graph at a time.
+//! That costs one extra forward per micro-batch and stage, and it is what makes held
+//! micro-batches safe under Burn 0.21, whose graph memory management frees nodes of other
+//! held graphs sharing the stage's parameters when one of them runs backward. A consequence:
+//! a stochastic layer (dropout) draws a new mask in the recomputed forward, so exact
+//! equivalence with single-device training needs dropout off.
+
+mod schedule;
+mod worker;
+
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use burn::optim::Optimizer;
+use burn::tensor::backend::AutodiffBackend;
+
+pub use schedule::{Action, Schedule, peak_live};
+
+use super::dispatch::{Report, collect};
+use super::{ConfigError, RankFailure, RankStats, StepOutput, Strategy, StrategyError};
+use crate::World;
+use crate::collective::MeshCollectives;
+use crate::data::{DataSource, ShardPolicy};
+use crate::stages::{PipelineModel, assemble, even_ranges};
+use crate::world::Mesh;
+use worker::{Command, Done, Place, Worker};
+
+/// Configuration of [`Pipeline`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PipelineConfig {
+    /// Pipeline stages `p`: the world is `dp × p` ranks. At most the model's blocks.
+    pub stages: usize,
+    /// Micro-batches `m` per flush; each replica's shard is cut into this many.
+    pub micro_batches: usize,
+    /// The order of forwards and backwards.
+    pub schedule: Schedule,
+    /// Flushes per optimizer step (gradient accumulation).
+    pub grad_accumulation: usize,
+    /// Largest gradient bucket of the `dp` all-reduce, in MiB.
+    pub bucket_cap_mb: f64,
+    /// How a global batch that does not divide by the replicas is sharded.
+    pub shard_policy: ShardPolicy,
+    /// Seconds any collective call may wait before failing.
+    pub collective_timeout_s: f64,
+    /// Intra-op threads per rank; `None` shares the cores evenly among the ranks.
+    pub threads_per_rank: Option<usize>,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        Self {
+            stages: 2,
+            micro_batches: 4,
+            schedule: Schedule::OneFOneB,
+            grad_accumulation: 1,
+            bucket_cap_mb: 25.0,
+            shard_policy: ShardPolicy::Uneven,
+            collective_timeout_s: 300.0,
+            threads_per_rank: None,
+        }
+    }
+}
+
+impl PipelineConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.stages == 0 {
+            return Err(ConfigError::ZeroStages);
+        }
+        if self.micro_batches == 0 {
+            return Err(ConfigError::ZeroMicroBatches);
+        }
+        if self.grad_accumulation == 0 {
+            return Err(ConfigError::ZeroAccumulation);
+        }
+        if !(self.bucket_cap_mb > 0.0 && self.bucket_cap_mb.is_finite()) {
+            return Err(ConfigError::BucketCap(self.bucket_cap_mb));
+        }
+        if !(self.collective_timeout_s > 0.0 && self.collective_timeout_s.is_finite()) {
+            return Err(ConfigError::Timeout(self.collective_timeout_s));
+        }
+        if self.threads_per_rank == Some(0) {
+            return Err(ConfigError::ZeroThreads);
+        }
+        Ok(())
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.collective_timeout_s)
+    }
+
+    /// The `dp × pp` mesh for `world_size` ranks: the world's own when it has a `pp` axis,
+    /// otherwise `dp = world_size / stages`.
+    fn mesh(&self, world: &Mesh, world_size: usize) -> Result<Mesh, ConfigError> {
+        let mismatch = || ConfigError::PipelineMesh {
+            mesh: world.to_string(),
+            stages: self.stages,
+            world_size,
+        };
+        let pp = world.degree(Mesh::PP);
+        if pp > 1 || world.axes().iter().any(|a| a.name == Mesh::PP) {
+            let only_dp_pp = world
+                .axes()
+                .iter()
+                .all(|a| a.name == Mesh::DP || a.name == Mesh::PP || a.degree == 1);
+            if pp != self.stages || !only_dp_pp {
+                return Err(mismatch());
+            }
+        } else if !world_size.is_multiple_of(self.stages) || world.degree(Mesh::TP) > 1 {
+            return Err(mismatch());
+        }
+        Mesh::new(&[
+            (Mesh::DP, world_size / self.stages),
+            (Mesh::PP, self.stages),
+        ])
+        .map_err(|_| mismatch())
+    }
+}
+
+struct RankHandle<S> {
+    commands: Sender<Command<S>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Pipeline parallelism (times data parallelism) over the ranks of a [`World`].
+pub struct Pipeline<B: AutodiffBackend, M: PipelineModel<B>> {
+    ranks: Vec<RankHandle<M::Stage>>,
+    reports: Receiver<Report<Done>>,
+    mesh: Mesh,
+    config: PipelineConfig,
+    /// The whole model as given, into which [`Strategy::model`] puts the stages' parameters.
+    template: M,
+    device: B::Device,
+    stats: Vec<RankStats>,
+    broken: Option<usize>,
+}
+
+impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
+    /// Splits `model` into `config.stages` stages of nearly equal numbers of blocks and starts
+    /// one worker per rank of `world`, each with its stage and a clone of `optim`.
+    ///
+    /// # Errors
+    /// [`ConfigError`] for an impossible configuration: more stages than blocks, a mesh that
+    /// is not `dp × stages`, a multi-process world.
+    pub fn new<O, I>(
+        world: &World<B::Device>,
+        model: M,
+        optim: O,
+        data: DataSource<B, I, <M as burn::train::TrainStep>::Input>,
+        config: PipelineConfig,
+    ) -> Result<Self, StrategyError>
+    where
+        O: Optimizer<M::Stage, B> + 'static,
+        I: Send + 'static,
+    {
+        config.validate()?;
+        if world.multi_process_enabled() {
+            return Err(ConfigError::MultiProcess {
+                processes: world.process().processes,
+            }
+            .into());
+        }
+        let world_size = world.world_size();
+        let mesh = config.mesh(world.mesh(), world_size)?;
+        let blocks = model.num_blocks();
+        if config.stages > blocks {
+            return Err(ConfigError::TooManyStages {
+                stages: config.stages,
+                blocks,
+            }
+            .into());
+        }
+        // Materialise the lazily initialised parameters once, as Ddp does, so that every
+        // stage and the template hold the same values.
+        let device = world.devices()[0].clone();
+        let model = model.fork(&device);
+        super::error::sync_device::<B>(&device)
+            .map_err(|error| StrategyError::from_failures(vec![RankFailure { rank: 0, error }]))?;
+        let stages = model.split(&even_ranges(blocks, config.stages));
+
+        let (report_tx, reports) = mpsc::channel();
+        let groups = MeshCollectives::<B::InnerBackend>::in_process(&mesh, config.timeout());
+        let mut ranks = Vec::with_capacity(world_size);
+        for (rank, groups) in groups.into_iter().enumerate() {
+            let (replica, stage) = (mesh.coord(rank, Mesh::DP), mesh.coord(rank, Mesh::PP));
+            let pool = super::threads::rank_pool(rank, world_size, config.threads_per_rank)?;
+            let (commands, inbox) = mpsc::channel();
+            let worker = Worker::<B, M, O, I> {
+                place: Place {
+                    rank,
+                    stage,
+                    stages: config.stages,
+                    replica,
+                    replicas: mesh.degree(Mesh::DP),
+                },
+                device: world.devices()[rank].clone(),
+                module: Some(stages[stage].clone()),
+                optim: optim.clone(),
+                data: data.clone(),
+                groups,
+                config: config.clone(),
+                plan: None,
+                stats: RankStats {
+                    rank,
+                    ..Default::default()
+                },
+            };
+            let reports = report_tx.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("kiln-pipeline-rank{rank}"))
+                .spawn(move || pool.install(move || worker.run(inbox, reports)))
+                .map_err(|e| ConfigError::ThreadPool {
+                    rank,
+                    reason: e.to_string(),
+                })?;
+            ranks.push(RankHandle {
+                commands,
+                thread: Some(thread),
+            });
+        }
+        let mut pipeline = Self {
+            ranks,
+            reports,
+            config,
+            template: model,
+            device,
+            stats: Vec::new(),
+            broken: None,
+            mesh,
+        };
+        pipeline.stats = pipeline.collect()?.into_iter().map(|d| d.stats).collect();
+        tracing::info!(
+            mesh = %pipeline.mesh,
+            schedule = %pipeline.config.schedule,
+            "Applied Pipeline: {} stages of {blocks} blocks × {} replicas, {} micro-batches, {}",
+            pipeline.config.stages,
+            pipeline.mesh.degree(Mesh::DP),
+            pipeline.config.micro_batches,
+            pipeline.config.schedule
+        );
+        Ok(pipeline)
+    }
+
+    /// The `dp × pp` mesh the ranks form.
+    pub fn mesh(&self) -> &Mesh {
+        &self.mesh
+    }
+
+    fn collect(&mut self) -> Result<Vec<Done>, StrategyError> {
+        let grace = self.config.timeout() + Duration::from_secs(1);
+        collect(&self.reports, self.ranks.len(), grace).inspect_err(|error| {
+            self.broken = error.culprit();
+        })
+    }
+
+    fn send(&self, make: impl Fn() -> Command<M::Stage>) {
+        for rank in &self.ranks {
+            // A rank whose thread is gone is noticed in `collect` by its missing report.
+            let _ = rank.commands.send(make());
+        }
+    }
+}
+
+impl<B: AutodiffBackend, M: PipelineModel<B>> Strategy<B, M> for Pipeline<B, M> {
+    fn name(&self) -> &'static str {
+        "pipeline"
+    }
+
+    fn world_size(&self) -> usize {
+        self.ranks.len()
+    }
+
+    fn step(&mut self, batch: &[usize], lr: f64) -> Result<StepOutput, StrategyError> {
+        if let Some(culprit) = self.broken {
+            return Err(StrategyError::Broken { culprit });
+        }
+        let replicas = self.mesh.degree(Mesh::DP);
+        let shards = self.config.shard_policy.shard(batch, replicas)?;
+        let smallest = shards.iter().map(Vec::len).min().unwrap_or(0);
+        if self.config.micro_batches > smallest {
+            return Err(ConfigError::MicroBatchesExceedBatch {
+                micro_batches: self.config.micro_batches,
+                samples: smallest,
+                batch: batch.len(),
+                replicas,
+            }
+            .into());
+        }
+        let batch: Arc<[usize]> = batch.into();
+        self.send(|| Command::Step {
+            batch: batch.clone(),
+            lr,
+        });
+        let done = self.collect()?;
+        let mut output = StepOutput {
+            loss: 0.0,
+            samples: 0,
+            compute: Duration::ZERO,
+            communication: Duration::ZERO,
+        };
+        let mut loss_sum = 0.0;
+        for (stats, d) in self.stats.iter_mut().zip(done) {
+            loss_sum += d.loss_sum;
+            output.samples += d.samples;
+            output.compute = output.compute.max(d.compute);
+            output.communication = output.communication.max(d.communication);
+            *stats = d.stats;
+        }
+        output.loss = loss_sum / output.samples.max(1) as f64;
+        Ok(output)
+    }
+
+    fn model(&self) -> Result<M, StrategyError> {
+        let mut stages = Vec::with_capacity(self.config.stages);
+        for stage in 0..self.config.stages {
+            let rank = self.mesh.rank(&[0, stage]);
+            let (reply, answer) = mpsc::channel();
+            let sent = self.ranks[rank]
+                .commands
+                .send(Command::Stage(reply))
+                .is_ok();
+            match answer.recv() {
+                Ok(Some(module)) if sent => stages.push(module),
+                _ => {
+                    return Err(StrategyError::Broken {
+                        culprit: self.broken.unwrap_or(rank),
+                    });
+                }
+            }
+        }
+        Ok(assemble(self.template.clone(), &stages, &self.device))
+    }
+
+    fn stats(&self) -> Vec<RankStats> {
+        self.stats.clone()
+    }
+}
+
+impl<B: AutodiffBackend, M: PipelineModel<B>> Drop for Pipeline<B, M> {
+    fn drop(&mut self) {
+        self.send(|| Command::Stop);
+        for rank in &mut self.ranks {
+            if let Some(thread) = rank.thread.take() {
+                let _ = thread.join();
+            }
+        }
+    }
+}

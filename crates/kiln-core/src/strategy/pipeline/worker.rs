@@ -1,0 +1,418 @@
+//! One pipeline rank: a stage of one data-parallel replica, on its own thread.
+//!
+//! A step reads top-down: shard the global batch over the replicas → cut this replica's shard
+//! into flushes (gradient accumulation) of `m` micro-batches → run the schedule's actions,
+//! receiving activations from the previous stage and gradients from the next → all-reduce the
+//! stage's gradients over the `dp` axis → optimizer step.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, Sender};
+use std::time::{Duration, Instant};
+
+use burn::module::Module;
+use burn::optim::{GradientsParams, Optimizer};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{ElementConversion, Tensor};
+
+use super::PipelineConfig;
+use super::schedule::Action;
+use crate::collective::MeshCollectives;
+use crate::data::{DataSource, split_even};
+use crate::grads::{BucketPlan, ParamSelection, add_weighted, all_reduce_gradients};
+use crate::stages::{Activation, PipelineModel};
+use crate::strategy::dispatch::Report;
+use crate::strategy::error::{panic_message, sync_device};
+use crate::strategy::{RankError, RankStats};
+use crate::world::Mesh;
+
+/// What the dispatcher asks of a rank.
+pub(super) enum Command<S> {
+    /// Train on this global batch.
+    Step { batch: Arc<[usize]>, lr: f64 },
+    /// Send back this rank's stage (to assemble the whole model).
+    Stage(Sender<Option<S>>),
+    /// Leave the loop.
+    Stop,
+}
+
+/// A finished start-up or step.
+pub(super) struct Done {
+    /// `Σ n_j · loss_j` over the micro-batches this rank scored (last stages only).
+    pub loss_sum: f64,
+    /// Samples this rank scored (last stages only).
+    pub samples: usize,
+    pub compute: Duration,
+    pub communication: Duration,
+    pub stats: RankStats,
+}
+
+/// Where a stage sits.
+pub(super) struct Place {
+    pub rank: usize,
+    pub stage: usize,
+    pub stages: usize,
+    pub replica: usize,
+    pub replicas: usize,
+}
+
+impl Place {
+    fn first(&self) -> bool {
+        self.stage == 0
+    }
+
+    fn last(&self) -> bool {
+        self.stage + 1 == self.stages
+    }
+}
+
+pub(super) struct Worker<B: AutodiffBackend, M: PipelineModel<B>, O, I> {
+    pub place: Place,
+    pub device: B::Device,
+    pub module: Option<M::Stage>,
+    pub optim: O,
+    pub data: DataSource<B, I, <M as burn::train::TrainStep>::Input>,
+    pub groups: MeshCollectives<B::InnerBackend>,
+    pub config: PipelineConfig,
+    pub plan: Option<BucketPlan>,
+    pub stats: RankStats,
+}
+
+/// What a stage keeps of a micro-batch between its forward and its backward: the input it
+/// received (the first stage reloads its batch instead), not the autodiff graph.
+///
+/// The backward recomputes the stage's forward from this input (activation checkpointing at
+/// stage granularity), so a rank holds one autodiff graph at a time, as Ddp does: Burn 0.21
+/// frees the graph nodes of other held graphs that share parameters when one of them runs
+/// backward, which made held graphs lose gradients.
+struct Held<B: AutodiffBackend> {
+    /// The received activation, flat, and its shape.
+    input: Option<(Tensor<B::InnerBackend, 1>, Vec<usize>)>,
+    /// Bytes of the boundary tensors held.
+    bytes: u64,
+}
+
+/// Time spent in one flush, split by what the rank was doing.
+#[derive(Default)]
+struct Times {
+    compute: Duration,
+    idle: Duration,
+}
+
+impl<B, M, O, I> Worker<B, M, O, I>
+where
+    B: AutodiffBackend,
+    M: PipelineModel<B>,
+    O: Optimizer<M::Stage, B>,
+{
+    /// Starts, then serves commands until `Stop` or until the dispatcher is gone.
+    pub fn run(mut self, inbox: Receiver<Command<M::Stage>>, reports: Sender<Report<Done>>) {
+        let rank = self.place.rank;
+        let report = |result| reports.send(Report { rank, result }).is_ok();
+        let result = self.guarded(Self::start);
+        let mut failed = result.is_err();
+        if !report(result) {
+            return;
+        }
+        for command in inbox {
+            match command {
+                Command::Step { batch, lr } => {
+                    let result = if failed {
+                        Err(RankError::Gone)
+                    } else {
+                        self.guarded(|w| w.step(&batch, lr))
+                    };
+                    failed |= result.is_err();
+                    if !report(result) {
+                        return;
+                    }
+                }
+                Command::Stage(reply) => {
+                    // The caller's thread reads this stage next.
+                    let stage = match sync_device::<B>(&self.device) {
+                        Ok(()) => self.module.clone(),
+                        Err(_) => None,
+                    };
+                    let _ = reply.send(stage);
+                }
+                Command::Stop => return,
+            }
+        }
+    }
+
+    /// Runs `f`; a panic or error fails every group of this rank so no peer waits for it.
+    fn guarded(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<Done, RankError>,
+    ) -> Result<Done, RankError> {
+        let result = catch_unwind(AssertUnwindSafe(|| f(self)))
+            .unwrap_or_else(|payload| Err(RankError::Panicked(panic_message(payload.as_ref()))));
+        if let Err(error) = &result {
+            self.groups.abort(&error.to_string());
+        }
+        result
+    }
+
+    /// Moves the stage to this rank's device and plans its gradient buckets.
+    fn start(&mut self) -> Result<Done, RankError> {
+        let module = self
+            .module
+            .take()
+            .ok_or(RankError::Gone)?
+            .fork(&self.device);
+        let cap = (self.config.bucket_cap_mb * 1024.0 * 1024.0) as usize;
+        self.plan = Some(BucketPlan::new(&module, cap, ParamSelection::Trainable));
+        self.module = Some(module);
+        Ok(self.done(0.0, 0, Duration::ZERO, Duration::ZERO))
+    }
+
+    fn step(&mut self, batch: &[usize], lr: f64) -> Result<Done, RankError> {
+        let shards = self.config.shard_policy.shard(batch, self.place.replicas)?;
+        let global_samples: usize = shards.iter().map(Vec::len).sum();
+        let shard = shards[self.place.replica].clone();
+        let module = self.module.take().ok_or(RankError::Gone)?;
+
+        let mut grads = GradientsParams::new();
+        let (mut loss_sum, mut times) = (0.0, Times::default());
+        for part in split_even(shard.len(), self.config.grad_accumulation) {
+            // Every stage cuts the same way and skips the same empty micro-batches.
+            let micro: Vec<&[usize]> = split_even(part.len(), self.config.micro_batches)
+                .into_iter()
+                .filter(|r| !r.is_empty())
+                .map(|r| &shard[part.start + r.start..part.start + r.end])
+                .collect();
+            let (flush_grads, flush_loss) =
+                self.flush(&module, &micro, global_samples, &mut times)?;
+            grads = add_weighted(&module, grads, flush_grads, 1.0, &self.device);
+            loss_sum += flush_loss;
+        }
+
+        let sync_start = Instant::now();
+        let plan = self.plan.as_ref().expect("a started rank has a plan");
+        let grads = if self.place.replicas > 1 {
+            let dp = self.groups.axis(Mesh::DP).expect("a pipeline mesh has dp");
+            all_reduce_gradients(&module, grads, plan, dp, &self.device)?
+        } else {
+            grads
+        };
+        let communication = sync_start.elapsed();
+
+        let optim_start = Instant::now();
+        self.module = Some(self.optim.step(lr, module, grads));
+        times.compute += optim_start.elapsed();
+
+        let scored = if self.place.last() { shard.len() } else { 0 };
+        self.stats.steps += 1;
+        self.stats.samples += scored as u64;
+        self.stats.compute += times.compute;
+        self.stats.idle += times.idle;
+        self.stats.communication += communication;
+        self.stats.collective = self.groups.axis(Mesh::PP).expect("pp").counters();
+        Ok(self.done(loss_sum, scored, times.compute, communication))
+    }
+
+    /// One flush of the pipeline over `micro`: the schedule's forwards and backwards, each
+    /// micro-batch weighted by its share of the global batch. Returns the stage's gradients
+    /// and (last stage) `Σ n_j · loss_j`.
+    fn flush(
+        &mut self,
+        module: &M::Stage,
+        micro: &[&[usize]],
+        global_samples: usize,
+        times: &mut Times,
+    ) -> Result<(GradientsParams, f64), RankError> {
+        let actions =
+            self.config
+                .schedule
+                .actions(self.place.stage, self.place.stages, micro.len());
+        let mut held: Vec<Option<Held<B>>> = (0..micro.len()).map(|_| None).collect();
+        let (mut live, mut live_bytes) = (0usize, 0u64);
+        let mut grads = GradientsParams::new();
+        let mut loss_sum = 0.0;
+        for action in actions {
+            match action {
+                Action::Forward(j) => {
+                    let (h, loss) = self.forward(module, micro[j], times)?;
+                    loss_sum += loss;
+                    live += 1;
+                    live_bytes += h.bytes;
+                    held[j] = Some(h);
+                    if live > self.stats.peak_live_micro_batches
+                        || (live == self.stats.peak_live_micro_batches
+                            && live_bytes > self.stats.peak_activation_bytes)
+                    {
+                        self.stats.peak_live_micro_batches = live;
+                        self.stats.peak_activation_bytes = live_bytes;
+                    }
+                }
+                Action::Backward(j) => {
+                    let h = held[j]
+                        .take()
+                        .expect("a schedule runs forward before backward");
+                    live -= 1;
+                    live_bytes -= h.bytes;
+                    let g = self.backward(module, h, micro[j], global_samples, times)?;
+                    grads = add_weighted(module, grads, g, 1.0, &self.device);
+                }
+            }
+        }
+        Ok((grads, loss_sum))
+    }
+
+    /// The stage's input of a micro-batch: the first stage embeds its batch, the others
+    /// rebuild what they received as a leaf that tracks its gradient.
+    fn input(
+        &self,
+        module: &M::Stage,
+        indices: &[usize],
+        received: Option<&(Tensor<B::InnerBackend, 1>, Vec<usize>)>,
+    ) -> Result<(Option<M::Activation>, M::Activation), RankError> {
+        Ok(match received {
+            None => {
+                let (first, _) = M::split_input(self.data.load(indices, &self.device)?);
+                (None, M::embed(module, first))
+            }
+            Some((flat, dims)) => {
+                let leaf = M::Activation::leaf(flat.clone(), dims);
+                (Some(leaf.clone()), leaf)
+            }
+        })
+    }
+
+    /// The forward of micro-batch `indices`: send the output on (the last stage scores it
+    /// instead and returns `n · loss`), keep only the input. The graph is dropped here.
+    fn forward(
+        &mut self,
+        module: &M::Stage,
+        indices: &[usize],
+        times: &mut Times,
+    ) -> Result<(Held<B>, f64), RankError> {
+        let received = if self.place.first() {
+            None
+        } else {
+            Some(self.recv_activation(times)?)
+        };
+        let start = Instant::now();
+        let (_, x) = self.input(module, indices, received.as_ref())?;
+        let y = M::blocks(module, x);
+        let in_bytes = received
+            .as_ref()
+            .map_or(0, |(_, dims)| 4 * dims.iter().product::<usize>() as u64);
+        if self.place.last() {
+            let target = M::split_input(self.data.load(indices, &self.device)?).1;
+            let loss: f64 = M::loss(module, y, target).into_scalar().elem();
+            times.compute += start.elapsed();
+            let held = Held {
+                input: received,
+                bytes: in_bytes,
+            };
+            Ok((held, loss * indices.len() as f64))
+        } else {
+            let out_bytes = boundary_bytes::<B, M::Activation>(&y);
+            times.compute += start.elapsed();
+            self.send_activation(&y)?;
+            let held = Held {
+                input: received,
+                bytes: in_bytes + out_bytes,
+            };
+            Ok((held, 0.0))
+        }
+    }
+
+    /// The backward of micro-batch `indices`: recompute the forward from the held input, seed
+    /// it with the weighted loss (last stage) or the gradient received from the next stage,
+    /// and send the input's gradient back.
+    fn backward(
+        &mut self,
+        module: &M::Stage,
+        held: Held<B>,
+        indices: &[usize],
+        global_samples: usize,
+        times: &mut Times,
+    ) -> Result<GradientsParams, RankError> {
+        let start = Instant::now();
+        let (leaf, x) = self.input(module, indices, held.input.as_ref())?;
+        let y = M::blocks(module, x);
+        let seed = if self.place.last() {
+            let target = M::split_input(self.data.load(indices, &self.device)?).1;
+            // The micro-batch's mean loss, weighted by its share of the global batch, so the
+            // gradients of all micro-batches and replicas add up to the global batch's.
+            let weight = indices.len() as f64 / global_samples as f64;
+            let seed = M::loss(module, y, target).mul_scalar(weight);
+            times.compute += start.elapsed();
+            seed
+        } else {
+            times.compute += start.elapsed();
+            let elements = y.dims().iter().product();
+            let pp = self.groups.axis(Mesh::PP).expect("pp");
+            let wait = Instant::now();
+            let grad = pp.recv(self.place.stage + 1, elements, &self.device)?;
+            times.idle += wait.elapsed();
+            y.dot(grad)
+        };
+        let start = Instant::now();
+        let grads = seed.backward();
+        let input_grad = leaf.as_ref().map(|leaf| leaf.grad_flat(&grads));
+        let params = GradientsParams::from_grads(grads, module);
+        times.compute += start.elapsed();
+        if let Some(grad) = input_grad {
+            let pp = self.groups.axis(Mesh::PP).expect("pp");
+            pp.send(grad, self.place.stage - 1)?;
+        }
+        Ok(params)
+    }
+
+    fn send_activation(&mut self, y: &M::Activation) -> Result<(), RankError> {
+        let pp = self.groups.axis(Mesh::PP).expect("pp");
+        let dims: Vec<f32> = y.dims().iter().map(|&d| d as f32).collect();
+        let flat = y.to_flat();
+        let header = Tensor::<B::InnerBackend, 1>::from_floats(dims.as_slice(), &flat.device());
+        pp.send(header, self.place.stage + 1)?;
+        pp.send(flat, self.place.stage + 1)?;
+        Ok(())
+    }
+
+    /// The previous stage's output of the next micro-batch: its values, flat, and shape.
+    fn recv_activation(
+        &mut self,
+        times: &mut Times,
+    ) -> Result<(Tensor<B::InnerBackend, 1>, Vec<usize>), RankError> {
+        let device = self.device.clone();
+        let pp = self.groups.axis(Mesh::PP).expect("pp");
+        let from = self.place.stage - 1;
+        let wait = Instant::now();
+        let header = pp.recv(from, M::Activation::RANK, &device)?;
+        let dims: Vec<usize> = header
+            .into_data()
+            .convert::<f32>()
+            .to_vec::<f32>()
+            .expect("f32 header")
+            .into_iter()
+            .map(|d| d as usize)
+            .collect();
+        let flat = pp.recv(from, dims.iter().product(), &device)?;
+        times.idle += wait.elapsed();
+        Ok((flat, dims))
+    }
+
+    fn done(
+        &self,
+        loss_sum: f64,
+        samples: usize,
+        compute: Duration,
+        communication: Duration,
+    ) -> Done {
+        Done {
+            loss_sum,
+            samples,
+            compute,
+            communication,
+            stats: self.stats.clone(),
+        }
+    }
+}
+
+/// Bytes of one boundary activation, at 4 bytes per value (the f32 it travels as).
+fn boundary_bytes<B: AutodiffBackend, A: Activation<B>>(a: &A) -> u64 {
+    4 * a.dims().iter().product::<usize>() as u64
+}

@@ -1,0 +1,192 @@
+//! Pipeline equivalence: `k` steps of `Pipeline` give the parameters of `k` steps of plain
+//! single-device training on the same global batches, within 1e-5 relative, for p = 2, 3, 4
+//! stages, m = 1, 4, 7 micro-batches (7 does not divide the batch), both schedules, gradient
+//! accumulation and `dp × pp`. The model it returns is the ordinary whole model, which loads
+//! into `Single`. 1F1B holds at most p micro-batches' activations per stage, GPipe all m.
+
+mod common;
+
+use burn::module::Module;
+use burn::optim::AdamWConfig;
+use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
+use common::*;
+use kiln::core::World;
+use kiln::core::strategy::{Pipeline, PipelineConfig, Schedule, Strategy};
+use kiln::core::world::Mesh;
+use kiln::nn::models::{Mlp, MlpConfig};
+use kiln::nn::tasks::ClassificationBatcher;
+
+const STEPS: usize = 3;
+/// Global batch: 7 micro-batches do not divide it, and dp = 2 shards it 7 + 6.
+const BATCH: usize = 13;
+
+fn config(stages: usize, micro_batches: usize, schedule: Schedule) -> PipelineConfig {
+    PipelineConfig {
+        stages,
+        micro_batches,
+        schedule,
+        threads_per_rank: Some(1),
+        collective_timeout_s: 60.0,
+        ..PipelineConfig::default()
+    }
+}
+
+/// Trains a 4-block MLP through `Pipeline` on `world` (a `dp × pp` mesh when given).
+fn train(
+    case: &Case<Mlp<B>, kiln::nn::tasks::ClassificationItem, ClassificationBatcher>,
+    batches: &[Vec<usize>],
+    world: World<burn::tensor::Device<B>>,
+    config: PipelineConfig,
+) -> (Mlp<B>, Vec<kiln::core::strategy::RankStats>) {
+    let mut pipeline = Pipeline::new(
+        &world,
+        case.model.clone(),
+        AdamWConfig::new().init(),
+        case.source(),
+        config,
+    )
+    .unwrap();
+    for batch in batches {
+        let out = pipeline.step(batch, LR).unwrap();
+        assert_eq!(out.samples, batch.len());
+        assert!(out.loss.is_finite() && out.loss > 0.0, "loss {}", out.loss);
+    }
+    (pipeline.model().unwrap(), pipeline.stats())
+}
+
+fn world(ranks: usize) -> World<burn::tensor::Device<B>> {
+    World::local(vec![Default::default(); ranks]).unwrap()
+}
+
+#[test]
+fn pipeline_matches_single_device_training() {
+    let case = mlp_case(4, 16);
+    let batches = batches(case.dataset.len(), BATCH, STEPS);
+    let expected = reference(&case, &batches);
+    for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
+        for stages in [2, 3, 4] {
+            for micro_batches in [1, 4, 7] {
+                let (model, stats) = train(
+                    &case,
+                    &batches,
+                    world(stages),
+                    config(stages, micro_batches, schedule),
+                );
+                let what = format!("{schedule} p={stages} m={micro_batches}");
+                assert_equivalent(&model, &expected, &case.model, &what);
+                for s in stats {
+                    let peak = s.peak_live_micro_batches;
+                    match schedule {
+                        Schedule::GPipe => assert_eq!(peak, micro_batches, "{what}"),
+                        Schedule::OneFOneB => {
+                            assert!(peak <= stages, "{what}: stage {} held {peak}", s.rank);
+                            assert!(peak <= micro_batches, "{what}");
+                        }
+                    }
+                    assert!(s.compute > std::time::Duration::ZERO, "{what}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn pipeline_with_gradient_accumulation_matches() {
+    let case = mlp_case(4, 16);
+    let batches = batches(case.dataset.len(), BATCH, STEPS);
+    let expected = reference(&case, &batches);
+    for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
+        let config = PipelineConfig {
+            grad_accumulation: 2,
+            ..config(2, 3, schedule)
+        };
+        let (model, _) = train(&case, &batches, world(2), config);
+        assert_equivalent(
+            &model,
+            &expected,
+            &case.model,
+            &format!("{schedule} accum 2"),
+        );
+    }
+}
+
+#[test]
+fn pipeline_times_data_parallel_matches() {
+    let case = mlp_case(4, 16);
+    let batches = batches(case.dataset.len(), BATCH, STEPS);
+    let expected = reference(&case, &batches);
+    for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
+        // An explicit 2 × 2 mesh, and the same from a flat world of 4 ranks.
+        let mesh = Mesh::new(&[("dp", 2), ("pp", 2)]).unwrap();
+        let meshed = world(4).with_mesh(mesh).unwrap();
+        for world in [meshed, world(4)] {
+            let (model, stats) = train(&case, &batches, world, config(2, 4, schedule));
+            assert_eq!(stats.len(), 4);
+            assert_equivalent(&model, &expected, &case.model, &format!("{schedule} 2 × 2"));
+        }
+    }
+}
+
+#[test]
+fn the_assembled_model_loads_into_single_and_gives_the_same_outputs() {
+    let case = mlp_case(4, 16);
+    let batches = batches(case.dataset.len(), BATCH, STEPS);
+    let (trained, _) = train(&case, &batches, world(2), config(2, 4, Schedule::OneFOneB));
+    let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
+    let bytes = recorder.record(trained.clone().into_record(), ()).unwrap();
+    let device = Default::default();
+    let loaded = MlpConfig::new()
+        .with_layers(4)
+        .with_hidden(16)
+        .init::<B>(&device)
+        .load_record(recorder.load(bytes, &device).unwrap());
+    let batch = case.source::<B, _>().load(&batches[0], &device).unwrap();
+    let (a, b) = (
+        trained.forward(batch.features.clone()),
+        loaded.forward(batch.features),
+    );
+    assert_eq!(
+        a.into_data().to_vec::<f32>().unwrap(),
+        b.into_data().to_vec::<f32>().unwrap()
+    );
+}
+
+#[test]
+fn impossible_pipelines_are_one_line_errors() {
+    let case = mlp_case(2, 8);
+    let make = |world: World<_>, config: PipelineConfig| {
+        Pipeline::new(
+            &world,
+            case.model.clone(),
+            AdamWConfig::new().init(),
+            case.source(),
+            config,
+        )
+        .err()
+        .expect("refused")
+        .to_string()
+    };
+    assert_eq!(
+        make(world(3), config(3, 2, Schedule::GPipe)),
+        "the pipeline has 3 stages but the model has 2 blocks to split between; use at most 2 \
+         stages"
+    );
+    assert!(
+        make(world(3), config(2, 2, Schedule::GPipe))
+            .starts_with("a pipeline of 2 stages needs a world of dp × 2 ranks"),
+    );
+    let mut pipeline = Pipeline::new(
+        &world(2),
+        case.model.clone(),
+        AdamWConfig::new().init(),
+        case.source(),
+        config(2, 8, Schedule::OneFOneB),
+    )
+    .unwrap();
+    let error = pipeline.step(&[0, 1, 2, 3], LR).unwrap_err().to_string();
+    assert_eq!(
+        error,
+        "8 micro-batches but a replica's shard of the global batch of 4 (over 1 replica(s)) \
+         has only 4 samples; use at most 4 micro-batches or a larger batch"
+    );
+}
