@@ -6,15 +6,16 @@
 
 mod common;
 
+use burn::data::dataloader::batcher::Batcher;
 use burn::module::Module;
 use burn::optim::AdamWConfig;
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use common::*;
 use kiln::core::World;
+use kiln::core::stages::PipelineModel;
 use kiln::core::strategy::{Pipeline, PipelineConfig, Schedule, Strategy};
 use kiln::core::world::Mesh;
-use kiln::nn::models::{Mlp, MlpConfig};
-use kiln::nn::tasks::ClassificationBatcher;
+use kiln::nn::models::MlpConfig;
 
 const STEPS: usize = 3;
 /// Global batch: 7 micro-batches do not divide it, and dp = 2 shards it 7 + 6.
@@ -31,13 +32,18 @@ fn config(stages: usize, micro_batches: usize, schedule: Schedule) -> PipelineCo
     }
 }
 
-/// Trains a 4-block MLP through `Pipeline` on `world` (a `dp × pp` mesh when given).
-fn train(
-    case: &Case<Mlp<B>, kiln::nn::tasks::ClassificationItem, ClassificationBatcher>,
+/// Trains `case`'s model through `Pipeline` on `world` (a `dp × pp` mesh when given).
+fn train<M, I, Bt>(
+    case: &Case<M, I, Bt>,
     batches: &[Vec<usize>],
     world: World<burn::tensor::Device<B>>,
     config: PipelineConfig,
-) -> (Mlp<B>, Vec<kiln::core::strategy::RankStats>) {
+) -> (M, Vec<kiln::core::strategy::RankStats>)
+where
+    M: PipelineModel<B>,
+    I: Clone + Send + Sync + 'static,
+    Bt: Batcher<B, I, M::Input> + Clone + 'static,
+{
     let mut pipeline = Pipeline::new(
         &world,
         case.model.clone(),
@@ -124,6 +130,32 @@ fn pipeline_times_data_parallel_matches() {
             assert_eq!(stats.len(), 4);
             assert_equivalent(&model, &expected, &case.model, &format!("{schedule} 2 × 2"));
         }
+    }
+}
+
+#[test]
+fn the_transformer_pipelines_like_single_device_training() {
+    let case = transformer_case();
+    let batches = batches(case.dataset.len(), BATCH, STEPS);
+    let expected = reference(&case, &batches);
+    for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
+        for micro_batches in [1, 4, 7] {
+            let (model, _) = train(
+                &case,
+                &batches,
+                world(2),
+                config(2, micro_batches, schedule),
+            );
+            let what = format!("transformer {schedule} p=2 m={micro_batches}");
+            assert_equivalent(&model, &expected, &case.model, &what);
+        }
+        let (model, _) = train(&case, &batches, world(4), config(2, 3, schedule));
+        assert_equivalent(
+            &model,
+            &expected,
+            &case.model,
+            &format!("transformer {schedule} 2 × 2"),
+        );
     }
 }
 

@@ -5,8 +5,10 @@ mod lora_transformer;
 mod mlp;
 mod mlp_stages;
 mod transformer;
+mod transformer_stages;
 
 pub use lora_transformer::{LoraTransformer, LoraTransformerConfig};
 pub use mlp::{Mlp, MlpConfig};
 pub use mlp_stages::MlpStage;
 pub use transformer::{Transformer, TransformerConfig};
+pub use transformer_stages::TransformerStage;

@@ -6,7 +6,7 @@ use burn::module::Module;
 use burn::nn::attention::generate_autoregressive_mask;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::transformer::{
-    TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
+    TransformerEncoder, TransformerEncoderConfig, TransformerEncoderLayer,
 };
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -60,40 +60,62 @@ impl TransformerConfig {
 /// Input `[batch, seq]` token ids with `seq ≤ max_len`, output `[batch, seq, vocab]`.
 #[derive(Module, Debug)]
 pub struct Transformer<B: Backend> {
-    tokens: Embedding<B>,
-    positions: Embedding<B>,
-    blocks: TransformerEncoder<B>,
-    head: Linear<B>,
+    pub(super) tokens: Embedding<B>,
+    pub(super) positions: Embedding<B>,
+    pub(super) blocks: TransformerEncoder<B>,
+    pub(super) head: Linear<B>,
 }
 
 impl<B: Backend> Transformer<B> {
     /// Next-token logits at every position.
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
-        let [batch, seq] = tokens.dims();
-        let device = tokens.device();
-        let positions = Tensor::<B, 1, Int>::arange(0..seq as i64, &device)
-            .reshape([1, seq])
-            .repeat_dim(0, batch);
-        let x = self.tokens.forward(tokens) + self.positions.forward(positions);
-        let mask = generate_autoregressive_mask::<B>(batch, seq, &device);
-        let x = self
-            .blocks
-            .forward(TransformerEncoderInput::new(x).mask_attn(mask));
+        let x = embed(&self.tokens, &self.positions, tokens);
+        let x = run_layers(&self.blocks.layers, x);
         self.head.forward(x)
     }
 
-    /// Logits and mean next-token cross-entropy of a batch.
     pub fn forward_sequence(&self, batch: SequenceBatch<B>) -> SequenceOutput<B> {
         let logits = self.forward(batch.inputs);
-        let [b, s, v] = logits.dims();
-        let loss = CrossEntropyLossConfig::new()
-            .init(&logits.device())
-            .forward(
-                logits.clone().reshape([b * s, v]),
-                batch.targets.clone().reshape([b * s]),
-            );
+        let loss = sequence_loss(logits.clone(), batch.targets.clone());
         SequenceOutput::new(loss, logits, None, batch.targets)
     }
+}
+
+/// Token plus learned position embeddings: `[batch, seq]` → `[batch, seq, d_model]`.
+pub(super) fn embed<B: Backend>(
+    tokens: &Embedding<B>,
+    positions: &Embedding<B>,
+    input: Tensor<B, 2, Int>,
+) -> Tensor<B, 3> {
+    let [batch, seq] = input.dims();
+    let device = input.device();
+    let position_ids = Tensor::<B, 1, Int>::arange(0..seq as i64, &device)
+        .reshape([1, seq])
+        .repeat_dim(0, batch);
+    tokens.forward(input) + positions.forward(position_ids)
+}
+
+/// Causal pre-norm encoder layers over `[batch, seq, d_model]`.
+pub(super) fn run_layers<B: Backend>(
+    layers: &[TransformerEncoderLayer<B>],
+    x: Tensor<B, 3>,
+) -> Tensor<B, 3> {
+    let [batch, seq, _] = x.dims();
+    let mask = generate_autoregressive_mask::<B>(batch, seq, &x.device());
+    layers
+        .iter()
+        .fold(x, |x, layer| layer.forward(x, None, Some(mask.clone())))
+}
+
+/// Mean cross-entropy of `[batch, seq, vocab]` logits against `[batch, seq]` targets.
+pub(super) fn sequence_loss<B: Backend>(
+    logits: Tensor<B, 3>,
+    targets: Tensor<B, 2, Int>,
+) -> Tensor<B, 1> {
+    let [b, s, v] = logits.dims();
+    CrossEntropyLossConfig::new()
+        .init(&logits.device())
+        .forward(logits.reshape([b * s, v]), targets.reshape([b * s]))
 }
 
 impl<B: AutodiffBackend> TrainStep for Transformer<B> {
