@@ -1,7 +1,8 @@
 //! Pipeline equivalence: `k` steps of `Pipeline` give the parameters of `k` steps of plain
 //! single-device training on the same global batches, within 1e-5 relative, for p = 2, 3, 4
 //! stages, m = 1, 4, 7 micro-batches (7 does not divide the batch), both schedules, gradient
-//! accumulation and `dp × pp`. The model it returns is the ordinary whole model, which loads
+//! accumulation and `dp × pp`, for the MLP, the transformer, the AD model and the QLoRA
+//! transformer. The model it returns is the ordinary whole model, which loads
 //! into `Single`. 1F1B holds at most p micro-batches' activations per stage, GPipe all m.
 
 mod common;
@@ -157,6 +158,64 @@ fn the_transformer_pipelines_like_single_device_training() {
             &format!("transformer {schedule} 2 × 2"),
         );
     }
+}
+
+#[test]
+fn the_ad_model_pipelines_like_single_device_training() {
+    let case = ad_case();
+    let batches = batches(case.dataset.len(), BATCH, STEPS);
+    let expected = reference(&case, &batches);
+    for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
+        for micro_batches in [1, 7] {
+            let (model, _) = train(
+                &case,
+                &batches,
+                world(2),
+                config(2, micro_batches, schedule),
+            );
+            let what = format!("ad {schedule} p=2 m={micro_batches}");
+            assert_equivalent(&model, &expected, &case.model, &what);
+        }
+    }
+    let (model, _) = train(&case, &batches, world(4), config(2, 3, Schedule::OneFOneB));
+    assert_equivalent(&model, &expected, &case.model, "ad 2 × 2");
+}
+
+/// The QLoRA transformer (frozen NF4 bases, trainable adapters and embeddings) with two
+/// blocks, so that it splits in two.
+#[test]
+fn the_qlora_model_pipelines_like_single_device_training() {
+    use kiln::nn::lora::{LoraConfig, LoraKind, QuantConfig};
+    use kiln::nn::models::LoraTransformerConfig;
+    let base = qlora_case();
+    let device = Default::default();
+    <B as burn::tensor::backend::Backend>::seed(&device, 7);
+    let case = Case {
+        model: LoraTransformerConfig::new()
+            .with_layers(2)
+            .with_lora(LoraConfig::new().with_rank(4))
+            .with_kind(LoraKind::QLora(QuantConfig::new()))
+            .init::<B>(&device)
+            .fork(&device),
+        dataset: base.dataset,
+        batcher: base.batcher,
+    };
+    let batches = batches(case.dataset.len(), BATCH, STEPS);
+    let expected = reference(&case, &batches);
+    for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
+        for micro_batches in [1, 4] {
+            let (model, _) = train(
+                &case,
+                &batches,
+                world(2),
+                config(2, micro_batches, schedule),
+            );
+            let what = format!("qlora {schedule} p=2 m={micro_batches}");
+            assert_equivalent(&model, &expected, &case.model, &what);
+        }
+    }
+    let (model, _) = train(&case, &batches, world(4), config(2, 3, Schedule::GPipe));
+    assert_equivalent(&model, &expected, &case.model, "qlora 2 × 2");
 }
 
 #[test]

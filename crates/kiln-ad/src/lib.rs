@@ -30,6 +30,7 @@ pub mod pipeline;
 pub mod plot;
 pub mod report;
 pub mod source;
+pub mod stages;
 pub mod train;
 
 pub use error::AdError;

@@ -5,8 +5,8 @@ use burn::module::{Module, Param};
 use burn::nn::activation::ActivationConfig;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Initializer, LayerNorm, LayerNormConfig, Linear, LinearConfig};
-use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Int, Tensor};
 use burn::train::{SequenceOutput, TrainOutput, TrainStep};
 use kiln_nn::layers::{PreNormBlock, PreNormBlockConfig};
 use serde::{Deserialize, Serialize};
@@ -102,11 +102,11 @@ impl AdModelConfig {
 /// Input `[batch, seq, feature_width]` with `seq ≤ context`; output `[batch, seq, ACTIONS]`.
 #[derive(Module, Debug)]
 pub struct AdTransformer<B: Backend> {
-    embed: Linear<B>,
-    positions: Param<Tensor<B, 2>>,
-    blocks: Vec<PreNormBlock<B>>,
-    norm: LayerNorm<B>,
-    head: Linear<B>,
+    pub(crate) embed: Linear<B>,
+    pub(crate) positions: Param<Tensor<B, 2>>,
+    pub(crate) blocks: Vec<PreNormBlock<B>>,
+    pub(crate) norm: LayerNorm<B>,
+    pub(crate) head: Linear<B>,
 }
 
 impl<B: Backend> AdTransformer<B> {
@@ -121,18 +121,7 @@ impl<B: Backend> AdTransformer<B> {
     /// When `seq` exceeds the context the model was built for (a caller's bug: the evaluator
     /// and the data set never pass longer windows).
     pub fn forward(&self, features: Tensor<B, 3>) -> Tensor<B, 3> {
-        let [_, seq, _] = features.dims();
-        let [context, d_model] = self.positions.dims();
-        assert!(
-            seq <= context,
-            "a window of {seq} steps exceeds the context of {context}"
-        );
-        let positions = self
-            .positions
-            .val()
-            .narrow(0, 0, seq)
-            .reshape([1, seq, d_model]);
-        let x = self.embed.forward(features) + positions;
+        let x = embed(&self.embed, &self.positions, features);
         let x = self.blocks.iter().fold(x, |x, block| block.forward(x));
         self.head.forward(self.norm.forward(x))
     }
@@ -140,15 +129,41 @@ impl<B: Backend> AdTransformer<B> {
     /// Logits and the mean cross-entropy of the source's actions over every position.
     pub fn forward_loss(&self, batch: AdBatch<B>) -> SequenceOutput<B> {
         let logits = self.forward(batch.features);
-        let [b, s, a] = logits.dims();
-        let loss = CrossEntropyLossConfig::new()
-            .init(&logits.device())
-            .forward(
-                logits.clone().reshape([b * s, a]),
-                batch.targets.clone().reshape([b * s]),
-            );
+        let loss = action_loss(logits.clone(), batch.targets.clone());
         SequenceOutput::new(loss, logits, None, batch.targets)
     }
+}
+
+/// Multi-hot step tokens through the embedding plus the learned positions of the first `seq`
+/// steps: `[batch, seq, feature_width]` → `[batch, seq, d_model]`.
+///
+/// # Panics
+/// When `seq` exceeds the context the positions cover (a caller's bug: the evaluator and the
+/// data set never pass longer windows).
+pub(crate) fn embed<B: Backend>(
+    embed: &Linear<B>,
+    positions: &Param<Tensor<B, 2>>,
+    features: Tensor<B, 3>,
+) -> Tensor<B, 3> {
+    let [_, seq, _] = features.dims();
+    let [context, d_model] = positions.dims();
+    assert!(
+        seq <= context,
+        "a window of {seq} steps exceeds the context of {context}"
+    );
+    let positions = positions.val().narrow(0, 0, seq).reshape([1, seq, d_model]);
+    embed.forward(features) + positions
+}
+
+/// Mean cross-entropy of `[batch, seq, ACTIONS]` logits against the source's actions.
+pub(crate) fn action_loss<B: Backend>(
+    logits: Tensor<B, 3>,
+    targets: Tensor<B, 2, Int>,
+) -> Tensor<B, 1> {
+    let [b, s, a] = logits.dims();
+    CrossEntropyLossConfig::new()
+        .init(&logits.device())
+        .forward(logits.reshape([b * s, a]), targets.reshape([b * s]))
 }
 
 impl<B: AutodiffBackend> TrainStep for AdTransformer<B> {

@@ -10,6 +10,7 @@ use burn::tensor::{Int, Tensor};
 use burn::train::{SequenceOutput, TrainOutput, TrainStep};
 use kiln_kernels::{KernelBackend, ops};
 
+use super::transformer::embed;
 use crate::lora::{LoraBlock, LoraBlockConfig, LoraConfig, LoraKind};
 use crate::tasks::SequenceBatch;
 
@@ -65,38 +66,39 @@ impl LoraTransformerConfig {
 /// softmax cross-entropy.
 #[derive(Module, Debug)]
 pub struct LoraTransformer<B: KernelBackend> {
-    tokens: Embedding<B>,
-    positions: Embedding<B>,
+    pub(super) tokens: Embedding<B>,
+    pub(super) positions: Embedding<B>,
     /// The blocks, for their adapters.
     pub blocks: Vec<LoraBlock<B>>,
-    head: Linear<B>,
+    pub(super) head: Linear<B>,
 }
 
 impl<B: KernelBackend> LoraTransformer<B> {
     /// Logits `[batch, seq, vocab]`.
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
-        let [batch, seq] = tokens.dims();
-        let positions = Tensor::<B, 1, Int>::arange(0..seq as i64, &tokens.device())
-            .reshape([1, seq])
-            .repeat_dim(0, batch);
-        let mut x = self.tokens.forward(tokens) + self.positions.forward(positions);
-        for block in &self.blocks {
-            x = block.forward(x);
-        }
+        let x = embed(&self.tokens, &self.positions, tokens);
+        let x = self.blocks.iter().fold(x, |x, block| block.forward(x));
         self.head.forward(x)
     }
 
     /// Mean next-token cross-entropy over every position.
     pub fn forward_sequence(&self, batch: SequenceBatch<B>) -> SequenceOutput<B> {
         let logits = self.forward(batch.inputs);
-        let [b, s, v] = logits.dims();
-        let losses = ops::cross_entropy(
-            logits.clone().reshape([b * s, v]),
-            batch.targets.clone().reshape([b * s]),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        SequenceOutput::new(losses.mean(), logits, None, batch.targets)
+        let loss = fused_sequence_loss(logits.clone(), batch.targets.clone());
+        SequenceOutput::new(loss, logits, None, batch.targets)
     }
+}
+
+/// Mean cross-entropy of `[batch, seq, vocab]` logits against `[batch, seq]` targets, through
+/// the fused kernel.
+pub(super) fn fused_sequence_loss<B: KernelBackend>(
+    logits: Tensor<B, 3>,
+    targets: Tensor<B, 2, Int>,
+) -> Tensor<B, 1> {
+    let [b, s, v] = logits.dims();
+    ops::cross_entropy(logits.reshape([b * s, v]), targets.reshape([b * s]))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .mean()
 }
 
 impl<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend> TrainStep

@@ -2,12 +2,14 @@
 //! trains them. Dropout is off: random masks could not match across different batch splits.
 
 mod lora_transformer;
+mod lora_transformer_stages;
 mod mlp;
 mod mlp_stages;
 mod transformer;
 mod transformer_stages;
 
 pub use lora_transformer::{LoraTransformer, LoraTransformerConfig};
+pub use lora_transformer_stages::LoraTransformerStage;
 pub use mlp::{Mlp, MlpConfig};
 pub use mlp_stages::MlpStage;
 pub use transformer::{Transformer, TransformerConfig};
