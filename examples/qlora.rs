@@ -69,12 +69,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         StrategyKind::Ddp
     };
-    let optim = FusedAdamWConfig::new().init();
     let mut strategy = build(
         kind,
         vec![device; world],
         model,
-        optim,
+        &FusedAdamWConfig::new(),
         data,
         &StrategyConfigs::default(),
     )?;

@@ -7,7 +7,7 @@ use std::time::Instant;
 use burn::optim::AdamWConfig;
 use burn::tensor::backend::AutodiffBackend;
 use kiln_core::data::{DataSource, EpochSampler};
-use kiln_core::strategy;
+use kiln_core::strategy::{self, RankReport};
 use serde::{Deserialize, Serialize};
 
 use crate::config::AdConfig;
@@ -70,6 +70,9 @@ pub struct TrainSummary {
     pub wall_s: f64,
     /// Milliseconds per optimizer step.
     pub ms_per_step: f64,
+    /// Each rank's totals: compute, communication, pipeline idle time and activations held.
+    #[serde(default)]
+    pub ranks: Vec<RankReport>,
 }
 
 /// Trains a fresh [`AdTransformer`] on `data` with the strategy of `config.train` over
@@ -94,16 +97,14 @@ pub fn train<B: AutodiffBackend>(
     );
     let windows = source.len();
     let sampler = EpochSampler::new(windows, t.batch, config.seed)?;
-    let optim = AdamWConfig::new()
-        .with_weight_decay(t.weight_decay as f32)
-        .init::<B, AdTransformer<B>>();
+    let optim = AdamWConfig::new().with_weight_decay(t.weight_decay as f32);
     let decision = t.strategy.resolve(devices.len());
     tracing::info!(strategy = %decision.kind, "strategy {}: {}", decision.kind, decision.reason);
     let mut strategy = strategy::build(
         decision.kind,
         devices,
         model,
-        optim,
+        &optim,
         source,
         &config.parallel,
     )?;
@@ -133,6 +134,7 @@ pub fn train<B: AutodiffBackend>(
         loss_curve,
         wall_s,
         ms_per_step: 1e3 * wall_s / losses.len().max(1) as f64,
+        ranks: strategy.stats().into_iter().map(Into::into).collect(),
     };
     Ok((strategy.model()?, summary))
 }

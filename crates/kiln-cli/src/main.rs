@@ -4,6 +4,7 @@ mod ad;
 mod backend;
 mod bench;
 mod config_file;
+mod names;
 mod train;
 
 use std::process::ExitCode;

@@ -120,6 +120,45 @@ fn train_then_eval_write_metrics_plot_and_checkpoint() {
 }
 
 #[test]
+fn the_ad_model_trains_through_the_pipeline() {
+    let dir = scratch("pipeline");
+    let config = dir.join("tiny.toml");
+    std::fs::write(&config, TINY).unwrap();
+    let out = dir.join("out");
+    let stdout = succeed(&[
+        "ad",
+        "train",
+        "--config",
+        config.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--strategy",
+        "pipeline",
+        "--micro-batches",
+        "2",
+        "--schedule",
+        "gpipe",
+        "--threads-per-rank",
+        "1",
+        "--no-eval",
+    ]);
+    assert!(
+        stdout.contains("trained with pipeline on 2 rank(s)"),
+        "{stdout}"
+    );
+    let m = metrics(&out);
+    let ranks = m["train"]["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 2);
+    for rank in ranks {
+        assert_eq!(rank["peak_live_micro_batches"], 2, "{rank}");
+        assert!(
+            rank["peak_activation_bytes"].as_u64().unwrap() > 0,
+            "{rank}"
+        );
+    }
+}
+
+#[test]
 fn bad_settings_fail_with_one_line() {
     let dir = scratch("bad");
     let bad = dir.join("bad.toml");

@@ -125,6 +125,114 @@ fn devices_name_the_ranks() {
 }
 
 #[test]
+fn pipeline_trains_like_single_and_reports_its_stages() {
+    let single = train_json(
+        "p-single",
+        &["--strategy", "single", "--model", "transformer"],
+    );
+    for (name, extra) in [
+        (
+            "p-gpipe",
+            vec!["--schedule", "gpipe", "--micro-batches", "4"],
+        ),
+        ("p-1f1b", vec!["--schedule", "1f1b", "--micro-batches", "3"]),
+        ("p-dp", vec!["--dp", "2", "--micro-batches", "2"]),
+    ] {
+        let mut args = vec![
+            "--strategy",
+            "pipeline",
+            "--stages",
+            "2",
+            "--model",
+            "transformer",
+        ];
+        args.extend(extra);
+        let report = train_json(name, &args);
+        assert_eq!(report["strategy"], "pipeline", "{name}");
+        let (a, b) = (
+            single["param_sq_sum"].as_f64().unwrap(),
+            report["param_sq_sum"].as_f64().unwrap(),
+        );
+        assert!((a - b).abs() <= 1e-5 * a.abs(), "{name}: {a} vs {b}");
+        let ranks = report["ranks"].as_array().unwrap();
+        assert_eq!(ranks.len(), if name == "p-dp" { 4 } else { 2 }, "{name}");
+        for rank in ranks {
+            assert!(
+                rank["peak_live_micro_batches"].as_u64().unwrap() >= 1,
+                "{rank}"
+            );
+            assert!(rank["idle_s"].as_f64().is_some(), "{rank}");
+        }
+    }
+}
+
+#[test]
+fn pipeline_settings_come_from_toml_too() {
+    let config =
+        std::env::temp_dir().join(format!("kiln-cli-{}-pipeline.toml", std::process::id()));
+    std::fs::write(
+        &config,
+        "strategy = \"pipeline\"\nworld = 2\n[parallel.pipeline]\nstages = 2\nmicro_batches = 3\nschedule = \"gpipe\"\n",
+    )
+    .unwrap();
+    let report = train_json("p-toml", &["--config", config.to_str().unwrap()]);
+    std::fs::remove_file(config).ok();
+    assert_eq!(report["strategy"], "pipeline");
+    let peaks: Vec<u64> = report["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["peak_live_micro_batches"].as_u64().unwrap())
+        .collect();
+    assert_eq!(peaks, vec![3, 3], "GPipe holds every micro-batch");
+}
+
+#[test]
+fn impossible_pipelines_fail_with_one_line() {
+    assert_one_line_error(
+        &[
+            "train",
+            "--strategy",
+            "pipeline",
+            "--stages",
+            "3",
+            "--world",
+            "3",
+        ],
+        "the pipeline has 3 stages but the model has 2 blocks",
+    );
+    assert_one_line_error(
+        &[
+            "train",
+            "--strategy",
+            "pipeline",
+            "--stages",
+            "2",
+            "--world",
+            "3",
+        ],
+        "--world 3 is not a multiple of --stages 2",
+    );
+    assert_one_line_error(
+        &[
+            "train",
+            "--strategy",
+            "pipeline",
+            "--stages",
+            "2",
+            "--world",
+            "2",
+            "--batch",
+            "4",
+            "--micro-batches",
+            "5",
+        ],
+        "5 micro-batches but a replica's shard",
+    );
+    assert_one_line_error(&["train", "--schedule", "zb"], "--schedule");
+}
+
+#[test]
 fn impossible_settings_fail_with_one_line() {
     assert_one_line_error(&["train", "--world", "0"], "--world must be at least 1");
     assert_one_line_error(

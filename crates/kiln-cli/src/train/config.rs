@@ -2,9 +2,7 @@
 
 use std::path::Path;
 
-use kiln_core::strategy::{
-    DataParallelConfig, DdpConfig, SingleConfig, StrategyConfigs, StrategyKind,
-};
+use kiln_core::strategy::{StrategyConfigs, StrategyKind};
 
 use crate::backend::{BackendKind, DeviceError, Placement};
 use crate::config_file::{self, ConfigFileError};
@@ -56,12 +54,9 @@ pub struct TrainConfig {
     pub lr: f64,
     /// Samples in the synthetic data set.
     pub samples: usize,
-    /// Settings of the `single` strategy.
-    pub single: SingleConfig,
-    /// Settings of the `dp` strategy.
-    pub dp: DataParallelConfig,
-    /// Settings of the `ddp` strategy.
-    pub ddp: DdpConfig,
+    /// Settings of every strategy (`[parallel.ddp]`, `[parallel.pipeline]`, …), as the
+    /// strategy builder takes them.
+    pub parallel: StrategyConfigs,
 }
 
 impl Default for TrainConfig {
@@ -77,9 +72,7 @@ impl Default for TrainConfig {
             seed: 42,
             lr: 3e-3,
             samples: 8192,
-            single: SingleConfig::default(),
-            dp: DataParallelConfig::default(),
-            ddp: DdpConfig::default(),
+            parallel: StrategyConfigs::default(),
         }
     }
 }
@@ -103,6 +96,17 @@ pub enum ConfigError {
         /// Ranks.
         world: usize,
     },
+    /// A pipeline world that is not `dp × stages` ranks.
+    #[error(
+        "--world {world} is not a multiple of --stages {stages}; a pipeline needs dp × stages \
+         ranks (use --dp to set dp)"
+    )]
+    PipelineWorld {
+        /// Ranks.
+        world: usize,
+        /// Stages.
+        stages: usize,
+    },
     /// More than one rank asked of the one-device strategy.
     #[error(
         "--strategy single trains on one rank but --world is {0}; use --world 1, or dp, ddp or auto"
@@ -117,21 +121,6 @@ pub enum ConfigError {
 }
 
 impl TrainConfig {
-    /// The settings of every strategy, as the builder takes them.
-    pub fn strategies(&self) -> StrategyConfigs {
-        StrategyConfigs {
-            single: self.single.clone(),
-            dp: self.dp.clone(),
-            ddp: self.ddp.clone(),
-        }
-    }
-
-    /// Replaces the settings of every strategy.
-    pub fn set_strategies(&mut self, strategies: StrategyConfigs) {
-        let StrategyConfigs { single, dp, ddp } = strategies;
-        (self.single, self.dp, self.ddp) = (single, dp, ddp);
-    }
-
     /// Where the ranks run.
     ///
     /// # Errors
@@ -163,6 +152,15 @@ impl TrainConfig {
             });
         }
         self.placement()?;
+        let stages = self.parallel.pipeline.stages;
+        if self.strategy == StrategyKind::Pipeline
+            && (stages == 0 || !self.world.is_multiple_of(stages))
+        {
+            return Err(ConfigError::PipelineWorld {
+                world: self.world,
+                stages,
+            });
+        }
         if self.strategy == StrategyKind::Single && self.world > 1 {
             return Err(ConfigError::SingleWithWorld(self.world));
         }

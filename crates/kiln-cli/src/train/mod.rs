@@ -11,7 +11,8 @@ use burn::tensor::backend::AutodiffBackend;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_core::data::{DataSource, EpochSampler};
 use kiln_core::params::checksum;
-use kiln_core::strategy::{StrategyKind, TrainModel, build};
+use kiln_core::stages::PipelineModel;
+use kiln_core::strategy::{Schedule, StrategyKind, build};
 use kiln_nn::models::{MlpConfig, TransformerConfig};
 use kiln_nn::tasks::{ClassificationBatcher, FibonacciTask, SequenceBatcher, TeacherTask};
 
@@ -19,18 +20,20 @@ pub use config::{ModelKind, TrainConfig};
 use report::TrainReport;
 
 use crate::backend::{BackendKind, DeviceList, Job, dispatch, parse_devices};
+use crate::names::Named;
 
 /// Flags of `kiln train`; each overrides the same field of `--config`.
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
-    /// TOML config to start from (fields as in the flags; `[ddp]`, `[dp]`, `[single]` tables).
+    /// TOML config to start from (fields as in the flags; `[parallel.single]`, `[parallel.dp]`,
+    /// `[parallel.ddp]`, `[parallel.pipeline]` tables).
     #[arg(long)]
     config: Option<PathBuf>,
     /// Built-in model [default: mlp].
     #[arg(long, value_enum)]
     model: Option<ModelKind>,
-    /// Parallelism strategy: single, dp, ddp or auto [default: auto].
-    #[arg(long, value_parser = parse_strategy)]
+    /// Parallelism strategy [default: auto].
+    #[arg(long, value_parser = strategy_parser())]
     strategy: Option<StrategyKind>,
     /// Backend [default: flex].
     #[arg(long, value_enum)]
@@ -60,6 +63,18 @@ pub struct TrainArgs {
     /// Ddp gradient bucket cap in MiB [default: 25].
     #[arg(long)]
     bucket_cap_mb: Option<f64>,
+    /// Pipeline stages [default: 2].
+    #[arg(long)]
+    stages: Option<usize>,
+    /// Pipeline micro-batches per flush [default: 4].
+    #[arg(long)]
+    micro_batches: Option<usize>,
+    /// Pipeline schedule [default: 1f1b].
+    #[arg(long, value_parser = schedule_parser())]
+    schedule: Option<Schedule>,
+    /// Pipeline data-parallel replicas: the world becomes dp × stages ranks.
+    #[arg(long)]
+    dp: Option<usize>,
     /// Samples in the synthetic data set [default: 8192].
     #[arg(long)]
     samples: Option<usize>,
@@ -71,17 +86,16 @@ pub struct TrainArgs {
     json: Option<PathBuf>,
 }
 
-/// Parses a strategy name as the flags spell it.
-pub fn parse_strategy(s: &str) -> Result<StrategyKind, String> {
-    match s {
-        "single" => Ok(StrategyKind::Single),
-        "dp" => Ok(StrategyKind::DataParallel),
-        "ddp" => Ok(StrategyKind::Ddp),
-        "auto" => Ok(StrategyKind::Auto),
-        other => Err(format!(
-            "unknown strategy {other:?}; use single, dp, ddp or auto"
-        )),
-    }
+/// The `--schedule` parser: `gpipe` or `1f1b`, listed in `--help`.
+pub fn schedule_parser() -> Named<Schedule> {
+    const NAMES: [&str; 2] = Schedule::ALL_NAMES;
+    Named::new(&NAMES)
+}
+
+/// The `--strategy` parser: the names [`StrategyKind`] knows, listed in `--help`.
+pub fn strategy_parser() -> Named<StrategyKind> {
+    const NAMES: [&str; 5] = StrategyKind::ALL_NAMES;
+    Named::new(&NAMES)
 }
 
 impl TrainArgs {
@@ -97,20 +111,32 @@ impl TrainArgs {
         }
         set!(model => model, strategy => strategy, backend => backend, world => world,
              steps => steps, batch => batch, seed => seed, lr => lr, samples => samples,
-             bucket_cap_mb => ddp.bucket_cap_mb);
+             bucket_cap_mb => parallel.ddp.bucket_cap_mb, stages => parallel.pipeline.stages,
+             micro_batches => parallel.pipeline.micro_batches);
+        if let Some(schedule) = self.schedule {
+            c.parallel.pipeline.schedule = schedule;
+        }
+        if let Some(dp) = self.dp {
+            c.world = dp * c.parallel.pipeline.stages;
+        } else if c.strategy == StrategyKind::Pipeline
+            && self.world.is_none()
+            && self.devices.is_none()
+            && c.world == 1
+        {
+            // `--strategy pipeline --stages P` alone: one replica of P stages.
+            c.world = c.parallel.pipeline.stages;
+        }
         if let Some(DeviceList(devices)) = self.devices {
             // The list names the ranks; an explicit --world must agree (checked by validate).
             c.world = self.world.unwrap_or(devices.len());
             c.devices = Some(devices);
         }
-        let mut strategies = c.strategies();
         if let Some(micro_batches) = self.grad_accum {
-            strategies.set_grad_accumulation(micro_batches);
+            c.parallel.set_grad_accumulation(micro_batches);
         }
         if let Some(t) = self.threads_per_rank {
-            strategies.set_threads_per_rank(t);
+            c.parallel.set_threads_per_rank(t);
         }
-        c.set_strategies(strategies);
         c.validate()?;
         Ok((c, self.json))
     }
@@ -198,20 +224,19 @@ fn train_model<B, M, I>(
 ) -> Result<TrainReport, Box<dyn std::error::Error>>
 where
     B: AutodiffBackend,
-    M: TrainModel<B>,
+    M: PipelineModel<B>,
     I: Send + 'static,
 {
     let decision = config.strategy.resolve(devices.len());
     tracing::info!(strategy = %decision.kind, "strategy {}: {}", decision.kind, decision.reason);
-    let optim = AdamWConfig::new().init::<B, M>();
     let sampler = EpochSampler::new(data.len(), config.batch, config.seed)?;
     let mut strategy = build(
         decision.kind,
         devices,
         model,
-        optim,
+        &AdamWConfig::new(),
         data,
-        &config.strategies(),
+        &config.parallel,
     )?;
 
     let bar = ProgressBar::new(config.steps as u64).with_style(
@@ -239,7 +264,7 @@ where
         world: strategy.world_size(),
         steps: config.steps,
         global_batch: config.batch,
-        grad_accumulation: config.strategies().grad_accumulation(decision.kind),
+        grad_accumulation: config.parallel.grad_accumulation(decision.kind),
         seed: config.seed,
         first_loss,
         final_loss,

@@ -1,7 +1,7 @@
 //! The JSON summary of a training run (`--json`).
 
 use kiln_core::params::ParamChecksum;
-use kiln_core::strategy::RankStats;
+use kiln_core::strategy::RankReport;
 
 /// One run's results: the keys other tools and tests compare.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -40,33 +40,6 @@ pub struct TrainReport {
     pub samples_per_s: f64,
     /// Per-rank totals.
     pub ranks: Vec<RankReport>,
-}
-
-/// A rank's totals.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct RankReport {
-    /// The rank.
-    pub rank: usize,
-    /// Samples read.
-    pub samples: u64,
-    /// Seconds in forward, backward and optimizer.
-    pub compute_s: f64,
-    /// Seconds synchronising.
-    pub communication_s: f64,
-    /// Collective calls.
-    pub collective_calls: u64,
-}
-
-impl From<RankStats> for RankReport {
-    fn from(s: RankStats) -> Self {
-        Self {
-            rank: s.rank,
-            samples: s.samples,
-            compute_s: s.compute.as_secs_f64(),
-            communication_s: s.communication.as_secs_f64(),
-            collective_calls: s.collective.calls,
-        }
-    }
 }
 
 impl TrainReport {

@@ -1,13 +1,13 @@
 //! Building any strategy by name, so programs choose one with a flag or a config field.
 
-use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;
 
 use super::{
-    DataParallel, DataParallelConfig, Ddp, DdpConfig, Single, SingleConfig, Strategy,
-    StrategyError, StrategyKind, TrainModel,
+    ConfigError, DataParallel, DataParallelConfig, Ddp, DdpConfig, OptimizerSpec, Pipeline,
+    PipelineConfig, Single, SingleConfig, Strategy, StrategyError, StrategyKind, TrainModel,
 };
 use crate::data::DataSource;
+use crate::stages::PipelineModel;
 use crate::world::World;
 
 /// The settings of every strategy, so one config file serves whichever is chosen.
@@ -20,6 +20,8 @@ pub struct StrategyConfigs {
     pub dp: DataParallelConfig,
     /// Settings of [`Ddp`].
     pub ddp: DdpConfig,
+    /// Settings of [`Pipeline`].
+    pub pipeline: PipelineConfig,
 }
 
 impl StrategyConfigs {
@@ -28,6 +30,7 @@ impl StrategyConfigs {
         self.single.grad_accumulation = micro_batches;
         self.dp.grad_accumulation = micro_batches;
         self.ddp.grad_accumulation = micro_batches;
+        self.pipeline.grad_accumulation = micro_batches;
     }
 
     /// Sets the intra-op threads per rank of every strategy.
@@ -35,6 +38,7 @@ impl StrategyConfigs {
         self.single.threads = Some(threads);
         self.dp.threads_per_device = Some(threads);
         self.ddp.threads_per_rank = Some(threads);
+        self.pipeline.threads_per_rank = Some(threads);
     }
 
     /// The gradient accumulation `kind` runs with.
@@ -43,35 +47,73 @@ impl StrategyConfigs {
             StrategyKind::Single => self.single.grad_accumulation,
             StrategyKind::DataParallel => self.dp.grad_accumulation,
             StrategyKind::Ddp | StrategyKind::Auto => self.ddp.grad_accumulation,
+            StrategyKind::Pipeline => self.pipeline.grad_accumulation,
         }
     }
 }
 
-/// Builds the strategy `kind` over `devices` (one rank each; `Auto` resolves from their number).
+/// Builds the strategy `kind` over `devices` (one rank each; `Auto` resolves from their
+/// number) for a model that splits into pipeline stages: every strategy, `pipeline` included.
+/// The optimizer is given by its configuration, which makes one for the whole model or for
+/// each stage.
 ///
 /// # Errors
-/// What the chosen strategy's constructor reports, e.g. no devices or `Single` given several.
-pub fn build<B, M, O, I>(
+/// What the chosen strategy's constructor reports, e.g. no devices, `Single` given several,
+/// more stages than the model has blocks.
+pub fn build<B, M, S, I>(
     kind: StrategyKind,
     devices: Vec<B::Device>,
     model: M,
-    optim: O,
+    optim: &S,
+    data: DataSource<B, I, M::Input>,
+    configs: &StrategyConfigs,
+) -> Result<Box<dyn Strategy<B, M>>, StrategyError>
+where
+    B: AutodiffBackend,
+    M: PipelineModel<B>,
+    S: OptimizerSpec<B>,
+    I: Send + 'static,
+{
+    if kind.resolve(devices.len()).kind != StrategyKind::Pipeline {
+        return build_replicated(kind, devices, model, optim, data, configs);
+    }
+    let world = World::local(devices).map_err(|_| ConfigError::NoDevices)?;
+    Ok(Box::new(Pipeline::new(
+        &world,
+        model,
+        optim.init::<M::Stage>(),
+        data,
+        configs.pipeline.clone(),
+    )?))
+}
+
+/// [`build`] for any model: the strategies that keep whole replicas (`single`, `dp`, `ddp`,
+/// `auto`). `pipeline` needs the stage contract and is refused here.
+///
+/// # Errors
+/// [`ConfigError::NoStageContract`] for `pipeline`, and what the chosen strategy's
+/// constructor reports.
+pub fn build_replicated<B, M, S, I>(
+    kind: StrategyKind,
+    devices: Vec<B::Device>,
+    model: M,
+    optim: &S,
     data: DataSource<B, I, M::Input>,
     configs: &StrategyConfigs,
 ) -> Result<Box<dyn Strategy<B, M>>, StrategyError>
 where
     B: AutodiffBackend,
     M: TrainModel<B>,
-    O: Optimizer<M, B> + 'static,
+    S: OptimizerSpec<B>,
     I: Send + 'static,
 {
+    let optim = optim.init::<M>();
     Ok(match kind.resolve(devices.len()).kind {
         StrategyKind::Single => {
-            let [device] = <[_; 1]>::try_from(devices).map_err(|devices| {
-                super::ConfigError::SingleWithMany {
+            let [device] =
+                <[_; 1]>::try_from(devices).map_err(|devices| ConfigError::SingleWithMany {
                     devices: devices.len(),
-                }
-            })?;
+                })?;
             Box::new(Single::new(
                 model,
                 optim,
@@ -87,9 +129,10 @@ where
             devices,
             configs.dp.clone(),
         )?),
+        StrategyKind::Pipeline => return Err(ConfigError::NoStageContract.into()),
         // `resolve` never returns `Auto`; it shares Ddp's arm rather than a panic.
         StrategyKind::Ddp | StrategyKind::Auto => {
-            let world = World::local(devices).map_err(|_| super::ConfigError::NoDevices)?;
+            let world = World::local(devices).map_err(|_| ConfigError::NoDevices)?;
             Box::new(Ddp::new(&world, model, optim, data, configs.ddp.clone())?)
         }
     })

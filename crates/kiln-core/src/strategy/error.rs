@@ -52,6 +52,12 @@ pub enum ConfigError {
         /// The mesh, as `dp=2 × pp=2`.
         mesh: String,
     },
+    /// The pipeline strategy asked of a model that does not split into stages.
+    #[error(
+        "the pipeline strategy splits a model into stages, but this model does not implement \
+         kiln_core::stages::PipelineModel; use single, dp or ddp, or implement it"
+    )]
+    NoStageContract,
     /// A pipeline of zero stages.
     #[error("stages must be at least 1")]
     ZeroStages,

@@ -13,6 +13,8 @@ pub enum StrategyKind {
     DataParallel,
     /// [`Ddp`](super::Ddp): a replica per rank.
     Ddp,
+    /// [`Pipeline`](super::Pipeline): the model's stages on ranks, micro-batches through them.
+    Pipeline,
     /// Let Kiln choose (see [`StrategyKind::resolve`]).
     #[default]
     Auto,
@@ -20,12 +22,49 @@ pub enum StrategyKind {
 
 impl fmt::Display for StrategyKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+        f.write_str(self.name())
+    }
+}
+
+impl StrategyKind {
+    /// The name configs and command lines use.
+    pub const fn name(self) -> &'static str {
+        match self {
             StrategyKind::Single => "single",
             StrategyKind::DataParallel => "dp",
             StrategyKind::Ddp => "ddp",
+            StrategyKind::Pipeline => "pipeline",
             StrategyKind::Auto => "auto",
-        })
+        }
+    }
+
+    /// Every strategy, in the order help texts list them.
+    pub const ALL: [StrategyKind; 5] = [
+        StrategyKind::Single,
+        StrategyKind::DataParallel,
+        StrategyKind::Ddp,
+        StrategyKind::Pipeline,
+        StrategyKind::Auto,
+    ];
+
+    /// The names configs and command lines use, as [`StrategyKind::ALL`] lists them.
+    pub const ALL_NAMES: [&'static str; 5] = [
+        Self::ALL[0].name(),
+        Self::ALL[1].name(),
+        Self::ALL[2].name(),
+        Self::ALL[3].name(),
+        Self::ALL[4].name(),
+    ];
+}
+
+impl std::str::FromStr for StrategyKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|kind| kind.name() == s)
+            .ok_or_else(|| format!("unknown strategy {s:?}; use {}", Self::ALL_NAMES.join(", ")))
     }
 }
 

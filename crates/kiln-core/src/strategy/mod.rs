@@ -15,6 +15,7 @@ mod error;
 mod kind;
 mod loss;
 mod micro_batch;
+mod optimizer;
 mod pipeline;
 mod single;
 mod threads;
@@ -25,12 +26,13 @@ use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use burn::train::TrainStep;
 
-pub use build::{StrategyConfigs, build};
+pub use build::{StrategyConfigs, build, build_replicated};
 pub use data_parallel::{DataParallel, DataParallelConfig};
 pub use ddp::{Ddp, DdpConfig};
 pub use error::{ConfigError, RankError, RankFailure, StrategyError};
 pub use kind::{AutoDecision, StrategyKind};
 pub use loss::StepLoss;
+pub use optimizer::OptimizerSpec;
 pub use pipeline::{Action, Pipeline, PipelineConfig, Schedule, peak_live};
 pub use single::{Single, SingleConfig};
 
@@ -89,6 +91,43 @@ pub struct RankStats {
     /// Bytes of the stage-boundary activations held at that peak: a lower bound of the
     /// activation memory, which also holds each stage's internal intermediates.
     pub peak_activation_bytes: u64,
+}
+
+/// A rank's totals as reports write them (`kiln train --json`, the AD metrics): seconds and
+/// counts, serialisable.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RankReport {
+    /// The rank.
+    pub rank: usize,
+    /// Samples read (for pipeline stages: scored by the last stage).
+    pub samples: u64,
+    /// Seconds in forward, backward and optimizer.
+    pub compute_s: f64,
+    /// Seconds synchronising gradients and parameters.
+    pub communication_s: f64,
+    /// Seconds waiting for another pipeline stage (the bubble); 0 without stages.
+    pub idle_s: f64,
+    /// Most micro-batches whose activations the rank held at once (pipeline stages).
+    pub peak_live_micro_batches: usize,
+    /// Bytes of stage-boundary activations held at that peak (a lower bound).
+    pub peak_activation_bytes: u64,
+    /// Collective calls.
+    pub collective_calls: u64,
+}
+
+impl From<RankStats> for RankReport {
+    fn from(s: RankStats) -> Self {
+        Self {
+            rank: s.rank,
+            samples: s.samples,
+            compute_s: s.compute.as_secs_f64(),
+            communication_s: s.communication.as_secs_f64(),
+            idle_s: s.idle.as_secs_f64(),
+            peak_live_micro_batches: s.peak_live_micro_batches,
+            peak_activation_bytes: s.peak_activation_bytes,
+            collective_calls: s.collective.calls,
+        }
+    }
 }
 
 /// A way of training one model on one or more devices.

@@ -32,10 +32,7 @@ pub enum Schedule {
 
 impl fmt::Display for Schedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Schedule::GPipe => "gpipe",
-            Schedule::OneFOneB => "1f1b",
-        })
+        f.write_str(self.name())
     }
 }
 
@@ -43,15 +40,28 @@ impl std::str::FromStr for Schedule {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "gpipe" => Ok(Schedule::GPipe),
-            "1f1b" => Ok(Schedule::OneFOneB),
-            other => Err(format!("unknown schedule {other:?}; use gpipe or 1f1b")),
-        }
+        Self::ALL
+            .into_iter()
+            .find(|schedule| schedule.name() == s)
+            .ok_or_else(|| format!("unknown schedule {s:?}; use gpipe or 1f1b"))
     }
 }
 
 impl Schedule {
+    /// Every schedule.
+    pub const ALL: [Schedule; 2] = [Schedule::GPipe, Schedule::OneFOneB];
+
+    /// Their names, as [`Schedule::ALL`] lists them.
+    pub const ALL_NAMES: [&'static str; 2] = [Self::ALL[0].name(), Self::ALL[1].name()];
+
+    /// The name configs and command lines use.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Schedule::GPipe => "gpipe",
+            Schedule::OneFOneB => "1f1b",
+        }
+    }
+
     /// The actions of stage `stage` of `stages` over `micro_batches` micro-batches.
     pub fn actions(self, stage: usize, stages: usize, micro_batches: usize) -> Vec<Action> {
         let m = micro_batches;
