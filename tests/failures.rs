@@ -211,3 +211,45 @@ fn ddp_refuses_a_mesh_that_splits_the_model() {
          give it a mesh with only a dp axis (World::local does), or use a strategy that splits"
     );
 }
+
+/// A stage that panics (here: on a poisoned sample, which both stages load) fails the step
+/// well within the timeout on every rank, with the failure named, and breaks the strategy.
+#[test]
+fn pipeline_stage_panic_is_named_within_the_timeout() {
+    use kiln::core::strategy::{Pipeline, PipelineConfig, Schedule};
+    let timeout = Duration::from_secs(20);
+    let config = PipelineConfig {
+        stages: 2,
+        micro_batches: 2,
+        schedule: Schedule::OneFOneB,
+        collective_timeout_s: timeout.as_secs_f64(),
+        threads_per_rank: Some(1),
+        ..PipelineConfig::default()
+    };
+    let mut pipeline = Pipeline::new(
+        &World::local(vec![Default::default(); 2]).unwrap(),
+        mlp_case(2, 8).model,
+        AdamWConfig::new().init(),
+        poisoned_source(),
+        config,
+    )
+    .unwrap();
+    pipeline.step(&[4, 5, 6, 7], LR).expect("a clean step");
+
+    let start = Instant::now();
+    let error = pipeline.step(&[0, 1, 2, 3], LR).unwrap_err();
+    assert!(start.elapsed() < timeout / 2, "took {:?}", start.elapsed());
+    let StrategyError::Failed { failures, culprit } = &error else {
+        panic!("expected a rank failure, got {error}");
+    };
+    assert_eq!(failures.len(), 2, "{error}");
+    let blamed = failures.iter().find(|f| f.rank == *culprit).unwrap();
+    assert!(
+        matches!(&blamed.error, RankError::Panicked(m) if m.contains("poisoned sample")),
+        "{error}"
+    );
+    assert!(matches!(
+        pipeline.step(&[4, 5, 6, 7], LR).unwrap_err(),
+        StrategyError::Broken { .. }
+    ));
+}

@@ -1,13 +1,54 @@
-//! The caller's side of strategies whose ranks are worker threads: one report per rank per
-//! command, collected so that a failed or wedged rank can never hang the caller.
+//! Strategies whose ranks are worker threads (Ddp, Pipeline): each rank's loop ([`serve`]),
+//! and the caller's side ([`RankThreads`]) that sends commands and collects one report per
+//! rank, so that a failed or wedged rank can never hang the caller.
 
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::{RankError, RankFailure, StrategyError};
+use super::error::panic_message;
+use super::{ConfigError, RankError, RankFailure, RankStats, StepOutput, StrategyError};
+
+/// A finished start-up or step of one rank.
+pub(crate) struct RankDone {
+    /// `Σ n · loss` over the samples this rank scored.
+    pub loss_sum: f64,
+    /// Samples this rank scored.
+    pub samples: usize,
+    /// Time in forward, backward and optimizer.
+    pub compute: Duration,
+    /// Time synchronising.
+    pub communication: Duration,
+    /// Gradient buckets of the rank's all-reduce.
+    pub num_buckets: usize,
+    /// The rank's running totals.
+    pub stats: RankStats,
+}
+
+/// One step's output from every rank's report; the ranks' totals replace `stats`.
+pub(crate) fn step_output(stats: &mut [RankStats], done: Vec<RankDone>) -> StepOutput {
+    let mut output = StepOutput {
+        loss: 0.0,
+        samples: 0,
+        compute: Duration::ZERO,
+        communication: Duration::ZERO,
+    };
+    let mut loss_sum = 0.0;
+    for (stats, d) in stats.iter_mut().zip(done) {
+        loss_sum += d.loss_sum;
+        output.samples += d.samples;
+        output.compute = output.compute.max(d.compute);
+        output.communication = output.communication.max(d.communication);
+        *stats = d.stats;
+    }
+    output.loss = loss_sum / output.samples.max(1) as f64;
+    output
+}
 
 /// A rank's answer to one command.
-pub(crate) struct Report<D> {
+struct Report<D> {
     /// The rank answering (an index into this process's ranks).
     pub rank: usize,
     /// What it did, or why it could not.
@@ -17,7 +58,7 @@ pub(crate) struct Report<D> {
 /// Waits for one report from each of `ranks` ranks. Once any rank has failed, the others get
 /// at most `grace` to report (their collectives time out before that), so the caller returns
 /// with every failure named.
-pub(crate) fn collect<D>(
+fn collect<D>(
     reports: &Receiver<Report<D>>,
     ranks: usize,
     grace: Duration,
@@ -63,5 +104,185 @@ pub(crate) fn collect<D>(
             .collect())
     } else {
         Err(StrategyError::from_failures(failures))
+    }
+}
+
+/// What the dispatcher asks of a rank thread.
+enum Command<R> {
+    /// Train on this global batch.
+    Step { batch: Arc<[usize]>, lr: f64 },
+    /// Send back what the rank holds (its replica, or its stage).
+    Hand(Sender<Option<R>>),
+    /// Leave the loop.
+    Stop,
+}
+
+/// A rank's side of a worker-thread strategy: how it starts, steps and hands over its module.
+pub(crate) trait RankWork {
+    /// What [`Command::Hand`] returns.
+    type Held;
+
+    /// Prepares the rank (moves its module to its device, plans its buckets).
+    fn start(&mut self) -> Result<RankDone, RankError>;
+    /// One optimizer step on the global batch `batch`.
+    fn step(&mut self, batch: &[usize], lr: f64) -> Result<RankDone, RankError>;
+    /// A copy of what the rank holds, readable from another thread; `None` when it cannot.
+    fn hand(&mut self) -> Option<Self::Held>;
+    /// Fails every collective group of the rank, so no peer waits for it.
+    fn abort(&mut self, reason: &str);
+}
+
+/// Runs `f`; a panic or error aborts the rank's groups so the other ranks stop waiting at once.
+fn guarded<W: RankWork>(
+    work: &mut W,
+    f: impl FnOnce(&mut W) -> Result<RankDone, RankError>,
+) -> Result<RankDone, RankError> {
+    let result = catch_unwind(AssertUnwindSafe(|| f(work)))
+        .unwrap_or_else(|payload| Err(RankError::Panicked(panic_message(payload.as_ref()))));
+    if let Err(error) = &result {
+        work.abort(&error.to_string());
+    }
+    result
+}
+
+/// A rank thread's loop: start, then serve commands until `Stop` or until the dispatcher is
+/// gone. After a failure every step answers [`RankError::Gone`].
+fn serve<W: RankWork>(
+    mut work: W,
+    rank: usize,
+    inbox: Receiver<Command<W::Held>>,
+    reports: Sender<Report<RankDone>>,
+) {
+    // A send fails only when the dispatcher is gone, and then there is nobody to serve.
+    let report = |result| reports.send(Report { rank, result }).is_ok();
+    let result = guarded(&mut work, W::start);
+    let mut failed = result.is_err();
+    if !report(result) {
+        return;
+    }
+    for command in inbox {
+        match command {
+            Command::Step { batch, lr } => {
+                let result = if failed {
+                    Err(RankError::Gone)
+                } else {
+                    guarded(&mut work, |w| w.step(&batch, lr))
+                };
+                failed |= result.is_err();
+                if !report(result) {
+                    return;
+                }
+            }
+            Command::Hand(reply) => {
+                let _ = reply.send(work.hand());
+            }
+            Command::Stop => return,
+        }
+    }
+}
+
+struct RankHandle<R> {
+    commands: Sender<Command<R>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The dispatcher's side: one thread per rank, commands out, one report per rank back.
+pub(crate) struct RankThreads<R> {
+    ranks: Vec<RankHandle<R>>,
+    reports: Receiver<Report<RankDone>>,
+    grace: Duration,
+    broken: Option<usize>,
+}
+
+impl<R: Send + 'static> RankThreads<R> {
+    /// Starts a thread named `name-rank{r}` per worker, each inside its rank's thread pool,
+    /// and waits for their start-up reports. `timeout` is the collectives' timeout: a rank
+    /// silent for longer after another failed is reported as such.
+    pub fn spawn<W>(
+        name: &str,
+        workers: Vec<(W, rayon::ThreadPool)>,
+        timeout: Duration,
+    ) -> Result<(Self, Vec<RankDone>), StrategyError>
+    where
+        W: RankWork<Held = R> + Send + 'static,
+    {
+        let (report_tx, reports) = mpsc::channel();
+        let mut ranks = Vec::with_capacity(workers.len());
+        for (rank, (work, pool)) in workers.into_iter().enumerate() {
+            let (commands, inbox) = mpsc::channel();
+            let reports = report_tx.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("{name}-rank{rank}"))
+                .spawn(move || pool.install(move || serve(work, rank, inbox, reports)))
+                .map_err(|e| ConfigError::ThreadPool {
+                    rank,
+                    reason: e.to_string(),
+                })?;
+            ranks.push(RankHandle {
+                commands,
+                thread: Some(thread),
+            });
+        }
+        let mut threads = Self {
+            ranks,
+            reports,
+            grace: timeout + Duration::from_secs(1),
+            broken: None,
+        };
+        let ready = threads.collect()?;
+        Ok((threads, ready))
+    }
+
+    /// Ranks.
+    pub fn len(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// Sends every rank one step and waits for all reports. After a failure the strategy is
+    /// broken and every later step is refused.
+    pub fn step(&mut self, batch: &[usize], lr: f64) -> Result<Vec<RankDone>, StrategyError> {
+        if let Some(culprit) = self.broken {
+            return Err(StrategyError::Broken { culprit });
+        }
+        let batch: Arc<[usize]> = batch.into();
+        for rank in &self.ranks {
+            // A rank whose thread is gone is noticed in `collect` by its missing report.
+            let _ = rank.commands.send(Command::Step {
+                batch: batch.clone(),
+                lr,
+            });
+        }
+        self.collect()
+    }
+
+    /// What rank `rank` holds.
+    pub fn hand(&self, rank: usize) -> Result<R, StrategyError> {
+        let (reply, answer) = mpsc::channel();
+        let sent = self.ranks[rank].commands.send(Command::Hand(reply)).is_ok();
+        match answer.recv() {
+            Ok(Some(held)) if sent => Ok(held),
+            _ => Err(StrategyError::Broken {
+                culprit: self.broken.unwrap_or(rank),
+            }),
+        }
+    }
+
+    fn collect(&mut self) -> Result<Vec<RankDone>, StrategyError> {
+        collect(&self.reports, self.ranks.len(), self.grace).inspect_err(|error| {
+            self.broken = error.culprit();
+        })
+    }
+}
+
+impl<R> Drop for RankThreads<R> {
+    fn drop(&mut self) {
+        for rank in &self.ranks {
+            let _ = rank.commands.send(Command::Stop);
+        }
+        for rank in &mut self.ranks {
+            if let Some(thread) = rank.thread.take() {
+                let _ = thread.join();
+            }
+        }
     }
 }

@@ -14,21 +14,18 @@
 
 mod worker;
 
-use std::sync::Arc;
-use std::sync::mpsc::{self, Receiver, Sender};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;
 
-use super::dispatch::{Report, collect};
+use super::dispatch::{RankThreads, step_output};
 use super::{ConfigError, RankFailure, RankStats, StepOutput, Strategy, StrategyError, TrainModel};
 use crate::World;
 use crate::collective::MeshCollectives;
 use crate::data::{DataSource, ShardPolicy};
 use crate::world::Mesh;
-use worker::{Command, Done, Worker};
+use worker::Worker;
 
 /// Configuration of [`Ddp`].
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -87,19 +84,12 @@ impl DdpConfig {
     }
 }
 
-struct RankHandle<M> {
-    commands: Sender<Command<M>>,
-    thread: Option<JoinHandle<()>>,
-}
-
 /// Distributed data parallelism over the ranks of a [`World`].
 pub struct Ddp<B: AutodiffBackend, M: TrainModel<B>> {
-    ranks: Vec<RankHandle<M>>,
-    reports: Receiver<Report<Done>>,
+    threads: RankThreads<M>,
     config: DdpConfig,
     stats: Vec<RankStats>,
     num_buckets: usize,
-    broken: Option<usize>,
     backend: std::marker::PhantomData<B>,
 }
 
@@ -144,7 +134,6 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
         // The rank threads read these parameters next.
         super::error::sync_device::<B>(&world.devices()[0])
             .map_err(|error| StrategyError::from_failures(vec![RankFailure { rank: 0, error }]))?;
-        let (report_tx, reports) = mpsc::channel();
         // Gradients are averaged over the data-parallel axis, which here spans every rank.
         let collectives: Vec<_> =
             MeshCollectives::<B::InnerBackend>::in_process(mesh, config.timeout())
@@ -152,11 +141,10 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
                 .map(|ranks| ranks.into_axis(Mesh::DP).expect("checked: the mesh has dp"))
                 .collect();
 
-        let mut ranks = Vec::with_capacity(world_size);
+        let mut workers = Vec::with_capacity(world_size);
         for (local, collective) in collectives.into_iter().enumerate() {
             let rank = world.rank_of(local);
             let pool = super::threads::rank_pool(rank, world_size, config.threads_per_rank)?;
-            let (commands, inbox) = mpsc::channel();
             let worker = Worker {
                 rank,
                 world_size,
@@ -173,38 +161,17 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
                 },
                 steps: 0,
             };
-            let reports = report_tx.clone();
-            let thread = std::thread::Builder::new()
-                .name(format!("kiln-ddp-rank{rank}"))
-                .spawn(move || pool.install(move || worker.run(inbox, reports)))
-                .map_err(|e| ConfigError::ThreadPool {
-                    rank,
-                    reason: e.to_string(),
-                })?;
-            ranks.push(RankHandle {
-                commands,
-                thread: Some(thread),
-            });
+            workers.push((worker, pool));
         }
-
-        let mut ddp = Self {
-            ranks,
-            reports,
-            stats: (0..world_size)
-                .map(|rank| RankStats {
-                    rank,
-                    ..Default::default()
-                })
-                .collect(),
+        let (threads, ready) = RankThreads::spawn("kiln-ddp", workers, config.timeout())?;
+        let ddp = Self {
+            threads,
+            num_buckets: ready.first().map_or(0, |r| r.num_buckets),
+            // Start-up broadcast traffic and time belong to the ranks' totals.
+            stats: ready.into_iter().map(|r| r.stats).collect(),
             config,
-            num_buckets: 0,
-            broken: None,
             backend: std::marker::PhantomData,
         };
-        let ready = ddp.collect()?;
-        ddp.num_buckets = ready.first().map_or(0, |r| r.num_buckets);
-        // Start-up broadcast traffic and time belong to the ranks' totals.
-        ddp.stats = ready.into_iter().map(|r| r.stats).collect();
         tracing::info!(
             ranks = world_size,
             buckets = ddp.num_buckets,
@@ -220,21 +187,6 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
     pub fn num_buckets(&self) -> usize {
         self.num_buckets
     }
-
-    /// Waits for one report per rank; a failure marks the strategy broken.
-    fn collect(&mut self) -> Result<Vec<Done>, StrategyError> {
-        let grace = self.config.timeout() + Duration::from_secs(1);
-        collect(&self.reports, self.ranks.len(), grace).inspect_err(|error| {
-            self.broken = error.culprit();
-        })
-    }
-
-    fn send(&self, make: impl Fn() -> Command<M>) {
-        for rank in &self.ranks {
-            // A rank whose thread is gone is noticed in `collect` by its missing report.
-            let _ = rank.commands.send(make());
-        }
-    }
 }
 
 impl<B: AutodiffBackend, M: TrainModel<B>> Strategy<B, M> for Ddp<B, M> {
@@ -243,64 +195,22 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Strategy<B, M> for Ddp<B, M> {
     }
 
     fn world_size(&self) -> usize {
-        self.ranks.len()
+        self.threads.len()
     }
 
     fn step(&mut self, batch: &[usize], lr: f64) -> Result<StepOutput, StrategyError> {
-        if let Some(culprit) = self.broken {
-            return Err(StrategyError::Broken { culprit });
-        }
         // Every rank shards the same way; checking here turns bad input into an error before
         // any rank starts.
-        self.config.shard_policy.shard(batch, self.ranks.len())?;
-        let batch: Arc<[usize]> = batch.into();
-        self.send(|| Command::Step {
-            batch: batch.clone(),
-            lr,
-        });
-        let done = self.collect()?;
-
-        let mut output = StepOutput {
-            loss: 0.0,
-            samples: 0,
-            compute: Duration::ZERO,
-            communication: Duration::ZERO,
-        };
-        let mut loss_sum = 0.0;
-        for (stats, d) in self.stats.iter_mut().zip(done) {
-            loss_sum += d.loss_sum;
-            output.samples += d.samples;
-            output.compute = output.compute.max(d.compute);
-            output.communication = output.communication.max(d.communication);
-            *stats = d.stats;
-        }
-        output.loss = loss_sum / output.samples as f64;
-        Ok(output)
+        self.config.shard_policy.shard(batch, self.threads.len())?;
+        let done = self.threads.step(batch, lr)?;
+        Ok(step_output(&mut self.stats, done))
     }
 
     fn model(&self) -> Result<M, StrategyError> {
-        let (reply, model) = mpsc::channel();
-        let sent = self.ranks[0].commands.send(Command::Model(reply)).is_ok();
-        match model.recv() {
-            Ok(Some(model)) if sent => Ok(model),
-            _ => Err(StrategyError::Broken {
-                culprit: self.broken.unwrap_or(0),
-            }),
-        }
+        self.threads.hand(0)
     }
 
     fn stats(&self) -> Vec<RankStats> {
         self.stats.clone()
-    }
-}
-
-impl<B: AutodiffBackend, M: TrainModel<B>> Drop for Ddp<B, M> {
-    fn drop(&mut self) {
-        self.send(|| Command::Stop);
-        for rank in &mut self.ranks {
-            if let Some(thread) = rank.thread.take() {
-                let _ = thread.join();
-            }
-        }
     }
 }

@@ -1,8 +1,5 @@
 //! One Ddp rank: its replica, optimizer and collective handle, driven by commands.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
-use std::sync::mpsc::{Receiver, Sender};
 use std::time::{Duration, Instant};
 
 use burn::optim::Optimizer;
@@ -13,30 +10,10 @@ use crate::collective::Collective;
 use crate::data::DataSource;
 use crate::grads::{BucketPlan, ParamSelection, all_reduce_gradients, broadcast_parameters};
 use crate::params::checksum_tensor;
-use crate::strategy::dispatch::Report;
-use crate::strategy::error::{panic_message, sync_device};
+use crate::strategy::dispatch::{RankDone, RankWork};
+use crate::strategy::error::sync_device;
 use crate::strategy::micro_batch::local_gradients;
 use crate::strategy::{RankError, RankStats, TrainModel};
-
-/// What the dispatcher asks of a rank.
-pub(super) enum Command<M> {
-    /// Train on this global batch.
-    Step { batch: Arc<[usize]>, lr: f64 },
-    /// Send back the replica (rank 0's is the canonical model).
-    Model(Sender<Option<M>>),
-    /// Leave the loop.
-    Stop,
-}
-
-/// A finished start-up or step.
-pub(super) struct Done {
-    pub loss_sum: f64,
-    pub samples: usize,
-    pub compute: Duration,
-    pub communication: Duration,
-    pub num_buckets: usize,
-    pub stats: RankStats,
-}
 
 pub(super) struct Worker<B: AutodiffBackend, M: TrainModel<B>, O, I> {
     pub rank: usize,
@@ -52,63 +29,41 @@ pub(super) struct Worker<B: AutodiffBackend, M: TrainModel<B>, O, I> {
     pub steps: u64,
 }
 
+impl<B, M, O, I> RankWork for Worker<B, M, O, I>
+where
+    B: AutodiffBackend,
+    M: TrainModel<B>,
+    O: Optimizer<M, B>,
+{
+    type Held = M;
+
+    fn start(&mut self) -> Result<RankDone, RankError> {
+        self.start_rank()
+    }
+
+    fn step(&mut self, batch: &[usize], lr: f64) -> Result<RankDone, RankError> {
+        self.step_rank(batch, lr)
+    }
+
+    fn hand(&mut self) -> Option<M> {
+        // The caller's thread reads this replica next.
+        sync_device::<B>(&self.device).ok()?;
+        self.model.clone()
+    }
+
+    fn abort(&mut self, reason: &str) {
+        self.collective.abort(reason);
+    }
+}
+
 impl<B, M, O, I> Worker<B, M, O, I>
 where
     B: AutodiffBackend,
     M: TrainModel<B>,
     O: Optimizer<M, B>,
 {
-    /// Starts, then serves commands until `Stop` or until the dispatcher is gone.
-    pub fn run(mut self, inbox: Receiver<Command<M>>, reports: Sender<Report<Done>>) {
-        let rank = self.rank;
-        // A send fails only when the dispatcher is gone, and then there is nobody to serve.
-        let report = |result| reports.send(Report { rank, result }).is_ok();
-        let result = self.guarded(Self::start);
-        let mut failed = result.is_err();
-        if !report(result) {
-            return;
-        }
-        for command in inbox {
-            match command {
-                Command::Step { batch, lr } => {
-                    let result = if failed {
-                        Err(RankError::Gone)
-                    } else {
-                        self.guarded(|w| w.step(&batch, lr))
-                    };
-                    failed |= result.is_err();
-                    if !report(result) {
-                        return;
-                    }
-                }
-                Command::Model(reply) => {
-                    // The caller's thread reads this replica next.
-                    let model = match sync_device::<B>(&self.device) {
-                        Ok(()) => self.model.clone(),
-                        Err(_) => None,
-                    };
-                    let _ = reply.send(model);
-                }
-                Command::Stop => return,
-            }
-        }
-    }
-
-    /// Runs `f`; a panic or error poisons the group so the other ranks stop waiting at once.
-    fn guarded(
-        &mut self,
-        f: impl FnOnce(&mut Self) -> Result<Done, RankError>,
-    ) -> Result<Done, RankError> {
-        let result = catch_unwind(AssertUnwindSafe(|| f(self)))
-            .unwrap_or_else(|payload| Err(RankError::Panicked(panic_message(payload.as_ref()))));
-        if let Err(error) = &result {
-            self.collective.abort(&error.to_string());
-        }
-        result
-    }
-
     /// Moves the replica to this rank's device and makes it rank 0's.
-    fn start(&mut self) -> Result<Done, RankError> {
+    fn start_rank(&mut self) -> Result<RankDone, RankError> {
         let start = Instant::now();
         let model = self.model.take().ok_or(RankError::Gone)?.fork(&self.device);
         let cap = self.config.bucket_cap_bytes();
@@ -127,7 +82,7 @@ where
     }
 
     /// Shard → forward/backward → all-reduce → optimizer → replica check → stats.
-    fn step(&mut self, batch: &[usize], lr: f64) -> Result<Done, RankError> {
+    fn step_rank(&mut self, batch: &[usize], lr: f64) -> Result<RankDone, RankError> {
         let shards = self.config.shard_policy.shard(batch, self.world_size)?;
         let global_samples = shards.iter().map(Vec::len).sum();
         let shard = &shards[self.rank];
@@ -208,8 +163,8 @@ where
         samples: usize,
         compute: Duration,
         communication: Duration,
-    ) -> Done {
-        Done {
+    ) -> RankDone {
+        RankDone {
             loss_sum,
             samples,
             compute,

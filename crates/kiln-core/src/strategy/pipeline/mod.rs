@@ -24,9 +24,6 @@
 mod schedule;
 mod worker;
 
-use std::sync::Arc;
-use std::sync::mpsc::{self, Receiver, Sender};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use burn::optim::Optimizer;
@@ -34,14 +31,14 @@ use burn::tensor::backend::AutodiffBackend;
 
 pub use schedule::{Action, Schedule, peak_live};
 
-use super::dispatch::{Report, collect};
+use super::dispatch::{RankThreads, step_output};
 use super::{ConfigError, RankFailure, RankStats, StepOutput, Strategy, StrategyError};
 use crate::World;
 use crate::collective::MeshCollectives;
 use crate::data::{DataSource, ShardPolicy};
 use crate::stages::{PipelineModel, assemble, even_ranges};
 use crate::world::Mesh;
-use worker::{Command, Done, Place, Worker};
+use worker::{Place, Worker};
 
 /// Configuration of [`Pipeline`].
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -135,22 +132,15 @@ impl PipelineConfig {
     }
 }
 
-struct RankHandle<S> {
-    commands: Sender<Command<S>>,
-    thread: Option<JoinHandle<()>>,
-}
-
 /// Pipeline parallelism (times data parallelism) over the ranks of a [`World`].
 pub struct Pipeline<B: AutodiffBackend, M: PipelineModel<B>> {
-    ranks: Vec<RankHandle<M::Stage>>,
-    reports: Receiver<Report<Done>>,
+    threads: RankThreads<M::Stage>,
     mesh: Mesh,
     config: PipelineConfig,
     /// The whole model as given, into which [`Strategy::model`] puts the stages' parameters.
     template: M,
     device: B::Device,
     stats: Vec<RankStats>,
-    broken: Option<usize>,
 }
 
 impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
@@ -196,16 +186,13 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
             .map_err(|error| StrategyError::from_failures(vec![RankFailure { rank: 0, error }]))?;
         let stages = model.split(&even_ranges(blocks, config.stages));
 
-        let (report_tx, reports) = mpsc::channel();
         let groups = MeshCollectives::<B::InnerBackend>::in_process(&mesh, config.timeout());
-        let mut ranks = Vec::with_capacity(world_size);
+        let mut workers = Vec::with_capacity(world_size);
         for (rank, groups) in groups.into_iter().enumerate() {
             let (replica, stage) = (mesh.coord(rank, Mesh::DP), mesh.coord(rank, Mesh::PP));
             let pool = super::threads::rank_pool(rank, world_size, config.threads_per_rank)?;
-            let (commands, inbox) = mpsc::channel();
             let worker = Worker::<B, M, O, I> {
                 place: Place {
-                    rank,
                     stage,
                     stages: config.stages,
                     replica,
@@ -223,30 +210,17 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
                     ..Default::default()
                 },
             };
-            let reports = report_tx.clone();
-            let thread = std::thread::Builder::new()
-                .name(format!("kiln-pipeline-rank{rank}"))
-                .spawn(move || pool.install(move || worker.run(inbox, reports)))
-                .map_err(|e| ConfigError::ThreadPool {
-                    rank,
-                    reason: e.to_string(),
-                })?;
-            ranks.push(RankHandle {
-                commands,
-                thread: Some(thread),
-            });
+            workers.push((worker, pool));
         }
-        let mut pipeline = Self {
-            ranks,
-            reports,
+        let (threads, ready) = RankThreads::spawn("kiln-pipeline", workers, config.timeout())?;
+        let pipeline = Self {
+            threads,
             config,
             template: model,
             device,
-            stats: Vec::new(),
-            broken: None,
+            stats: ready.into_iter().map(|d| d.stats).collect(),
             mesh,
         };
-        pipeline.stats = pipeline.collect()?.into_iter().map(|d| d.stats).collect();
         tracing::info!(
             mesh = %pipeline.mesh,
             schedule = %pipeline.config.schedule,
@@ -263,20 +237,6 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
     pub fn mesh(&self) -> &Mesh {
         &self.mesh
     }
-
-    fn collect(&mut self) -> Result<Vec<Done>, StrategyError> {
-        let grace = self.config.timeout() + Duration::from_secs(1);
-        collect(&self.reports, self.ranks.len(), grace).inspect_err(|error| {
-            self.broken = error.culprit();
-        })
-    }
-
-    fn send(&self, make: impl Fn() -> Command<M::Stage>) {
-        for rank in &self.ranks {
-            // A rank whose thread is gone is noticed in `collect` by its missing report.
-            let _ = rank.commands.send(make());
-        }
-    }
 }
 
 impl<B: AutodiffBackend, M: PipelineModel<B>> Strategy<B, M> for Pipeline<B, M> {
@@ -285,13 +245,10 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Strategy<B, M> for Pipeline<B, M> 
     }
 
     fn world_size(&self) -> usize {
-        self.ranks.len()
+        self.threads.len()
     }
 
     fn step(&mut self, batch: &[usize], lr: f64) -> Result<StepOutput, StrategyError> {
-        if let Some(culprit) = self.broken {
-            return Err(StrategyError::Broken { culprit });
-        }
         let replicas = self.mesh.degree(Mesh::DP);
         let shards = self.config.shard_policy.shard(batch, replicas)?;
         let smallest = shards.iter().map(Vec::len).min().unwrap_or(0);
@@ -304,63 +261,19 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Strategy<B, M> for Pipeline<B, M> 
             }
             .into());
         }
-        let batch: Arc<[usize]> = batch.into();
-        self.send(|| Command::Step {
-            batch: batch.clone(),
-            lr,
-        });
-        let done = self.collect()?;
-        let mut output = StepOutput {
-            loss: 0.0,
-            samples: 0,
-            compute: Duration::ZERO,
-            communication: Duration::ZERO,
-        };
-        let mut loss_sum = 0.0;
-        for (stats, d) in self.stats.iter_mut().zip(done) {
-            loss_sum += d.loss_sum;
-            output.samples += d.samples;
-            output.compute = output.compute.max(d.compute);
-            output.communication = output.communication.max(d.communication);
-            *stats = d.stats;
-        }
-        output.loss = loss_sum / output.samples.max(1) as f64;
-        Ok(output)
+        let done = self.threads.step(batch, lr)?;
+        Ok(step_output(&mut self.stats, done))
     }
 
     fn model(&self) -> Result<M, StrategyError> {
         let mut stages = Vec::with_capacity(self.config.stages);
         for stage in 0..self.config.stages {
-            let rank = self.mesh.rank(&[0, stage]);
-            let (reply, answer) = mpsc::channel();
-            let sent = self.ranks[rank]
-                .commands
-                .send(Command::Stage(reply))
-                .is_ok();
-            match answer.recv() {
-                Ok(Some(module)) if sent => stages.push(module),
-                _ => {
-                    return Err(StrategyError::Broken {
-                        culprit: self.broken.unwrap_or(rank),
-                    });
-                }
-            }
+            stages.push(self.threads.hand(self.mesh.rank(&[0, stage]))?);
         }
         Ok(assemble(self.template.clone(), &stages, &self.device))
     }
 
     fn stats(&self) -> Vec<RankStats> {
         self.stats.clone()
-    }
-}
-
-impl<B: AutodiffBackend, M: PipelineModel<B>> Drop for Pipeline<B, M> {
-    fn drop(&mut self) {
-        self.send(|| Command::Stop);
-        for rank in &mut self.ranks {
-            if let Some(thread) = rank.thread.take() {
-                let _ = thread.join();
-            }
-        }
     }
 }

@@ -5,9 +5,6 @@
 //! receiving activations from the previous stage and gradients from the next → all-reduce the
 //! stage's gradients over the `dp` axis → optimizer step.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
-use std::sync::mpsc::{Receiver, Sender};
 use std::time::{Duration, Instant};
 
 use burn::module::Module;
@@ -21,35 +18,13 @@ use crate::collective::MeshCollectives;
 use crate::data::{DataSource, split_even};
 use crate::grads::{BucketPlan, ParamSelection, add_weighted, all_reduce_gradients};
 use crate::stages::{Activation, PipelineModel};
-use crate::strategy::dispatch::Report;
-use crate::strategy::error::{panic_message, sync_device};
+use crate::strategy::dispatch::{RankDone, RankWork};
+use crate::strategy::error::sync_device;
 use crate::strategy::{RankError, RankStats};
 use crate::world::Mesh;
 
-/// What the dispatcher asks of a rank.
-pub(super) enum Command<S> {
-    /// Train on this global batch.
-    Step { batch: Arc<[usize]>, lr: f64 },
-    /// Send back this rank's stage (to assemble the whole model).
-    Stage(Sender<Option<S>>),
-    /// Leave the loop.
-    Stop,
-}
-
-/// A finished start-up or step.
-pub(super) struct Done {
-    /// `Σ n_j · loss_j` over the micro-batches this rank scored (last stages only).
-    pub loss_sum: f64,
-    /// Samples this rank scored (last stages only).
-    pub samples: usize,
-    pub compute: Duration,
-    pub communication: Duration,
-    pub stats: RankStats,
-}
-
 /// Where a stage sits.
 pub(super) struct Place {
-    pub rank: usize,
     pub stage: usize,
     pub stages: usize,
     pub replica: usize,
@@ -99,62 +74,41 @@ struct Times {
     idle: Duration,
 }
 
+impl<B, M, O, I> RankWork for Worker<B, M, O, I>
+where
+    B: AutodiffBackend,
+    M: PipelineModel<B>,
+    O: Optimizer<M::Stage, B>,
+{
+    type Held = M::Stage;
+
+    fn start(&mut self) -> Result<RankDone, RankError> {
+        self.start_rank()
+    }
+
+    fn step(&mut self, batch: &[usize], lr: f64) -> Result<RankDone, RankError> {
+        self.step_rank(batch, lr)
+    }
+
+    fn hand(&mut self) -> Option<M::Stage> {
+        // The caller's thread reads this stage next.
+        sync_device::<B>(&self.device).ok()?;
+        self.module.clone()
+    }
+
+    fn abort(&mut self, reason: &str) {
+        self.groups.abort(reason);
+    }
+}
+
 impl<B, M, O, I> Worker<B, M, O, I>
 where
     B: AutodiffBackend,
     M: PipelineModel<B>,
     O: Optimizer<M::Stage, B>,
 {
-    /// Starts, then serves commands until `Stop` or until the dispatcher is gone.
-    pub fn run(mut self, inbox: Receiver<Command<M::Stage>>, reports: Sender<Report<Done>>) {
-        let rank = self.place.rank;
-        let report = |result| reports.send(Report { rank, result }).is_ok();
-        let result = self.guarded(Self::start);
-        let mut failed = result.is_err();
-        if !report(result) {
-            return;
-        }
-        for command in inbox {
-            match command {
-                Command::Step { batch, lr } => {
-                    let result = if failed {
-                        Err(RankError::Gone)
-                    } else {
-                        self.guarded(|w| w.step(&batch, lr))
-                    };
-                    failed |= result.is_err();
-                    if !report(result) {
-                        return;
-                    }
-                }
-                Command::Stage(reply) => {
-                    // The caller's thread reads this stage next.
-                    let stage = match sync_device::<B>(&self.device) {
-                        Ok(()) => self.module.clone(),
-                        Err(_) => None,
-                    };
-                    let _ = reply.send(stage);
-                }
-                Command::Stop => return,
-            }
-        }
-    }
-
-    /// Runs `f`; a panic or error fails every group of this rank so no peer waits for it.
-    fn guarded(
-        &mut self,
-        f: impl FnOnce(&mut Self) -> Result<Done, RankError>,
-    ) -> Result<Done, RankError> {
-        let result = catch_unwind(AssertUnwindSafe(|| f(self)))
-            .unwrap_or_else(|payload| Err(RankError::Panicked(panic_message(payload.as_ref()))));
-        if let Err(error) = &result {
-            self.groups.abort(&error.to_string());
-        }
-        result
-    }
-
     /// Moves the stage to this rank's device and plans its gradient buckets.
-    fn start(&mut self) -> Result<Done, RankError> {
+    fn start_rank(&mut self) -> Result<RankDone, RankError> {
         let module = self
             .module
             .take()
@@ -166,7 +120,7 @@ where
         Ok(self.done(0.0, 0, Duration::ZERO, Duration::ZERO))
     }
 
-    fn step(&mut self, batch: &[usize], lr: f64) -> Result<Done, RankError> {
+    fn step_rank(&mut self, batch: &[usize], lr: f64) -> Result<RankDone, RankError> {
         let shards = self.config.shard_policy.shard(batch, self.place.replicas)?;
         let global_samples: usize = shards.iter().map(Vec::len).sum();
         let shard = shards[self.place.replica].clone();
@@ -401,12 +355,13 @@ where
         samples: usize,
         compute: Duration,
         communication: Duration,
-    ) -> Done {
-        Done {
+    ) -> RankDone {
+        RankDone {
             loss_sum,
             samples,
             compute,
             communication,
+            num_buckets: self.plan.as_ref().map_or(0, BucketPlan::num_buckets),
             stats: self.stats.clone(),
         }
     }
