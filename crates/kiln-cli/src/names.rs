@@ -48,3 +48,15 @@ where
         Some(Box::new(self.names.iter().map(|n| PossibleValue::new(*n))))
     }
 }
+
+/// The `--schedule` parser: `gpipe` or `1f1b`, listed in `--help`.
+pub fn schedule_parser() -> Named<kiln_core::strategy::Schedule> {
+    const NAMES: [&str; 2] = kiln_core::strategy::Schedule::ALL_NAMES;
+    Named::new(&NAMES)
+}
+
+/// The `--strategy` parser: the names `StrategyKind` knows, listed in `--help`.
+pub fn strategy_parser() -> Named<kiln_core::strategy::StrategyKind> {
+    const NAMES: [&str; 5] = kiln_core::strategy::StrategyKind::ALL_NAMES;
+    Named::new(&NAMES)
+}

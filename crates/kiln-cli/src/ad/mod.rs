@@ -13,11 +13,12 @@ use kiln_ad::config::AdConfig;
 use kiln_ad::goals::GoalSplit;
 use kiln_ad::report::{EvalReport, evaluate};
 use kiln_ad::train::{generate, train};
-use kiln_core::strategy::{Schedule, StrategyKind};
+use kiln_core::strategy::StrategyKind;
 
 use crate::backend::{BackendKind, DeviceList, Job, Placement, dispatch, parse_devices};
 use crate::config_file;
-use crate::train::{schedule_parser, strategy_parser};
+use crate::names::strategy_parser;
+use crate::pipeline_args::PipelineArgs;
 use metrics::{DataSummary, Metrics, Seconds, write_outputs};
 
 /// The `kiln ad` commands.
@@ -38,15 +39,8 @@ pub struct TrainArgs {
     /// Parallelism strategy [default: auto].
     #[arg(long, value_parser = strategy_parser())]
     strategy: Option<StrategyKind>,
-    /// Pipeline stages (with `--strategy pipeline`) [default: 2].
-    #[arg(long)]
-    stages: Option<usize>,
-    /// Pipeline micro-batches per flush [default: 4].
-    #[arg(long)]
-    micro_batches: Option<usize>,
-    /// Pipeline schedule [default: 1f1b].
-    #[arg(long, value_parser = schedule_parser())]
-    schedule: Option<Schedule>,
+    #[command(flatten)]
+    pipeline: PipelineArgs,
     /// Ranks (devices; CPU ranks share the CPU) [default: 1, or the length of --devices].
     #[arg(long)]
     world: Option<usize>,
@@ -137,14 +131,14 @@ impl TrainArgs {
             )*};
         }
         set!(strategy => train.strategy, world => train.world, steps => train.steps,
-             batch => train.batch, lr => train.lr, seed => seed,
-             stages => parallel.pipeline.stages, micro_batches => parallel.pipeline.micro_batches,
-             schedule => parallel.pipeline.schedule);
-        if c.train.strategy == StrategyKind::Pipeline && self.world.is_none() && c.train.world == 1
-        {
-            // `--strategy pipeline` alone: one replica of its stages.
-            c.train.world = c.parallel.pipeline.stages;
-        }
+             batch => train.batch, lr => train.lr, seed => seed);
+        let world_given = self.world.is_some() || self.devices.is_some();
+        c.train.world = self.pipeline.apply(
+            &mut c.parallel.pipeline,
+            c.train.strategy,
+            c.train.world,
+            world_given,
+        );
         if let Some(DeviceList(devices)) = &self.devices {
             // The list names the ranks; an explicit --world must agree (checked by Placement).
             c.train.world = self.world.unwrap_or(devices.len());

@@ -12,7 +12,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use kiln_core::data::{DataSource, EpochSampler};
 use kiln_core::params::checksum;
 use kiln_core::stages::PipelineModel;
-use kiln_core::strategy::{Schedule, StrategyKind, build};
+use kiln_core::strategy::{StrategyKind, build};
 use kiln_nn::models::{MlpConfig, TransformerConfig};
 use kiln_nn::tasks::{ClassificationBatcher, FibonacciTask, SequenceBatcher, TeacherTask};
 
@@ -20,7 +20,8 @@ pub use config::{ModelKind, TrainConfig};
 use report::TrainReport;
 
 use crate::backend::{BackendKind, DeviceList, Job, dispatch, parse_devices};
-use crate::names::Named;
+use crate::names::strategy_parser;
+use crate::pipeline_args::PipelineArgs;
 
 /// Flags of `kiln train`; each overrides the same field of `--config`.
 #[derive(clap::Args, Debug)]
@@ -63,18 +64,8 @@ pub struct TrainArgs {
     /// Ddp gradient bucket cap in MiB [default: 25].
     #[arg(long)]
     bucket_cap_mb: Option<f64>,
-    /// Pipeline stages [default: 2].
-    #[arg(long)]
-    stages: Option<usize>,
-    /// Pipeline micro-batches per flush [default: 4].
-    #[arg(long)]
-    micro_batches: Option<usize>,
-    /// Pipeline schedule [default: 1f1b].
-    #[arg(long, value_parser = schedule_parser())]
-    schedule: Option<Schedule>,
-    /// Pipeline data-parallel replicas: the world becomes dp × stages ranks.
-    #[arg(long)]
-    dp: Option<usize>,
+    #[command(flatten)]
+    pipeline: PipelineArgs,
     /// Samples in the synthetic data set [default: 8192].
     #[arg(long)]
     samples: Option<usize>,
@@ -84,18 +75,6 @@ pub struct TrainArgs {
     /// Write a JSON summary here.
     #[arg(long)]
     json: Option<PathBuf>,
-}
-
-/// The `--schedule` parser: `gpipe` or `1f1b`, listed in `--help`.
-pub fn schedule_parser() -> Named<Schedule> {
-    const NAMES: [&str; 2] = Schedule::ALL_NAMES;
-    Named::new(&NAMES)
-}
-
-/// The `--strategy` parser: the names [`StrategyKind`] knows, listed in `--help`.
-pub fn strategy_parser() -> Named<StrategyKind> {
-    const NAMES: [&str; 5] = StrategyKind::ALL_NAMES;
-    Named::new(&NAMES)
 }
 
 impl TrainArgs {
@@ -111,21 +90,11 @@ impl TrainArgs {
         }
         set!(model => model, strategy => strategy, backend => backend, world => world,
              steps => steps, batch => batch, seed => seed, lr => lr, samples => samples,
-             bucket_cap_mb => parallel.ddp.bucket_cap_mb, stages => parallel.pipeline.stages,
-             micro_batches => parallel.pipeline.micro_batches);
-        if let Some(schedule) = self.schedule {
-            c.parallel.pipeline.schedule = schedule;
-        }
-        if let Some(dp) = self.dp {
-            c.world = dp * c.parallel.pipeline.stages;
-        } else if c.strategy == StrategyKind::Pipeline
-            && self.world.is_none()
-            && self.devices.is_none()
-            && c.world == 1
-        {
-            // `--strategy pipeline --stages P` alone: one replica of P stages.
-            c.world = c.parallel.pipeline.stages;
-        }
+             bucket_cap_mb => parallel.ddp.bucket_cap_mb);
+        let world_given = self.world.is_some() || self.devices.is_some();
+        c.world = self
+            .pipeline
+            .apply(&mut c.parallel.pipeline, c.strategy, c.world, world_given);
         if let Some(DeviceList(devices)) = self.devices {
             // The list names the ranks; an explicit --world must agree (checked by validate).
             c.world = self.world.unwrap_or(devices.len());

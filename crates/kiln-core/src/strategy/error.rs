@@ -259,3 +259,25 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         "non-string panic payload".to_string()
     }
 }
+
+/// Checks the settings that Ddp and Pipeline share.
+pub(super) fn check_shared_settings(
+    grad_accumulation: usize,
+    bucket_cap_mb: f64,
+    collective_timeout_s: f64,
+    threads_per_rank: Option<usize>,
+) -> Result<(), ConfigError> {
+    if grad_accumulation == 0 {
+        return Err(ConfigError::ZeroAccumulation);
+    }
+    if !(bucket_cap_mb > 0.0 && bucket_cap_mb.is_finite()) {
+        return Err(ConfigError::BucketCap(bucket_cap_mb));
+    }
+    if !(collective_timeout_s > 0.0 && collective_timeout_s.is_finite()) {
+        return Err(ConfigError::Timeout(collective_timeout_s));
+    }
+    if threads_per_rank == Some(0) {
+        return Err(ConfigError::ZeroThreads);
+    }
+    Ok(())
+}

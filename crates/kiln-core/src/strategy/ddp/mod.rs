@@ -60,19 +60,12 @@ impl Default for DdpConfig {
 
 impl DdpConfig {
     fn validate(&self) -> Result<(), ConfigError> {
-        if self.grad_accumulation == 0 {
-            return Err(ConfigError::ZeroAccumulation);
-        }
-        if !(self.bucket_cap_mb > 0.0 && self.bucket_cap_mb.is_finite()) {
-            return Err(ConfigError::BucketCap(self.bucket_cap_mb));
-        }
-        if !(self.collective_timeout_s > 0.0 && self.collective_timeout_s.is_finite()) {
-            return Err(ConfigError::Timeout(self.collective_timeout_s));
-        }
-        if self.threads_per_rank == Some(0) {
-            return Err(ConfigError::ZeroThreads);
-        }
-        Ok(())
+        super::error::check_shared_settings(
+            self.grad_accumulation,
+            self.bucket_cap_mb,
+            self.collective_timeout_s,
+            self.threads_per_rank,
+        )
     }
 
     fn bucket_cap_bytes(&self) -> usize {
