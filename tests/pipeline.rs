@@ -16,7 +16,7 @@ use kiln::core::World;
 use kiln::core::stages::PipelineModel;
 use kiln::core::strategy::{Pipeline, PipelineConfig, Schedule, Strategy};
 use kiln::core::world::Mesh;
-use kiln::nn::models::MlpConfig;
+use kiln::nn::models::{MlpConfig, TransformerConfig};
 
 const STEPS: usize = 3;
 /// Global batch: 7 micro-batches do not divide it, and dp = 2 shards it 7 + 6.
@@ -65,21 +65,27 @@ fn world(ranks: usize) -> World<burn::tensor::Device<B>> {
     World::local(vec![Default::default(); ranks]).unwrap()
 }
 
-#[test]
-fn pipeline_matches_single_device_training() {
-    let case = mlp_case(4, 16);
+/// The whole matrix for one model with 4 blocks: p = 2, 3, 4 × m = 1, 4, 7 × both schedules,
+/// gradient accumulation 2, and dp × pp = 2 × 2; 1F1B holds at most p micro-batches per
+/// stage and GPipe all m.
+fn check_every_shape<M, I, Bt>(name: &str, case: &Case<M, I, Bt>)
+where
+    M: PipelineModel<B>,
+    I: Clone + Send + Sync + 'static,
+    Bt: Batcher<B, I, M::Input> + Clone + 'static,
+{
     let batches = batches(case.dataset.len(), BATCH, STEPS);
-    let expected = reference(&case, &batches);
+    let expected = reference(case, &batches);
     for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
         for stages in [2, 3, 4] {
             for micro_batches in [1, 4, 7] {
                 let (model, stats) = train(
-                    &case,
+                    case,
                     &batches,
                     world(stages),
                     config(stages, micro_batches, schedule),
                 );
-                let what = format!("{schedule} p={stages} m={micro_batches}");
+                let what = format!("{name} {schedule} p={stages} m={micro_batches}");
                 assert_equivalent(&model, &expected, &case.model, &what);
                 for s in stats {
                     let peak = s.peak_live_micro_batches;
@@ -94,27 +100,86 @@ fn pipeline_matches_single_device_training() {
                 }
             }
         }
+        let accumulate = PipelineConfig {
+            grad_accumulation: 2,
+            ..config(2, 3, schedule)
+        };
+        let (model, _) = train(case, &batches, world(2), accumulate);
+        let what = format!("{name} {schedule} accumulation 2");
+        assert_equivalent(&model, &expected, &case.model, &what);
+        let (model, stats) = train(case, &batches, world(4), config(2, 3, schedule));
+        assert_eq!(stats.len(), 4);
+        let what = format!("{name} {schedule} dp × pp = 2 × 2");
+        assert_equivalent(&model, &expected, &case.model, &what);
     }
 }
 
 #[test]
-fn pipeline_with_gradient_accumulation_matches() {
-    let case = mlp_case(4, 16);
-    let batches = batches(case.dataset.len(), BATCH, STEPS);
-    let expected = reference(&case, &batches);
-    for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
-        let config = PipelineConfig {
-            grad_accumulation: 2,
-            ..config(2, 3, schedule)
-        };
-        let (model, _) = train(&case, &batches, world(2), config);
-        assert_equivalent(
-            &model,
-            &expected,
-            &case.model,
-            &format!("{schedule} accum 2"),
-        );
+fn the_mlp_pipelines_like_single_device_training() {
+    check_every_shape("mlp", &mlp_case(4, 16));
+}
+
+#[test]
+fn the_transformer_pipelines_like_single_device_training() {
+    let base = transformer_case();
+    let device = Default::default();
+    <B as burn::tensor::backend::Backend>::seed(&device, 7);
+    let model = TransformerConfig::new().with_layers(4).init::<B>(&device);
+    let case = Case {
+        model: model.fork(&device),
+        dataset: base.dataset,
+        batcher: base.batcher,
+    };
+    check_every_shape("transformer", &case);
+}
+
+#[test]
+fn the_ad_model_pipelines_like_single_device_training() {
+    use kiln::ad::env::DarkRoomConfig;
+    use kiln::ad::model::AdModelConfig;
+    let base = ad_case();
+    let device = Default::default();
+    <B as burn::tensor::backend::Backend>::seed(&device, 7);
+    // `ad_case`'s model with 4 blocks: the same room and windows.
+    let room = DarkRoomConfig {
+        size: 5,
+        horizon: 6,
+    };
+    let model = AdModelConfig {
+        context: 10,
+        d_model: 16,
+        d_ff: 32,
+        layers: 4,
+        ..AdModelConfig::default()
     }
+    .init::<B>(&room, &device);
+    let case = Case {
+        model: model.fork(&device),
+        dataset: base.dataset,
+        batcher: base.batcher,
+    };
+    check_every_shape("ad", &case);
+}
+
+/// The QLoRA transformer (frozen NF4 bases, trainable adapters and embeddings).
+#[test]
+fn the_qlora_model_pipelines_like_single_device_training() {
+    use kiln::nn::lora::{LoraConfig, LoraKind, QuantConfig};
+    use kiln::nn::models::LoraTransformerConfig;
+    let base = qlora_case();
+    let device = Default::default();
+    <B as burn::tensor::backend::Backend>::seed(&device, 7);
+    let model = LoraTransformerConfig::new()
+        .with_layers(4)
+        .with_lora(LoraConfig::new().with_rank(4))
+        .with_kind(LoraKind::QLora(QuantConfig::new()))
+        .init::<B>(&device);
+    let case = Case {
+        model: model.fork(&device),
+        dataset: base.dataset,
+        batcher: base.batcher,
+    };
+    check_every_shape("qlora", &case);
 }
 
 #[test]
@@ -132,90 +197,6 @@ fn pipeline_times_data_parallel_matches() {
             assert_equivalent(&model, &expected, &case.model, &format!("{schedule} 2 × 2"));
         }
     }
-}
-
-#[test]
-fn the_transformer_pipelines_like_single_device_training() {
-    let case = transformer_case();
-    let batches = batches(case.dataset.len(), BATCH, STEPS);
-    let expected = reference(&case, &batches);
-    for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
-        for micro_batches in [1, 4, 7] {
-            let (model, _) = train(
-                &case,
-                &batches,
-                world(2),
-                config(2, micro_batches, schedule),
-            );
-            let what = format!("transformer {schedule} p=2 m={micro_batches}");
-            assert_equivalent(&model, &expected, &case.model, &what);
-        }
-        let (model, _) = train(&case, &batches, world(4), config(2, 3, schedule));
-        assert_equivalent(
-            &model,
-            &expected,
-            &case.model,
-            &format!("transformer {schedule} 2 × 2"),
-        );
-    }
-}
-
-#[test]
-fn the_ad_model_pipelines_like_single_device_training() {
-    let case = ad_case();
-    let batches = batches(case.dataset.len(), BATCH, STEPS);
-    let expected = reference(&case, &batches);
-    for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
-        for micro_batches in [1, 7] {
-            let (model, _) = train(
-                &case,
-                &batches,
-                world(2),
-                config(2, micro_batches, schedule),
-            );
-            let what = format!("ad {schedule} p=2 m={micro_batches}");
-            assert_equivalent(&model, &expected, &case.model, &what);
-        }
-    }
-    let (model, _) = train(&case, &batches, world(4), config(2, 3, Schedule::OneFOneB));
-    assert_equivalent(&model, &expected, &case.model, "ad 2 × 2");
-}
-
-/// The QLoRA transformer (frozen NF4 bases, trainable adapters and embeddings) with two
-/// blocks, so that it splits in two.
-#[test]
-fn the_qlora_model_pipelines_like_single_device_training() {
-    use kiln::nn::lora::{LoraConfig, LoraKind, QuantConfig};
-    use kiln::nn::models::LoraTransformerConfig;
-    let base = qlora_case();
-    let device = Default::default();
-    <B as burn::tensor::backend::Backend>::seed(&device, 7);
-    let case = Case {
-        model: LoraTransformerConfig::new()
-            .with_layers(2)
-            .with_lora(LoraConfig::new().with_rank(4))
-            .with_kind(LoraKind::QLora(QuantConfig::new()))
-            .init::<B>(&device)
-            .fork(&device),
-        dataset: base.dataset,
-        batcher: base.batcher,
-    };
-    let batches = batches(case.dataset.len(), BATCH, STEPS);
-    let expected = reference(&case, &batches);
-    for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
-        for micro_batches in [1, 4] {
-            let (model, _) = train(
-                &case,
-                &batches,
-                world(2),
-                config(2, micro_batches, schedule),
-            );
-            let what = format!("qlora {schedule} p=2 m={micro_batches}");
-            assert_equivalent(&model, &expected, &case.model, &what);
-        }
-    }
-    let (model, _) = train(&case, &batches, world(4), config(2, 3, Schedule::GPipe));
-    assert_equivalent(&model, &expected, &case.model, "qlora 2 × 2");
 }
 
 #[test]
