@@ -16,13 +16,9 @@ mod common;
 use burn::backend::cuda::CudaDevice;
 use burn::backend::{Autodiff, Cuda};
 use burn::module::Module;
-use burn::optim::AdamWConfig;
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use common::*;
-use kiln::core::World;
-use kiln::core::strategy::{
-    DataParallel, DataParallelConfig, Ddp, DdpConfig, Single, SingleConfig, Strategy,
-};
+use kiln::core::strategy::{Single, SingleConfig, Strategy};
 use kiln::kernels::FusedAdamWConfig;
 
 type G = Autodiff<Cuda>;
@@ -30,54 +26,9 @@ type G = Autodiff<Cuda>;
 /// Relative tolerance of whole-model equivalence on CUDA (TF32 matmuls, see above).
 const CUDA_TOLERANCE: f32 = 2e-3;
 
+/// Two ranks on the one GPU: what `kiln train --devices 0,0` builds.
 fn shared_gpu(data_parallel: bool) {
-    let device = CudaDevice::default();
-    let case = mlp_case_on::<G>(2, 16, &device);
-    let batches = batches(case.dataset.len(), 13, 3);
-    let expected = reference_on(&case, &batches, &device);
-    // Two ranks on the one GPU: what `kiln train --devices 0,0` builds.
-    let devices = vec![device.clone(), device];
-    let mut strategy: Box<dyn Strategy<G, _>> = if data_parallel {
-        Box::new(
-            DataParallel::new(
-                case.model.clone(),
-                AdamWConfig::new().init(),
-                case.source(),
-                devices,
-                DataParallelConfig::default(),
-            )
-            .unwrap(),
-        )
-    } else {
-        let config = DdpConfig {
-            check_replicas_every: Some(1),
-            ..DdpConfig::default()
-        };
-        Box::new(
-            Ddp::new(
-                &World::local(devices).unwrap(),
-                case.model.clone(),
-                AdamWConfig::new().init(),
-                case.source(),
-                config,
-            )
-            .unwrap(),
-        )
-    };
-    for batch in &batches {
-        strategy.step(batch, LR).unwrap();
-    }
-    assert_equivalent_within(
-        &strategy.model().unwrap(),
-        &expected,
-        &case.model,
-        if data_parallel {
-            "cuda dp 2 on gpu 0"
-        } else {
-            "cuda ddp 2 on gpu 0"
-        },
-        CUDA_TOLERANCE,
-    );
+    shared_device_matches_single::<G>(CudaDevice::default(), 2, data_parallel, CUDA_TOLERANCE);
 }
 
 #[test]

@@ -10,54 +10,17 @@ mod common;
 
 use burn::backend::wgpu::WgpuDevice;
 use burn::backend::{Autodiff, Wgpu};
-use burn::optim::AdamWConfig;
 use common::*;
-use kiln::core::World;
-use kiln::core::strategy::{DataParallel, DataParallelConfig, Ddp, DdpConfig, Strategy};
 
 type G = Autodiff<Wgpu>;
 
 fn check(world: usize, data_parallel: bool) {
-    let device = WgpuDevice::default();
-    let case = mlp_case_on::<G>(2, 16, &device);
-    let batches = batches(case.dataset.len(), 13, 3);
-    let expected = reference_on(&case, &batches, &device);
-    let devices = vec![device; world];
-    let mut strategy: Box<dyn Strategy<G, _>> = if data_parallel {
-        Box::new(
-            DataParallel::new(
-                case.model.clone(),
-                AdamWConfig::new().init(),
-                case.source(),
-                devices,
-                DataParallelConfig::default(),
-            )
-            .unwrap(),
-        )
-    } else {
-        let config = DdpConfig {
-            check_replicas_every: Some(1),
-            ..DdpConfig::default()
-        };
-        Box::new(
-            Ddp::new(
-                &World::local(devices).unwrap(),
-                case.model.clone(),
-                AdamWConfig::new().init(),
-                case.source(),
-                config,
-            )
-            .unwrap(),
-        )
-    };
-    for batch in &batches {
-        strategy.step(batch, LR).unwrap();
-    }
-    let what = format!(
-        "wgpu {} world {world}",
-        if data_parallel { "dp" } else { "ddp" }
+    shared_device_matches_single::<G>(
+        WgpuDevice::default(),
+        world,
+        data_parallel,
+        RELATIVE_TOLERANCE,
     );
-    assert_equivalent(&strategy.model().unwrap(), &expected, &case.model, &what);
 }
 
 #[test]

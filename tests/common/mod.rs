@@ -289,3 +289,61 @@ pub fn assert_equivalent_within<Bk: Backend, M: Module<Bk>>(
         diff / scale
     );
 }
+
+/// Ddp (replica check every step) or DataParallel with `world` ranks sharing one `device`,
+/// three steps of the MLP, against single-device training on that device, within
+/// `tolerance`: the check of a backend whose work is queued per thread (wgpu, CUDA).
+pub fn shared_device_matches_single<Ab: AutodiffBackend>(
+    device: Ab::Device,
+    world: usize,
+    data_parallel: bool,
+    tolerance: f32,
+) {
+    use kiln::core::World;
+    use kiln::core::strategy::{DataParallel, DataParallelConfig, Ddp, DdpConfig, Strategy};
+    let case = mlp_case_on::<Ab>(2, 16, &device);
+    let batches = batches(case.dataset.len(), 13, 3);
+    let expected = reference_on(&case, &batches, &device);
+    let devices = vec![device; world];
+    let mut strategy: Box<dyn Strategy<Ab, _>> = if data_parallel {
+        Box::new(
+            DataParallel::new(
+                case.model.clone(),
+                AdamWConfig::new().init(),
+                case.source(),
+                devices,
+                DataParallelConfig::default(),
+            )
+            .unwrap(),
+        )
+    } else {
+        let config = DdpConfig {
+            check_replicas_every: Some(1),
+            ..DdpConfig::default()
+        };
+        Box::new(
+            Ddp::new(
+                &World::local(devices).unwrap(),
+                case.model.clone(),
+                AdamWConfig::new().init(),
+                case.source(),
+                config,
+            )
+            .unwrap(),
+        )
+    };
+    for batch in &batches {
+        strategy.step(batch, LR).unwrap();
+    }
+    let what = format!(
+        "{} world {world} on one device",
+        if data_parallel { "dp" } else { "ddp" }
+    );
+    assert_equivalent_within(
+        &strategy.model().unwrap(),
+        &expected,
+        &case.model,
+        &what,
+        tolerance,
+    );
+}

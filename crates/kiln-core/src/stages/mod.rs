@@ -37,10 +37,11 @@ pub trait PipelineModel<B: AutodiffBackend>: TrainModel<B> {
     type Stage: AutodiffModule<B> + 'static;
     /// What one stage hands the next: a tensor of any rank.
     type Activation: Activation<B>;
-    /// What the first stage embeds (e.g. token ids).
-    type FirstInput: Send + 'static;
-    /// What the last stage scores its output against (e.g. labels).
-    type Target: Send + 'static;
+    /// What the first stage embeds (e.g. token ids). Cloned to be kept between a
+    /// micro-batch's forward and backward.
+    type FirstInput: Clone + Send + 'static;
+    /// What the last stage scores its output against (e.g. labels); cloned likewise.
+    type Target: Clone + Send + 'static;
 
     /// How many blocks the model splits between: at most this many stages.
     fn num_blocks(&self) -> usize;

@@ -8,8 +8,39 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::error::panic_message;
+use burn::module::Module;
+use burn::tensor::backend::AutodiffBackend;
+
+use super::error::{panic_message, sync_device};
 use super::{ConfigError, RankError, RankFailure, RankStats, StepOutput, StrategyError};
+use crate::World;
+use crate::grads::BucketPlan;
+
+/// Refuses a world that spans processes: these strategies connect ranks inside one process.
+pub(crate) fn check_single_process<D: Clone>(world: &World<D>) -> Result<(), ConfigError> {
+    if world.multi_process_enabled() {
+        return Err(ConfigError::MultiProcess {
+            processes: world.process().processes,
+        });
+    }
+    Ok(())
+}
+
+/// `model` with its parameters materialised on `device`, once, before rank threads copy it.
+///
+/// Burn initialises parameters lazily, on first use, from the backend's global RNG; done
+/// here, the values do not depend on how the rank threads interleave, and match what a
+/// single-device run draws from the same seed. The device is synchronised because the rank
+/// threads read these parameters next.
+pub(crate) fn materialise<B: AutodiffBackend, M: Module<B>>(
+    model: M,
+    device: &B::Device,
+) -> Result<M, StrategyError> {
+    let model = model.fork(device);
+    sync_device::<B>(device)
+        .map_err(|error| StrategyError::from_failures(vec![RankFailure { rank: 0, error }]))?;
+    Ok(model)
+}
 
 /// A finished start-up or step of one rank.
 pub(crate) struct RankDone {
@@ -25,6 +56,26 @@ pub(crate) struct RankDone {
     pub num_buckets: usize,
     /// The rank's running totals.
     pub stats: RankStats,
+}
+
+impl RankDone {
+    /// A rank's report: what it scored and spent, its bucket count from `plan`, and a copy of
+    /// its running totals.
+    pub fn new(
+        (loss_sum, samples): (f64, usize),
+        (compute, communication): (Duration, Duration),
+        plan: Option<&BucketPlan>,
+        stats: &RankStats,
+    ) -> Self {
+        Self {
+            loss_sum,
+            samples,
+            compute,
+            communication,
+            num_buckets: plan.map_or(0, BucketPlan::num_buckets),
+            stats: stats.clone(),
+        }
+    }
 }
 
 /// One step's output from every rank's report; the ranks' totals replace `stats`.

@@ -19,8 +19,8 @@ use std::time::Duration;
 use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;
 
-use super::dispatch::{RankThreads, step_output};
-use super::{ConfigError, RankFailure, RankStats, StepOutput, Strategy, StrategyError, TrainModel};
+use super::dispatch::{RankThreads, check_single_process, materialise, step_output};
+use super::{ConfigError, RankStats, StepOutput, Strategy, StrategyError, TrainModel};
 use crate::World;
 use crate::collective::MeshCollectives;
 use crate::data::{DataSource, ShardPolicy};
@@ -105,12 +105,7 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
         I: Send + 'static,
     {
         config.validate()?;
-        if world.multi_process_enabled() {
-            return Err(ConfigError::MultiProcess {
-                processes: world.process().processes,
-            }
-            .into());
-        }
+        check_single_process(world)?;
         let world_size = world.world_size();
         let mesh = world.mesh();
         if mesh.degree(Mesh::DP) != world_size {
@@ -120,13 +115,7 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
             }
             .into());
         }
-        // Burn initialises parameters lazily, on first use, from the backend's global RNG.
-        // Materialise them here, once, so the model does not depend on how the rank threads
-        // interleave, and matches what a single-device run draws from the same seed.
-        let model = model.fork(&world.devices()[0]);
-        // The rank threads read these parameters next.
-        super::error::sync_device::<B>(&world.devices()[0])
-            .map_err(|error| StrategyError::from_failures(vec![RankFailure { rank: 0, error }]))?;
+        let model = materialise(model, &world.devices()[0])?;
         // Gradients are averaged over the data-parallel axis, which here spans every rank.
         let collectives: Vec<_> =
             MeshCollectives::<B::InnerBackend>::in_process(mesh, config.timeout())

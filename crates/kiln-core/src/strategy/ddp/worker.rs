@@ -78,7 +78,12 @@ where
         self.model = Some(model);
         self.stats.communication += start.elapsed();
         self.stats.collective = self.collective.counters();
-        Ok(self.done(0.0, 0, Duration::ZERO, start.elapsed()))
+        Ok(RankDone::new(
+            (0.0, 0),
+            (Duration::ZERO, start.elapsed()),
+            self.plan.as_ref(),
+            &self.stats,
+        ))
     }
 
     /// Shard → forward/backward → all-reduce → optimizer → replica check → stats.
@@ -131,7 +136,12 @@ where
         self.stats.compute += compute;
         self.stats.communication += communication;
         self.stats.collective = self.collective.counters();
-        Ok(self.done(local.loss_sum, local.samples, compute, communication))
+        Ok(RankDone::new(
+            (local.loss_sum, local.samples),
+            (compute, communication),
+            self.plan.as_ref(),
+            &self.stats,
+        ))
     }
 
     /// Compares this replica's parameter checksum with rank 0's, bit for bit.
@@ -155,22 +165,5 @@ where
             });
         }
         Ok(())
-    }
-
-    fn done(
-        &self,
-        loss_sum: f64,
-        samples: usize,
-        compute: Duration,
-        communication: Duration,
-    ) -> RankDone {
-        RankDone {
-            loss_sum,
-            samples,
-            compute,
-            communication,
-            num_buckets: self.plan.as_ref().map_or(0, BucketPlan::num_buckets),
-            stats: self.stats.clone(),
-        }
     }
 }

@@ -31,8 +31,8 @@ use burn::tensor::backend::AutodiffBackend;
 
 pub use schedule::{Action, Schedule, peak_live};
 
-use super::dispatch::{RankThreads, step_output};
-use super::{ConfigError, RankFailure, RankStats, StepOutput, Strategy, StrategyError};
+use super::dispatch::{RankThreads, check_single_process, materialise, step_output};
+use super::{ConfigError, RankStats, StepOutput, Strategy, StrategyError};
 use crate::World;
 use crate::collective::MeshCollectives;
 use crate::data::{DataSource, ShardPolicy};
@@ -155,12 +155,7 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
         I: Send + 'static,
     {
         config.validate()?;
-        if world.multi_process_enabled() {
-            return Err(ConfigError::MultiProcess {
-                processes: world.process().processes,
-            }
-            .into());
-        }
+        check_single_process(world)?;
         let world_size = world.world_size();
         let mesh = config.mesh(world.mesh(), world_size)?;
         let blocks = model.num_blocks();
@@ -171,12 +166,9 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
             }
             .into());
         }
-        // Materialise the lazily initialised parameters once, as Ddp does, so that every
-        // stage and the template hold the same values.
+        // Every stage and the template then hold the same values.
         let device = world.devices()[0].clone();
-        let model = model.fork(&device);
-        super::error::sync_device::<B>(&device)
-            .map_err(|error| StrategyError::from_failures(vec![RankFailure { rank: 0, error }]))?;
+        let model = materialise(model, &device)?;
         let stages = model.split(&even_ranges(blocks, config.stages));
 
         let groups = MeshCollectives::<B::InnerBackend>::in_process(&mesh, config.timeout());

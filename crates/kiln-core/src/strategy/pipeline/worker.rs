@@ -53,18 +53,27 @@ pub(super) struct Worker<B: AutodiffBackend, M: PipelineModel<B>, O, I> {
     pub stats: RankStats,
 }
 
-/// What a stage keeps of a micro-batch between its forward and its backward: the input it
-/// received (the first stage reloads its batch instead), not the autodiff graph.
+/// What a stage keeps of a micro-batch between its forward and its backward: its input and
+/// (last stage) its target, not the autodiff graph. Each is read or received once.
 ///
 /// The backward recomputes the stage's forward from this input (activation checkpointing at
 /// stage granularity), so a rank holds one autodiff graph at a time, as Ddp does: Burn 0.21
 /// frees the graph nodes of other held graphs that share parameters when one of them runs
 /// backward, which made held graphs lose gradients.
-struct Held<B: AutodiffBackend> {
-    /// The received activation, flat, and its shape.
-    input: Option<(Tensor<B::InnerBackend, 1>, Vec<usize>)>,
+struct Held<B: AutodiffBackend, M: PipelineModel<B>> {
+    input: Input<B, M>,
+    /// The last stage's target.
+    target: Option<M::Target>,
     /// Bytes of the boundary tensors held.
     bytes: u64,
+}
+
+/// Where a stage's input of a micro-batch comes from.
+enum Input<B: AutodiffBackend, M: PipelineModel<B>> {
+    /// The first stage's batch, embedded at each use.
+    Batch(M::FirstInput),
+    /// What the previous stage sent: the values, flat, and their shape.
+    Received(Tensor<B::InnerBackend, 1>, Vec<usize>),
 }
 
 /// Time spent in one flush, split by what the rank was doing.
@@ -117,7 +126,12 @@ where
         let cap = (self.config.bucket_cap_mb * 1024.0 * 1024.0) as usize;
         self.plan = Some(BucketPlan::new(&module, cap, ParamSelection::Trainable));
         self.module = Some(module);
-        Ok(self.done(0.0, 0, Duration::ZERO, Duration::ZERO))
+        Ok(RankDone::new(
+            (0.0, 0),
+            (Duration::ZERO, Duration::ZERO),
+            self.plan.as_ref(),
+            &self.stats,
+        ))
     }
 
     fn step_rank(&mut self, batch: &[usize], lr: f64) -> Result<RankDone, RankError> {
@@ -162,7 +176,12 @@ where
         self.stats.idle += times.idle;
         self.stats.communication += communication;
         self.stats.collective = self.groups.axis(Mesh::PP).expect("pp").counters();
-        Ok(self.done(loss_sum, scored, times.compute, communication))
+        Ok(RankDone::new(
+            (loss_sum, scored),
+            (times.compute, communication),
+            self.plan.as_ref(),
+            &self.stats,
+        ))
     }
 
     /// One flush of the pipeline over `micro`: the schedule's forwards and backwards, each
@@ -179,7 +198,7 @@ where
             self.config
                 .schedule
                 .actions(self.place.stage, self.place.stages, micro.len());
-        let mut held: Vec<Option<Held<B>>> = (0..micro.len()).map(|_| None).collect();
+        let mut held: Vec<Option<Held<B, M>>> = (0..micro.len()).map(|_| None).collect();
         let (mut live, mut live_bytes) = (0usize, 0u64);
         let mut grads = GradientsParams::new();
         let mut loss_sum = 0.0;
@@ -205,7 +224,7 @@ where
                         .expect("a schedule runs forward before backward");
                     live -= 1;
                     live_bytes -= h.bytes;
-                    let g = self.backward(module, h, micro[j], global_samples, times)?;
+                    let g = self.backward(module, h, micro[j].len(), global_samples, times)?;
                     grads = add_weighted(module, grads, g, 1.0, &self.device);
                 }
             }
@@ -213,24 +232,16 @@ where
         Ok((grads, loss_sum))
     }
 
-    /// The stage's input of a micro-batch: the first stage embeds its batch, the others
-    /// rebuild what they received as a leaf that tracks its gradient.
-    fn input(
-        &self,
-        module: &M::Stage,
-        indices: &[usize],
-        received: Option<&(Tensor<B::InnerBackend, 1>, Vec<usize>)>,
-    ) -> Result<(Option<M::Activation>, M::Activation), RankError> {
-        Ok(match received {
-            None => {
-                let (first, _) = M::split_input(self.data.load(indices, &self.device)?);
-                (None, M::embed(module, first))
-            }
-            Some((flat, dims)) => {
+    /// The stage's input as a tensor: the first stage embeds its batch, the others rebuild
+    /// what they received as a leaf that tracks its gradient (returned too).
+    fn activate(module: &M::Stage, input: &Input<B, M>) -> (Option<M::Activation>, M::Activation) {
+        match input {
+            Input::Batch(first) => (None, M::embed(module, first.clone())),
+            Input::Received(flat, dims) => {
                 let leaf = M::Activation::leaf(flat.clone(), dims);
                 (Some(leaf.clone()), leaf)
             }
-        })
+        }
     }
 
     /// The forward of micro-batch `indices`: send the output on (the last stage scores it
@@ -240,69 +251,91 @@ where
         module: &M::Stage,
         indices: &[usize],
         times: &mut Times,
-    ) -> Result<(Held<B>, f64), RankError> {
+    ) -> Result<(Held<B, M>, f64), RankError> {
         let received = if self.place.first() {
             None
         } else {
             Some(self.recv_activation(times)?)
         };
         let start = Instant::now();
-        let (_, x) = self.input(module, indices, received.as_ref())?;
+        // The batch is read once per micro-batch, by the stages that need it.
+        let (input, target) = match received {
+            None => {
+                let (first, target) = M::split_input(self.data.load(indices, &self.device)?);
+                (Input::Batch(first), self.place.last().then_some(target))
+            }
+            Some((flat, dims)) => {
+                let target = if self.place.last() {
+                    Some(M::split_input(self.data.load(indices, &self.device)?).1)
+                } else {
+                    None
+                };
+                (Input::Received(flat, dims), target)
+            }
+        };
+        let (_, x) = Self::activate(module, &input);
         let y = M::blocks(module, x);
-        let in_bytes = received
-            .as_ref()
-            .map_or(0, |(_, dims)| 4 * dims.iter().product::<usize>() as u64);
-        if self.place.last() {
-            let target = M::split_input(self.data.load(indices, &self.device)?).1;
-            let loss: f64 = M::loss(module, y, target).into_scalar().elem();
-            times.compute += start.elapsed();
-            let held = Held {
-                input: received,
-                bytes: in_bytes,
-            };
-            Ok((held, loss * indices.len() as f64))
-        } else {
-            let out_bytes = boundary_bytes::<B, M::Activation>(&y);
-            times.compute += start.elapsed();
-            self.send_activation(&y)?;
-            let held = Held {
-                input: received,
-                bytes: in_bytes + out_bytes,
-            };
-            Ok((held, 0.0))
+        let in_bytes = match &input {
+            Input::Received(_, dims) => boundary_bytes(dims),
+            Input::Batch(_) => 0,
+        };
+        match target {
+            Some(target) => {
+                let loss: f64 = M::loss(module, y, target.clone()).into_scalar().elem();
+                times.compute += start.elapsed();
+                let held = Held {
+                    input,
+                    target: Some(target),
+                    bytes: in_bytes,
+                };
+                Ok((held, loss * indices.len() as f64))
+            }
+            None => {
+                let out_bytes = boundary_bytes(&y.dims());
+                times.compute += start.elapsed();
+                self.send_activation(&y)?;
+                let held = Held {
+                    input,
+                    target: None,
+                    bytes: in_bytes + out_bytes,
+                };
+                Ok((held, 0.0))
+            }
         }
     }
 
-    /// The backward of micro-batch `indices`: recompute the forward from the held input, seed
-    /// it with the weighted loss (last stage) or the gradient received from the next stage,
-    /// and send the input's gradient back.
+    /// The backward of a micro-batch of `samples`: recompute the forward from the held input,
+    /// seed it with the weighted loss (last stage) or the gradient received from the next
+    /// stage, and send the input's gradient back.
     fn backward(
         &mut self,
         module: &M::Stage,
-        held: Held<B>,
-        indices: &[usize],
+        held: Held<B, M>,
+        samples: usize,
         global_samples: usize,
         times: &mut Times,
     ) -> Result<GradientsParams, RankError> {
         let start = Instant::now();
-        let (leaf, x) = self.input(module, indices, held.input.as_ref())?;
+        let (leaf, x) = Self::activate(module, &held.input);
         let y = M::blocks(module, x);
-        let seed = if self.place.last() {
-            let target = M::split_input(self.data.load(indices, &self.device)?).1;
-            // The micro-batch's mean loss, weighted by its share of the global batch, so the
-            // gradients of all micro-batches and replicas add up to the global batch's.
-            let weight = indices.len() as f64 / global_samples as f64;
-            let seed = M::loss(module, y, target).mul_scalar(weight);
-            times.compute += start.elapsed();
-            seed
-        } else {
-            times.compute += start.elapsed();
-            let elements = y.dims().iter().product();
-            let pp = self.groups.axis(Mesh::PP).expect("pp");
-            let wait = Instant::now();
-            let grad = pp.recv(self.place.stage + 1, elements, &self.device)?;
-            times.idle += wait.elapsed();
-            y.dot(grad)
+        let seed = match held.target {
+            Some(target) => {
+                // The micro-batch's mean loss, weighted by its share of the global batch, so
+                // the gradients of all micro-batches and replicas add up to the global batch's.
+                let weight = samples as f64 / global_samples as f64;
+                let seed = M::loss(module, y, target).mul_scalar(weight);
+                times.compute += start.elapsed();
+                seed
+            }
+            None => {
+                times.compute += start.elapsed();
+                let elements = y.dims().iter().product();
+                let pp = self.groups.axis(Mesh::PP).expect("pp");
+                let wait = Instant::now();
+                let grad = pp.recv(self.place.stage + 1, elements, &self.device)?;
+                times.idle += wait.elapsed();
+                y.dot(grad)
+            }
         };
         let start = Instant::now();
         let grads = seed.backward();
@@ -348,26 +381,10 @@ where
         times.idle += wait.elapsed();
         Ok((flat, dims))
     }
-
-    fn done(
-        &self,
-        loss_sum: f64,
-        samples: usize,
-        compute: Duration,
-        communication: Duration,
-    ) -> RankDone {
-        RankDone {
-            loss_sum,
-            samples,
-            compute,
-            communication,
-            num_buckets: self.plan.as_ref().map_or(0, BucketPlan::num_buckets),
-            stats: self.stats.clone(),
-        }
-    }
 }
 
-/// Bytes of one boundary activation, at 4 bytes per value (the f32 it travels as).
-fn boundary_bytes<B: AutodiffBackend, A: Activation<B>>(a: &A) -> u64 {
-    4 * a.dims().iter().product::<usize>() as u64
+/// Bytes of one boundary activation of shape `dims`, at 4 bytes per value (the f32 it
+/// travels as).
+fn boundary_bytes(dims: &[usize]) -> u64 {
+    4 * dims.iter().product::<usize>() as u64
 }
