@@ -1,7 +1,7 @@
 //! Pipeline equivalence: `k` steps of `Pipeline` give the parameters of `k` steps of plain
 //! single-device training on the same global batches, within 1e-5 relative, for p = 2, 3, 4
 //! stages, m = 1, 4, 7 micro-batches (7 does not divide the batch), both schedules, gradient
-//! accumulation and `dp × pp`, for the MLP, the transformer, the AD model and the QLoRA
+//! accumulation, `dp × pp` and recomputation, for the MLP, the transformer, the AD model and the QLoRA
 //! transformer. The model it returns is the ordinary whole model, which loads
 //! into `Single`. 1F1B holds at most p micro-batches' activations per stage, GPipe all m.
 
@@ -66,7 +66,7 @@ fn world(ranks: usize) -> World<burn::tensor::Device<B>> {
 }
 
 /// The whole matrix for one model with 4 blocks: p = 2, 3, 4 × m = 1, 4, 7 × both schedules,
-/// gradient accumulation 2, and dp × pp = 2 × 2; 1F1B holds at most p micro-batches per
+/// recomputation, gradient accumulation 2, and dp × pp = 2 × 2; 1F1B holds at most p micro-batches per
 /// stage and GPipe all m.
 fn check_every_shape<M, I, Bt>(name: &str, case: &Case<M, I, Bt>)
 where
@@ -99,6 +99,16 @@ where
                     assert!(s.compute > std::time::Duration::ZERO, "{what}");
                 }
             }
+        }
+        // Stage-granular activation checkpointing: the same training, recomputed.
+        for (stages, micro_batches) in [(3, 4), (2, 7)] {
+            let recompute = PipelineConfig {
+                recompute: true,
+                ..config(stages, micro_batches, schedule)
+            };
+            let (model, _) = train(case, &batches, world(stages), recompute);
+            let what = format!("{name} {schedule} p={stages} m={micro_batches} recomputed");
+            assert_equivalent(&model, &expected, &case.model, &what);
         }
         let accumulate = PipelineConfig {
             grad_accumulation: 2,

@@ -4,7 +4,7 @@ use kiln_core::strategy::{PipelineConfig, Schedule, StrategyKind};
 
 use crate::names::schedule_parser;
 
-/// `--stages`, `--micro-batches`, `--schedule`, `--dp`: each overrides `[parallel.pipeline]`.
+/// `--stages`, `--micro-batches`, `--schedule`, `--dp`, `--recompute`: each overrides `[parallel.pipeline]`.
 #[derive(clap::Args, Debug)]
 pub struct PipelineArgs {
     /// Pipeline stages (with `--strategy pipeline`) [default: 2].
@@ -19,6 +19,10 @@ pub struct PipelineArgs {
     /// Pipeline data-parallel replicas: the world becomes dp × stages ranks.
     #[arg(long)]
     dp: Option<usize>,
+    /// Pipeline activation checkpointing: each stage keeps only its micro-batches' inputs and
+    /// recomputes the forward in the backward (less memory, one more forward).
+    #[arg(long)]
+    recompute: bool,
 }
 
 impl PipelineArgs {
@@ -40,6 +44,9 @@ impl PipelineArgs {
         }
         if let Some(schedule) = self.schedule {
             pipeline.schedule = schedule;
+        }
+        if self.recompute {
+            pipeline.recompute = true;
         }
         match self.dp {
             Some(dp) => dp * pipeline.stages,

@@ -136,6 +136,7 @@ fn pipeline_trains_like_single_and_reports_its_stages() {
             vec!["--schedule", "gpipe", "--micro-batches", "4"],
         ),
         ("p-1f1b", vec!["--schedule", "1f1b", "--micro-batches", "3"]),
+        ("p-recompute", vec!["--recompute", "--micro-batches", "3"]),
         ("p-dp", vec!["--dp", "2", "--micro-batches", "2"]),
     ] {
         let mut args = vec![

@@ -12,14 +12,16 @@
 //! single-device training would. [`Strategy::model`] assembles the whole model from the
 //! stages of replica 0 by `ParamId`.
 //!
-//! A stage keeps only the *input* of each micro-batch between its forward and its backward,
-//! and the backward recomputes the stage's forward (activation checkpointing at stage
-//! granularity, as Megatron-LM's full recompute): each rank holds one autodiff graph at a time.
-//! That costs one extra forward per micro-batch and stage, and it is what makes held
-//! micro-batches safe under Burn 0.21, whose graph memory management frees nodes of other
-//! held graphs sharing the stage's parameters when one of them runs backward. A consequence:
-//! a stochastic layer (dropout) draws a new mask in the recomputed forward, so exact
-//! equivalence with single-device training needs dropout off.
+//! A stage keeps each micro-batch's autodiff graph from its forward to its backward, as
+//! torch.distributed.pipelining does. Each graph hangs from its own copy of the stage whose
+//! parameters are fresh autodiff leaves over the same values: Burn 0.21's graph memory
+//! management, run after every backward, can free nodes of other live graphs that share
+//! parameter leaves, and those graphs then lose gradients. With
+//! [`PipelineConfig::recompute`], a stage keeps only the micro-batch's input and recomputes
+//! the forward in the backward (activation checkpointing at stage granularity, as
+//! Megatron-LM's full recompute): less memory, one more forward per micro-batch and stage.
+//! A stochastic layer (dropout) then draws a new mask in the recomputed forward, so exact
+//! equivalence with single-device training needs dropout off there.
 
 mod schedule;
 mod worker;
@@ -60,6 +62,10 @@ pub struct PipelineConfig {
     pub collective_timeout_s: f64,
     /// Intra-op threads per rank; `None` shares the cores evenly among the ranks.
     pub threads_per_rank: Option<usize>,
+    /// Activation checkpointing at stage granularity: keep only each micro-batch's stage
+    /// input between its forward and backward, and recompute the forward in the backward.
+    /// Saves the stage's inner activations for one extra forward per micro-batch.
+    pub recompute: bool,
 }
 
 impl Default for PipelineConfig {
@@ -73,6 +79,7 @@ impl Default for PipelineConfig {
             shard_policy: ShardPolicy::Uneven,
             collective_timeout_s: 300.0,
             threads_per_rank: None,
+            recompute: false,
         }
     }
 }

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use burn::module::Module;
+use burn::module::{AutodiffModule, Module, ModuleMapper, Param};
 use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor};
@@ -53,19 +53,35 @@ pub(super) struct Worker<B: AutodiffBackend, M: PipelineModel<B>, O, I> {
     pub stats: RankStats,
 }
 
-/// What a stage keeps of a micro-batch between its forward and its backward: its input and
-/// (last stage) its target, not the autodiff graph. Each is read or received once.
-///
-/// The backward recomputes the stage's forward from this input (activation checkpointing at
-/// stage granularity), so a rank holds one autodiff graph at a time, as Ddp does: Burn 0.21
-/// frees the graph nodes of other held graphs that share parameters when one of them runs
-/// backward, which made held graphs lose gradients.
+/// What a stage keeps of a micro-batch between its forward and its backward.
 struct Held<B: AutodiffBackend, M: PipelineModel<B>> {
-    input: Input<B, M>,
-    /// The last stage's target.
-    target: Option<M::Target>,
+    kept: Kept<B, M>,
     /// Bytes of the boundary tensors held.
     bytes: u64,
+}
+
+enum Kept<B: AutodiffBackend, M: PipelineModel<B>> {
+    /// The forward's autodiff graph, hanging from a copy of the stage whose parameters are
+    /// fresh leaves (see [`fresh_leaves`]).
+    Graph {
+        stage: M::Stage,
+        /// The received input as a tracked leaf (every stage but the first).
+        leaf: Option<M::Activation>,
+        root: Root<B, M>,
+    },
+    /// Only the input and (last stage) the target: the backward recomputes the forward.
+    Checkpoint {
+        input: Input<B, M>,
+        target: Option<M::Target>,
+    },
+}
+
+/// Where a held graph's backward starts.
+enum Root<B: AutodiffBackend, M: PipelineModel<B>> {
+    /// The last stage's loss, already weighted by the micro-batch's share of the batch.
+    Loss(Tensor<B, 1>),
+    /// The stage's output, to be seeded with the gradient the next stage sends back.
+    Output(M::Activation),
 }
 
 /// Where a stage's input of a micro-batch comes from.
@@ -205,7 +221,8 @@ where
         for action in actions {
             match action {
                 Action::Forward(j) => {
-                    let (h, loss) = self.forward(module, micro[j], times)?;
+                    let weight = micro[j].len() as f64 / global_samples as f64;
+                    let (h, loss) = self.forward(module, micro[j], weight, times)?;
                     loss_sum += loss;
                     live += 1;
                     live_bytes += h.bytes;
@@ -224,8 +241,11 @@ where
                         .expect("a schedule runs forward before backward");
                     live -= 1;
                     live_bytes -= h.bytes;
-                    let g = self.backward(module, h, micro[j].len(), global_samples, times)?;
+                    let weight = micro[j].len() as f64 / global_samples as f64;
+                    let g = self.backward(module, h, weight, times)?;
+                    let start = Instant::now();
                     grads = add_weighted(module, grads, g, 1.0, &self.device);
+                    times.compute += start.elapsed();
                 }
             }
         }
@@ -244,12 +264,14 @@ where
         }
     }
 
-    /// The forward of micro-batch `indices`: send the output on (the last stage scores it
-    /// instead and returns `n · loss`), keep only the input. The graph is dropped here.
+    /// The forward of micro-batch `indices`, whose share of the global batch is `weight`:
+    /// send the output on (the last stage scores it instead and returns `n · loss`), and keep
+    /// the graph, or with recomputation only the input and target.
     fn forward(
         &mut self,
         module: &M::Stage,
         indices: &[usize],
+        weight: f64,
         times: &mut Times,
     ) -> Result<(Held<B, M>, f64), RankError> {
         let received = if self.place.first() {
@@ -273,62 +295,72 @@ where
                 (Input::Received(flat, dims), target)
             }
         };
-        let (_, x) = Self::activate(module, &input);
-        let y = M::blocks(module, x);
-        let in_bytes = match &input {
+        let mut bytes = match &input {
             Input::Received(_, dims) => boundary_bytes(dims),
             Input::Batch(_) => 0,
         };
-        match target {
+        let recompute = self.config.recompute;
+        // A held graph hangs from its own parameter leaves; a recomputed one is dropped here.
+        let stage = if recompute {
+            module.clone()
+        } else {
+            fresh_leaves(module)
+        };
+        let (leaf, x) = Self::activate(&stage, &input);
+        let y = M::blocks(&stage, x);
+        let (root, loss) = match &target {
             Some(target) => {
-                let loss: f64 = M::loss(module, y, target.clone()).into_scalar().elem();
-                times.compute += start.elapsed();
-                let held = Held {
-                    input,
-                    target: Some(target),
-                    bytes: in_bytes,
-                };
-                Ok((held, loss * indices.len() as f64))
+                let loss = M::loss(&stage, y, target.clone());
+                let value: f64 = loss.clone().into_scalar().elem();
+                (
+                    Root::Loss(loss.mul_scalar(weight)),
+                    value * indices.len() as f64,
+                )
             }
             None => {
-                let out_bytes = boundary_bytes(&y.dims());
-                times.compute += start.elapsed();
-                self.send_activation(&y)?;
-                let held = Held {
-                    input,
-                    target: None,
-                    bytes: in_bytes + out_bytes,
-                };
-                Ok((held, 0.0))
+                bytes += boundary_bytes(&y.dims());
+                (Root::Output(y), 0.0)
             }
+        };
+        times.compute += start.elapsed();
+        if let Root::Output(y) = &root {
+            self.send_activation(y)?;
         }
+        let kept = if recompute {
+            Kept::Checkpoint { input, target }
+        } else {
+            Kept::Graph { stage, leaf, root }
+        };
+        Ok((Held { kept, bytes }, loss))
     }
 
-    /// The backward of a micro-batch of `samples`: recompute the forward from the held input,
-    /// seed it with the weighted loss (last stage) or the gradient received from the next
-    /// stage, and send the input's gradient back.
+    /// The backward of a held micro-batch whose share of the global batch is `weight`: from
+    /// its graph (or a recomputed one), seeded with the weighted loss (last stage) or the
+    /// gradient received from the next stage; the input's gradient is sent back.
     fn backward(
         &mut self,
         module: &M::Stage,
         held: Held<B, M>,
-        samples: usize,
-        global_samples: usize,
+        weight: f64,
         times: &mut Times,
     ) -> Result<GradientsParams, RankError> {
         let start = Instant::now();
-        let (leaf, x) = Self::activate(module, &held.input);
-        let y = M::blocks(module, x);
-        let seed = match held.target {
-            Some(target) => {
-                // The micro-batch's mean loss, weighted by its share of the global batch, so
-                // the gradients of all micro-batches and replicas add up to the global batch's.
-                let weight = samples as f64 / global_samples as f64;
-                let seed = M::loss(module, y, target).mul_scalar(weight);
-                times.compute += start.elapsed();
-                seed
+        let (stage, leaf, root) = match held.kept {
+            Kept::Graph { stage, leaf, root } => (stage, leaf, root),
+            Kept::Checkpoint { input, target } => {
+                let (leaf, x) = Self::activate(module, &input);
+                let y = M::blocks(module, x);
+                let root = match target {
+                    Some(target) => Root::Loss(M::loss(module, y, target).mul_scalar(weight)),
+                    None => Root::Output(y),
+                };
+                (module.clone(), leaf, root)
             }
-            None => {
-                times.compute += start.elapsed();
+        };
+        times.compute += start.elapsed();
+        let seed = match root {
+            Root::Loss(loss) => loss,
+            Root::Output(y) => {
                 let elements = y.dims().iter().product();
                 let pp = self.groups.axis(Mesh::PP).expect("pp");
                 let wait = Instant::now();
@@ -340,7 +372,7 @@ where
         let start = Instant::now();
         let grads = seed.backward();
         let input_grad = leaf.as_ref().map(|leaf| leaf.grad_flat(&grads));
-        let params = GradientsParams::from_grads(grads, module);
+        let params = GradientsParams::from_grads(grads, &stage);
         times.compute += start.elapsed();
         if let Some(grad) = input_grad {
             let pp = self.groups.axis(Mesh::PP).expect("pp");
@@ -387,4 +419,30 @@ where
 /// travels as).
 fn boundary_bytes(dims: &[usize]) -> u64 {
     4 * dims.iter().product::<usize>() as u64
+}
+
+/// A copy of `stage` whose trainable parameters are new autodiff leaves over the same values
+/// (no data is copied), with the same `ParamId`s.
+///
+/// Each held micro-batch's graph then shares no node with another's. Burn 0.21's graph memory
+/// management, run after every backward, can free nodes of other live graphs that hang from
+/// the same parameter leaves, which made their later backwards lose gradients; graphs over
+/// distinct leaves are independent, and `GradientsParams::from_grads` still finds each
+/// gradient by `ParamId` through the copy.
+fn fresh_leaves<B: AutodiffBackend, S: AutodiffModule<B>>(stage: &S) -> S {
+    stage.clone().map(&mut FreshLeaves)
+}
+
+struct FreshLeaves;
+
+impl<B: AutodiffBackend> ModuleMapper<B> for FreshLeaves {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        let tensor = if tensor.is_require_grad() {
+            tensor.detach().require_grad()
+        } else {
+            tensor
+        };
+        Param::from_mapped_value(id, tensor, mapper)
+    }
 }
