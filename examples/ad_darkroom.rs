@@ -22,6 +22,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .transpose()
         .map_err(|e| format!("the argument is the number of ranks: {e}"))?
         .unwrap_or(1);
+    // ANCHOR: run
     let mut config = AdConfig::default();
     config.train.world = world;
     config.validate()?;
@@ -32,6 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         run.train.strategy, run.train.world, run.train.wall_s, run.train.ms_per_step
     );
     println!("{}", run.eval.summary());
+    // ANCHOR_END: run
     let dir = std::path::Path::new("runs/ad_darkroom");
     std::fs::create_dir_all(dir)?;
     write_svg(&run.eval, &dir.join("returns.svg"))?;

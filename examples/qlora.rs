@@ -31,6 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or(1);
     let device = Default::default();
     <B as burn::tensor::backend::Backend>::seed(&device, 42);
+    // ANCHOR: model
     let model = LoraTransformerConfig::new()
         .with_d_model(64)
         .with_d_ff(128)
@@ -38,6 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_kind(LoraKind::QLora(QuantConfig::new()))
         .init::<B>(&device)
         .fork(&device);
+    // ANCHOR_END: model
     let adapters: usize = model
         .blocks
         .iter()
@@ -55,6 +57,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         base_bytes as f64 / base as f64
     );
 
+    // ANCHOR: strategy
     let dataset = FibonacciTask {
         samples: 1024,
         len: 16,
@@ -77,7 +80,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         data,
         &StrategyConfigs::default(),
     )?;
+    // ANCHOR_END: strategy
 
+    // ANCHOR: train
     let steps = 300;
     let mut losses = Vec::with_capacity(steps);
     for (step, batch) in sampler.batches().take(steps).enumerate() {
@@ -88,12 +93,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let model = strategy.model()?;
+    // ANCHOR_END: train
 
     let dir = std::path::Path::new("runs/qlora");
     std::fs::create_dir_all(dir)?;
+    // ANCHOR: adapters
     for (i, block) in model.blocks.iter().enumerate() {
         block.save_adapters(dir.join(format!("block{i}-adapters")))?;
     }
+    // ANCHOR_END: adapters
     println!(
         "loss {:.4} → {:.4}; adapters saved alone in {}",
         losses[0],

@@ -1,4 +1,4 @@
-//! The equivalence tests (DESIGN.md §5): `k` steps with a strategy give the parameters of
+//! The equivalence tests (book/src/concepts/equivalence.md): `k` steps with a strategy give the parameters of
 //! `k` steps of plain single-device training on the same global batches, within 1e-5
 //! relative — for world sizes 1–4, global batches that do not divide by the world size,
 //! gradient accumulation, an MLP, a small transformer, and the Algorithm Distillation model. Ddp also checks, bit for bit after

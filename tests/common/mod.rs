@@ -31,7 +31,7 @@ pub type B = Autodiff<Flex>;
 
 pub const LR: f64 = 1e-2;
 
-/// Relative tolerance of the equivalence tests (DESIGN.md §5): the relative error of the whole
+/// Relative tolerance of the equivalence tests (book/src/concepts/equivalence.md): the relative error of the whole
 /// parameter vector, `max|actual − expected| / max|expected|` over every parameter value.
 ///
 /// Why model-wide rather than per tensor: Adam normalises every update to about `lr`, so a

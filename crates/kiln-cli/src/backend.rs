@@ -4,6 +4,7 @@ use std::fmt;
 
 use burn::backend::Autodiff;
 use burn::tensor::backend::AutodiffBackend;
+use kiln_kernels::KernelBackend;
 
 /// A Burn backend selectable on the command line.
 #[derive(
@@ -55,7 +56,7 @@ pub trait Job {
     ///
     /// # Errors
     /// Whatever the job reports.
-    fn run<B: AutodiffBackend>(
+    fn run<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
         self,
         devices: Vec<B::Device>,
     ) -> Result<Self::Output, Box<dyn std::error::Error>>;

@@ -1,9 +1,166 @@
-//! `kiln bench kernels`: one-line errors where it cannot run. (The measurements themselves need
-//! a wgpu or CUDA build; the kernels' correctness is tested in kiln-kernels.)
+//! `kiln bench`: the strategy matrix at its quick size writes valid JSON, Markdown and SVG and
+//! compares against an earlier run; the kernel benchmarks fail with one line where they cannot
+//! run. (Kernel measurements need a wgpu or CUDA build; the kernels' correctness is tested in
+//! kiln-kernels.)
 
 mod common;
 
-use common::assert_one_line_error;
+use std::path::PathBuf;
+
+use common::{assert_one_line_error, kiln};
+
+fn out_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kiln-bench-{}-{name}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    dir
+}
+
+/// Runs `kiln bench strategies --quick --out DIR extra…` and returns DIR and stdout.
+fn bench_strategies(name: &str, extra: &[&str]) -> (PathBuf, String) {
+    let dir = out_dir(name);
+    let mut args = vec![
+        "bench",
+        "strategies",
+        "--quick",
+        "--out",
+        dir.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    let out = kiln(&args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (dir, String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn the_quick_strategy_matrix_writes_json_markdown_and_svg() {
+    let (dir, stdout) = bench_strategies("quick", &[]);
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("strategies.json")).unwrap())
+            .expect("valid JSON");
+    let results = json["results"].as_array().unwrap();
+    // 4 models × (single at world 1; dp, ddp and pipeline at world 2).
+    assert_eq!(results.len(), 16);
+    for model in ["mlp", "transformer", "ad", "qlora"] {
+        for strategy in ["single", "dp", "ddp", "pipeline"] {
+            let r = results
+                .iter()
+                .find(|r| r["scenario"]["model"] == model && r["scenario"]["strategy"] == strategy)
+                .unwrap_or_else(|| panic!("{model} {strategy} missing"));
+            let world = r["scenario"]["world"].as_u64().unwrap();
+            assert_eq!(world, if strategy == "single" { 1 } else { 2 });
+            assert!(r["samples_per_s"].as_f64().unwrap() > 0.0, "{r}");
+            let ms = &r["step_ms"];
+            let (min, median, max) = (
+                ms["min"].as_f64(),
+                ms["median"].as_f64(),
+                ms["max"].as_f64(),
+            );
+            assert!(min <= median && median <= max && min.unwrap() > 0.0, "{ms}");
+            let ranks = r["ranks"].as_array().unwrap();
+            assert_eq!(ranks.len() as u64, world, "{r}");
+            assert!(
+                ranks
+                    .iter()
+                    .all(|k| k["compute_ms"].as_f64().unwrap() > 0.0),
+                "{r}"
+            );
+            if strategy == "pipeline" {
+                assert!(
+                    ranks.iter().any(|k| k["idle_ms"].as_f64().unwrap() > 0.0),
+                    "{r}"
+                );
+            }
+        }
+    }
+    let table = std::fs::read_to_string(dir.join("strategies.md")).unwrap();
+    assert_eq!(
+        table.lines().filter(|l| l.starts_with("| ")).count(),
+        2 + 16,
+        "header, rule and a row per scenario"
+    );
+    assert!(stdout.contains(&table), "the table is printed too");
+    let svg = std::fs::read_to_string(dir.join("strategies.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    for label in [
+        "mlp: samples/s",
+        "qlora: samples/s",
+        "ideal: single × world",
+        "pipeline",
+    ] {
+        assert!(svg.contains(label), "the chart lacks {label:?}");
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn compare_prints_ratios_against_an_earlier_run() {
+    let (old, _) = bench_strategies("old", &["--models", "mlp", "--strategies", "single,ddp"]);
+    let old_json = old.join("strategies.json");
+    let (new, stdout) = bench_strategies(
+        "new",
+        &[
+            "--models",
+            "mlp",
+            "--strategies",
+            "single,ddp,pipeline",
+            "--compare",
+            old_json.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        stdout.contains("| model | strategy | world | samples/s old | samples/s new | new / old |")
+    );
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("| mlp |") && l.ends_with("× |"))
+        .collect();
+    assert_eq!(rows.len(), 2, "single and ddp have ratios: {stdout}");
+    assert!(
+        stdout.contains("| mlp | pipeline | 2 | – |"),
+        "a new scenario has none: {stdout}"
+    );
+    for dir in [old, new] {
+        std::fs::remove_dir_all(dir).ok();
+    }
+}
+
+#[test]
+fn strategy_benchmarks_fail_with_one_line() {
+    assert_one_line_error(
+        &[
+            "bench",
+            "strategies",
+            "--quick",
+            "--compare",
+            "/nonexistent/strategies.json",
+        ],
+        "cannot read --compare /nonexistent/strategies.json",
+    );
+    assert_one_line_error(
+        &["bench", "strategies", "--quick", "--strategies", "auto"],
+        "`auto` only picks one of the other strategies",
+    );
+    assert_one_line_error(
+        &["bench", "strategies", "--quick", "--models", "resnet"],
+        "unknown model \"resnet\"",
+    );
+    assert_one_line_error(
+        &[
+            "bench",
+            "strategies",
+            "--quick",
+            "--strategies",
+            "single",
+            "--worlds",
+            "2",
+        ],
+        "the matrix has no scenario",
+    );
+}
 
 #[test]
 fn kernel_benchmarks_refuse_a_cpu_backend() {

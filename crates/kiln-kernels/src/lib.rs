@@ -2,7 +2,7 @@
 //! block-quantised weights and fused RMSNorm, SwiGLU, softmax cross-entropy, AdamW and a
 //! global squared norm with a non-finite check.
 //!
-//! [`KernelBackend`] is implemented three ways (DESIGN §4):
+//! [`KernelBackend`] is implemented three ways (the book's kernels page explains why):
 //! - for Burn's CubeCL backends (`CubeBackend<R, ..>`: wgpu, CUDA) by the kernels in [`cube`],
 //!   written once in CubeCL, with a path that uses no plane (warp) operations;
 //! - for `Autodiff<B>` with a backward for every differentiable op ([`autodiff`]);
@@ -14,7 +14,6 @@
 mod adamw_step;
 pub mod autodiff;
 pub mod backend;
-pub mod bench;
 pub mod cube;
 pub mod ops;
 pub mod optim;

@@ -14,6 +14,7 @@ use kiln_ad::goals::GoalSplit;
 use kiln_ad::report::{EvalReport, evaluate};
 use kiln_ad::train::{generate, train};
 use kiln_core::strategy::StrategyKind;
+use kiln_kernels::KernelBackend;
 
 use crate::backend::{BackendKind, DeviceList, Job, Placement, dispatch, parse_devices};
 use crate::config_file;
@@ -159,7 +160,7 @@ struct TrainJob {
 impl Job for TrainJob {
     type Output = ();
 
-    fn run<B: AutodiffBackend>(
+    fn run<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
         self,
         devices: Vec<B::Device>,
     ) -> Result<(), Box<dyn std::error::Error>> {
@@ -225,7 +226,7 @@ struct EvalJob(EvalArgs);
 impl Job for EvalJob {
     type Output = ();
 
-    fn run<B: AutodiffBackend>(
+    fn run<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
         self,
         devices: Vec<B::Device>,
     ) -> Result<(), Box<dyn std::error::Error>> {

@@ -13,6 +13,7 @@ use kiln_core::data::{DataSource, EpochSampler};
 use kiln_core::params::checksum;
 use kiln_core::stages::PipelineModel;
 use kiln_core::strategy::{StrategyKind, build};
+use kiln_kernels::KernelBackend;
 use kiln_nn::models::{MlpConfig, TransformerConfig};
 use kiln_nn::tasks::{ClassificationBatcher, FibonacciTask, SequenceBatcher, TeacherTask};
 
@@ -146,7 +147,7 @@ struct TrainJob<'a>(&'a TrainConfig);
 impl Job for TrainJob<'_> {
     type Output = TrainReport;
 
-    fn run<B: AutodiffBackend>(
+    fn run<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
         self,
         devices: Vec<B::Device>,
     ) -> Result<TrainReport, Box<dyn std::error::Error>> {

@@ -1,7 +1,6 @@
 //! The kernel benchmark: each kernel next to the Burn composite it replaces, on one device,
 //! timed side by side in one run, with the bytes and FLOPs each must move or compute so that
-//! the times read as achieved bandwidth and throughput. Used by `kiln bench kernels` and the
-//! criterion bench.
+//! the times read as achieved bandwidth and throughput. Used by `kiln bench kernels`.
 
 use std::time::{Duration, Instant};
 
@@ -9,8 +8,8 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Int, Tensor, TensorData};
 use serde::Serialize;
 
-use crate::quant::QuantizedWeight;
-use crate::{AdamWStep, KernelBackend, QuantFormat, ScaleDtype, ops, reference};
+use kiln_kernels::quant::QuantizedWeight;
+use kiln_kernels::{AdamWStep, KernelBackend, QuantFormat, ScaleDtype, ops, reference};
 
 /// Problem sizes.
 #[derive(Clone, Debug, Serialize)]

@@ -1,21 +1,12 @@
-//! `kiln bench`: benchmarks that need a binary rather than `cargo bench` (GPU machines have no
-//! cargo).
+//! `kiln bench kernels`: every CubeCL kernel next to the Burn composite it replaces.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Subcommand, ValueEnum};
-use kiln_kernels::bench::{Measurement, Sizes, Timing};
+use clap::{Args, ValueEnum};
+use kiln_bench::kernels::{Measurement, Sizes, Timing};
 
 use crate::backend::{BackendKind, BackendMissing};
-
-/// What to benchmark.
-#[derive(Subcommand, Debug)]
-pub enum BenchCommand {
-    /// Time every CubeCL kernel next to the Burn composite it replaces (and the QLoRA matmul
-    /// next to Burn's dense matmul), with achieved GB/s and GFLOP/s.
-    Kernels(KernelArgs),
-}
 
 /// The float type the kernels run in.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -47,9 +38,8 @@ pub struct KernelArgs {
     json: Option<PathBuf>,
 }
 
-/// Runs a bench command.
-pub fn run(command: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
-    let BenchCommand::Kernels(args) = command;
+/// Runs `kiln bench kernels`.
+pub fn run(args: KernelArgs) -> Result<(), Box<dyn std::error::Error>> {
     let sizes = if args.full {
         Sizes::full()
     } else {
@@ -60,7 +50,7 @@ pub fn run(command: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
         ..Timing::default()
     };
     let results = measure(args.backend, args.dtype, &sizes, timing)?;
-    print!("{}", kiln_kernels::bench::table(&results));
+    print!("{}", kiln_bench::kernels::table(&results));
     if let Some(path) = args.json {
         let json = serde_json::json!({
             "backend": args.backend.to_string(),
@@ -90,7 +80,7 @@ fn measure(
     timing: Timing,
 ) -> Result<Vec<Measurement>, Box<dyn std::error::Error>> {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    use {burn::tensor::f16, kiln_kernels::bench::run};
+    use {burn::tensor::f16, kiln_bench::kernels::run};
     match (backend, dtype) {
         (BackendKind::Flex | BackendKind::Ndarray, _) => Err(NotCubecl(backend).into()),
         #[cfg(feature = "wgpu")]

@@ -1,0 +1,14 @@
+//! Kiln's benchmark harness, shared by the `kiln bench` commands.
+//!
+//! - [`kernels`]: every CubeCL kernel next to the Burn composite it replaces, with achieved
+//!   bandwidth and throughput (`kiln bench kernels`).
+//! - [`strategies`]: a matrix of strategy × world size × model, each scenario repeated after a
+//!   warm-up in rotating order, reported as JSON, a Markdown table and an SVG chart, and
+//!   compared against an earlier run (`kiln bench strategies`).
+//!
+//! Both measure side by side in one run: on a shared machine, only ratios taken in the same
+//! run mean much, and the median of rotated repeats is the figure to read.
+
+pub mod kernels;
+pub mod stats;
+pub mod strategies;

@@ -1,0 +1,188 @@
+//! What the strategy benchmark writes: the JSON report, its Markdown table, and the
+//! comparison with an earlier report.
+
+use std::fmt::Write;
+
+use serde::{Deserialize, Serialize};
+
+use super::models::Round;
+use super::{Matrix, Scenario};
+use crate::stats::Summary;
+
+/// A whole run: what was measured and how.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// The backend the ranks ran on.
+    pub backend: String,
+    /// The matrix that ran.
+    pub matrix: Matrix,
+    /// One entry per scenario, in the matrix's order.
+    pub results: Vec<ScenarioResult>,
+}
+
+/// One scenario's figures over its rounds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScenarioResult {
+    /// The scenario.
+    pub scenario: Scenario,
+    /// Samples per optimizer step.
+    pub batch: usize,
+    /// Milliseconds per optimizer step, over the rounds.
+    pub step_ms: Summary,
+    /// Samples per second of the median round.
+    pub samples_per_s: f64,
+    /// Each rank's time per step in the median round.
+    pub ranks: Vec<RankTimes>,
+}
+
+/// One rank's time per optimizer step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankTimes {
+    /// The rank.
+    pub rank: usize,
+    /// Forward, backward and optimizer, in milliseconds.
+    pub compute_ms: f64,
+    /// Gradient and parameter synchronisation, in milliseconds.
+    pub communication_ms: f64,
+    /// Waiting for another pipeline stage, in milliseconds.
+    pub idle_ms: f64,
+}
+
+impl ScenarioResult {
+    pub(super) fn new(scenario: Scenario, rounds: &[Round], steps: usize) -> Self {
+        let per_step = |d: std::time::Duration| 1e3 * d.as_secs_f64() / steps as f64;
+        let step_ms: Vec<f64> = rounds.iter().map(|r| per_step(r.wall)).collect();
+        let summary = Summary::of(&step_ms).expect("a scenario runs at least one round");
+        let median = rounds
+            .iter()
+            .zip(&step_ms)
+            .find(|(_, ms)| **ms == summary.median)
+            .map(|(round, _)| round)
+            .expect("the median is one of the rounds");
+        Self {
+            scenario,
+            batch: median.batch,
+            step_ms: summary,
+            samples_per_s: 1e3 * median.batch as f64 / summary.median,
+            ranks: median
+                .ranks
+                .iter()
+                .map(|s| RankTimes {
+                    rank: s.rank,
+                    compute_ms: per_step(s.compute),
+                    communication_ms: per_step(s.communication),
+                    idle_ms: per_step(s.idle),
+                })
+                .collect(),
+        }
+    }
+
+    /// The mean over ranks of (compute, communication, idle) per step.
+    fn mean_times(&self) -> (f64, f64, f64) {
+        let n = self.ranks.len().max(1) as f64;
+        let sum = |f: fn(&RankTimes) -> f64| self.ranks.iter().map(f).sum::<f64>() / n;
+        (
+            sum(|r| r.compute_ms),
+            sum(|r| r.communication_ms),
+            sum(|r| r.idle_ms),
+        )
+    }
+}
+
+impl Report {
+    /// The result of `model`'s `single` scenario: the baseline of speed-ups.
+    pub fn baseline(&self, scenario: &Scenario) -> Option<&ScenarioResult> {
+        self.results.iter().find(|r| {
+            r.scenario.model == scenario.model
+                && r.scenario.strategy == kiln_core::strategy::StrategyKind::Single
+        })
+    }
+}
+
+/// The report as a Markdown table, one row per scenario, with the speed-up over `single`
+/// on the same model and the ideal (the world size).
+pub fn markdown(report: &Report) -> String {
+    let m = &report.matrix;
+    let mut out = format!(
+        "Strategies on {} ({:?} scale): {} warm-up + {} timed steps per round, {} round(s) in \
+         rotating order, 1 intra-op thread per rank. Step time: median (min–max) over rounds; \
+         rank times: mean over ranks, per step, in the median round.\n\n",
+        report.backend, m.scale, m.warmup, m.steps, m.rounds
+    );
+    out.push_str(
+        "| model | strategy | world | batch | step ms | samples/s | speed-up (ideal) | compute ms | comm ms | idle ms |\n",
+    );
+    out.push_str("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    for r in &report.results {
+        let s = &r.scenario;
+        let speedup = report
+            .baseline(s)
+            .map(|b| format!("{:.2}× ({})", r.samples_per_s / b.samples_per_s, s.world))
+            .unwrap_or_else(|| "–".into());
+        let (compute, comm, idle) = r.mean_times();
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {:.2} ({:.2}–{:.2}) | {:.0} | {speedup} | {compute:.2} | {comm:.2} | {idle:.2} |",
+            s.model,
+            s.strategy,
+            s.world,
+            r.batch,
+            r.step_ms.median,
+            r.step_ms.min,
+            r.step_ms.max,
+            r.samples_per_s,
+        );
+    }
+    out
+}
+
+/// One scenario's throughput next to an earlier run's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Comparison {
+    /// The scenario.
+    pub scenario: Scenario,
+    /// Samples per second now.
+    pub new: f64,
+    /// Samples per second in the earlier run, if it had the scenario.
+    pub old: Option<f64>,
+}
+
+impl Comparison {
+    /// `new / old`: above 1 is faster now.
+    pub fn ratio(&self) -> Option<f64> {
+        self.old.map(|old| self.new / old)
+    }
+}
+
+/// Each scenario of `new` against the same scenario of `old`, and a table of them.
+pub fn compare(new: &Report, old: &Report) -> (Vec<Comparison>, String) {
+    let rows: Vec<Comparison> = new
+        .results
+        .iter()
+        .map(|r| Comparison {
+            scenario: r.scenario,
+            new: r.samples_per_s,
+            old: old
+                .results
+                .iter()
+                .find(|o| o.scenario == r.scenario)
+                .map(|o| o.samples_per_s),
+        })
+        .collect();
+    let mut table = String::from(
+        "| model | strategy | world | samples/s old | samples/s new | new / old |\n| --- | --- | ---: | ---: | ---: | ---: |\n",
+    );
+    for c in &rows {
+        let s = &c.scenario;
+        let (old, ratio) = match (c.old, c.ratio()) {
+            (Some(old), Some(ratio)) => (format!("{old:.0}"), format!("{ratio:.2}×")),
+            _ => ("–".into(), "new scenario".into()),
+        };
+        let _ = writeln!(
+            table,
+            "| {} | {} | {} | {old} | {:.0} | {ratio} |",
+            s.model, s.strategy, s.world, c.new
+        );
+    }
+    (rows, table)
+}
