@@ -11,7 +11,7 @@
 
 use burn::backend::{Autodiff, Flex};
 use kiln::ad::config::AdConfig;
-use kiln::ad::pipeline::run;
+use kiln::ad::run::{LogProgress, RunOptions, run};
 use kiln::ad::plot::write_svg;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -27,16 +27,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     config.train.world = world;
     config.validate()?;
 
-    let run = run::<Autodiff<Flex>>(&config, vec![Default::default(); world])?;
+    let devices = vec![Default::default(); world];
+    let mut log = LogProgress::new(config.train.steps);
+    let run = run::<Autodiff<Flex>>(&config, devices, RunOptions::default(), &mut log)?;
+    let eval = run.eval.as_ref().expect("the run evaluates");
     println!(
         "trained with {} on {} rank(s) in {:.0} s ({:.1} ms/step)",
         run.train.strategy, run.train.world, run.train.wall_s, run.train.ms_per_step
     );
-    println!("{}", run.eval.summary());
+    println!("{}", eval.summary());
     // ANCHOR_END: run
     let dir = std::path::Path::new("runs/ad_darkroom");
     std::fs::create_dir_all(dir)?;
-    write_svg(&run.eval, &dir.join("returns.svg"))?;
+    write_svg(eval, &dir.join("returns.svg"))?;
     println!("wrote {}", dir.join("returns.svg").display());
     Ok(())
 }

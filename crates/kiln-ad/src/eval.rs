@@ -8,7 +8,6 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use crate::config::AdConfig;
 use crate::dataset::{encode, feature_width};
 use crate::env::{ACTIONS, Cell, DarkRoom, DarkRoomConfig};
 use crate::history::{NO_ACTION, NO_REWARD, Token};
@@ -92,20 +91,23 @@ fn runs(goals: &[Cell], seeds: usize) -> impl Iterator<Item = (usize, Cell)> + '
         .enumerate()
 }
 
-/// The model acting in context on `goals` as `config.eval` says: all runs step in lockstep, so
+/// The model acting in context on `goals` of `room` as `config` says, its runs seeded from
+/// `seed`: all runs step in lockstep, so
 /// every step is one batched forward pass over the runs' contexts (the last `context` steps, or
 /// the current episode's).
 ///
 /// `on_step` is called after every environment step with the steps done so far.
+#[allow(clippy::too_many_arguments)] // the run's whole description, each used once
 pub fn in_context<B: Backend>(
     model: &AdTransformer<B>,
-    config: &AdConfig,
+    room: DarkRoomConfig,
+    config: &EvalConfig,
+    seed: u64,
     goals: &[Cell],
     memory: Memory,
     device: &B::Device,
     on_step: &mut dyn FnMut(usize),
 ) -> Curve {
-    let (room, seed, config) = (config.env, config.seed, &config.eval);
     let context = model.context();
     let width = feature_width(&room);
     let mut envs: Vec<(DarkRoom, StdRng)> = runs(goals, config.seeds)

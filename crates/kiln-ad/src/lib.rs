@@ -6,14 +6,17 @@
 //! Kiln strategy trains it, see [`train`]) → [`eval`] lets the frozen model act on held-out
 //! goals for many episodes with its context carried across them, next to a random policy and
 //! the source → [`report`] checks in-context learning and [`plot`] draws it.
-//! [`pipeline::run`] does all of it in one call; [`checkpoint`] saves and loads a run.
+//! [`run::run`] does all of it in one call; [`checkpoint`] saves and loads a run.
 //!
 //! ```no_run
 //! use burn::backend::{Autodiff, Flex};
 //! use kiln_ad::config::AdConfig;
+//! use kiln_ad::run::{LogProgress, RunOptions, run};
 //!
-//! let run = kiln_ad::pipeline::run::<Autodiff<Flex>>(&AdConfig::default(), vec![Default::default()])?;
-//! println!("{}", run.eval.summary());
+//! let config = AdConfig::default();
+//! let mut log = LogProgress::new(config.train.steps);
+//! let done = run::<Autodiff<Flex>>(&config, vec![Default::default()], RunOptions::default(), &mut log)?;
+//! println!("{:.1} ms per training step", done.train.ms_per_step);
 //! # Ok::<(), kiln_ad::AdError>(())
 //! ```
 
@@ -26,9 +29,9 @@ pub mod eval;
 pub mod goals;
 pub mod history;
 pub mod model;
-pub mod pipeline;
 pub mod plot;
 pub mod report;
+pub mod run;
 pub mod source;
 pub mod stages;
 pub mod train;

@@ -79,15 +79,24 @@ pub fn evaluate<B: Backend>(
     let seed = config.seed;
     let ad = in_context(
         model,
-        config,
+        room,
+        eval,
+        seed,
         goals,
         Memory::AcrossEpisodes,
         device,
         &mut |s| on_step(s, total),
     );
-    let control = in_context(model, config, goals, Memory::OneEpisode, device, &mut |s| {
-        on_step(per_run + s, total)
-    });
+    let control = in_context(
+        model,
+        room,
+        eval,
+        seed,
+        goals,
+        Memory::OneEpisode,
+        device,
+        &mut |s| on_step(per_run + s, total),
+    );
     let source = source_algorithm(room, goals, &config.source, eval, seed ^ 0x50_0000);
     let random = random_policy(room, goals, eval, seed);
     let acceptance = Acceptance::check(&ad, &control, &random);

@@ -6,8 +6,9 @@ use std::time::Instant;
 
 use burn::optim::AdamWConfig;
 use burn::tensor::backend::AutodiffBackend;
-use kiln_core::data::{DataSource, EpochSampler};
-use kiln_core::strategy::{self, RankReport};
+use kiln_core::data::DataSource;
+use kiln_core::fit::{FitPlan, fit};
+use kiln_core::strategy::RankReport;
 use serde::{Deserialize, Serialize};
 
 use crate::config::AdConfig;
@@ -96,45 +97,39 @@ pub fn train<B: AutodiffBackend>(
         WindowBatcher::new(data.histories.clone(), context),
     );
     let windows = source.len();
-    let sampler = EpochSampler::new(windows, t.batch, config.seed)?;
+    let plan = FitPlan {
+        strategy: t.strategy,
+        configs: &config.parallel,
+        batch: t.batch,
+        steps: t.steps,
+        seed: config.seed,
+        lr: &|step| t.lr_at(step),
+    };
     let optim = AdamWConfig::new().with_weight_decay(t.weight_decay as f32);
-    let decision = t.strategy.resolve(devices.len());
-    tracing::info!(strategy = %decision.kind, "strategy {}: {}", decision.kind, decision.reason);
-    let mut strategy = strategy::build(
-        decision.kind,
-        devices,
-        model,
-        &optim,
-        source,
-        &config.parallel,
-    )?;
-
+    let (model, record) = fit(&plan, devices, model, &optim, source, &mut |step, out| {
+        on_step(step, out.loss)
+    })?;
     let every = (t.steps / 100).max(1);
-    let (mut losses, mut loss_curve) = (Vec::with_capacity(t.steps), Vec::new());
-    let start = Instant::now();
-    for (step, batch) in sampler.batches().take(t.steps).enumerate() {
-        let out = strategy.step(&batch, t.lr_at(step))?;
-        losses.push(out.loss);
-        if step % every == 0 || step + 1 == t.steps {
-            loss_curve.push((step, out.loss));
-        }
-        on_step(step + 1, out.loss);
-    }
-    let wall_s = start.elapsed().as_secs_f64();
-    let tail = &losses[losses.len().saturating_sub(50)..];
+    let loss_curve = record
+        .losses
+        .iter()
+        .enumerate()
+        .filter(|(step, _)| step % every == 0 || step + 1 == record.losses.len())
+        .map(|(step, &loss)| (step, loss))
+        .collect();
     let summary = TrainSummary {
-        strategy: decision.kind.to_string(),
-        strategy_reason: decision.reason,
-        world: strategy.world_size(),
-        steps: losses.len(),
+        strategy: record.decision.kind.to_string(),
+        strategy_reason: record.decision.reason.clone(),
+        world: record.world,
+        steps: record.losses.len(),
         batch: t.batch,
         windows,
-        first_loss: losses.first().copied().unwrap_or(f64::NAN),
-        final_loss: tail.iter().sum::<f64>() / tail.len().max(1) as f64,
+        first_loss: record.losses.first().copied().unwrap_or(f64::NAN),
+        final_loss: record.tail_loss(50),
         loss_curve,
-        wall_s,
-        ms_per_step: 1e3 * wall_s / losses.len().max(1) as f64,
-        ranks: strategy.stats().into_iter().map(Into::into).collect(),
+        wall_s: record.wall_s,
+        ms_per_step: record.ms_per_step(),
+        ranks: record.ranks,
     };
-    Ok((strategy.model()?, summary))
+    Ok((model, summary))
 }

@@ -31,6 +31,7 @@
 
 pub mod collective;
 pub mod data;
+pub mod fit;
 pub mod grads;
 pub mod params;
 pub mod stages;

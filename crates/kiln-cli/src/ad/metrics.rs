@@ -5,6 +5,7 @@ use std::path::Path;
 
 use kiln_ad::config::AdConfig;
 use kiln_ad::report::EvalReport;
+use kiln_ad::run::Seconds;
 use kiln_ad::train::{Data, TrainSummary};
 use serde::Serialize;
 
@@ -51,19 +52,6 @@ impl DataSummary {
             source_training_curve: data.histories.mean_episode_returns(),
         }
     }
-}
-
-/// Wall-clock seconds per stage.
-#[derive(Serialize, Default)]
-pub struct Seconds {
-    /// Generating the learning histories.
-    pub data: f64,
-    /// The training loop.
-    pub train: f64,
-    /// Evaluation (AD, control, source and random).
-    pub eval: f64,
-    /// The whole command.
-    pub total: f64,
 }
 
 /// Writes `metrics.json` into `dir` (and to `json` when given) and, when there is an

@@ -6,13 +6,11 @@ mod progress;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use kiln_ad::checkpoint;
 use kiln_ad::config::AdConfig;
 use kiln_ad::goals::GoalSplit;
-use kiln_ad::report::{EvalReport, evaluate};
-use kiln_ad::train::{generate, train};
+use kiln_ad::run::{RunOptions, evaluate_held_out};
 use kiln_core::strategy::StrategyKind;
 use kiln_kernels::KernelBackend;
 
@@ -20,7 +18,9 @@ use crate::backend::{BackendKind, DeviceList, Job, Placement, dispatch, parse_de
 use crate::config_file;
 use crate::names::strategy_parser;
 use crate::pipeline_args::PipelineArgs;
-use metrics::{DataSummary, Metrics, Seconds, write_outputs};
+use kiln_ad::run::Seconds;
+use metrics::{DataSummary, Metrics, write_outputs};
+use progress::Bars;
 
 /// The `kiln ad` commands.
 #[derive(clap::Subcommand, Debug)]
@@ -165,52 +165,19 @@ impl Job for TrainJob {
         devices: Vec<B::Device>,
     ) -> Result<(), Box<dyn std::error::Error>> {
         let (args, config) = (self.args, self.config);
-        let start = Instant::now();
-        let data = generate(&config)?;
-        tracing::info!(
-            "{} learning histories of {} steps on {} training goals in {:.2} s; {} goals held out",
-            data.histories.count(),
-            data.histories.len(),
-            data.goals.train.len(),
-            data.seconds,
-            data.goals.held_out.len()
-        );
-        let device = devices[0].clone();
-        let bar = progress::bar(config.train.steps, "train");
-        let (model, summary) = train::<B>(&config, &data, devices, &mut |_, loss| {
-            bar.set_message(format!("loss {loss:.4}"));
-            bar.inc(1);
-        })?;
-        bar.finish_and_clear();
-        println!(
-            "trained with {} on {} rank(s): {} steps of {} windows, loss {:.4} -> {:.4}, {:.1} ms/step",
-            summary.strategy,
-            summary.world,
-            summary.steps,
-            summary.batch,
-            summary.first_loss,
-            summary.final_loss,
-            summary.ms_per_step
-        );
-        let model = model.valid();
-        checkpoint::save(&args.out, &config, model.clone())?;
-        let train_s = summary.wall_s;
-        let eval = (!args.no_eval)
-            .then(|| evaluate_and_print(&model, &config, &data.goals, &device))
-            .transpose()?;
-        let seconds = Seconds {
-            data: data.seconds,
-            train: train_s,
-            eval: eval.as_ref().map_or(0.0, |(_, s)| *s),
-            total: start.elapsed().as_secs_f64(),
+        let options = RunOptions {
+            save_to: Some(&args.out),
+            no_eval: args.no_eval,
         };
+        let mut bars = Bars::new(config.train.steps);
+        let done = kiln_ad::run::run::<B>(&config, devices, options, &mut bars)?;
         let metrics = Metrics {
             config: &config,
             backend: args.backend.to_string(),
-            data: Some(DataSummary::new(&data)),
-            train: Some(summary),
-            eval: eval.map(|(report, _)| report),
-            seconds,
+            data: Some(DataSummary::new(&done.data)),
+            train: Some(done.train),
+            eval: done.eval,
+            seconds: done.seconds,
         };
         write_outputs(
             &metrics,
@@ -242,7 +209,8 @@ impl Job for EvalJob {
         }
         config.validate()?;
         let goals = GoalSplit::new(&config.env, &config.goals)?;
-        let (report, eval_s) = evaluate_and_print(&model, &config, &goals, &device)?;
+        let mut bars = Bars::new(0);
+        let (report, eval_s) = evaluate_held_out(&model, &config, &goals, &device, &mut bars);
         let metrics = Metrics {
             config: &config,
             backend: args.backend.to_string(),
@@ -262,21 +230,4 @@ impl Job for EvalJob {
             args.svg.as_deref(),
         )
     }
-}
-
-fn evaluate_and_print<B: burn::tensor::backend::Backend>(
-    model: &kiln_ad::model::AdTransformer<B>,
-    config: &AdConfig,
-    goals: &GoalSplit,
-    device: &B::Device,
-) -> Result<(EvalReport, f64), Box<dyn std::error::Error>> {
-    let start = Instant::now();
-    let total = 2 * config.eval.episodes * config.env.horizon;
-    let bar = progress::bar(total, "eval");
-    let report = evaluate(model, config, &goals.held_out, device, &mut |done, _| {
-        bar.set_position(done as u64);
-    });
-    bar.finish_and_clear();
-    println!("{}", report.summary());
-    Ok((report, start.elapsed().as_secs_f64()))
 }

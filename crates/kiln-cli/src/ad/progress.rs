@@ -1,13 +1,78 @@
-//! Progress bars on the main thread.
+//! What `kiln ad` shows while it runs: progress bars for training and evaluation, and a line
+//! after each.
 
 use indicatif::{ProgressBar, ProgressStyle};
+use kiln_ad::report::EvalReport;
+use kiln_ad::run::Observer;
+use kiln_ad::train::{Data, TrainSummary};
 
 /// A bar of `len` steps labelled `what`.
-pub fn bar(len: usize, what: &str) -> ProgressBar {
+fn bar(len: usize, what: &str) -> ProgressBar {
     ProgressBar::new(len as u64).with_style(
         ProgressStyle::with_template(&format!(
             "{what:>5} {{bar:40}} {{pos}}/{{len}}  {{msg}}  [{{elapsed}}<{{eta}}]"
         ))
         .expect("valid template"),
     )
+}
+
+/// The training bar, then the evaluation bar, on the main thread.
+pub struct Bars {
+    train: ProgressBar,
+    eval: Option<ProgressBar>,
+}
+
+impl Bars {
+    /// Bars for a run of `steps` training steps.
+    pub fn new(steps: usize) -> Self {
+        Self {
+            train: bar(steps, "train"),
+            eval: None,
+        }
+    }
+}
+
+impl Observer for Bars {
+    fn data(&mut self, data: &Data) {
+        tracing::info!(
+            "{} learning histories of {} steps on {} training goals in {:.2} s; {} goals held out",
+            data.histories.count(),
+            data.histories.len(),
+            data.goals.train.len(),
+            data.seconds,
+            data.goals.held_out.len()
+        );
+    }
+
+    fn step(&mut self, _step: usize, loss: f64) {
+        self.train.set_message(format!("loss {loss:.4}"));
+        self.train.inc(1);
+    }
+
+    fn trained(&mut self, summary: &TrainSummary) {
+        self.train.finish_and_clear();
+        println!(
+            "trained with {} on {} rank(s): {} steps of {} windows, loss {:.4} -> {:.4}, {:.1} ms/step",
+            summary.strategy,
+            summary.world,
+            summary.steps,
+            summary.batch,
+            summary.first_loss,
+            summary.final_loss,
+            summary.ms_per_step
+        );
+    }
+
+    fn eval_step(&mut self, done: usize, total: usize) {
+        self.eval
+            .get_or_insert_with(|| bar(total, "eval"))
+            .set_position(done as u64);
+    }
+
+    fn evaluated(&mut self, report: &EvalReport) {
+        if let Some(bar) = self.eval.take() {
+            bar.finish_and_clear();
+        }
+        println!("{}", report.summary());
+    }
 }

@@ -4,15 +4,15 @@ mod config;
 mod report;
 
 use std::path::PathBuf;
-use std::time::Instant;
 
 use burn::optim::AdamWConfig;
 use burn::tensor::backend::AutodiffBackend;
 use indicatif::{ProgressBar, ProgressStyle};
-use kiln_core::data::{DataSource, EpochSampler};
+use kiln_core::data::DataSource;
+use kiln_core::fit::{FitPlan, fit};
 use kiln_core::params::checksum;
 use kiln_core::stages::PipelineModel;
-use kiln_core::strategy::{StrategyKind, build};
+use kiln_core::strategy::StrategyKind;
 use kiln_kernels::KernelBackend;
 use kiln_nn::models::{MlpConfig, TransformerConfig};
 use kiln_nn::tasks::{ClassificationBatcher, FibonacciTask, SequenceBatcher, TeacherTask};
@@ -197,53 +197,43 @@ where
     M: PipelineModel<B>,
     I: Send + 'static,
 {
-    let decision = config.strategy.resolve(devices.len());
-    tracing::info!(strategy = %decision.kind, "strategy {}: {}", decision.kind, decision.reason);
-    let sampler = EpochSampler::new(data.len(), config.batch, config.seed)?;
-    let mut strategy = build(
-        decision.kind,
-        devices,
-        model,
-        &AdamWConfig::new(),
-        data,
-        &config.parallel,
-    )?;
-
+    let plan = FitPlan {
+        strategy: config.strategy,
+        configs: &config.parallel,
+        batch: config.batch,
+        steps: config.steps,
+        seed: config.seed,
+        lr: &|_| config.lr,
+    };
     let bar = ProgressBar::new(config.steps as u64).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} steps  {msg}  [{elapsed}<{eta}]")
             .expect("valid template"),
     );
-    let start = Instant::now();
-    let (mut first_loss, mut final_loss) = (None, None);
-    for batch in sampler.batches().take(config.steps) {
-        let out = strategy.step(&batch, config.lr)?;
-        first_loss.get_or_insert(out.loss);
-        final_loss = Some(out.loss);
+    let (trained, record) = fit(&plan, devices, model, &AdamWConfig::new(), data, &mut |_, out| {
         bar.set_message(format!("loss {:.4}", out.loss));
         bar.inc(1);
-    }
-    let wall_s = start.elapsed().as_secs_f64();
+    })?;
     bar.finish_and_clear();
 
-    let trained = strategy.model()?;
-    let report = TrainReport {
-        strategy: decision.kind.to_string(),
-        strategy_reason: decision.reason,
+    let checksum = checksum(&trained);
+    Ok(TrainReport {
+        strategy: record.decision.kind.to_string(),
+        strategy_reason: record.decision.reason,
         model: format!("{:?}", config.model).to_lowercase(),
         backend: config.backend.to_string(),
-        world: strategy.world_size(),
-        steps: config.steps,
+        world: record.world,
+        steps: record.losses.len(),
         global_batch: config.batch,
-        grad_accumulation: config.parallel.grad_accumulation(decision.kind),
+        grad_accumulation: config.parallel.grad_accumulation(record.decision.kind),
         seed: config.seed,
-        first_loss,
-        final_loss,
-        param_sum: 0.0,
-        param_sq_sum: 0.0,
-        param_count: 0,
-        wall_s,
-        samples_per_s: (config.steps * config.batch) as f64 / wall_s.max(f64::MIN_POSITIVE),
-        ranks: strategy.stats().into_iter().map(Into::into).collect(),
-    };
-    Ok(report.with_checksum(checksum(&trained)))
+        first_loss: record.losses.first().copied(),
+        final_loss: record.losses.last().copied(),
+        param_sum: checksum.sum,
+        param_sq_sum: checksum.sq_sum,
+        param_count: checksum.count,
+        wall_s: record.wall_s,
+        samples_per_s: (record.losses.len() * config.batch) as f64
+            / record.wall_s.max(f64::MIN_POSITIVE),
+        ranks: record.ranks,
+    })
 }

@@ -1,6 +1,5 @@
 //! The JSON summary of a training run (`--json`).
 
-use kiln_core::params::ParamChecksum;
 use kiln_core::strategy::RankReport;
 
 /// One run's results: the keys other tools and tests compare.
@@ -40,14 +39,4 @@ pub struct TrainReport {
     pub samples_per_s: f64,
     /// Per-rank totals.
     pub ranks: Vec<RankReport>,
-}
-
-impl TrainReport {
-    /// Fills in the parameter checksum.
-    pub fn with_checksum(mut self, checksum: ParamChecksum) -> Self {
-        self.param_sum = checksum.sum;
-        self.param_sq_sum = checksum.sq_sum;
-        self.param_count = checksum.count;
-        self
-    }
 }

@@ -1,8 +1,8 @@
-//! The AD pipeline end to end: a fast smoke version in `cargo test`, and the full acceptance
+//! The AD run end to end: a fast smoke version in `cargo test`, and the full acceptance
 //! run (default config, release build) by hand:
 //!
 //! ```text
-//! cargo test --release -p kiln-ad --test pipeline -- --ignored --nocapture
+//! cargo test --release -p kiln-ad --test run -- --ignored --nocapture
 //! ```
 
 use burn::backend::{Autodiff, Flex};
@@ -10,7 +10,7 @@ use burn::module::Module;
 use kiln_ad::checkpoint;
 use kiln_ad::config::AdConfig;
 use kiln_ad::env::DarkRoomConfig;
-use kiln_ad::pipeline::run;
+use kiln_ad::run::{LogProgress, RunOptions, run};
 use kiln_ad::plot::write_svg;
 use kiln_ad::report::evaluate;
 use kiln_core::params::checksum;
@@ -42,13 +42,13 @@ fn smoke_config() -> AdConfig {
 }
 
 #[test]
-fn smoke_pipeline_trains_saves_loads_and_evaluates() {
+fn smoke_run_trains_saves_loads_and_evaluates() {
     let config = smoke_config();
-    let run = run::<B>(&config, vec![Default::default()]).unwrap();
+    let run = run::<B>(&config, vec![Default::default()], RunOptions::default(), &mut LogProgress::new(config.train.steps)).unwrap();
     assert_eq!(run.train.steps, 6);
     assert!(run.train.final_loss.is_finite());
     assert!(run.train.first_loss > 0.0);
-    let eval = &run.eval;
+    let eval = run.eval.as_ref().expect("evaluated");
     assert_eq!(eval.goals.len(), 3);
     for curve in [&eval.ad, &eval.control, &eval.source, &eval.random] {
         assert_eq!(curve.returns.len(), 3);
@@ -79,11 +79,11 @@ fn smoke_pipeline_trains_saves_loads_and_evaluates() {
 }
 
 #[test]
-fn smoke_pipeline_runs_through_ddp() {
+fn smoke_run_runs_through_ddp() {
     let mut config = smoke_config();
     config.train.strategy = StrategyKind::Ddp;
     config.train.world = 2;
-    let run = run::<B>(&config, vec![Default::default(); 2]).unwrap();
+    let run = run::<B>(&config, vec![Default::default(); 2], RunOptions::default(), &mut LogProgress::new(config.train.steps)).unwrap();
     assert_eq!(run.train.strategy, "ddp");
     assert_eq!(run.train.world, 2);
     assert!(run.train.final_loss.is_finite());
@@ -108,15 +108,15 @@ fn acceptance(world: usize) {
     let mut config = AdConfig::default();
     config.train.world = world;
     let start = std::time::Instant::now();
-    let run = run::<B>(&config, vec![Default::default(); world]).unwrap();
+    let run = run::<B>(&config, vec![Default::default(); world], RunOptions::default(), &mut LogProgress::new(config.train.steps)).unwrap();
     let seconds = start.elapsed().as_secs_f64();
     println!(
         "world {world}: {} in {seconds:.0} s, {:.1} ms/step",
         run.train.strategy, run.train.ms_per_step
     );
-    println!("{}", run.eval.summary());
-    println!("AD curve: {:.2?}", run.eval.ad.returns);
-    let eval = &run.eval;
+    let eval = run.eval.as_ref().expect("evaluated");
+    println!("{}", eval.summary());
+    println!("AD curve: {:.2?}", eval.ad.returns);
     assert!(eval.goals.len() >= 8 && eval.seeds >= 4 && eval.episodes >= 40);
     assert!(eval.acceptance.ad_improves, "{}", eval.summary());
     assert!(eval.acceptance.beats_random, "{}", eval.summary());

@@ -1,0 +1,101 @@
+//! The training loop programs share: pick the strategy, build it, step it over epoch-shuffled
+//! global batches, and say what happened.
+//!
+//! `kiln train` and the Algorithm Distillation job both train through [`fit`]; what they
+//! print and save around it is theirs.
+
+use std::time::Instant;
+
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::data::{DataSource, EpochSampler};
+use crate::stages::PipelineModel;
+use crate::strategy::{
+    AutoDecision, OptimizerSpec, RankReport, StepOutput, StrategyConfigs, StrategyError,
+    StrategyKind, build,
+};
+
+/// What to train and for how long.
+pub struct FitPlan<'a> {
+    /// The strategy; `Auto` is resolved from the number of devices and logged with why.
+    pub strategy: StrategyKind,
+    /// Every strategy's settings; the chosen one's apply.
+    pub configs: &'a StrategyConfigs,
+    /// Samples per optimizer step, all ranks together.
+    pub batch: usize,
+    /// Optimizer steps.
+    pub steps: usize,
+    /// Seed of the sample order.
+    pub seed: u64,
+    /// The learning rate of each step (0-based).
+    pub lr: &'a dyn Fn(usize) -> f64,
+}
+
+/// What a [`fit`] did.
+#[derive(Debug, Clone)]
+pub struct FitRecord {
+    /// The strategy that ran, and why.
+    pub decision: AutoDecision,
+    /// Its ranks.
+    pub world: usize,
+    /// The loss of every step.
+    pub losses: Vec<f64>,
+    /// Seconds of the loop (building the strategy excluded).
+    pub wall_s: f64,
+    /// Each rank's totals.
+    pub ranks: Vec<RankReport>,
+}
+
+impl FitRecord {
+    /// Mean loss of the last `n` steps (fewer when the run was shorter); NaN without steps.
+    pub fn tail_loss(&self, n: usize) -> f64 {
+        let tail = &self.losses[self.losses.len().saturating_sub(n)..];
+        tail.iter().sum::<f64>() / tail.len() as f64
+    }
+
+    /// Milliseconds per optimizer step.
+    pub fn ms_per_step(&self) -> f64 {
+        1e3 * self.wall_s / self.losses.len().max(1) as f64
+    }
+}
+
+/// Trains `model` on `data` over `devices` (one rank each) as `plan` says, calling
+/// `on_step(step, output)` after every step (1-based), and returns the trained whole model.
+///
+/// # Errors
+/// A global batch the data cannot fill, or what the strategy reports.
+pub fn fit<B, M, S, I>(
+    plan: &FitPlan<'_>,
+    devices: Vec<B::Device>,
+    model: M,
+    optim: &S,
+    data: DataSource<B, I, M::Input>,
+    on_step: &mut dyn FnMut(usize, &StepOutput),
+) -> Result<(M, FitRecord), StrategyError>
+where
+    B: AutodiffBackend,
+    M: PipelineModel<B>,
+    S: OptimizerSpec<B>,
+    I: Send + 'static,
+{
+    let decision = plan.strategy.resolve(devices.len());
+    tracing::info!(strategy = %decision.kind, "strategy {}: {}", decision.kind, decision.reason);
+    let sampler = EpochSampler::new(data.len(), plan.batch, plan.seed)?;
+    let mut strategy = build(decision.kind, devices, model, optim, data, plan.configs)?;
+    let mut losses = Vec::with_capacity(plan.steps);
+    let start = Instant::now();
+    for (step, batch) in sampler.batches().take(plan.steps).enumerate() {
+        let out = strategy.step(&batch, (plan.lr)(step))?;
+        losses.push(out.loss);
+        on_step(step + 1, &out);
+    }
+    let wall_s = start.elapsed().as_secs_f64();
+    let record = FitRecord {
+        decision,
+        world: strategy.world_size(),
+        losses,
+        wall_s,
+        ranks: strategy.stats().into_iter().map(Into::into).collect(),
+    };
+    Ok((strategy.model()?, record))
+}
