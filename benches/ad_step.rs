@@ -76,7 +76,7 @@ fn kiln_single<B: AutodiffBackend>(config: &AdConfig, batches: &[Vec<usize>], st
     let optim = AdamWConfig::new().init::<B, _>();
     let single = SingleConfig {
         grad_accumulation: 1,
-        threads: Some(1),
+        threads_per_rank: Some(1),
     };
     let mut strategy = Single::new(model, optim, source, device, single).expect("single");
     let mut timed = Instant::now();

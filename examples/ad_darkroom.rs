@@ -11,8 +11,8 @@
 
 use burn::backend::{Autodiff, Flex};
 use kiln::ad::config::AdConfig;
-use kiln::ad::run::{LogProgress, RunOptions, run};
 use kiln::ad::plot::write_svg;
+use kiln::ad::run::{LogProgress, RunOptions, run};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt().with_target(false).init();

@@ -47,7 +47,7 @@ where
                 devices[0],
                 SingleConfig {
                     grad_accumulation: accumulation,
-                    threads: Some(1),
+                    threads_per_rank: Some(1),
                 },
             )
             .unwrap(),
@@ -60,7 +60,7 @@ where
                 devices,
                 DataParallelConfig {
                     grad_accumulation: accumulation,
-                    threads_per_device: Some(1),
+                    threads_per_rank: Some(1),
                 },
             )
             .unwrap(),

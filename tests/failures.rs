@@ -111,7 +111,7 @@ fn ddp_rank_panic_is_named_by_the_others_within_the_timeout() {
 fn data_parallel_device_panic_is_named() {
     let model = mlp_case(1, 8).model;
     let config = DataParallelConfig {
-        threads_per_device: Some(1),
+        threads_per_rank: Some(1),
         ..Default::default()
     };
     let mut dp = DataParallel::new(

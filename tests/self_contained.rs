@@ -29,7 +29,7 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
         } else if matches!(
             path.extension().and_then(|e| e.to_str()),
             Some("rs" | "md" | "toml" | "sh")
-        ) || path.parent().is_some_and(|p| p.ends_with(".ci"))
+        ) || path.parent().and_then(Path::file_name) == Some(".ci".as_ref())
         {
             out.push(path);
         }

@@ -337,7 +337,11 @@ pub fn shared_device_matches_single<Ab: AutodiffBackend>(
     }
     let what = format!(
         "{} world {world} on one device",
-        if data_parallel { "dp" } else { "ddp" }
+        if data_parallel {
+            "data_parallel"
+        } else {
+            "ddp"
+        }
     );
     assert_equivalent_within(
         &strategy.model().unwrap(),

@@ -141,9 +141,9 @@ impl AdConfig {
                 heads: self.model.heads,
             });
         }
-        if self.train.strategy == StrategyKind::Single && self.train.world > 1 {
-            return Err(AdError::SingleWithWorld(self.train.world));
-        }
+        self.parallel
+            .check_world(self.train.strategy, self.train.world)
+            .map_err(kiln_core::StrategyError::from)?;
         if self.train.batch < self.train.world {
             return Err(AdError::BatchSmallerThanWorld {
                 batch: self.train.batch,

@@ -35,12 +35,6 @@ pub enum AdError {
         /// Heads.
         heads: usize,
     },
-    /// More than one rank asked of the one-device strategy.
-    #[error(
-        "train.strategy single trains on one rank but train.world is {0}; use world 1, or dp, \
-         ddp or auto"
-    )]
-    SingleWithWorld(usize),
     /// A global batch smaller than the world.
     #[error(
         "train.batch ({batch}) is smaller than train.world ({world}): every rank needs a window per step"

@@ -58,7 +58,7 @@ impl Observer for LogProgress {
     }
 
     fn step(&mut self, step: usize, loss: f64) {
-        if step % (self.steps / 10).max(1) == 0 {
+        if step.is_multiple_of((self.steps / 10).max(1)) {
             tracing::info!("step {step}/{}: loss {loss:.4}", self.steps);
         }
     }
@@ -157,9 +157,13 @@ pub fn evaluate_held_out<B: Backend>(
     observer: &mut dyn Observer,
 ) -> (EvalReport, f64) {
     let start = Instant::now();
-    let report = evaluate(model, config, &goals.held_out, device, &mut |done, total| {
-        observer.eval_step(done, total)
-    });
+    let report = evaluate(
+        model,
+        config,
+        &goals.held_out,
+        device,
+        &mut |done, total| observer.eval_step(done, total),
+    );
     observer.evaluated(&report);
     (report, start.elapsed().as_secs_f64())
 }

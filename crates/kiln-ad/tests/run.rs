@@ -10,9 +10,9 @@ use burn::module::Module;
 use kiln_ad::checkpoint;
 use kiln_ad::config::AdConfig;
 use kiln_ad::env::DarkRoomConfig;
-use kiln_ad::run::{LogProgress, RunOptions, run};
 use kiln_ad::plot::write_svg;
 use kiln_ad::report::evaluate;
+use kiln_ad::run::{LogProgress, RunOptions, run};
 use kiln_core::params::checksum;
 use kiln_core::strategy::StrategyKind;
 
@@ -44,7 +44,13 @@ fn smoke_config() -> AdConfig {
 #[test]
 fn smoke_run_trains_saves_loads_and_evaluates() {
     let config = smoke_config();
-    let run = run::<B>(&config, vec![Default::default()], RunOptions::default(), &mut LogProgress::new(config.train.steps)).unwrap();
+    let run = run::<B>(
+        &config,
+        vec![Default::default()],
+        RunOptions::default(),
+        &mut LogProgress::new(config.train.steps),
+    )
+    .unwrap();
     assert_eq!(run.train.steps, 6);
     assert!(run.train.final_loss.is_finite());
     assert!(run.train.first_loss > 0.0);
@@ -83,7 +89,13 @@ fn smoke_run_runs_through_ddp() {
     let mut config = smoke_config();
     config.train.strategy = StrategyKind::Ddp;
     config.train.world = 2;
-    let run = run::<B>(&config, vec![Default::default(); 2], RunOptions::default(), &mut LogProgress::new(config.train.steps)).unwrap();
+    let run = run::<B>(
+        &config,
+        vec![Default::default(); 2],
+        RunOptions::default(),
+        &mut LogProgress::new(config.train.steps),
+    )
+    .unwrap();
     assert_eq!(run.train.strategy, "ddp");
     assert_eq!(run.train.world, 2);
     assert!(run.train.final_loss.is_finite());
@@ -108,7 +120,13 @@ fn acceptance(world: usize) {
     let mut config = AdConfig::default();
     config.train.world = world;
     let start = std::time::Instant::now();
-    let run = run::<B>(&config, vec![Default::default(); world], RunOptions::default(), &mut LogProgress::new(config.train.steps)).unwrap();
+    let run = run::<B>(
+        &config,
+        vec![Default::default(); world],
+        RunOptions::default(),
+        &mut LogProgress::new(config.train.steps),
+    )
+    .unwrap();
     let seconds = start.elapsed().as_secs_f64();
     println!(
         "world {world}: {} in {seconds:.0} s, {:.1} ms/step",

@@ -42,10 +42,10 @@ fn the_quick_strategy_matrix_writes_json_markdown_and_svg() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("strategies.json")).unwrap())
             .expect("valid JSON");
     let results = json["results"].as_array().unwrap();
-    // 4 models × (single at world 1; dp, ddp and pipeline at world 2).
+    // 4 models × (single at world 1; data_parallel, ddp and pipeline at world 2).
     assert_eq!(results.len(), 16);
     for model in ["mlp", "transformer", "ad", "qlora"] {
-        for strategy in ["single", "dp", "ddp", "pipeline"] {
+        for strategy in ["single", "data_parallel", "ddp", "pipeline"] {
             let r = results
                 .iter()
                 .find(|r| r["scenario"]["model"] == model && r["scenario"]["strategy"] == strategy)

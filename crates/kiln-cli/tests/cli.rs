@@ -212,7 +212,7 @@ fn impossible_pipelines_fail_with_one_line() {
             "--world",
             "3",
         ],
-        "--world 3 is not a multiple of --stages 2",
+        "a pipeline of 2 stages needs a world of dp × 2 ranks",
     );
     assert_one_line_error(
         &[

@@ -1,7 +1,8 @@
 //! Kiln's layers and built-in models.
 //!
-//! Layers shaped for training speed ([`layers`]), the two reference models every strategy is tested and benchmarked with
-//! ([`models::Mlp`], [`models::Transformer`]) and the synthetic tasks they learn
+//! Layers shaped for training speed ([`layers`]), LoRA and QLoRA adapters ([`lora`]), the
+//! reference models every strategy is tested and benchmarked with ([`models::Mlp`],
+//! [`models::Transformer`], [`models::LoraTransformer`]) and the synthetic tasks they learn
 //! ([`tasks`]), all plain Burn modules and data sets.
 
 pub mod layers;

@@ -24,7 +24,7 @@ pub struct StrategyArgs {
     /// Models [default: all].
     #[arg(long, value_delimiter = ',', value_parser = model_parser())]
     models: Option<Vec<BenchModel>>,
-    /// Strategies [default: single, dp, ddp, pipeline].
+    /// Strategies [default: single, data_parallel, ddp, pipeline].
     #[arg(long, value_delimiter = ',', value_parser = strategy_parser())]
     strategies: Option<Vec<StrategyKind>>,
     /// World sizes [default: 1,2,4; with --quick 1,2].

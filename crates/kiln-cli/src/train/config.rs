@@ -96,22 +96,9 @@ pub enum ConfigError {
         /// Ranks.
         world: usize,
     },
-    /// A pipeline world that is not `dp × stages` ranks.
-    #[error(
-        "--world {world} is not a multiple of --stages {stages}; a pipeline needs dp × stages \
-         ranks (use --dp to set dp)"
-    )]
-    PipelineWorld {
-        /// Ranks.
-        world: usize,
-        /// Stages.
-        stages: usize,
-    },
-    /// More than one rank asked of the one-device strategy.
-    #[error(
-        "--strategy single trains on one rank but --world is {0}; use --world 1, or dp, ddp or auto"
-    )]
-    SingleWithWorld(usize),
+    /// The strategy cannot run on that many ranks.
+    #[error(transparent)]
+    Strategy(#[from] kiln_core::strategy::ConfigError),
     /// `devices` and `world` disagree, or `devices` is empty.
     #[error(transparent)]
     Devices(#[from] DeviceError),
@@ -152,18 +139,7 @@ impl TrainConfig {
             });
         }
         self.placement()?;
-        let stages = self.parallel.pipeline.stages;
-        if self.strategy == StrategyKind::Pipeline
-            && (stages == 0 || !self.world.is_multiple_of(stages))
-        {
-            return Err(ConfigError::PipelineWorld {
-                world: self.world,
-                stages,
-            });
-        }
-        if self.strategy == StrategyKind::Single && self.world > 1 {
-            return Err(ConfigError::SingleWithWorld(self.world));
-        }
+        self.parallel.check_world(self.strategy, self.world)?;
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return Err(ConfigError::LearningRate(self.lr));
         }

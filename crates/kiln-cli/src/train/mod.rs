@@ -27,7 +27,7 @@ use crate::pipeline_args::PipelineArgs;
 /// Flags of `kiln train`; each overrides the same field of `--config`.
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
-    /// TOML config to start from (fields as in the flags; `[parallel.single]`, `[parallel.dp]`,
+    /// TOML config to start from (fields as in the flags; `[parallel.single]`, `[parallel.data_parallel]`,
     /// `[parallel.ddp]`, `[parallel.pipeline]` tables).
     #[arg(long)]
     config: Option<PathBuf>,
@@ -209,10 +209,17 @@ where
         ProgressStyle::with_template("{bar:40} {pos}/{len} steps  {msg}  [{elapsed}<{eta}]")
             .expect("valid template"),
     );
-    let (trained, record) = fit(&plan, devices, model, &AdamWConfig::new(), data, &mut |_, out| {
-        bar.set_message(format!("loss {:.4}", out.loss));
-        bar.inc(1);
-    })?;
+    let (trained, record) = fit(
+        &plan,
+        devices,
+        model,
+        &AdamWConfig::new(),
+        data,
+        &mut |_, out| {
+            bar.set_message(format!("loss {:.4}", out.loss));
+            bar.inc(1);
+        },
+    )?;
     bar.finish_and_clear();
 
     let checksum = checksum(&trained);

@@ -17,7 +17,7 @@ pub struct StrategyConfigs {
     /// Settings of [`Single`].
     pub single: SingleConfig,
     /// Settings of [`DataParallel`].
-    pub dp: DataParallelConfig,
+    pub data_parallel: DataParallelConfig,
     /// Settings of [`Ddp`].
     pub ddp: DdpConfig,
     /// Settings of [`Pipeline`].
@@ -28,24 +28,46 @@ impl StrategyConfigs {
     /// Sets the gradient accumulation of every strategy.
     pub fn set_grad_accumulation(&mut self, micro_batches: usize) {
         self.single.grad_accumulation = micro_batches;
-        self.dp.grad_accumulation = micro_batches;
+        self.data_parallel.grad_accumulation = micro_batches;
         self.ddp.grad_accumulation = micro_batches;
         self.pipeline.grad_accumulation = micro_batches;
     }
 
     /// Sets the intra-op threads per rank of every strategy.
     pub fn set_threads_per_rank(&mut self, threads: usize) {
-        self.single.threads = Some(threads);
-        self.dp.threads_per_device = Some(threads);
+        self.single.threads_per_rank = Some(threads);
+        self.data_parallel.threads_per_rank = Some(threads);
         self.ddp.threads_per_rank = Some(threads);
         self.pipeline.threads_per_rank = Some(threads);
+    }
+
+    /// Whether `kind` can run on `world` ranks with these settings: `single` on exactly one,
+    /// `pipeline` on a multiple of its stages. The one place this rule lives; the configs of
+    /// `kiln train` and `kiln ad train` ask it before anything starts.
+    ///
+    /// # Errors
+    /// [`ConfigError::SingleWithMany`] or [`ConfigError::PipelineMesh`].
+    pub fn check_world(&self, kind: StrategyKind, world: usize) -> Result<(), ConfigError> {
+        match kind.resolve(world).kind {
+            StrategyKind::Single if world != 1 => Err(ConfigError::SingleWithMany { ranks: world }),
+            StrategyKind::Pipeline
+                if self.pipeline.stages == 0 || !world.is_multiple_of(self.pipeline.stages) =>
+            {
+                Err(ConfigError::PipelineMesh {
+                    mesh: crate::world::Mesh::flat(world).to_string(),
+                    stages: self.pipeline.stages,
+                    world_size: world,
+                })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The gradient accumulation `kind` runs with.
     pub fn grad_accumulation(&self, kind: StrategyKind) -> usize {
         match kind {
             StrategyKind::Single => self.single.grad_accumulation,
-            StrategyKind::DataParallel => self.dp.grad_accumulation,
+            StrategyKind::DataParallel => self.data_parallel.grad_accumulation,
             StrategyKind::Ddp | StrategyKind::Auto => self.ddp.grad_accumulation,
             StrategyKind::Pipeline => self.pipeline.grad_accumulation,
         }
@@ -110,10 +132,8 @@ where
     let optim = optim.init::<M>();
     Ok(match kind.resolve(devices.len()).kind {
         StrategyKind::Single => {
-            let [device] =
-                <[_; 1]>::try_from(devices).map_err(|devices| ConfigError::SingleWithMany {
-                    devices: devices.len(),
-                })?;
+            configs.check_world(StrategyKind::Single, devices.len())?;
+            let device = devices.into_iter().next().ok_or(ConfigError::NoDevices)?;
             Box::new(Single::new(
                 model,
                 optim,
@@ -127,7 +147,7 @@ where
             optim,
             data,
             devices,
-            configs.dp.clone(),
+            configs.data_parallel.clone(),
         )?),
         StrategyKind::Pipeline => return Err(ConfigError::NoStageContract.into()),
         // `resolve` never returns `Auto`; it shares Ddp's arm rather than a panic.

@@ -12,7 +12,7 @@ use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use rayon::ThreadPool;
 
-use super::error::sync_device;
+use super::handover::sync_device;
 use super::micro_batch::{LocalGradients, local_gradients};
 use super::threads::rank_pool;
 use super::{
@@ -23,19 +23,19 @@ use crate::grads::add_weighted;
 
 /// Configuration of [`DataParallel`].
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct DataParallelConfig {
     /// Micro-batches per device and global batch (1 means no accumulation).
     pub grad_accumulation: usize,
     /// Intra-op threads per device; `None` shares the cores evenly.
-    pub threads_per_device: Option<usize>,
+    pub threads_per_rank: Option<usize>,
 }
 
 impl Default for DataParallelConfig {
     fn default() -> Self {
         Self {
             grad_accumulation: 1,
-            threads_per_device: None,
+            threads_per_rank: None,
         }
     }
 }
@@ -76,7 +76,7 @@ where
             return Err(ConfigError::ZeroAccumulation.into());
         }
         let pools = (0..devices.len())
-            .map(|rank| rank_pool(rank, devices.len(), config.threads_per_device))
+            .map(|rank| rank_pool(rank, devices.len(), config.threads_per_rank))
             .collect::<Result<Vec<_>, _>>()?;
         tracing::info!(
             devices = devices.len(),
@@ -161,7 +161,7 @@ where
     I: Send,
 {
     fn name(&self) -> &'static str {
-        "dp"
+        "data_parallel"
     }
 
     fn world_size(&self) -> usize {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use burn::module::Module;
 use burn::tensor::backend::AutodiffBackend;
 
-use super::error::{panic_message, sync_device};
+use super::handover::{panic_message, sync_device};
 use super::{ConfigError, RankError, RankFailure, RankStats, StepOutput, StrategyError};
 use crate::World;
 use crate::grads::BucketPlan;
@@ -158,10 +158,34 @@ fn collect<D>(
     }
 }
 
+/// A rank's part of one global batch, cut once by the caller.
+#[derive(Debug, Clone)]
+pub(crate) struct Shard {
+    /// The samples this rank (or its replica) trains on.
+    pub indices: Arc<[usize]>,
+    /// Samples of the whole global batch, over every replica: each micro-batch's loss is
+    /// weighted by its share of them.
+    pub global_samples: usize,
+}
+
+impl Shard {
+    /// Each of `shards` (one per replica) with the total they add up to.
+    pub fn of_replicas(shards: Vec<Vec<usize>>) -> Vec<Shard> {
+        let global_samples = shards.iter().map(Vec::len).sum();
+        shards
+            .into_iter()
+            .map(|indices| Shard {
+                indices: indices.into(),
+                global_samples,
+            })
+            .collect()
+    }
+}
+
 /// What the dispatcher asks of a rank thread.
 enum Command<R> {
-    /// Train on this global batch.
-    Step { batch: Arc<[usize]>, lr: f64 },
+    /// Train on this shard of a global batch.
+    Step { shard: Shard, lr: f64 },
     /// Send back what the rank holds (its replica, or its stage).
     Hand(Sender<Option<R>>),
     /// Leave the loop.
@@ -175,8 +199,8 @@ pub(crate) trait RankWork {
 
     /// Prepares the rank (moves its module to its device, plans its buckets).
     fn start(&mut self) -> Result<RankDone, RankError>;
-    /// One optimizer step on the global batch `batch`.
-    fn step(&mut self, batch: &[usize], lr: f64) -> Result<RankDone, RankError>;
+    /// One optimizer step on the rank's `shard` of a global batch.
+    fn step(&mut self, shard: &Shard, lr: f64) -> Result<RankDone, RankError>;
     /// A copy of what the rank holds, readable from another thread; `None` when it cannot.
     fn hand(&mut self) -> Option<Self::Held>;
     /// Fails every collective group of the rank, so no peer waits for it.
@@ -213,11 +237,11 @@ fn serve<W: RankWork>(
     }
     for command in inbox {
         match command {
-            Command::Step { batch, lr } => {
+            Command::Step { shard, lr } => {
                 let result = if failed {
                     Err(RankError::Gone)
                 } else {
-                    guarded(&mut work, |w| w.step(&batch, lr))
+                    guarded(&mut work, |w| w.step(&shard, lr))
                 };
                 failed |= result.is_err();
                 if !report(result) {
@@ -289,19 +313,16 @@ impl<R: Send + 'static> RankThreads<R> {
         self.ranks.len()
     }
 
-    /// Sends every rank one step and waits for all reports. After a failure the strategy is
-    /// broken and every later step is refused.
-    pub fn step(&mut self, batch: &[usize], lr: f64) -> Result<Vec<RankDone>, StrategyError> {
+    /// Sends every rank one step on its shard (`shards[rank]`) and waits for all reports.
+    /// After a failure the strategy is broken and every later step is refused.
+    pub fn step(&mut self, shards: Vec<Shard>, lr: f64) -> Result<Vec<RankDone>, StrategyError> {
         if let Some(culprit) = self.broken {
             return Err(StrategyError::Broken { culprit });
         }
-        let batch: Arc<[usize]> = batch.into();
-        for rank in &self.ranks {
+        debug_assert_eq!(shards.len(), self.ranks.len());
+        for (rank, shard) in self.ranks.iter().zip(shards) {
             // A rank whose thread is gone is noticed in `collect` by its missing report.
-            let _ = rank.commands.send(Command::Step {
-                batch: batch.clone(),
-                lr,
-            });
+            let _ = rank.commands.send(Command::Step { shard, lr });
         }
         self.collect()
     }

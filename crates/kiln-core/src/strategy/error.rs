@@ -11,13 +11,14 @@ pub enum ConfigError {
     /// No device to train on.
     #[error("no device given; pass at least one device (the CPU device may repeat)")]
     NoDevices,
-    /// `Single` given several devices.
+    /// `Single` asked to run on several ranks.
     #[error(
-        "the single strategy trains on one device but {devices} were given; use dp, ddp or auto"
+        "the single strategy trains on one rank but {ranks} were asked for; use world 1, or \
+         data_parallel, ddp or auto"
     )]
     SingleWithMany {
-        /// Devices given.
-        devices: usize,
+        /// Ranks asked for.
+        ranks: usize,
     },
     /// Gradient accumulation of zero micro-steps.
     #[error("grad_accumulation must be at least 1 (1 means no accumulation)")]
@@ -237,26 +238,6 @@ impl StrategyError {
             }
             _ => None,
         }
-    }
-}
-
-/// Waits for `device` to finish the work this thread queued, before its results are handed to
-/// another thread: devices may queue each thread's work separately (CubeCL keeps a stream per
-/// thread). Free on CPU backends.
-pub(crate) fn sync_device<B: burn::tensor::backend::Backend>(
-    device: &B::Device,
-) -> Result<(), RankError> {
-    B::sync(device).map_err(|e| RankError::Device(format!("{e:?}")))
-}
-
-/// The message of a caught panic.
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_string()
     }
 }
 

@@ -9,7 +9,6 @@ pub enum StrategyKind {
     /// [`Single`](super::Single): one device.
     Single,
     /// [`DataParallel`](super::DataParallel): one process, main-device optimizer.
-    #[serde(rename = "dp")]
     DataParallel,
     /// [`Ddp`](super::Ddp): a replica per rank.
     Ddp,
@@ -31,7 +30,7 @@ impl StrategyKind {
     pub const fn name(self) -> &'static str {
         match self {
             StrategyKind::Single => "single",
-            StrategyKind::DataParallel => "dp",
+            StrategyKind::DataParallel => "data_parallel",
             StrategyKind::Ddp => "ddp",
             StrategyKind::Pipeline => "pipeline",
             StrategyKind::Auto => "auto",
@@ -73,7 +72,7 @@ impl std::str::FromStr for StrategyKind {
 pub struct AutoDecision {
     /// The concrete strategy.
     pub kind: StrategyKind,
-    /// Why it was chosen, for logs and `kiln plan`.
+    /// Why it was chosen, for logs and reports.
     pub reason: String,
 }
 

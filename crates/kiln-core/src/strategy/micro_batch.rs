@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 
-use super::{RankError, StepLoss, TrainModel, error::panic_message};
+use super::{RankError, StepLoss, TrainModel, handover::panic_message};
 use crate::data::{DataSource, split_even};
 use crate::grads::add_weighted;
 

@@ -12,6 +12,7 @@ mod data_parallel;
 mod ddp;
 mod dispatch;
 mod error;
+mod handover;
 mod kind;
 mod loss;
 mod micro_batch;
@@ -133,7 +134,7 @@ impl From<RankStats> for RankReport {
 /// A way of training one model on one or more devices.
 ///
 /// `M` is the model and `B` its autodiff backend. Implementations: [`Single`],
-/// [`DataParallel`], [`Ddp`]; build one directly or from a [`StrategyKind`].
+/// [`DataParallel`], [`Ddp`], [`Pipeline`]; build one directly or from a [`StrategyKind`].
 pub trait Strategy<B: AutodiffBackend, M: TrainModel<B>> {
     /// The strategy's name, as used in configs, the CLI and logs (`"ddp"`).
     fn name(&self) -> &'static str;

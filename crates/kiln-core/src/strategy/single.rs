@@ -14,26 +14,28 @@ use crate::data::DataSource;
 
 /// Configuration of [`Single`].
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct SingleConfig {
     /// Micro-batches per global batch (1 means no accumulation).
     pub grad_accumulation: usize,
-    /// Intra-op threads; `None` uses every core.
-    pub threads: Option<usize>,
+    /// Intra-op threads of its one rank; `None` uses every core.
+    pub threads_per_rank: Option<usize>,
 }
 
 impl Default for SingleConfig {
     fn default() -> Self {
         Self {
             grad_accumulation: 1,
-            threads: None,
+            threads_per_rank: None,
         }
     }
 }
 
 /// Training on one device: the reference every other strategy must match.
+///
+/// A one-rank [`Ddp`] under its own name (see the module docs).
 pub struct Single<B: AutodiffBackend, M: TrainModel<B>> {
-    rank: Ddp<B, M>,
+    one_rank_ddp: Ddp<B, M>,
 }
 
 impl<B: AutodiffBackend, M: TrainModel<B>> Single<B, M> {
@@ -55,11 +57,11 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Single<B, M> {
         let world = World::local(vec![device]).expect("one device is a valid world");
         let config = DdpConfig {
             grad_accumulation: config.grad_accumulation,
-            threads_per_rank: config.threads,
+            threads_per_rank: config.threads_per_rank,
             ..DdpConfig::default()
         };
         Ok(Self {
-            rank: Ddp::new(&world, model, optim, data, config)?,
+            one_rank_ddp: Ddp::new(&world, model, optim, data, config)?,
         })
     }
 }
@@ -74,14 +76,14 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Strategy<B, M> for Single<B, M> {
     }
 
     fn step(&mut self, batch: &[usize], lr: f64) -> Result<StepOutput, StrategyError> {
-        self.rank.step(batch, lr)
+        self.one_rank_ddp.step(batch, lr)
     }
 
     fn model(&self) -> Result<M, StrategyError> {
-        self.rank.model()
+        self.one_rank_ddp.model()
     }
 
     fn stats(&self) -> Vec<RankStats> {
-        self.rank.stats()
+        self.one_rank_ddp.stats()
     }
 }

@@ -24,7 +24,7 @@ pub enum Launcher {
     None,
     /// Built by hand.
     Explicit,
-    /// torchrun-style variables (`RANK`, `WORLD_SIZE`, …), also set by `kiln launch`.
+    /// torchrun-style variables (`RANK`, `WORLD_SIZE`, …), as torchrun and similar launchers set them.
     Torchrun,
     /// Open MPI's `mpirun` (`OMPI_COMM_WORLD_*`).
     OpenMpi,

@@ -19,7 +19,7 @@ use std::time::Duration;
 use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;
 
-use super::dispatch::{RankThreads, check_single_process, materialise, step_output};
+use super::dispatch::{RankThreads, Shard, check_single_process, materialise, step_output};
 use super::{ConfigError, RankStats, StepOutput, Strategy, StrategyError, TrainModel};
 use crate::World;
 use crate::collective::MeshCollectives;
@@ -29,7 +29,7 @@ use worker::Worker;
 
 /// Configuration of [`Ddp`].
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct DdpConfig {
     /// Largest gradient bucket, in MiB: one all-reduce per bucket. Default 25, as PyTorch.
     pub bucket_cap_mb: f64,
@@ -128,7 +128,6 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
             let rank = world.rank_of(local);
             let pool = super::threads::rank_pool(rank, world_size, config.threads_per_rank)?;
             let worker = Worker {
-                rank,
                 world_size,
                 device: world.devices()[local].clone(),
                 model: Some(model.clone()),
@@ -181,10 +180,9 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Strategy<B, M> for Ddp<B, M> {
     }
 
     fn step(&mut self, batch: &[usize], lr: f64) -> Result<StepOutput, StrategyError> {
-        // Every rank shards the same way; checking here turns bad input into an error before
-        // any rank starts.
-        self.config.shard_policy.shard(batch, self.threads.len())?;
-        let done = self.threads.step(batch, lr)?;
+        // Cut once, here: bad input is an error before any rank starts.
+        let shards = self.config.shard_policy.shard(batch, self.threads.len())?;
+        let done = self.threads.step(Shard::of_replicas(shards), lr)?;
         Ok(step_output(&mut self.stats, done))
     }
 

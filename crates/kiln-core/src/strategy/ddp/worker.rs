@@ -10,13 +10,12 @@ use crate::collective::Collective;
 use crate::data::DataSource;
 use crate::grads::{BucketPlan, ParamSelection, all_reduce_gradients, broadcast_parameters};
 use crate::params::checksum_tensor;
-use crate::strategy::dispatch::{RankDone, RankWork};
-use crate::strategy::error::sync_device;
+use crate::strategy::dispatch::{RankDone, RankWork, Shard};
+use crate::strategy::handover::sync_device;
 use crate::strategy::micro_batch::local_gradients;
 use crate::strategy::{RankError, RankStats, TrainModel};
 
 pub(super) struct Worker<B: AutodiffBackend, M: TrainModel<B>, O, I> {
-    pub rank: usize,
     pub world_size: usize,
     pub device: B::Device,
     pub model: Option<M>,
@@ -41,8 +40,8 @@ where
         self.start_rank()
     }
 
-    fn step(&mut self, batch: &[usize], lr: f64) -> Result<RankDone, RankError> {
-        self.step_rank(batch, lr)
+    fn step(&mut self, shard: &Shard, lr: f64) -> Result<RankDone, RankError> {
+        self.step_rank(shard, lr)
     }
 
     fn hand(&mut self) -> Option<M> {
@@ -86,11 +85,10 @@ where
         ))
     }
 
-    /// Shard → forward/backward → all-reduce → optimizer → replica check → stats.
-    fn step_rank(&mut self, batch: &[usize], lr: f64) -> Result<RankDone, RankError> {
-        let shards = self.config.shard_policy.shard(batch, self.world_size)?;
-        let global_samples = shards.iter().map(Vec::len).sum();
-        let shard = &shards[self.rank];
+    /// Forward/backward over the shard → all-reduce → optimizer → replica check → stats.
+    fn step_rank(&mut self, shard: &Shard, lr: f64) -> Result<RankDone, RankError> {
+        let global_samples = shard.global_samples;
+        let shard = &shard.indices[..];
         let model = self.model.take().ok_or(RankError::Gone)?;
         let plan = self.plan.as_ref().expect("a started rank has a plan");
 

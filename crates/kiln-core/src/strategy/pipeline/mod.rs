@@ -33,7 +33,7 @@ use burn::tensor::backend::AutodiffBackend;
 
 pub use schedule::{Action, Schedule, peak_live};
 
-use super::dispatch::{RankThreads, check_single_process, materialise, step_output};
+use super::dispatch::{RankThreads, Shard, check_single_process, materialise, step_output};
 use super::{ConfigError, RankStats, StepOutput, Strategy, StrategyError};
 use crate::World;
 use crate::collective::MeshCollectives;
@@ -181,13 +181,12 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
         let groups = MeshCollectives::<B::InnerBackend>::in_process(&mesh, config.timeout());
         let mut workers = Vec::with_capacity(world_size);
         for (rank, groups) in groups.into_iter().enumerate() {
-            let (replica, stage) = (mesh.coord(rank, Mesh::DP), mesh.coord(rank, Mesh::PP));
+            let stage = mesh.coord(rank, Mesh::PP);
             let pool = super::threads::rank_pool(rank, world_size, config.threads_per_rank)?;
             let worker = Worker::<B, M, O, I> {
                 place: Place {
                     stage,
                     stages: config.stages,
-                    replica,
                     replicas: mesh.degree(Mesh::DP),
                 },
                 device: world.devices()[rank].clone(),
@@ -253,7 +252,12 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Strategy<B, M> for Pipeline<B, M> 
             }
             .into());
         }
-        let done = self.threads.step(batch, lr)?;
+        // Every stage of replica d trains on shard d.
+        let shards = Shard::of_replicas(shards);
+        let per_rank = (0..self.threads.len())
+            .map(|rank| shards[self.mesh.coord(rank, Mesh::DP)].clone())
+            .collect();
+        let done = self.threads.step(per_rank, lr)?;
         Ok(step_output(&mut self.stats, done))
     }
 

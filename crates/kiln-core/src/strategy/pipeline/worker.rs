@@ -18,8 +18,8 @@ use crate::collective::MeshCollectives;
 use crate::data::{DataSource, split_even};
 use crate::grads::{BucketPlan, ParamSelection, add_weighted, all_reduce_gradients};
 use crate::stages::{Activation, PipelineModel};
-use crate::strategy::dispatch::{RankDone, RankWork};
-use crate::strategy::error::sync_device;
+use crate::strategy::dispatch::{RankDone, RankWork, Shard};
+use crate::strategy::handover::sync_device;
 use crate::strategy::{RankError, RankStats};
 use crate::world::Mesh;
 
@@ -27,7 +27,6 @@ use crate::world::Mesh;
 pub(super) struct Place {
     pub stage: usize,
     pub stages: usize,
-    pub replica: usize,
     pub replicas: usize,
 }
 
@@ -111,8 +110,8 @@ where
         self.start_rank()
     }
 
-    fn step(&mut self, batch: &[usize], lr: f64) -> Result<RankDone, RankError> {
-        self.step_rank(batch, lr)
+    fn step(&mut self, shard: &Shard, lr: f64) -> Result<RankDone, RankError> {
+        self.step_rank(shard, lr)
     }
 
     fn hand(&mut self) -> Option<M::Stage> {
@@ -150,10 +149,9 @@ where
         ))
     }
 
-    fn step_rank(&mut self, batch: &[usize], lr: f64) -> Result<RankDone, RankError> {
-        let shards = self.config.shard_policy.shard(batch, self.place.replicas)?;
-        let global_samples: usize = shards.iter().map(Vec::len).sum();
-        let shard = shards[self.place.replica].clone();
+    fn step_rank(&mut self, shard: &Shard, lr: f64) -> Result<RankDone, RankError> {
+        let global_samples = shard.global_samples;
+        let shard = &shard.indices[..];
         let module = self.module.take().ok_or(RankError::Gone)?;
 
         let mut grads = GradientsParams::new();
