@@ -110,12 +110,7 @@ fn run(variant: Variant, batches: &[Vec<usize>], data: &Source) -> (Duration, Ve
     let delta = before
         .iter()
         .zip(after)
-        .map(|(b, a)| RankStats {
-            compute: a.compute - b.compute,
-            idle: a.idle - b.idle,
-            communication: a.communication - b.communication,
-            ..a
-        })
+        .map(|(before, after)| after.since(before))
         .collect();
     (wall, delta)
 }

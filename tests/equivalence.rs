@@ -129,7 +129,8 @@ fn check_qlora(kind: Kind, world: usize, batch: usize, accumulation: usize) {
     assert_equivalent(&actual, &expected, &case.model, &what);
 }
 
-/// One test per strategy × world size × case; batches of 13 and 10 divide by none of 2, 3, 4.
+/// One test per strategy × world size × case. 13 samples divide by none of 2, 3, 4; 10 divide by
+/// neither 3 nor 4 (and by 2 only with accumulation 2 cutting each shard of 5 unevenly).
 macro_rules! equivalence {
     ($($name:ident: $kind:ident, $world:literal;)*) => {$(
         mod $name {

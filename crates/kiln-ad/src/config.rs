@@ -1,6 +1,7 @@
 //! The whole AD job as one config: TOML-loadable, every field defaulted.
 //!
-//! The defaults are the run the acceptance numbers in the README were measured with.
+//! The defaults are the run `kiln ad train` makes with no flags, and the one the acceptance test
+//! (`crates/kiln-ad/tests/run.rs`) checks.
 
 use kiln_core::strategy::{StrategyConfigs, StrategyKind};
 use serde::{Deserialize, Serialize};

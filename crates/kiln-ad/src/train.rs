@@ -30,6 +30,20 @@ pub struct Data {
     pub seconds: f64,
 }
 
+impl Data {
+    /// One line: how many histories of how many steps, on how many goals, in how long.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} learning histories of {} steps on {} training goals in {:.2} s; {} goals held out",
+            self.histories.count(),
+            self.histories.len(),
+            self.goals.train.len(),
+            self.seconds,
+            self.goals.held_out.len()
+        )
+    }
+}
+
 /// Generates the data of `config` (deterministic in `config.seed` and `config.goals.seed`).
 ///
 /// # Errors

@@ -47,6 +47,21 @@ pub(super) fn run_round<B: AutodiffBackend<InnerBackend: KernelBackend> + Kernel
     B::seed(device, SEED);
     let quick = matrix.scale == Scale::Quick;
     let pick = |quick_value: usize, full_value: usize| if quick { quick_value } else { full_value };
+    let round = RoundOf {
+        devices,
+        scenario,
+        matrix,
+    };
+    // The transformer and the QLoRA transformer learn the same sequences.
+    let sequences = || {
+        FibonacciTask {
+            samples: pick(128, 4096),
+            len: 16,
+            vocab: 16,
+            seed: SEED,
+        }
+        .dataset()
+    };
     match scenario.model {
         BenchModel::Mlp => {
             let model = MlpConfig::new()
@@ -59,37 +74,13 @@ pub(super) fn run_round<B: AutodiffBackend<InnerBackend: KernelBackend> + Kernel
                 classes: 10,
                 seed: SEED,
             };
-            let batch = pick(16, 512);
-            train(
-                devices,
-                scenario,
-                matrix,
-                model,
-                task.dataset(),
-                ClassificationBatcher,
-                batch,
-            )
+            round.train(model, task.dataset(), ClassificationBatcher, pick(16, 512))
         }
         BenchModel::Transformer => {
             let model = TransformerConfig::new()
                 .with_layers(pick(2, 4))
                 .init::<B>(device);
-            let task = FibonacciTask {
-                samples: pick(128, 4096),
-                len: 16,
-                vocab: 16,
-                seed: SEED,
-            };
-            let batch = pick(8, 128);
-            train(
-                devices,
-                scenario,
-                matrix,
-                model,
-                task.dataset(),
-                SequenceBatcher,
-                batch,
-            )
+            round.train(model, sequences(), SequenceBatcher, pick(8, 128))
         }
         BenchModel::Ad => {
             let room = DarkRoomConfig::default();
@@ -110,15 +101,7 @@ pub(super) fn run_round<B: AutodiffBackend<InnerBackend: KernelBackend> + Kernel
                 .expect("the benchmark's histories are longer than its context");
             let batcher = WindowBatcher::new(histories, config.context);
             let model = config.init::<B>(&room, device);
-            train(
-                devices,
-                scenario,
-                matrix,
-                model,
-                windows,
-                batcher,
-                pick(8, 32),
-            )
+            round.train(model, windows, batcher, pick(8, 32))
         }
         BenchModel::Qlora => {
             let model = LoraTransformerConfig::new()
@@ -128,79 +111,70 @@ pub(super) fn run_round<B: AutodiffBackend<InnerBackend: KernelBackend> + Kernel
                 .with_lora(LoraConfig::new())
                 .with_kind(LoraKind::QLora(QuantConfig::new()))
                 .init::<B>(device);
-            let task = FibonacciTask {
-                samples: pick(128, 4096),
-                len: 16,
-                vocab: 16,
-                seed: SEED,
-            };
-            let batch = pick(8, 128);
-            train(
-                devices,
-                scenario,
-                matrix,
-                model,
-                task.dataset(),
-                SequenceBatcher,
-                batch,
-            )
+            round.train(model, sequences(), SequenceBatcher, pick(8, 128))
         }
     }
 }
 
-/// The round itself, for any model that splits into stages.
-fn train<B, M, D, I, Bt>(
-    devices: &[B::Device],
-    scenario: &Scenario,
-    matrix: &Matrix,
-    model: M,
-    dataset: D,
-    batcher: Bt,
-    batch: usize,
-) -> Result<Round, StrategyError>
-where
-    B: AutodiffBackend,
-    M: PipelineModel<B>,
-    D: Dataset<I> + 'static,
-    I: Clone + Send + Sync + 'static,
-    Bt: Batcher<B, I, M::Input> + Clone + Send + Sync + 'static,
-{
-    let data = DataSource::new(dataset, batcher);
-    let batches: Vec<Vec<usize>> = EpochSampler::new(data.len(), batch, SEED)?
-        .batches()
-        .take(matrix.warmup + matrix.steps)
-        .collect();
-    let mut configs = StrategyConfigs::default();
-    configs.set_threads_per_rank(1);
-    configs.pipeline.stages = matrix.pipeline_stages;
-    configs.pipeline.micro_batches = matrix.micro_batches;
-    let model = model.fork(&devices[0]);
-    let mut strategy = build(
-        scenario.strategy,
-        devices.to_vec(),
-        model,
-        &AdamWConfig::new(),
-        data,
-        &configs,
-    )?;
-    for batch in &batches[..matrix.warmup] {
-        strategy.step(batch, LR)?;
+/// One round of one scenario, whatever the model.
+struct RoundOf<'a, B: AutodiffBackend> {
+    devices: &'a [B::Device],
+    scenario: &'a Scenario,
+    matrix: &'a Matrix,
+}
+
+impl<B: AutodiffBackend> RoundOf<'_, B> {
+    /// The round itself, for any model that splits into stages: `batch` samples per step.
+    fn train<M, D, I, Bt>(
+        self,
+        model: M,
+        dataset: D,
+        batcher: Bt,
+        batch: usize,
+    ) -> Result<Round, StrategyError>
+    where
+        M: PipelineModel<B>,
+        D: Dataset<I> + 'static,
+        I: Clone + Send + Sync + 'static,
+        Bt: Batcher<B, I, M::Input> + Clone + Send + Sync + 'static,
+    {
+        let Self {
+            devices,
+            scenario,
+            matrix,
+        } = self;
+        let data = DataSource::new(dataset, batcher);
+        let batches: Vec<Vec<usize>> = EpochSampler::new(data.len(), batch, SEED)?
+            .batches()
+            .take(matrix.warmup + matrix.steps)
+            .collect();
+        let mut configs = StrategyConfigs::default();
+        configs.set_threads_per_rank(1);
+        configs.pipeline.stages = matrix.pipeline_stages;
+        configs.pipeline.micro_batches = matrix.micro_batches;
+        let model = model.fork(&devices[0]);
+        let mut strategy = build(
+            scenario.strategy,
+            devices.to_vec(),
+            model,
+            &AdamWConfig::new(),
+            data,
+            &configs,
+        )?;
+        for batch in &batches[..matrix.warmup] {
+            strategy.step(batch, LR)?;
+        }
+        let before = strategy.stats();
+        let start = Instant::now();
+        for batch in &batches[matrix.warmup..] {
+            strategy.step(batch, LR)?;
+        }
+        let wall = start.elapsed();
+        let ranks = before
+            .into_iter()
+            .zip(strategy.stats())
+            .map(|(before, after)| after.since(&before))
+            .collect();
+        Ok(Round { wall, batch, ranks })
     }
-    let before = strategy.stats();
-    let start = Instant::now();
-    for batch in &batches[matrix.warmup..] {
-        strategy.step(batch, LR)?;
-    }
-    let wall = start.elapsed();
-    let ranks = before
-        .into_iter()
-        .zip(strategy.stats())
-        .map(|(b, a)| RankStats {
-            compute: a.compute.saturating_sub(b.compute),
-            communication: a.communication.saturating_sub(b.communication),
-            idle: a.idle.saturating_sub(b.idle),
-            ..a
-        })
-        .collect();
-    Ok(Round { wall, batch, ranks })
 }

@@ -34,14 +34,7 @@ impl Bars {
 
 impl Observer for Bars {
     fn data(&mut self, data: &Data) {
-        tracing::info!(
-            "{} learning histories of {} steps on {} training goals in {:.2} s; {} goals held out",
-            data.histories.count(),
-            data.histories.len(),
-            data.goals.train.len(),
-            data.seconds,
-            data.goals.held_out.len()
-        );
+        tracing::info!("{}", data.summary());
     }
 
     fn step(&mut self, _step: usize, loss: f64) {

@@ -109,7 +109,7 @@ where
     )?))
 }
 
-/// [`build`] for any model: the strategies that keep whole replicas (`single`, `dp`, `ddp`,
+/// [`build`] for any model: the strategies that keep whole replicas (`single`, `data_parallel`, `ddp`,
 /// `auto`). `pipeline` needs the stage contract and is refused here.
 ///
 /// # Errors

@@ -56,7 +56,7 @@ pub enum ConfigError {
     /// The pipeline strategy asked of a model that does not split into stages.
     #[error(
         "the pipeline strategy splits a model into stages, but this model does not implement \
-         kiln_core::stages::PipelineModel; use single, dp or ddp, or implement it"
+         kiln_core::stages::PipelineModel; use single, data_parallel or ddp, or implement it"
     )]
     NoStageContract,
     /// A pipeline of zero stages.

@@ -94,6 +94,19 @@ pub struct RankStats {
     pub peak_activation_bytes: u64,
 }
 
+impl RankStats {
+    /// The times spent since `earlier` (the same rank's stats at an earlier moment): how
+    /// benchmarks leave out their warm-up steps. Counts and peaks stay this moment's.
+    pub fn since(&self, earlier: &RankStats) -> RankStats {
+        RankStats {
+            compute: self.compute.saturating_sub(earlier.compute),
+            communication: self.communication.saturating_sub(earlier.communication),
+            idle: self.idle.saturating_sub(earlier.idle),
+            ..self.clone()
+        }
+    }
+}
+
 /// A rank's totals as reports write them (`kiln train --json`, the AD metrics): seconds and
 /// counts, serialisable.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
