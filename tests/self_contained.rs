@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 /// Where a reader can never follow: places outside this repository.
 const FORBIDDEN: [&str; 4] = ["../shared", "steering repo", "DESIGN.md", "STYLE.md"];
 
-/// Folders that hold build outputs, not sources.
-const SKIPPED: [&str; 4] = ["target", ".git", ".device-bin", "runs"];
+/// Folders that hold build outputs or run outputs, not sources (with every hidden folder but
+/// `.ci`).
+const SKIPPED: [&str; 2] = ["target", "runs"];
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -22,8 +23,13 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     {
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
-        if path.is_dir() {
-            if !SKIPPED.contains(&name.as_str()) {
+        // Links are not followed: what they point to may be outside the repository.
+        let Ok(kind) = entry.file_type() else {
+            continue;
+        };
+        if kind.is_dir() {
+            let hidden = name.starts_with('.') && name != ".ci";
+            if !hidden && !SKIPPED.contains(&name.as_str()) {
                 sources(&path, out);
             }
         } else if matches!(

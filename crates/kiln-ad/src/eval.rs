@@ -92,9 +92,8 @@ fn runs(goals: &[Cell], seeds: usize) -> impl Iterator<Item = (usize, Cell)> + '
 }
 
 /// The model acting in context on `goals` of `room` as `config` says, its runs seeded from
-/// `seed`: all runs step in lockstep, so
-/// every step is one batched forward pass over the runs' contexts (the last `context` steps, or
-/// the current episode's).
+/// `seed`: all runs step in lockstep, so every step is one batched forward pass over the runs'
+/// contexts (the last `context` steps, or the current episode's).
 ///
 /// `on_step` is called after every environment step with the steps done so far.
 #[allow(clippy::too_many_arguments)] // the run's whole description, each used once

@@ -10,6 +10,8 @@ use burn::module::AutodiffModule;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use serde::Serialize;
 
+use kiln_core::strategy::ConfigError;
+
 use crate::checkpoint;
 use crate::config::AdConfig;
 use crate::error::AdError;
@@ -33,7 +35,7 @@ pub trait Observer {
 }
 
 /// Logs a run with `tracing`: the data, every tenth of training, and the evaluation summary.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct LogProgress {
     steps: usize,
 }
@@ -109,9 +111,12 @@ pub fn run<B: AutodiffBackend>(
     observer: &mut dyn Observer,
 ) -> Result<Run<B::InnerBackend>, AdError> {
     let start = Instant::now();
+    let device = devices
+        .first()
+        .cloned()
+        .ok_or(kiln_core::StrategyError::from(ConfigError::NoDevices))?;
     let data = generate(config)?;
     observer.data(&data);
-    let device = devices[0].clone();
     let (model, summary) = train::<B>(config, &data, devices, &mut |step, loss| {
         observer.step(step, loss)
     })?;

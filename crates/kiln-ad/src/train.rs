@@ -8,7 +8,7 @@ use burn::optim::AdamWConfig;
 use burn::tensor::backend::AutodiffBackend;
 use kiln_core::data::DataSource;
 use kiln_core::fit::{FitPlan, fit};
-use kiln_core::strategy::RankReport;
+use kiln_core::strategy::{ConfigError, RankReport};
 use serde::{Deserialize, Serialize};
 
 use crate::config::AdConfig;
@@ -103,8 +103,11 @@ pub fn train<B: AutodiffBackend>(
 ) -> Result<(AdTransformer<B>, TrainSummary), AdError> {
     config.validate()?;
     let t = &config.train;
-    B::seed(&devices[0], config.seed);
-    let model = config.model.init::<B>(&config.env, &devices[0]);
+    let device = devices
+        .first()
+        .ok_or(kiln_core::StrategyError::from(ConfigError::NoDevices))?;
+    B::seed(device, config.seed);
+    let model = config.model.init::<B>(&config.env, device);
     let context = config.model.context;
     let source = DataSource::new(
         WindowDataset::new(data.histories.clone(), context)?,

@@ -123,6 +123,21 @@ fn compare_prints_ratios_against_an_earlier_run() {
         stdout.contains("| mlp | pipeline | 2 | – |"),
         "a new scenario has none: {stdout}"
     );
+    // A report of another scale measured something else: refused before anything runs.
+    let full = std::fs::read_to_string(&old_json)
+        .unwrap()
+        .replace("\"scale\": \"quick\"", "\"scale\": \"full\"");
+    std::fs::write(&old_json, full).unwrap();
+    assert_one_line_error(
+        &[
+            "bench",
+            "strategies",
+            "--quick",
+            "--compare",
+            old_json.to_str().unwrap(),
+        ],
+        "--compare: the earlier report measured flex at Full scale but this run is flex at Quick scale",
+    );
     for dir in [old, new] {
         std::fs::remove_dir_all(dir).ok();
     }
@@ -159,6 +174,18 @@ fn strategy_benchmarks_fail_with_one_line() {
             "2",
         ],
         "the matrix has no scenario",
+    );
+    assert_one_line_error(
+        &[
+            "bench",
+            "strategies",
+            "--quick",
+            "--models",
+            "transformer",
+            "--worlds",
+            "1,16",
+        ],
+        "transformer data_parallel world 16: its batch of 8 cannot give every rank a sample",
     );
 }
 

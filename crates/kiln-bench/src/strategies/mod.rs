@@ -15,12 +15,12 @@ use std::fmt;
 use std::str::FromStr;
 
 use burn::tensor::backend::AutodiffBackend;
-use kiln_core::strategy::{StrategyError, StrategyKind};
+use kiln_core::strategy::{StrategyConfigs, StrategyError, StrategyKind};
 use kiln_kernels::KernelBackend;
 use serde::{Deserialize, Serialize};
 
 pub use chart::write_svg;
-pub use report::{Comparison, RankTimes, Report, ScenarioResult, compare, markdown};
+pub use report::{Comparison, RankTimes, Report, ScenarioResult, comparable, compare, markdown};
 
 use crate::stats::rotation;
 
@@ -41,6 +41,19 @@ pub enum BenchModel {
 impl BenchModel {
     /// Every model.
     pub const ALL: [BenchModel; 4] = [Self::Mlp, Self::Transformer, Self::Ad, Self::Qlora];
+
+    /// Samples per optimizer step at `scale`.
+    pub const fn batch(self, scale: Scale) -> usize {
+        let quick = matches!(scale, Scale::Quick);
+        match self {
+            Self::Mlp if quick => 16,
+            Self::Mlp => 512,
+            Self::Transformer | Self::Qlora if quick => 8,
+            Self::Transformer | Self::Qlora => 128,
+            Self::Ad if quick => 8,
+            Self::Ad => 32,
+        }
+    }
 
     /// The name reports and command lines use.
     pub const fn name(self) -> &'static str {
@@ -137,20 +150,27 @@ impl Matrix {
         }
     }
 
+    /// The strategies' settings every scenario runs with: one intra-op thread per rank, and
+    /// the matrix's pipeline shape.
+    pub fn configs(&self) -> StrategyConfigs {
+        let mut configs = StrategyConfigs::default();
+        configs.set_threads_per_rank(1);
+        configs.pipeline.stages = self.pipeline_stages;
+        configs.pipeline.micro_batches = self.micro_batches;
+        configs
+    }
+
     /// Every scenario the matrix holds, in a fixed order: model, then strategy, then world.
+    /// A strategy runs at every world size it accepts (`StrategyConfigs::check_world`), the
+    /// parallel ones from world 2 (their world 1 is `single`'s scenario).
     pub fn scenarios(&self) -> Vec<Scenario> {
+        let configs = self.configs();
         let mut scenarios = Vec::new();
         for &model in &self.models {
             for &strategy in &self.strategies {
                 for &world in &self.worlds {
-                    let runs = match strategy {
-                        StrategyKind::Single => world == 1,
-                        StrategyKind::Pipeline => {
-                            world >= self.pipeline_stages
-                                && world.is_multiple_of(self.pipeline_stages)
-                        }
-                        _ => world >= 2,
-                    };
+                    let runs = configs.check_world(strategy, world).is_ok()
+                        && (strategy == StrategyKind::Single || world >= 2);
                     if runs {
                         scenarios.push(Scenario {
                             model,
@@ -164,7 +184,12 @@ impl Matrix {
         scenarios
     }
 
-    fn validate(&self) -> Result<(), BenchError> {
+    /// Checks the whole matrix before anything runs, so a bad setting does not end a run
+    /// halfway.
+    ///
+    /// # Errors
+    /// A zero count, `auto`, an empty matrix, or a scenario whose batch cannot be split.
+    pub fn validate(&self) -> Result<(), BenchError> {
         let positive = [
             ("steps", self.steps),
             ("rounds", self.rounds),
@@ -177,8 +202,24 @@ impl Matrix {
         if self.strategies.contains(&StrategyKind::Auto) {
             return Err(BenchError::Auto);
         }
-        if self.scenarios().is_empty() {
+        let scenarios = self.scenarios();
+        if scenarios.is_empty() {
             return Err(BenchError::Empty);
+        }
+        for scenario in scenarios {
+            let batch = scenario.model.batch(self.scale);
+            // Every rank needs a sample, and every pipeline replica a sample per micro-batch.
+            let per_replica = match scenario.strategy {
+                StrategyKind::Pipeline => batch / (scenario.world / self.pipeline_stages),
+                _ => batch / scenario.world,
+            };
+            let needed = match scenario.strategy {
+                StrategyKind::Pipeline => self.micro_batches,
+                _ => 1,
+            };
+            if per_replica < needed {
+                return Err(BenchError::BatchTooSmall { scenario, batch });
+            }
         }
         Ok(())
     }
@@ -212,10 +253,21 @@ pub enum BenchError {
     Auto,
     /// Nothing to run.
     #[error(
-        "the matrix has no scenario: `single` runs at world 1 only, the others need world ≥ 2, \
-         and the pipeline a multiple of its stages"
+        "the matrix has no scenario: it needs a model and a strategy, and world sizes they run \
+         at (`single` at 1 only, the others at 2 or more, the pipeline at multiples of its stages)"
     )]
     Empty,
+    /// A scenario's batch cannot be split over its ranks.
+    #[error(
+        "{scenario}: its batch of {batch} cannot give every rank a sample (and every pipeline \
+         replica one per micro-batch); use smaller world sizes or fewer micro-batches"
+    )]
+    BatchTooSmall {
+        /// The scenario.
+        scenario: Scenario,
+        /// Its samples per step.
+        batch: usize,
+    },
     /// Fewer devices than the largest world size.
     #[error("the largest world size is {needed} but {given} device(s) were given")]
     Devices {

@@ -13,7 +13,7 @@ use kiln_ad::model::AdModelConfig;
 use kiln_ad::source::{QLearningConfig, learning_histories};
 use kiln_core::data::{DataSource, EpochSampler};
 use kiln_core::stages::PipelineModel;
-use kiln_core::strategy::{RankStats, StrategyConfigs, StrategyError, build};
+use kiln_core::strategy::{RankStats, StrategyError, build};
 use kiln_kernels::KernelBackend;
 use kiln_nn::lora::{LoraConfig, LoraKind, QuantConfig};
 use kiln_nn::models::{LoraTransformerConfig, MlpConfig, TransformerConfig};
@@ -74,13 +74,13 @@ pub(super) fn run_round<B: AutodiffBackend<InnerBackend: KernelBackend> + Kernel
                 classes: 10,
                 seed: SEED,
             };
-            round.train(model, task.dataset(), ClassificationBatcher, pick(16, 512))
+            round.train(model, task.dataset(), ClassificationBatcher)
         }
         BenchModel::Transformer => {
             let model = TransformerConfig::new()
                 .with_layers(pick(2, 4))
                 .init::<B>(device);
-            round.train(model, sequences(), SequenceBatcher, pick(8, 128))
+            round.train(model, sequences(), SequenceBatcher)
         }
         BenchModel::Ad => {
             let room = DarkRoomConfig::default();
@@ -101,7 +101,7 @@ pub(super) fn run_round<B: AutodiffBackend<InnerBackend: KernelBackend> + Kernel
                 .expect("the benchmark's histories are longer than its context");
             let batcher = WindowBatcher::new(histories, config.context);
             let model = config.init::<B>(&room, device);
-            round.train(model, windows, batcher, pick(8, 32))
+            round.train(model, windows, batcher)
         }
         BenchModel::Qlora => {
             let model = LoraTransformerConfig::new()
@@ -111,7 +111,7 @@ pub(super) fn run_round<B: AutodiffBackend<InnerBackend: KernelBackend> + Kernel
                 .with_lora(LoraConfig::new())
                 .with_kind(LoraKind::QLora(QuantConfig::new()))
                 .init::<B>(device);
-            round.train(model, sequences(), SequenceBatcher, pick(8, 128))
+            round.train(model, sequences(), SequenceBatcher)
         }
     }
 }
@@ -124,14 +124,8 @@ struct RoundOf<'a, B: AutodiffBackend> {
 }
 
 impl<B: AutodiffBackend> RoundOf<'_, B> {
-    /// The round itself, for any model that splits into stages: `batch` samples per step.
-    fn train<M, D, I, Bt>(
-        self,
-        model: M,
-        dataset: D,
-        batcher: Bt,
-        batch: usize,
-    ) -> Result<Round, StrategyError>
+    /// The round itself, for any model that splits into stages.
+    fn train<M, D, I, Bt>(self, model: M, dataset: D, batcher: Bt) -> Result<Round, StrategyError>
     where
         M: PipelineModel<B>,
         D: Dataset<I> + 'static,
@@ -144,14 +138,12 @@ impl<B: AutodiffBackend> RoundOf<'_, B> {
             matrix,
         } = self;
         let data = DataSource::new(dataset, batcher);
+        let batch = scenario.model.batch(matrix.scale);
         let batches: Vec<Vec<usize>> = EpochSampler::new(data.len(), batch, SEED)?
             .batches()
             .take(matrix.warmup + matrix.steps)
             .collect();
-        let mut configs = StrategyConfigs::default();
-        configs.set_threads_per_rank(1);
-        configs.pipeline.stages = matrix.pipeline_stages;
-        configs.pipeline.micro_batches = matrix.micro_batches;
+        let configs = matrix.configs();
         let model = model.fork(&devices[0]);
         let mut strategy = build(
             scenario.strategy,

@@ -141,47 +141,80 @@ pub fn markdown(report: &Report) -> String {
 pub struct Comparison {
     /// The scenario.
     pub scenario: Scenario,
-    /// Samples per second now.
-    pub new: f64,
-    /// Samples per second in the earlier run, if it had the scenario.
+    /// Samples per second now, if this run had the scenario.
+    pub new: Option<f64>,
+    /// Samples per second in the earlier run, if it had the scenario with the same batch.
     pub old: Option<f64>,
 }
 
 impl Comparison {
     /// `new / old`: above 1 is faster now.
     pub fn ratio(&self) -> Option<f64> {
-        self.old.map(|old| self.new / old)
+        Some(self.new? / self.old?)
     }
 }
 
-/// Each scenario of `new` against the same scenario of `old`, and a table of them.
+/// Whether `old` measured what a run on `backend` at `scale` measures: ratios between
+/// different backends or sizes would compare different things.
+///
+/// # Errors
+/// A one-line reason when they differ.
+pub fn comparable(old: &Report, backend: &str, scale: super::Scale) -> Result<(), String> {
+    if old.backend != backend || old.matrix.scale != scale {
+        return Err(format!(
+            "the earlier report measured {} at {:?} scale but this run is {backend} at {scale:?} \
+             scale; compare runs of the same backend and scale",
+            old.backend, old.matrix.scale
+        ));
+    }
+    Ok(())
+}
+
+/// Each scenario of `new` against the same scenario (and batch) of `old`, then the scenarios
+/// only `old` had, and a table of them.
 pub fn compare(new: &Report, old: &Report) -> (Vec<Comparison>, String) {
-    let rows: Vec<Comparison> = new
+    let mut rows: Vec<Comparison> = new
         .results
         .iter()
         .map(|r| Comparison {
             scenario: r.scenario,
-            new: r.samples_per_s,
+            new: Some(r.samples_per_s),
             old: old
                 .results
                 .iter()
-                .find(|o| o.scenario == r.scenario)
+                .find(|o| o.scenario == r.scenario && o.batch == r.batch)
                 .map(|o| o.samples_per_s),
         })
         .collect();
+    rows.extend(
+        old.results
+            .iter()
+            .filter(|o| !new.results.iter().any(|r| r.scenario == o.scenario))
+            .map(|o| Comparison {
+                scenario: o.scenario,
+                new: None,
+                old: Some(o.samples_per_s),
+            }),
+    );
     let mut table = String::from(
         "| model | strategy | world | samples/s old | samples/s new | new / old |\n| --- | --- | ---: | ---: | ---: | ---: |\n",
     );
+    let cell = |v: Option<f64>| v.map_or_else(|| "–".to_string(), |v| format!("{v:.0}"));
     for c in &rows {
         let s = &c.scenario;
-        let (old, ratio) = match (c.old, c.ratio()) {
-            (Some(old), Some(ratio)) => (format!("{old:.0}"), format!("{ratio:.2}×")),
-            _ => ("–".into(), "new scenario".into()),
+        let ratio = match (c.new, c.old) {
+            (Some(_), Some(_)) => format!("{:.2}×", c.ratio().unwrap_or(f64::NAN)),
+            (Some(_), None) => "new scenario (or batch)".into(),
+            _ => "not run now".into(),
         };
         let _ = writeln!(
             table,
-            "| {} | {} | {} | {old} | {:.0} | {ratio} |",
-            s.model, s.strategy, s.world, c.new
+            "| {} | {} | {} | {} | {} | {ratio} |",
+            s.model,
+            s.strategy,
+            s.world,
+            cell(c.old),
+            cell(c.new)
         );
     }
     (rows, table)

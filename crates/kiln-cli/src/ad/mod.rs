@@ -10,7 +10,7 @@ use burn::tensor::backend::AutodiffBackend;
 use kiln_ad::checkpoint;
 use kiln_ad::config::AdConfig;
 use kiln_ad::goals::GoalSplit;
-use kiln_ad::run::{RunOptions, evaluate_held_out};
+use kiln_ad::run::{RunOptions, Seconds, evaluate_held_out};
 use kiln_core::strategy::StrategyKind;
 use kiln_kernels::KernelBackend;
 
@@ -18,7 +18,6 @@ use crate::backend::{BackendKind, DeviceList, Job, Placement, dispatch, parse_de
 use crate::config_file;
 use crate::names::strategy_parser;
 use crate::pipeline_args::PipelineArgs;
-use kiln_ad::run::Seconds;
 use metrics::{DataSummary, Metrics, write_outputs};
 use progress::Bars;
 

@@ -8,7 +8,7 @@ use kiln_bench::strategies::{self, BenchModel, Matrix, Report};
 use kiln_core::strategy::StrategyKind;
 use kiln_kernels::KernelBackend;
 
-use crate::backend::{BackendKind, Job, Placement, dispatch};
+use crate::backend::{BackendKind, DeviceList, Job, Placement, dispatch, parse_devices};
 use crate::names::{Named, strategy_parser};
 
 /// Options of `kiln bench strategies`; the lists are comma-separated.
@@ -18,9 +18,13 @@ pub struct StrategyArgs {
     /// full matrix (worlds 1, 2, 4; three rounds).
     #[arg(long)]
     quick: bool,
-    /// Backend of the ranks [default: flex].
+    /// Backend of the ranks.
     #[arg(long, default_value = "flex")]
     backend: BackendKind,
+    /// Device of each rank of the largest world, e.g. `0,0,0,0` for four ranks on GPU 0
+    /// [default: CPU ranks share the CPU, CUDA ranks take GPUs 0..world].
+    #[arg(long, value_parser = parse_devices)]
+    devices: Option<DeviceList>,
     /// Models [default: all].
     #[arg(long, value_delimiter = ',', value_parser = model_parser())]
     models: Option<Vec<BenchModel>>,
@@ -61,14 +65,24 @@ impl StrategyArgs {
         } else {
             Matrix::full()
         };
+        // Each named once, in the order given.
+        fn unique<T: PartialEq + Copy>(list: &[T]) -> Vec<T> {
+            let mut out = Vec::new();
+            for &item in list {
+                if !out.contains(&item) {
+                    out.push(item);
+                }
+            }
+            out
+        }
         if let Some(models) = &self.models {
-            matrix.models = models.clone();
+            matrix.models = unique(models);
         }
         if let Some(strategies) = &self.strategies {
-            matrix.strategies = strategies.clone();
+            matrix.strategies = unique(strategies);
         }
         if let Some(worlds) = &self.worlds {
-            matrix.worlds = worlds.clone();
+            matrix.worlds = unique(worlds);
         }
         matrix.rounds = self.rounds.unwrap_or(matrix.rounds);
         matrix.steps = self.steps.unwrap_or(matrix.steps);
@@ -97,10 +111,17 @@ pub fn run(args: StrategyArgs) -> Result<(), Box<dyn std::error::Error>> {
         None => None,
     };
     let matrix = args.matrix();
+    // Everything is checked before the first scenario runs.
+    matrix.validate()?;
+    if let Some(old) = &old {
+        strategies::comparable(old, &args.backend.to_string(), matrix.scale)
+            .map_err(|reason| format!("--compare: {reason}"))?;
+    }
     let ranks = matrix.worlds.iter().copied().max().unwrap_or(1);
+    let devices = args.devices.as_ref().map(|DeviceList(d)| d.as_slice());
     let report = dispatch(
         args.backend,
-        &Placement::Ranks(ranks),
+        &Placement::new(ranks, devices)?,
         BenchJob {
             matrix: &matrix,
             backend: args.backend,

@@ -46,13 +46,16 @@ impl StrategyConfigs {
     /// `kiln train` and `kiln ad train` ask it before anything starts.
     ///
     /// # Errors
+    /// [`ConfigError::NoDevices`] for no ranks, [`ConfigError::ZeroStages`],
     /// [`ConfigError::SingleWithMany`] or [`ConfigError::PipelineMesh`].
     pub fn check_world(&self, kind: StrategyKind, world: usize) -> Result<(), ConfigError> {
+        if world == 0 {
+            return Err(ConfigError::NoDevices);
+        }
         match kind.resolve(world).kind {
+            StrategyKind::Pipeline if self.pipeline.stages == 0 => Err(ConfigError::ZeroStages),
             StrategyKind::Single if world != 1 => Err(ConfigError::SingleWithMany { ranks: world }),
-            StrategyKind::Pipeline
-                if self.pipeline.stages == 0 || !world.is_multiple_of(self.pipeline.stages) =>
-            {
+            StrategyKind::Pipeline if !world.is_multiple_of(self.pipeline.stages) => {
                 Err(ConfigError::PipelineMesh {
                     mesh: crate::world::Mesh::flat(world).to_string(),
                     stages: self.pipeline.stages,

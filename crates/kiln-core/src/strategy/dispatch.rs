@@ -319,7 +319,8 @@ impl<R: Send + 'static> RankThreads<R> {
         if let Some(culprit) = self.broken {
             return Err(StrategyError::Broken { culprit });
         }
-        debug_assert_eq!(shards.len(), self.ranks.len());
+        // A missing shard would leave its rank's report missing, and `collect` waiting.
+        assert_eq!(shards.len(), self.ranks.len(), "one shard per rank");
         for (rank, shard) in self.ranks.iter().zip(shards) {
             // A rank whose thread is gone is noticed in `collect` by its missing report.
             let _ = rank.commands.send(Command::Step { shard, lr });
