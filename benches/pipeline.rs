@@ -4,13 +4,15 @@
 //! Every rank is one thread (one core each on a 2-core machine). Variants run in interleaved
 //! rounds whose order rotates, each from fresh threads after untimed warm-up steps, and the
 //! median round is reported:
-//! - **bubble**: `Pipeline` with p = 2 and m ∈ {2, 4, 8}, both schedules. A rank's bubble is
-//!   the share of the timed steps' wall time in which it was not computing (waiting for the
-//!   other stage, mostly; the flush's start and end included), next to the theory
-//!   `(p − 1)/(m + p − 1)` for stages of equal cost, and their mean over the stages. The two
-//!   stages differ a little (the last one computes the loss and its input's gradient), and on
-//!   a 2-core machine an action is slower while the other rank computes too, which moves idle
-//!   time between the ranks; the mean is the figure to compare with the theory;
+//! - **bubble**: `Pipeline` with p = 2 and m ∈ {2, 4, 8}, both schedules. A rank's idle share
+//!   is the part of the timed steps' wall time in which it was not computing (waiting for the
+//!   other stage, mostly; the flush's start and end included). The theory
+//!   `(p − 1)/(m + p − 1)` is for stages of equal cost; these are not quite equal (the last
+//!   stage also computes the loss and its input's gradient, which the first stage, fed with
+//!   data, does not need), and a faster stage also idles while it waits for the slower one in
+//!   every steady-state step. That is load imbalance, not bubble: the pipeline's bubble is the
+//!   idle share of its bottleneck, the stage that computed most, and that is the figure to
+//!   compare with the theory;
 //! - **throughput**: samples/s of every Pipeline variant against Ddp with world 2, and of
 //!   1F1B m = 8 with recomputation (one more forward per micro-batch and stage; its first
 //!   stage recomputes while it waits for the gradient, so part of that forward hides in the
@@ -148,17 +150,22 @@ fn main() {
         }
     }
     variants.push(Variant::Pipeline(Schedule::OneFOneB, 8, true));
-    // Per variant: samples/s per round, and each rank's bubble per round.
+    // Per variant and round: samples/s, each rank's idle share, and the bottleneck's.
     let mut throughput = vec![Vec::new(); variants.len()];
-    let mut bubbles = vec![[Vec::new(), Vec::new()]; variants.len()];
+    let mut idle = vec![[Vec::new(), Vec::new()]; variants.len()];
+    let mut bubble = vec![Vec::new(); variants.len()];
     for round in 0..rounds {
         for k in 0..variants.len() {
             let i = (k + round) % variants.len();
             let (wall, stats) = run(variants[i], &batches, &data);
             throughput[i].push((steps * BATCH) as f64 / wall.as_secs_f64());
+            let share =
+                |s: &RankStats| (1.0 - s.compute.as_secs_f64() / wall.as_secs_f64()).max(0.0);
             for (rank, s) in stats.iter().enumerate() {
-                let busy = s.compute.as_secs_f64() / wall.as_secs_f64();
-                bubbles[i][rank].push((1.0 - busy).max(0.0));
+                idle[i][rank].push(share(s));
+            }
+            if let Some(bottleneck) = stats.iter().max_by_key(|s| s.compute) {
+                bubble[i].push(share(bottleneck));
             }
         }
     }
@@ -167,7 +174,7 @@ fn main() {
         "MLP {WIDTH} → 4 × {WIDTH} → 10, global batch {BATCH}, {steps} steps × {rounds} rounds, 1 thread per rank"
     );
     println!(
-        "| variant | samples/s | bubble rank 0 | bubble rank 1 | mean | theory (p−1)/(m+p−1) |"
+        "| variant | samples/s | idle rank 0 | idle rank 1 | bubble (bottleneck) | theory (p−1)/(m+p−1) |"
     );
     println!("| --- | --- | --- | --- | --- | --- |");
     let ddp = median(throughput[0].clone());
@@ -176,14 +183,14 @@ fn main() {
         match variant {
             Variant::Ddp => println!("| ddp world 2 | {rate:.0} | – | – | – | – |"),
             Variant::Pipeline(schedule, m, recompute) => {
-                let rank = |r: usize| 100.0 * median(bubbles[i][r].clone());
+                let rank = |r: usize| 100.0 * median(idle[i][r].clone());
                 println!(
                     "| pipeline {schedule} p=2 m={m}{} | {rate:.0} ({:.2}× ddp) | {:.1} % | {:.1} % | {:.1} % | {:.1} % |",
                     if *recompute { " recompute" } else { "" },
                     rate / ddp,
                     rank(0),
                     rank(1),
-                    (rank(0) + rank(1)) / 2.0,
+                    100.0 * median(bubble[i].clone()),
                     100.0 / (m + 1) as f64,
                 )
             }

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 /// Where a reader can never follow: places outside this repository.
 const FORBIDDEN: [&str; 4] = ["../shared", "steering repo", "DESIGN.md", "STYLE.md"];
 
-/// Folders that hold build outputs or run outputs, not sources (with every hidden folder but
-/// `.ci`).
-const SKIPPED: [&str; 2] = ["target", "runs"];
+/// Folders that hold build outputs, run outputs or third-party code (`vendor/`, whose own
+/// notes link to its project), not Kiln's sources; every hidden folder but `.ci` is skipped too.
+const SKIPPED: [&str; 3] = ["target", "runs", "vendor"];
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
