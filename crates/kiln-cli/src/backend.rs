@@ -4,6 +4,7 @@ use std::fmt;
 
 use burn::backend::Autodiff;
 use burn::tensor::backend::AutodiffBackend;
+use kiln_core::strategy::StrategyKind;
 use kiln_kernels::KernelBackend;
 
 /// A Burn backend selectable on the command line.
@@ -29,6 +30,36 @@ pub enum BackendKind {
     Wgpu,
     /// CUDA, one rank per GPU; needs the `cuda` feature.
     Cuda,
+}
+
+impl BackendKind {
+    /// Whether ranks on this backend share the CPU.
+    pub fn is_cpu(self) -> bool {
+        matches!(self, BackendKind::Flex | BackendKind::Ndarray)
+    }
+
+    /// The world `strategy` runs on when nobody named one (`named` false): for `auto` on a CPU
+    /// backend the cores as single-threaded Ddp ranks (said in the log), otherwise `world`.
+    pub fn default_world(
+        self,
+        strategy: StrategyKind,
+        world: usize,
+        named: bool,
+        global_batch: usize,
+    ) -> usize {
+        if named || strategy != StrategyKind::Auto || !self.is_cpu() {
+            return world;
+        }
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let ranks = StrategyKind::auto_cpu_world(cores, global_batch);
+        if ranks > 1 {
+            tracing::info!(
+                "auto on the CPU: {cores} cores as {ranks} single-threaded Ddp ranks, which train \
+                 as one rank does up to float rounding (--world 1 trains on one rank)"
+            );
+        }
+        ranks
+    }
 }
 
 impl fmt::Display for BackendKind {

@@ -88,9 +88,24 @@ fn ddp_and_single_agree_through_the_cli() {
 }
 
 #[test]
-fn auto_resolves_from_the_world() {
-    assert_eq!(train_json("auto1", &[])["strategy"], "single");
+fn auto_uses_the_cpu_cores_as_ddp_ranks_unless_a_world_is_named() {
+    // No world named: every core a single-threaded Ddp rank, as many as the batch of 10 feeds.
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let ranks = cores.min(10);
+    let auto = train_json("auto", &[]);
+    assert_eq!(auto["world"], ranks);
+    assert_eq!(auto["strategy"], if ranks > 1 { "ddp" } else { "single" });
+    // A world named on the command line or in the config file is the user's.
+    assert_eq!(train_json("auto1", &["--world", "1"])["strategy"], "single");
     assert_eq!(train_json("auto2", &["--world", "2"])["strategy"], "ddp");
+    let config = std::env::temp_dir().join(format!("kiln-cli-{}-auto.toml", std::process::id()));
+    std::fs::write(&config, "world = 1\n").unwrap();
+    let named = train_json("auto-toml", &["--config", config.to_str().unwrap()]);
+    std::fs::remove_file(config).ok();
+    assert_eq!(
+        (named["strategy"].as_str(), named["world"].as_u64()),
+        (Some("single"), Some(1))
+    );
 }
 
 #[test]

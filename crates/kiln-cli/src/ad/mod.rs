@@ -133,12 +133,22 @@ impl TrainArgs {
         set!(strategy => train.strategy, world => train.world, steps => train.steps,
              batch => train.batch, lr => train.lr, seed => seed);
         let world_given = self.world.is_some() || self.devices.is_some();
+        let before = c.train.world;
         c.train.world = self.pipeline.apply(
             &mut c.parallel.pipeline,
             c.train.strategy,
             c.train.world,
             world_given,
         );
+        let named = world_given
+            || c.train.world != before
+            || self
+                .config
+                .as_deref()
+                .is_some_and(|path| config_file::names(path, &["train", "world"]));
+        c.train.world =
+            self.backend
+                .default_world(c.train.strategy, c.train.world, named, c.train.batch);
         if let Some(DeviceList(devices)) = &self.devices {
             // The list names the ranks; an explicit --world must agree (checked by Placement).
             c.train.world = self.world.unwrap_or(devices.len());

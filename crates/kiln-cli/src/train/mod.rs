@@ -93,9 +93,17 @@ impl TrainArgs {
              steps => steps, batch => batch, seed => seed, lr => lr, samples => samples,
              bucket_cap_mb => parallel.ddp.bucket_cap_mb);
         let world_given = self.world.is_some() || self.devices.is_some();
+        let before = c.world;
         c.world = self
             .pipeline
             .apply(&mut c.parallel.pipeline, c.strategy, c.world, world_given);
+        let named = world_given
+            || c.world != before
+            || self
+                .config
+                .as_deref()
+                .is_some_and(|path| crate::config_file::names(path, &["world"]));
+        c.world = c.backend.default_world(c.strategy, c.world, named, c.batch);
         if let Some(DeviceList(devices)) = self.devices {
             // The list names the ranks; an explicit --world must agree (checked by validate).
             c.world = self.world.unwrap_or(devices.len());
