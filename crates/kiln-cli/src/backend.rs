@@ -39,23 +39,26 @@ impl BackendKind {
     }
 
     /// The world `strategy` runs on when nobody named one (`named` false): for `auto` on a CPU
-    /// backend the cores as single-threaded Ddp ranks (said in the log), otherwise `world`.
+    /// backend the cores as Ddp ranks of `threads_per_rank` threads (one unless set), said in
+    /// the log; otherwise `world`.
     pub fn default_world(
         self,
         strategy: StrategyKind,
         world: usize,
         named: bool,
         global_batch: usize,
+        threads_per_rank: Option<usize>,
     ) -> usize {
         if named || strategy != StrategyKind::Auto || !self.is_cpu() {
             return world;
         }
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        let ranks = StrategyKind::auto_cpu_world(cores, global_batch);
+        let threads = threads_per_rank.unwrap_or(1).max(1);
+        let ranks = StrategyKind::auto_cpu_world(cores / threads, global_batch);
         if ranks > 1 {
             tracing::info!(
-                "auto on the CPU: {cores} cores as {ranks} single-threaded Ddp ranks, which train \
-                 as one rank does up to float rounding (--world 1 trains on one rank)"
+                "auto on the CPU: {cores} cores as {ranks} Ddp ranks of {threads} thread(s), \
+                 which train as one rank does up to float rounding (--world 1 trains on one rank)"
             );
         }
         ranks

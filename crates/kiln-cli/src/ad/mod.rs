@@ -146,9 +146,14 @@ impl TrainArgs {
                 .config
                 .as_deref()
                 .is_some_and(|path| config_file::names(path, &["train", "world"]));
-        c.train.world =
-            self.backend
-                .default_world(c.train.strategy, c.train.world, named, c.train.batch);
+        let threads = self.threads_per_rank.or(c.parallel.ddp.threads_per_rank);
+        c.train.world = self.backend.default_world(
+            c.train.strategy,
+            c.train.world,
+            named,
+            c.train.batch,
+            threads,
+        );
         if let Some(DeviceList(devices)) = &self.devices {
             // The list names the ranks; an explicit --world must agree (checked by Placement).
             c.train.world = self.world.unwrap_or(devices.len());

@@ -103,7 +103,10 @@ impl TrainArgs {
                 .config
                 .as_deref()
                 .is_some_and(|path| crate::config_file::names(path, &["world"]));
-        c.world = c.backend.default_world(c.strategy, c.world, named, c.batch);
+        let threads = self.threads_per_rank.or(c.parallel.ddp.threads_per_rank);
+        c.world = c
+            .backend
+            .default_world(c.strategy, c.world, named, c.batch, threads);
         if let Some(DeviceList(devices)) = self.devices {
             // The list names the ranks; an explicit --world must agree (checked by validate).
             c.world = self.world.unwrap_or(devices.len());
