@@ -4,8 +4,14 @@
 
 use std::path::{Path, PathBuf};
 
-/// Where a reader can never follow: places outside this repository.
-const FORBIDDEN: [&str; 4] = ["../shared", "steering repo", "DESIGN.md", "STYLE.md"];
+/// Where a reader can never follow: places outside this repository. Spelt in pieces so that
+/// this file, which must name them, does not itself read as such a pointer.
+const FORBIDDEN: [&str; 4] = [
+    concat!("..", "/shared"),
+    concat!("steering", " repo"),
+    concat!("DESIGN", ".md"),
+    concat!("STYLE", ".md"),
+];
 
 /// Folders that hold build outputs, run outputs or third-party code (`vendor/`, whose own
 /// notes link to its project), not Kiln's sources; every hidden folder but `.ci` is skipped too.
@@ -61,12 +67,8 @@ fn relative(path: &Path) -> String {
 
 #[test]
 fn no_file_points_outside_the_repository() {
-    let this_file = root().join(file!());
     let mut found = Vec::new();
     for (path, text) in all_sources() {
-        if path == this_file {
-            continue;
-        }
         for (n, line) in text.lines().enumerate() {
             for pattern in FORBIDDEN {
                 if line.contains(pattern) {

@@ -205,35 +205,20 @@ fn pipeline_settings_come_from_toml_too() {
 
 #[test]
 fn impossible_pipelines_fail_with_one_line() {
-    assert_one_line_error(
-        &[
-            "train",
-            "--strategy",
-            "pipeline",
-            "--stages",
-            "3",
-            "--world",
-            "3",
-        ],
+    let pipeline = |extra: &[&str], needle: &str| {
+        let args = [&["train", "--strategy", "pipeline"][..], extra].concat();
+        assert_one_line_error(&args, needle);
+    };
+    pipeline(
+        &["--stages", "3", "--world", "3"],
         "the pipeline has 3 stages but the model has 2 blocks",
     );
-    assert_one_line_error(
-        &[
-            "train",
-            "--strategy",
-            "pipeline",
-            "--stages",
-            "2",
-            "--world",
-            "3",
-        ],
+    pipeline(
+        &["--stages", "2", "--world", "3"],
         "a pipeline of 2 stages needs a world of dp × 2 ranks",
     );
-    assert_one_line_error(
+    pipeline(
         &[
-            "train",
-            "--strategy",
-            "pipeline",
             "--stages",
             "2",
             "--world",

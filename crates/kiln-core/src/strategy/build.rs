@@ -112,8 +112,8 @@ where
     )?))
 }
 
-/// [`build`] for any model: the strategies that keep whole replicas (`single`, `data_parallel`, `ddp`,
-/// `auto`). `pipeline` needs the stage contract and is refused here.
+/// [`build`] for any model: the strategies that keep whole replicas (`single`,
+/// `data_parallel`, `ddp`, `auto`). `pipeline` needs the stage contract and is refused here.
 ///
 /// # Errors
 /// [`ConfigError::NoStageContract`] for `pipeline`, and what the chosen strategy's

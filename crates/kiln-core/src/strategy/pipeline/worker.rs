@@ -216,11 +216,12 @@ where
         let (mut live, mut live_bytes) = (0usize, 0u64);
         let mut grads = GradientsParams::new();
         let mut loss_sum = 0.0;
+        // Micro-batch j's share of the global batch weights its loss.
+        let weight = |j: usize| micro[j].len() as f64 / global_samples as f64;
         for action in actions {
             match action {
                 Action::Forward(j) => {
-                    let weight = micro[j].len() as f64 / global_samples as f64;
-                    let (h, loss) = self.forward(module, micro[j], weight, times)?;
+                    let (h, loss) = self.forward(module, micro[j], weight(j), times)?;
                     loss_sum += loss;
                     live += 1;
                     live_bytes += h.bytes;
@@ -239,8 +240,7 @@ where
                         .expect("a schedule runs forward before backward");
                     live -= 1;
                     live_bytes -= h.bytes;
-                    let weight = micro[j].len() as f64 / global_samples as f64;
-                    let g = self.backward(module, h, weight, times)?;
+                    let g = self.backward(module, h, weight(j), times)?;
                     let start = Instant::now();
                     grads = add_weighted(module, grads, g, 1.0, &self.device);
                     times.compute += start.elapsed();
