@@ -60,9 +60,15 @@ fn sync_time(cap_bytes: usize, iters: u64) -> Duration {
                     let start = Instant::now();
                     for _ in 0..iters {
                         let grads = fake_grads(&model);
-                        let grads =
-                            all_reduce_gradients(&model, grads, plan, &mut collective, &device)
-                                .unwrap();
+                        let (grads, _) = all_reduce_gradients(
+                            &model,
+                            grads,
+                            plan,
+                            &mut collective,
+                            &device,
+                            &[],
+                        )
+                        .unwrap();
                         // Force the lazy result, as an optimizer would read it.
                         std::hint::black_box(grads.len());
                     }

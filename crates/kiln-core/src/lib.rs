@@ -33,6 +33,7 @@ pub mod collective;
 pub mod data;
 pub mod fit;
 pub mod grads;
+pub mod optim;
 pub mod params;
 pub mod stages;
 pub mod strategy;

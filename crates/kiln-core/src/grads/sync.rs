@@ -16,7 +16,8 @@ type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 /// A parameter may have a gradient on some ranks and not on others (a branch taken only for
 /// some inputs); it is reduced with zeros where missing, and left without a gradient only if
 /// no rank had one, exactly as single-device training over the union of the data would. The
-/// presence flags ride in the last bucket, so they cost no extra call.
+/// presence flags ride in the last bucket, so they cost no extra call; so do `facts`, small
+/// per-rank values (the guard's findings) that come back summed over the ranks.
 ///
 /// # Errors
 /// The first [`CollectiveError`]; the group is then poisoned.
@@ -26,7 +27,8 @@ pub fn all_reduce_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
     plan: &BucketPlan,
     collective: &mut dyn Collective<Inner<B>>,
     device: &B::Device,
-) -> Result<GradientsParams, CollectiveError> {
+    facts: &[f32],
+) -> Result<(GradientsParams, Vec<f32>), CollectiveError> {
     let mut flatten = FlattenGrads::<B> {
         plan,
         grads: &mut grads,
@@ -35,25 +37,28 @@ pub fn all_reduce_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
     module.visit(&mut flatten);
     let flats = flatten.flats;
 
-    let presence: Vec<f32> = flats
+    let tail: Vec<f32> = flats
         .iter()
         .map(|f| f32::from(u8::from(f.is_some())))
+        .chain(facts.iter().copied())
         .collect();
     let flats = flats
         .into_iter()
         .zip(&plan.slots)
         .map(|(flat, slot)| flat.unwrap_or_else(|| Tensor::zeros([slot.numel], device)))
         .collect();
-    let presence = Tensor::<Inner<B>, 1>::from_floats(presence.as_slice(), device);
+    let tail = Tensor::<Inner<B>, 1>::from_floats(tail.as_slice(), device);
 
-    let (reduced, presence) = plan.run(flats, Some(presence), |bucket| {
+    let (reduced, tail) = plan.run(flats, Some(tail), |bucket| {
         collective.all_reduce(bucket, ReduceOp::Sum)
     })?;
-    let presence = presence
-        .expect("presence travels with the buckets")
+    let mut presence = tail
+        .expect("the tail travels with the buckets")
         .into_data()
+        .convert::<f32>()
         .to_vec::<f32>()
-        .expect("presence flags are f32");
+        .expect("the tail converts to f32");
+    let facts = presence.split_off(plan.slots.len());
 
     let mut unflatten = UnflattenGrads::<B> {
         plan,
@@ -63,7 +68,7 @@ pub fn all_reduce_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
         backend: PhantomData,
     };
     module.visit(&mut unflatten);
-    Ok(unflatten.grads)
+    Ok((unflatten.grads, facts))
 }
 
 /// Replaces every parameter of `module` covered by `plan` with rank `root`'s value, one

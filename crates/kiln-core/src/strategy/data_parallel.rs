@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use burn::optim::{GradientsParams, Optimizer};
+use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use rayon::ThreadPool;
 
@@ -20,6 +20,7 @@ use super::{
 };
 use crate::data::{DataSource, ShardPolicy};
 use crate::grads::add_weighted;
+use crate::optim::{GuardedOptimizer, OptimizerState, Settled, StateLayout, decode, encode};
 
 /// Configuration of [`DataParallel`].
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -49,13 +50,14 @@ pub struct DataParallel<B: AutodiffBackend, M: TrainModel<B>, O, I> {
     pools: Vec<ThreadPool>,
     accumulation: usize,
     stats: Vec<RankStats>,
+    steps: u64,
 }
 
 impl<B, M, O, I> DataParallel<B, M, O, I>
 where
     B: AutodiffBackend,
     M: TrainModel<B>,
-    O: Optimizer<M, B>,
+    O: GuardedOptimizer<M, B>,
 {
     /// Trains `model` over `devices` (the first is the main device; a device may repeat, as
     /// the CPU does when several ranks share it).
@@ -102,6 +104,7 @@ where
             pools,
             accumulation: config.grad_accumulation,
             stats,
+            steps: 0,
         })
     }
 
@@ -111,7 +114,8 @@ where
         model: &M,
         shards: &[Vec<usize>],
         global_samples: usize,
-    ) -> Vec<Result<LocalGradients, RankError>> {
+    ) -> Vec<Result<(LocalGradients, Option<f32>), RankError>> {
+        let guard = self.optim.guard();
         std::thread::scope(|scope| {
             let jobs: Vec<_> = shards
                 .iter()
@@ -139,9 +143,18 @@ where
                                 accumulation,
                                 device,
                             )?;
+                            // Each device's findings, so a NaN names the device it came from.
+                            let code = guard.map(|g| {
+                                g.inspect::<B, M>(
+                                    &replica,
+                                    &local.grads,
+                                    local.loss_sum.is_finite(),
+                                )
+                                .code
+                            });
                             // Pool 0's thread reduces these gradients next.
                             sync_device::<B>(device)?;
-                            Ok(local)
+                            Ok((local, code))
                         })
                     })
                 })
@@ -157,7 +170,7 @@ impl<B, M, O, I> Strategy<B, M> for DataParallel<B, M, O, I>
 where
     B: AutodiffBackend,
     M: TrainModel<B>,
-    O: Optimizer<M, B>,
+    O: GuardedOptimizer<M, B>,
     I: Send,
 {
     fn name(&self) -> &'static str {
@@ -178,9 +191,13 @@ where
 
         let mut failures = Vec::new();
         let mut locals = Vec::new();
+        let mut codes = Vec::new();
         for (rank, result) in results.into_iter().enumerate() {
             match result {
-                Ok(local) => locals.push(local),
+                Ok((local, code)) => {
+                    locals.push(local);
+                    codes.push(code.unwrap_or(0.0));
+                }
                 Err(error) => failures.push(RankFailure { rank, error }),
             }
         }
@@ -202,7 +219,8 @@ where
             stats.compute += local.compute;
         }
         let optim = &mut self.optim;
-        let (model, communication, optim_time) = self.pools[0].install(move || {
+        let step = self.steps + 1;
+        let (result, communication, optim_time) = self.pools[0].install(move || {
             let reduce_start = Instant::now();
             let mut grads = GradientsParams::new();
             for local in locals {
@@ -210,13 +228,36 @@ where
             }
             let communication = reduce_start.elapsed();
             let optim_start = Instant::now();
-            let model = optim.step(lr, model, grads);
-            let synced = sync_device::<B>(main);
-            (synced.map(|()| model), communication, optim_start.elapsed())
+            let guard = optim.guard().cloned();
+            let settled = match &guard {
+                Some(g) => g.settle_replica::<B, M>(&model, grads, &codes, None, step),
+                None => Ok(Settled::unguarded(grads)),
+            };
+            let result = match settled {
+                Ok(Settled {
+                    grads: Some(grads),
+                    report,
+                }) => Ok((optim.step(lr, model, grads), report)),
+                Ok(Settled {
+                    grads: None,
+                    report,
+                }) => Ok((model, report)),
+                Err(report) => Err(RankError::from(report)),
+            };
+            let result = result.and_then(|done| sync_device::<B>(main).map(|()| done));
+            let report = guard.is_some();
+            (
+                result.map(|(m, r)| (m, report.then_some(r))),
+                communication,
+                optim_start.elapsed(),
+            )
         });
-        let model = model
+        // A halt leaves the model with the failed step: the strategy is broken, as after any
+        // rank failure.
+        let (model, guard) = result
             .map_err(|error| StrategyError::from_failures(vec![RankFailure { rank: 0, error }]))?;
         self.model = Some(model);
+        self.steps += 1;
         self.stats[0].communication += communication;
         let compute = compute + optim_time;
         Ok(StepOutput {
@@ -224,6 +265,7 @@ where
             samples: batch.len(),
             compute,
             communication,
+            guard,
         })
     }
 
@@ -235,5 +277,19 @@ where
 
     fn stats(&self) -> Vec<RankStats> {
         self.stats.clone()
+    }
+
+    fn optimizer_state(&self) -> Result<OptimizerState, StrategyError> {
+        let bytes = encode::<B, _>(self.optim.to_record())?;
+        Ok(OptimizerState::new(StateLayout::Replica, vec![bytes]))
+    }
+
+    fn load_optimizer_state(&mut self, state: &OptimizerState) -> Result<(), StrategyError> {
+        let part = &state.parts(StateLayout::Replica)?[0];
+        // Decoded on pool 0's thread, which steps the optimizer on the main device.
+        let main = &self.devices[0];
+        let record = self.pools[0].install(|| decode::<B, _>(part, main))?;
+        self.optim = self.optim.clone().load_record(record);
+        Ok(())
     }
 }

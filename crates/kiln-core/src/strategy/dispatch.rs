@@ -15,6 +15,7 @@ use super::handover::{panic_message, sync_device};
 use super::{ConfigError, RankError, RankFailure, RankStats, StepOutput, StrategyError};
 use crate::World;
 use crate::grads::BucketPlan;
+use crate::optim::GuardReport;
 
 /// Refuses a world that spans processes: these strategies connect ranks inside one process.
 pub(crate) fn check_single_process<D: Clone>(world: &World<D>) -> Result<(), ConfigError> {
@@ -56,6 +57,8 @@ pub(crate) struct RankDone {
     pub num_buckets: usize,
     /// The rank's running totals.
     pub stats: RankStats,
+    /// What the guard did this step (every rank decides the same).
+    pub guard: Option<GuardReport>,
 }
 
 impl RankDone {
@@ -74,7 +77,13 @@ impl RankDone {
             communication,
             num_buckets: plan.map_or(0, BucketPlan::num_buckets),
             stats: stats.clone(),
+            guard: None,
         }
+    }
+
+    /// This report with the guard's decision.
+    pub fn with_guard(self, guard: Option<GuardReport>) -> Self {
+        Self { guard, ..self }
     }
 }
 
@@ -85,6 +94,7 @@ pub(crate) fn step_output(stats: &mut [RankStats], done: Vec<RankDone>) -> StepO
         samples: 0,
         compute: Duration::ZERO,
         communication: Duration::ZERO,
+        guard: done.first().and_then(|d| d.guard),
     };
     let mut loss_sum = 0.0;
     for (stats, d) in stats.iter_mut().zip(done) {
@@ -188,6 +198,10 @@ enum Command<R> {
     Step { shard: Shard, lr: f64 },
     /// Send back what the rank holds (its replica, or its stage).
     Hand(Sender<Option<R>>),
+    /// Send back the rank's optimizer state, encoded.
+    SaveOptimizer(Sender<Result<Vec<u8>, RankError>>),
+    /// Replace the rank's optimizer state with this one.
+    LoadOptimizer(Arc<[u8]>, Sender<Result<(), RankError>>),
     /// Leave the loop.
     Stop,
 }
@@ -203,6 +217,10 @@ pub(crate) trait RankWork {
     fn step(&mut self, shard: &Shard, lr: f64) -> Result<RankDone, RankError>;
     /// A copy of what the rank holds, readable from another thread; `None` when it cannot.
     fn hand(&mut self) -> Option<Self::Held>;
+    /// The rank's optimizer state, encoded.
+    fn save_optimizer(&mut self) -> Result<Vec<u8>, RankError>;
+    /// Replaces the rank's optimizer state with `bytes` (from [`Self::save_optimizer`]).
+    fn load_optimizer(&mut self, bytes: &[u8]) -> Result<(), RankError>;
     /// Fails every collective group of the rank, so no peer waits for it.
     fn abort(&mut self, reason: &str);
 }
@@ -250,6 +268,22 @@ fn serve<W: RankWork>(
             }
             Command::Hand(reply) => {
                 let _ = reply.send(work.hand());
+            }
+            Command::SaveOptimizer(reply) => {
+                let result = if failed {
+                    Err(RankError::Gone)
+                } else {
+                    work.save_optimizer()
+                };
+                let _ = reply.send(result);
+            }
+            Command::LoadOptimizer(bytes, reply) => {
+                let result = if failed {
+                    Err(RankError::Gone)
+                } else {
+                    work.load_optimizer(&bytes)
+                };
+                let _ = reply.send(result);
             }
             Command::Stop => return,
         }
@@ -337,6 +371,60 @@ impl<R: Send + 'static> RankThreads<R> {
             _ => Err(StrategyError::Broken {
                 culprit: self.broken.unwrap_or(rank),
             }),
+        }
+    }
+
+    /// Rank `rank`'s optimizer state, encoded.
+    pub fn save_optimizer(&self, rank: usize) -> Result<Vec<u8>, StrategyError> {
+        if let Some(culprit) = self.broken {
+            return Err(StrategyError::Broken { culprit });
+        }
+        let (reply, answer) = mpsc::channel();
+        let _ = self.ranks[rank]
+            .commands
+            .send(Command::SaveOptimizer(reply));
+        match answer.recv() {
+            Ok(Ok(bytes)) => Ok(bytes),
+            Ok(Err(error)) => Err(StrategyError::from_failures(vec![RankFailure {
+                rank,
+                error,
+            }])),
+            Err(_) => Err(StrategyError::Broken { culprit: rank }),
+        }
+    }
+
+    /// Loads `parts[rank]` into every rank's optimizer.
+    pub fn load_optimizer(&self, parts: Vec<Arc<[u8]>>) -> Result<(), StrategyError> {
+        if let Some(culprit) = self.broken {
+            return Err(StrategyError::Broken { culprit });
+        }
+        assert_eq!(parts.len(), self.ranks.len(), "one state per rank");
+        let answers: Vec<_> = self
+            .ranks
+            .iter()
+            .zip(parts)
+            .map(|(rank, bytes)| {
+                let (reply, answer) = mpsc::channel();
+                let _ = rank.commands.send(Command::LoadOptimizer(bytes, reply));
+                answer
+            })
+            .collect();
+        let failures: Vec<RankFailure> = answers
+            .into_iter()
+            .enumerate()
+            .filter_map(|(rank, answer)| match answer.recv() {
+                Ok(Ok(())) => None,
+                Ok(Err(error)) => Some(RankFailure { rank, error }),
+                Err(_) => Some(RankFailure {
+                    rank,
+                    error: RankError::Gone,
+                }),
+            })
+            .collect();
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(StrategyError::from_failures(failures))
         }
     }
 

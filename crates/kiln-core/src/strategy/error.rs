@@ -4,6 +4,7 @@ use std::fmt;
 
 use crate::collective::CollectiveError;
 use crate::data::DataError;
+use crate::optim::{NonFinite, StateError};
 
 /// A strategy configuration that cannot work.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -140,6 +141,13 @@ pub enum RankError {
         /// This rank's checksum.
         found: [f32; 2],
     },
+    /// A loss or gradient was NaN or infinite and the guard's policy is to halt. Every rank
+    /// returns the same report; its `rank` is where the value first appeared.
+    #[error(transparent)]
+    NonFinite(#[from] NonFinite),
+    /// The rank's optimizer state could not be encoded or decoded.
+    #[error(transparent)]
+    State(#[from] StateError),
     /// The rank's device failed to finish its queued work.
     #[error("device failed to synchronise: {0}")]
     Device(String),
@@ -156,6 +164,7 @@ impl RankError {
     fn blames_other(&self, rank: usize) -> Option<usize> {
         match self {
             RankError::Collective(e) => e.culprit().filter(|&c| c != rank),
+            RankError::NonFinite(report) => report.rank.filter(|&r| r != rank),
             _ => None,
         }
     }
@@ -185,6 +194,9 @@ pub enum StrategyError {
     /// The batch is invalid for this strategy.
     #[error(transparent)]
     Data(#[from] DataError),
+    /// An optimizer state that does not fit this strategy.
+    #[error(transparent)]
+    State(#[from] StateError),
     /// One or more ranks failed; `culprit` is the rank whose failure caused the others.
     #[error("rank {culprit} failed; {}", list(failures))]
     Failed {
@@ -204,10 +216,25 @@ pub enum StrategyError {
     },
 }
 
+/// The failures, one per line of thought: ranks that report the same error share one entry
+/// (`ranks 0, 1, 2: …`), as every rank does when the guard halts.
 fn list(failures: &[RankFailure]) -> String {
-    failures
-        .iter()
-        .map(ToString::to_string)
+    let mut groups: Vec<(Vec<usize>, &RankError)> = Vec::new();
+    for f in failures {
+        match groups.iter_mut().find(|(_, e)| **e == f.error) {
+            Some((ranks, _)) => ranks.push(f.rank),
+            None => groups.push((vec![f.rank], &f.error)),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(ranks, error)| match ranks.as_slice() {
+            [rank] => format!("rank {rank}: {error}"),
+            _ => {
+                let ranks: Vec<String> = ranks.iter().map(ToString::to_string).collect();
+                format!("ranks {}: {error}", ranks.join(", "))
+            }
+        })
         .collect::<Vec<_>>()
         .join("; ")
 }

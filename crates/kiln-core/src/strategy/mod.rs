@@ -33,11 +33,12 @@ pub use ddp::{Ddp, DdpConfig};
 pub use error::{ConfigError, RankError, RankFailure, StrategyError};
 pub use kind::{AutoDecision, StrategyKind};
 pub use loss::StepLoss;
-pub use optimizer::OptimizerSpec;
+pub use optimizer::{OptimizerSpec, PerformanceSpec};
 pub use pipeline::{Action, Pipeline, PipelineConfig, Schedule, peak_live};
 pub use single::{Single, SingleConfig};
 
 use crate::collective::CollectiveCounters;
+use crate::optim::{GuardReport, OptimizerState};
 
 /// A model a strategy can train: any Burn [`AutodiffModule`] with a burn-train [`TrainStep`]
 /// whose output reports its loss.
@@ -67,6 +68,9 @@ pub struct StepOutput {
     pub compute: Duration,
     /// Longest gradient-synchronisation time over the ranks, waiting for peers included.
     pub communication: Duration,
+    /// What the [`PerformanceOptimizer`](crate::optim::PerformanceOptimizer)'s guard did (the
+    /// global gradient norm, whether the step was skipped); `None` without one.
+    pub guard: Option<GuardReport>,
 }
 
 /// Running totals of one rank.
@@ -171,4 +175,19 @@ pub trait Strategy<B: AutodiffBackend, M: TrainModel<B>> {
 
     /// Running totals per rank.
     fn stats(&self) -> Vec<RankStats>;
+
+    /// The optimizer's state (rank 0's, or every stage's), to checkpoint next to
+    /// [`Self::model`]: a strategy built from both, with [`Self::load_optimizer_state`],
+    /// continues bit for bit as if training had not stopped.
+    ///
+    /// # Errors
+    /// When a rank holding it has failed, or its state cannot be encoded.
+    fn optimizer_state(&self) -> Result<OptimizerState, StrategyError>;
+
+    /// Replaces every rank's optimizer state with `state`, saved by a strategy of the same
+    /// [`StateLayout`](crate::optim::StateLayout) over the same model.
+    ///
+    /// # Errors
+    /// [`StrategyError::State`] for a state of another layout or optimizer; a rank failure.
+    fn load_optimizer_state(&mut self, state: &OptimizerState) -> Result<(), StrategyError>;
 }

@@ -8,13 +8,15 @@
 
 use burn::module::AutodiffModule;
 use burn::optim::adaptor::OptimizerAdaptor;
-use burn::optim::{AdamW, AdamWConfig, Optimizer};
+use burn::optim::{AdamW, AdamWConfig};
 use burn::tensor::backend::AutodiffBackend;
+
+use crate::optim::{GuardConfigError, GuardedOptimizer, PerformanceConfig, PerformanceOptimizer};
 
 /// An optimizer configuration that makes an optimizer for any module.
 pub trait OptimizerSpec<B: AutodiffBackend> {
     /// The optimizer it makes for module `M`.
-    type Optimizer<M: AutodiffModule<B> + 'static>: Optimizer<M, B> + 'static;
+    type Optimizer<M: AutodiffModule<B> + 'static>: GuardedOptimizer<M, B> + 'static;
 
     /// A fresh optimizer (no state) for module `M`.
     fn init<M: AutodiffModule<B> + 'static>(&self) -> Self::Optimizer<M>;
@@ -25,5 +27,34 @@ impl<B: AutodiffBackend> OptimizerSpec<B> for AdamWConfig {
 
     fn init<M: AutodiffModule<B> + 'static>(&self) -> OptimizerAdaptor<AdamW, M, B> {
         AdamWConfig::init(self)
+    }
+}
+
+/// An [`OptimizerSpec`] composed with the guards of a [`PerformanceConfig`]: it makes a
+/// [`PerformanceOptimizer`] around the inner spec's optimizer, for whatever module a strategy
+/// holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PerformanceSpec<S> {
+    inner: S,
+    config: PerformanceConfig,
+}
+
+impl<S> PerformanceSpec<S> {
+    /// Composes `inner` with `config`.
+    ///
+    /// # Errors
+    /// [`GuardConfigError`] for a configuration that cannot work.
+    pub fn new(inner: S, config: PerformanceConfig) -> Result<Self, GuardConfigError> {
+        config.validate()?;
+        Ok(Self { inner, config })
+    }
+}
+
+impl<B: AutodiffBackend, S: OptimizerSpec<B>> OptimizerSpec<B> for PerformanceSpec<S> {
+    type Optimizer<M: AutodiffModule<B> + 'static> = PerformanceOptimizer<S::Optimizer<M>>;
+
+    fn init<M: AutodiffModule<B> + 'static>(&self) -> Self::Optimizer<M> {
+        PerformanceOptimizer::new(self.inner.init::<M>(), self.config.clone())
+            .expect("validated when the spec was made")
     }
 }

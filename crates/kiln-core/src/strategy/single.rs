@@ -5,7 +5,7 @@
 //! and the same micro-batching. Kept as its own name because "one device" is the reference
 //! every other strategy is compared with, and what `auto` picks for one rank.
 
-use burn::optim::Optimizer;
+use crate::optim::{GuardedOptimizer, OptimizerState};
 use burn::tensor::backend::AutodiffBackend;
 
 use super::{Ddp, DdpConfig, RankStats, StepOutput, Strategy, StrategyError, TrainModel};
@@ -51,7 +51,7 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Single<B, M> {
         config: SingleConfig,
     ) -> Result<Self, StrategyError>
     where
-        O: Optimizer<M, B> + 'static,
+        O: GuardedOptimizer<M, B> + 'static,
         I: Send + 'static,
     {
         let world = World::local(vec![device]).expect("one device is a valid world");
@@ -85,5 +85,13 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Strategy<B, M> for Single<B, M> {
 
     fn stats(&self) -> Vec<RankStats> {
         self.one_rank_ddp.stats()
+    }
+
+    fn optimizer_state(&self) -> Result<OptimizerState, StrategyError> {
+        self.one_rank_ddp.optimizer_state()
+    }
+
+    fn load_optimizer_state(&mut self, state: &OptimizerState) -> Result<(), StrategyError> {
+        self.one_rank_ddp.load_optimizer_state(state)
     }
 }

@@ -14,9 +14,10 @@
 
 mod worker;
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use burn::optim::Optimizer;
+use crate::optim::{GuardedOptimizer, OptimizerState, StateLayout};
 use burn::tensor::backend::AutodiffBackend;
 
 use super::dispatch::{RankThreads, Shard, check_single_process, materialise, step_output};
@@ -101,7 +102,7 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
         config: DdpConfig,
     ) -> Result<Self, StrategyError>
     where
-        O: Optimizer<M, B> + 'static,
+        O: GuardedOptimizer<M, B> + 'static,
         I: Send + 'static,
     {
         config.validate()?;
@@ -192,5 +193,16 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Strategy<B, M> for Ddp<B, M> {
 
     fn stats(&self) -> Vec<RankStats> {
         self.stats.clone()
+    }
+
+    fn optimizer_state(&self) -> Result<OptimizerState, StrategyError> {
+        // Every replica's optimizer holds the same state; rank 0's stands for all.
+        let bytes = self.threads.save_optimizer(0)?;
+        Ok(OptimizerState::new(StateLayout::Replica, vec![bytes]))
+    }
+
+    fn load_optimizer_state(&mut self, state: &OptimizerState) -> Result<(), StrategyError> {
+        let part: Arc<[u8]> = state.parts(StateLayout::Replica)?[0].as_slice().into();
+        self.threads.load_optimizer(vec![part; self.threads.len()])
     }
 }

@@ -2,13 +2,13 @@
 
 use std::time::{Duration, Instant};
 
-use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;
 
 use super::DdpConfig;
 use crate::collective::Collective;
 use crate::data::DataSource;
 use crate::grads::{BucketPlan, ParamSelection, all_reduce_gradients, broadcast_parameters};
+use crate::optim::{Guard, GuardedOptimizer, Settled, decode, encode};
 use crate::params::checksum_tensor;
 use crate::strategy::dispatch::{RankDone, RankWork, Shard};
 use crate::strategy::handover::sync_device;
@@ -32,7 +32,7 @@ impl<B, M, O, I> RankWork for Worker<B, M, O, I>
 where
     B: AutodiffBackend,
     M: TrainModel<B>,
-    O: Optimizer<M, B>,
+    O: GuardedOptimizer<M, B>,
 {
     type Held = M;
 
@@ -50,6 +50,16 @@ where
         self.model.clone()
     }
 
+    fn save_optimizer(&mut self) -> Result<Vec<u8>, RankError> {
+        Ok(encode::<B, _>(self.optim.to_record())?)
+    }
+
+    fn load_optimizer(&mut self, bytes: &[u8]) -> Result<(), RankError> {
+        let record = decode::<B, _>(bytes, &self.device)?;
+        self.optim = self.optim.clone().load_record(record);
+        Ok(())
+    }
+
     fn abort(&mut self, reason: &str) {
         self.collective.abort(reason);
     }
@@ -59,7 +69,7 @@ impl<B, M, O, I> Worker<B, M, O, I>
 where
     B: AutodiffBackend,
     M: TrainModel<B>,
-    O: Optimizer<M, B>,
+    O: GuardedOptimizer<M, B>,
 {
     /// Moves the replica to this rank's device and makes it rank 0's.
     fn start_rank(&mut self) -> Result<RankDone, RankError> {
@@ -101,23 +111,49 @@ where
             &self.device,
         )?;
 
+        // The guard's per-rank findings ride in the all-reduce (crate::optim's module docs).
+        let guard = self.optim.guard().cloned();
+        let inspect_start = Instant::now();
+        let inspected = guard
+            .as_ref()
+            .map(|g| g.inspect::<B, M>(&model, &local.grads, local.loss_sum.is_finite()));
+        let codes = inspected.as_ref().map_or_else(Vec::new, |l| {
+            Guard::codes(l, self.collective.rank(), self.world_size)
+        });
+        let mut guard_time = inspect_start.elapsed();
+
         let sync_start = Instant::now();
-        let grads = if self.world_size > 1 {
-            all_reduce_gradients(
+        let (grads, codes, inspected) = if self.world_size > 1 {
+            let (grads, codes) = all_reduce_gradients(
                 &model,
                 local.grads,
                 plan,
                 self.collective.as_mut(),
                 &self.device,
-            )?
+                &codes,
+            )?;
+            // The summed gradients need a norm of their own.
+            (grads, codes, None)
         } else {
-            local.grads
+            (local.grads, codes, inspected)
         };
         let mut communication = sync_start.elapsed();
 
+        let settle_start = Instant::now();
+        let settled = match &guard {
+            Some(g) => {
+                g.settle_replica::<B, M>(&model, grads, &codes, inspected, self.steps + 1)?
+            }
+            None => Settled::unguarded(grads),
+        };
+        guard_time += settle_start.elapsed();
+
         let optim_start = Instant::now();
-        let model = self.optim.step(lr, model, grads);
-        let compute = local.compute + optim_start.elapsed();
+        let model = match settled.grads {
+            Some(grads) => self.optim.step(lr, model, grads),
+            None => model,
+        };
+        let compute = local.compute + guard_time + optim_start.elapsed();
         self.steps += 1;
 
         if let Some(every) = self.config.check_replicas_every
@@ -139,7 +175,8 @@ where
             (compute, communication),
             self.plan.as_ref(),
             &self.stats,
-        ))
+        )
+        .with_guard(guard.map(|_| settled.report)))
     }
 
     /// Compares this replica's parameter checksum with rank 0's, bit for bit.

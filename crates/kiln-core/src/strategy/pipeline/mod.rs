@@ -26,9 +26,10 @@
 mod schedule;
 mod worker;
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use burn::optim::Optimizer;
+use crate::optim::{GuardedOptimizer, OptimizerState, StateLayout};
 use burn::tensor::backend::AutodiffBackend;
 
 pub use schedule::{Action, Schedule, peak_live};
@@ -158,7 +159,7 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
         config: PipelineConfig,
     ) -> Result<Self, StrategyError>
     where
-        O: Optimizer<M::Stage, B> + 'static,
+        O: GuardedOptimizer<M::Stage, B> + 'static,
         I: Send + 'static,
     {
         config.validate()?;
@@ -271,5 +272,28 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Strategy<B, M> for Pipeline<B, M> 
 
     fn stats(&self) -> Vec<RankStats> {
         self.stats.clone()
+    }
+
+    fn optimizer_state(&self) -> Result<OptimizerState, StrategyError> {
+        // The replicas of a stage hold the same state; the first replica's stands for all.
+        let parts = (0..self.config.stages)
+            .map(|stage| self.threads.save_optimizer(self.mesh.rank(&[0, stage])))
+            .collect::<Result<_, _>>()?;
+        Ok(OptimizerState::new(
+            StateLayout::Stages(self.config.stages),
+            parts,
+        ))
+    }
+
+    fn load_optimizer_state(&mut self, state: &OptimizerState) -> Result<(), StrategyError> {
+        let parts: Vec<Arc<[u8]>> = state
+            .parts(StateLayout::Stages(self.config.stages))?
+            .iter()
+            .map(|p| p.as_slice().into())
+            .collect();
+        let per_rank = (0..self.threads.len())
+            .map(|rank| parts[self.mesh.coord(rank, Mesh::PP)].clone())
+            .collect();
+        self.threads.load_optimizer(per_rank)
     }
 }

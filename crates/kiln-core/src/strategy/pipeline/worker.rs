@@ -8,15 +8,20 @@
 use std::time::{Duration, Instant};
 
 use burn::module::{AutodiffModule, Module, ModuleMapper, Param};
-use burn::optim::{GradientsParams, Optimizer};
+use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor};
 
 use super::PipelineConfig;
 use super::schedule::Action;
 use crate::collective::MeshCollectives;
+use crate::collective::ReduceOp;
 use crate::data::{DataSource, split_even};
 use crate::grads::{BucketPlan, ParamSelection, add_weighted, all_reduce_gradients};
+use crate::optim::{
+    Guard, GuardedOptimizer, Local, NonFinite, Settled, decode, encode, grad_squares, param_path,
+    scale_grads, sum_squares,
+};
 use crate::stages::{Activation, PipelineModel};
 use crate::strategy::dispatch::{RankDone, RankWork, Shard};
 use crate::strategy::handover::sync_device;
@@ -102,7 +107,7 @@ impl<B, M, O, I> RankWork for Worker<B, M, O, I>
 where
     B: AutodiffBackend,
     M: PipelineModel<B>,
-    O: Optimizer<M::Stage, B>,
+    O: GuardedOptimizer<M::Stage, B>,
 {
     type Held = M::Stage;
 
@@ -120,6 +125,16 @@ where
         self.module.clone()
     }
 
+    fn save_optimizer(&mut self) -> Result<Vec<u8>, RankError> {
+        Ok(encode::<B, _>(self.optim.to_record())?)
+    }
+
+    fn load_optimizer(&mut self, bytes: &[u8]) -> Result<(), RankError> {
+        let record = decode::<B, _>(bytes, &self.device)?;
+        self.optim = self.optim.clone().load_record(record);
+        Ok(())
+    }
+
     fn abort(&mut self, reason: &str) {
         self.groups.abort(reason);
     }
@@ -129,7 +144,7 @@ impl<B, M, O, I> Worker<B, M, O, I>
 where
     B: AutodiffBackend,
     M: PipelineModel<B>,
-    O: Optimizer<M::Stage, B>,
+    O: GuardedOptimizer<M::Stage, B>,
 {
     /// Moves the stage to this rank's device and plans its gradient buckets.
     fn start_rank(&mut self) -> Result<RankDone, RankError> {
@@ -169,18 +184,39 @@ where
             loss_sum += flush_loss;
         }
 
+        let guard = self.optim.guard().cloned();
+        let guard_start = Instant::now();
+        let inspected = guard
+            .as_ref()
+            .map(|g| g.inspect::<B, M::Stage>(&module, &grads, loss_sum.is_finite()));
+        times.compute += guard_start.elapsed();
+
         let sync_start = Instant::now();
         let plan = self.plan.as_ref().expect("a started rank has a plan");
-        let grads = if self.place.replicas > 1 {
+        let summed = self.place.replicas > 1;
+        let grads = if summed {
             let dp = self.groups.axis(Mesh::DP).expect("a pipeline mesh has dp");
-            all_reduce_gradients(&module, grads, plan, dp, &self.device)?
+            all_reduce_gradients(&module, grads, plan, dp, &self.device, &[])?.0
         } else {
             grads
         };
-        let communication = sync_start.elapsed();
+        let mut communication = sync_start.elapsed();
+
+        let settled = match (&guard, inspected) {
+            (Some(guard), Some(local)) => {
+                let (settled, spent) =
+                    self.settle_across_stages(guard, &module, grads, local, summed)?;
+                communication += spent;
+                settled
+            }
+            _ => Settled::unguarded(grads),
+        };
 
         let optim_start = Instant::now();
-        self.module = Some(self.optim.step(lr, module, grads));
+        self.module = Some(match settled.grads {
+            Some(grads) => self.optim.step(lr, module, grads),
+            None => module,
+        });
         times.compute += optim_start.elapsed();
 
         let scored = if self.place.last() { shard.len() } else { 0 };
@@ -195,7 +231,64 @@ where
             (times.compute, communication),
             self.plan.as_ref(),
             &self.stats,
-        ))
+        )
+        .with_guard(guard.map(|_| settled.report)))
+    }
+
+    /// The guard's decision for a stage: the stages' squared norms and every rank's findings
+    /// are summed over the world in one small all-reduce (the stages share no gradient
+    /// all-reduce it could ride in), then every rank settles from the same facts. Returns the
+    /// decision and the time the all-reduce took.
+    fn settle_across_stages(
+        &mut self,
+        guard: &Guard,
+        module: &M::Stage,
+        grads: GradientsParams,
+        local: Local,
+        summed: bool,
+    ) -> Result<(Settled, Duration), RankError> {
+        let squares = if summed {
+            grad_squares::<B, M::Stage>(module, &grads)
+        } else {
+            local.squares
+        };
+        let dp_rank = self.groups.axis(Mesh::DP).expect("dp").rank();
+        let world = self.groups.world();
+        let (rank, world_size) = (world.rank(), world.world_size());
+        // Layout: each rank's finding code, each rank's stage, then the global Σ g², to which
+        // only the first replica of each stage adds (the replicas' sums are equal).
+        let mut facts = vec![0.0f32; 2 * world_size + 1];
+        facts[rank] = local.code;
+        facts[world_size + rank] = self.place.stage as f32;
+        if dp_rank == 0 {
+            facts[2 * world_size] = sum_squares(&squares) as f32;
+        }
+        let start = Instant::now();
+        let facts = Tensor::<B::InnerBackend, 1>::from_floats(facts.as_slice(), &self.device);
+        let facts = world
+            .all_reduce(facts, ReduceOp::Sum)?
+            .into_data()
+            .convert::<f32>()
+            .to_vec::<f32>()
+            .expect("the facts convert to f32");
+        let spent = start.elapsed();
+        let (codes, stages) = facts[..2 * world_size].split_at(world_size);
+        let stage = self.place.stage;
+        let settled = guard
+            .settle(
+                grads,
+                codes,
+                f64::from(facts[2 * world_size]),
+                self.stats.steps + 1,
+                |culprit, ordinal| {
+                    (stages[culprit] as usize == stage)
+                        .then(|| param_path::<B, M::Stage>(module, ordinal))
+                        .flatten()
+                },
+                |grads, factor| scale_grads::<B, M::Stage>(module, grads, factor),
+            )
+            .map_err(|report: NonFinite| RankError::from(report))?;
+        Ok((settled, spent))
     }
 
     /// One flush of the pipeline over `micro`: the schedule's forwards and backwards, each

@@ -1,0 +1,210 @@
+//! The guard that runs between the gradient synchronisation and the optimizer step.
+//!
+//! A step goes: each rank inspects its own gradients (one pass: the squared norm of every
+//! gradient, which is non-finite exactly when the gradient is) → it writes a *finding code* in
+//! its own slot of a world-sized vector that rides in the gradient all-reduce's last bucket, so
+//! after the sum every rank knows which ranks saw what, with no extra collective → every rank
+//! settles the same way from the same facts: skip, halt, or clip by the global norm and step.
+
+use burn::module::AutodiffModule;
+use burn::optim::GradientsParams;
+use burn::tensor::backend::AutodiffBackend;
+
+use super::inspect::{grad_squares, param_path, scale_grads};
+use super::{NanPolicy, NonFinite, NonFiniteValue, PerformanceConfig};
+
+/// PyTorch's `clip_grad_norm_` adds this to the norm, so a zero norm never divides.
+const CLIP_EPS: f64 = 1e-6;
+
+/// What the guard did in one step, as [`StepOutput`](crate::strategy::StepOutput) reports it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GuardReport {
+    /// The global L2 norm of the gradients before clipping (over every rank and shard);
+    /// non-finite when the step was skipped for a non-finite value.
+    pub grad_norm: f64,
+    /// Whether every rank skipped the optimizer step.
+    pub skipped: bool,
+}
+
+/// One rank's view of its own gradients before they are synchronised.
+pub(crate) struct Local {
+    /// 0 when finite, 1 for a non-finite loss, `2 + ordinal` for the first parameter whose
+    /// gradient is not finite. Small integers are exact in f32, so sums of codes of which at
+    /// most one per slot is non-zero are exact too.
+    pub code: f32,
+    /// The squared norms behind the code, reused when nothing is summed afterwards.
+    pub squares: Vec<(usize, f32)>,
+}
+
+/// The decision of one step.
+pub(crate) struct Settled {
+    /// The gradients to step with (clipped), or `None` to skip the step.
+    pub grads: Option<GradientsParams>,
+    /// What is reported.
+    pub report: GuardReport,
+}
+
+impl Settled {
+    /// No guard: the gradients go to the optimizer as they are.
+    pub fn unguarded(grads: GradientsParams) -> Self {
+        Self {
+            grads: Some(grads),
+            report: GuardReport {
+                grad_norm: f64::NAN,
+                skipped: false,
+            },
+        }
+    }
+}
+
+/// The stability guards of a [`PerformanceConfig`], applied by the strategies.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Guard {
+    config: PerformanceConfig,
+}
+
+impl Guard {
+    pub(crate) fn new(config: PerformanceConfig) -> Self {
+        Self { config }
+    }
+
+    /// The configuration applied.
+    pub fn config(&self) -> &PerformanceConfig {
+        &self.config
+    }
+
+    /// Inspects this rank's gradients (and whether its loss was finite).
+    pub(crate) fn inspect<B: AutodiffBackend, M: AutodiffModule<B>>(
+        &self,
+        module: &M,
+        grads: &GradientsParams,
+        loss_finite: bool,
+    ) -> Local {
+        let squares = grad_squares::<B, M>(module, grads);
+        let code = if !loss_finite {
+            1.0
+        } else {
+            squares
+                .iter()
+                .find(|(_, s)| !s.is_finite())
+                .map_or(0.0, |&(ordinal, _)| 2.0 + ordinal as f32)
+        };
+        Local { code, squares }
+    }
+
+    /// The world-sized vector of finding codes this rank contributes: its code in its slot.
+    pub(crate) fn codes(local: &Local, rank: usize, world_size: usize) -> Vec<f32> {
+        let mut codes = vec![0.0; world_size];
+        codes[rank] = local.code;
+        codes
+    }
+
+    /// Decides the step from every rank's finding `codes` (summed, indexed by rank) and the
+    /// squared global norm of the synchronised gradients. `name` names a parameter by ordinal
+    /// when this rank holds it (`None` for another pipeline stage's rank).
+    ///
+    /// # Errors
+    /// [`NonFinite`] under [`NanPolicy::Halt`]; every rank builds the same one.
+    pub(crate) fn settle(
+        &self,
+        grads: GradientsParams,
+        codes: &[f32],
+        global_squares: f64,
+        step: u64,
+        name: impl Fn(usize, usize) -> Option<String>,
+        clip: impl FnOnce(GradientsParams, f64) -> GradientsParams,
+    ) -> Result<Settled, NonFinite> {
+        let norm = global_squares.sqrt();
+        let affected: Vec<(usize, f32)> = codes
+            .iter()
+            .copied()
+            .enumerate()
+            .filter(|&(_, c)| c != 0.0)
+            .collect();
+        if !affected.is_empty() || !norm.is_finite() {
+            // A non-finite loss makes every gradient behind it non-finite too: it is the cause
+            // to name, wherever it appeared; otherwise the lowest rank's first gradient.
+            let first = affected
+                .iter()
+                .find(|&&(_, c)| c == 1.0)
+                .or(affected.first());
+            let report = match first {
+                Some(&(rank, code)) => NonFinite {
+                    step,
+                    rank: Some(rank),
+                    value: if code == 1.0 {
+                        NonFiniteValue::Loss
+                    } else {
+                        let ordinal = (code - 2.0) as usize;
+                        NonFiniteValue::Gradient {
+                            param: name(rank, ordinal),
+                            ordinal,
+                        }
+                    },
+                    ranks_affected: affected.len(),
+                },
+                None => NonFinite {
+                    step,
+                    rank: None,
+                    value: NonFiniteValue::SummedGradients,
+                    ranks_affected: 0,
+                },
+            };
+            return match self.config.nan_policy {
+                NanPolicy::Halt => Err(report),
+                NanPolicy::Skip => {
+                    tracing::warn!("skipped the step: {report}");
+                    Ok(Settled {
+                        grads: None,
+                        report: GuardReport {
+                            grad_norm: norm,
+                            skipped: true,
+                        },
+                    })
+                }
+            };
+        }
+        let grads = match self.config.clip_norm {
+            Some(max) if norm > max => clip(grads, max / (norm + CLIP_EPS)),
+            _ => grads,
+        };
+        Ok(Settled {
+            grads: Some(grads),
+            report: GuardReport {
+                grad_norm: norm,
+                skipped: false,
+            },
+        })
+    }
+
+    /// [`Self::settle`] for a module whose synchronised gradients are whole on this rank
+    /// (every strategy but the pipeline): the global norm is theirs, and every parameter has
+    /// a name here. `local` is reused when the gradients were not summed since.
+    pub(crate) fn settle_replica<B: AutodiffBackend, M: AutodiffModule<B>>(
+        &self,
+        module: &M,
+        grads: GradientsParams,
+        codes: &[f32],
+        local: Option<Local>,
+        step: u64,
+    ) -> Result<Settled, NonFinite> {
+        let squares = match local {
+            Some(local) => local.squares,
+            None => grad_squares::<B, M>(module, &grads),
+        };
+        let global = sum_squares(&squares);
+        self.settle(
+            grads,
+            codes,
+            global,
+            step,
+            |_, ordinal| param_path::<B, M>(module, ordinal),
+            |grads, factor| scale_grads::<B, M>(module, grads, factor),
+        )
+    }
+}
+
+/// `Σ g²` over every gradient, accumulated in f64.
+pub(crate) fn sum_squares(squares: &[(usize, f32)]) -> f64 {
+    squares.iter().map(|&(_, s)| f64::from(s)).sum()
+}

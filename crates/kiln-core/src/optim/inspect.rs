@@ -1,0 +1,141 @@
+//! Passes over a module's gradients: their squared norms (which also reveal non-finite
+//! values), scaling them, and naming a parameter by its module path.
+//!
+//! Parameters are identified across ranks by their *ordinal*: the position of the parameter's
+//! first visit in the module's visiting order. Every replica of a model visits in the same
+//! order, so an ordinal found on one rank names the same parameter on all of them.
+
+use std::collections::HashSet;
+use std::marker::PhantomData;
+
+use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
+use burn::optim::GradientsParams;
+use burn::tensor::{Tensor, backend::AutodiffBackend};
+
+type Inner<B> = <B as AutodiffBackend>::InnerBackend;
+
+/// The squared L2 norm of each gradient of `module` found in `grads`, as
+/// `(ordinal, Σ g²)` in visiting order.
+///
+/// One reduction per gradient, then a single read of all of them, so the pass costs one device
+/// synchronisation however many parameters the model has. A gradient holding a NaN or ±Inf has
+/// a non-finite sum of squares; so does a finite one whose squares overflow f32 (|g| > 1.8e19),
+/// which no training can use either.
+pub(crate) fn grad_squares<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    grads: &GradientsParams,
+) -> Vec<(usize, f32)> {
+    let mut visitor = Squares::<B> {
+        grads,
+        seen: HashSet::new(),
+        ordinals: Vec::new(),
+        sums: Vec::new(),
+    };
+    module.visit(&mut visitor);
+    if visitor.sums.is_empty() {
+        return Vec::new();
+    }
+    let values = Tensor::cat(visitor.sums, 0)
+        .into_data()
+        .convert::<f32>()
+        .to_vec::<f32>()
+        .expect("sums of squares convert to f32");
+    visitor.ordinals.into_iter().zip(values).collect()
+}
+
+struct Squares<'a, B: AutodiffBackend> {
+    grads: &'a GradientsParams,
+    seen: HashSet<ParamId>,
+    ordinals: Vec<usize>,
+    sums: Vec<Tensor<Inner<B>, 1>>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Squares<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let ordinal = self.seen.len();
+        if !self.seen.insert(param.id) {
+            return;
+        }
+        if let Some(grad) = self.grads.get::<Inner<B>, D>(param.id) {
+            self.ordinals.push(ordinal);
+            self.sums.push(grad.square().sum());
+        }
+    }
+}
+
+/// Multiplies every gradient of `module` in `grads` by `factor`.
+pub(crate) fn scale_grads<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    mut grads: GradientsParams,
+    factor: f64,
+) -> GradientsParams {
+    let mut visitor = Scale::<B> {
+        grads: &mut grads,
+        seen: HashSet::new(),
+        factor,
+        backend: PhantomData,
+    };
+    module.visit(&mut visitor);
+    grads
+}
+
+struct Scale<'a, B: AutodiffBackend> {
+    grads: &'a mut GradientsParams,
+    seen: HashSet<ParamId>,
+    factor: f64,
+    backend: PhantomData<B>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Scale<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        // A tied parameter is visited once per use but has one gradient, scaled once.
+        if !self.seen.insert(param.id) {
+            return;
+        }
+        if let Some(grad) = self.grads.remove::<Inner<B>, D>(param.id) {
+            self.grads.register(param.id, grad.mul_scalar(self.factor));
+        }
+    }
+}
+
+/// The module path of the parameter at `ordinal` (`blocks.1.attn.query.weight`), or `None`
+/// when the module has fewer parameters.
+pub(crate) fn param_path<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    ordinal: usize,
+) -> Option<String> {
+    let mut visitor = Path::<B> {
+        target: ordinal,
+        stack: Vec::new(),
+        seen: HashSet::new(),
+        found: None,
+        backend: PhantomData,
+    };
+    module.visit(&mut visitor);
+    visitor.found
+}
+
+struct Path<B: AutodiffBackend> {
+    target: usize,
+    stack: Vec<String>,
+    seen: HashSet<ParamId>,
+    found: Option<String>,
+    backend: PhantomData<B>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Path<B> {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.stack.push(name.to_string());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.stack.pop();
+    }
+
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let ordinal = self.seen.len();
+        if self.seen.insert(param.id) && ordinal == self.target && self.found.is_none() {
+            self.found = Some(self.stack.join("."));
+        }
+    }
+}

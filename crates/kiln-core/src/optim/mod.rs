@@ -1,0 +1,29 @@
+//! The `PerformanceOptimizer`: what every strategy runs between the gradient synchronisation
+//! and the optimizer step.
+//!
+//! - **Global-norm clipping**: one L2 norm over every gradient of the whole model, over all
+//!   ranks and pipeline stages, equal to single-device clipping at the same global batch
+//!   (Burn's own `GradientClipping::Norm` clips each tensor by its own norm).
+//! - **NaN/Inf guard**: a non-finite loss or gradient is found in the same pass that computes
+//!   the norm, reported with the parameter's module path, the rank and the step, and either
+//!   skipped by every rank at once or returned as the same error by every rank.
+//!
+//! Per-rank findings ride in the gradient all-reduce's last bucket, so the guard adds no
+//! collective call to replicated strategies (the pipeline, whose stages share no all-reduce,
+//! adds one small call per step). See the book's page on the PerformanceOptimizer.
+
+mod config;
+mod guard;
+mod inspect;
+mod performance;
+mod report;
+mod state;
+
+pub use config::{GuardConfigError, NanPolicy, PerformanceConfig};
+pub use guard::{Guard, GuardReport};
+pub(crate) use guard::{Local, Settled, sum_squares};
+pub(crate) use inspect::{grad_squares, param_path, scale_grads};
+pub use performance::{GuardedOptimizer, PerformanceOptimizer};
+pub use report::{NonFinite, NonFiniteValue};
+pub use state::{OptimizerState, StateError, StateLayout};
+pub(crate) use state::{decode, encode};

@@ -1,0 +1,156 @@
+//! [`PerformanceOptimizer`]: a Burn optimizer composed with Kiln's stability guards.
+
+use burn::module::AutodiffModule;
+use burn::optim::LearningRate;
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::{GradientsParams, MultiGradientsParams, Optimizer, SimpleOptimizer};
+use burn::tensor::backend::AutodiffBackend;
+
+use super::guard::{Guard, GuardReport};
+use super::{GuardConfigError, NonFinite, PerformanceConfig};
+
+/// An optimizer that Kiln's strategies can step: any Burn optimizer, with or without guards.
+///
+/// The strategies call [`Self::guard`] between the gradient synchronisation and
+/// [`Optimizer::step`]; a guard may clip the gradients, skip the step, or halt. Every
+/// optimizer Burn ships is an [`OptimizerAdaptor`] and has no guard; wrap one in a
+/// [`PerformanceOptimizer`] to add them. An optimizer of your own needs a one-line
+/// `impl GuardedOptimizer<M, B> for MyOptimizer {}`.
+pub trait GuardedOptimizer<M: AutodiffModule<B>, B: AutodiffBackend>: Optimizer<M, B> {
+    /// The guards to run before each step; `None` steps with the gradients as they are.
+    fn guard(&self) -> Option<&Guard> {
+        None
+    }
+}
+
+impl<O, M, B> GuardedOptimizer<M, B> for OptimizerAdaptor<O, M, B>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    O: SimpleOptimizer<B::InnerBackend>,
+{
+}
+
+/// A Burn optimizer composed with global-norm clipping and a NaN/Inf guard, applied the same
+/// way by every strategy, across ranks and pipeline stages.
+///
+/// ```
+/// # use burn::backend::{Autodiff, Flex};
+/// # use burn::nn::Linear;
+/// use burn::optim::AdamWConfig;
+/// use kiln_core::optim::{NanPolicy, PerformanceConfig, PerformanceOptimizer};
+///
+/// let config = PerformanceConfig::new()
+///     .with_clip_norm(Some(1.0))
+///     .with_nan_policy(NanPolicy::Skip);
+/// let optim = PerformanceOptimizer::new(
+///     AdamWConfig::new().init::<Autodiff<Flex>, Linear<Autodiff<Flex>>>(),
+///     config,
+/// )
+/// .unwrap();
+/// // Give `optim` to any strategy: Single::new(model, optim, data, device, ...).
+/// ```
+///
+/// Its [`Optimizer::step`] is the inner optimizer's step: the strategies run the guard before
+/// calling it, where every rank's facts are known. A hand-written single-device loop calls
+/// [`Self::guarded_step`] instead.
+#[derive(Clone)]
+pub struct PerformanceOptimizer<O> {
+    inner: O,
+    guard: Guard,
+}
+
+impl<O> PerformanceOptimizer<O> {
+    /// Composes `inner` with the guards of `config`.
+    ///
+    /// # Errors
+    /// [`GuardConfigError`] for a configuration that cannot work.
+    pub fn new(inner: O, config: PerformanceConfig) -> Result<Self, GuardConfigError> {
+        config.validate()?;
+        Ok(Self {
+            inner,
+            guard: Guard::new(config),
+        })
+    }
+
+    /// The configuration applied.
+    pub fn config(&self) -> &PerformanceConfig {
+        self.guard.config()
+    }
+
+    /// The wrapped optimizer.
+    pub fn inner(&self) -> &O {
+        &self.inner
+    }
+
+    /// One guarded step on one device, for hand-written loops: inspects `grads` (and whether
+    /// the loss was finite), then skips, halts or clips exactly as a one-rank strategy does,
+    /// and steps. `step` numbers the report.
+    ///
+    /// # Errors
+    /// [`NonFinite`] under [`NanPolicy::Halt`](super::NanPolicy::Halt); the module is then
+    /// lost to the caller, as after a failed strategy step.
+    pub fn guarded_step<M, B>(
+        &mut self,
+        lr: LearningRate,
+        module: M,
+        grads: GradientsParams,
+        loss_finite: bool,
+        step: u64,
+    ) -> Result<(M, GuardReport), NonFinite>
+    where
+        B: AutodiffBackend,
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+    {
+        let local = self.guard.inspect::<B, M>(&module, &grads, loss_finite);
+        let codes = Guard::codes(&local, 0, 1);
+        let settled =
+            self.guard
+                .settle_replica::<B, M>(&module, grads, &codes, Some(local), step)?;
+        let module = match settled.grads {
+            Some(grads) => self.inner.step(lr, module, grads),
+            None => module,
+        };
+        Ok((module, settled.report))
+    }
+}
+
+impl<O, M, B> Optimizer<M, B> for PerformanceOptimizer<O>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    O: Optimizer<M, B>,
+{
+    type Record = O::Record;
+
+    fn step(&mut self, lr: LearningRate, module: M, grads: GradientsParams) -> M {
+        self.inner.step(lr, module, grads)
+    }
+
+    fn step_multi(&mut self, lr: LearningRate, module: M, grads: MultiGradientsParams) -> M {
+        self.inner.step_multi(lr, module, grads)
+    }
+
+    fn to_record(&self) -> Self::Record {
+        self.inner.to_record()
+    }
+
+    fn load_record(self, record: Self::Record) -> Self {
+        Self {
+            inner: self.inner.load_record(record),
+            guard: self.guard,
+        }
+    }
+}
+
+impl<O, M, B> GuardedOptimizer<M, B> for PerformanceOptimizer<O>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    O: Optimizer<M, B>,
+{
+    fn guard(&self) -> Option<&Guard> {
+        Some(&self.guard)
+    }
+}

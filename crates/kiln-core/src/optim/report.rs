@@ -1,0 +1,72 @@
+//! The report of a non-finite loss or gradient.
+
+use std::fmt;
+
+/// Where the first non-finite value was found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NonFiniteValue {
+    /// The loss of the rank's samples.
+    Loss,
+    /// The gradient of the parameter at this module path (`blocks.1.attn.query.weight`), or
+    /// of a parameter of another pipeline stage, which this rank cannot name.
+    Gradient {
+        /// The parameter's module path, when the reporting rank holds it.
+        param: Option<String>,
+        /// The parameter's position in its module's visiting order.
+        ordinal: usize,
+    },
+    /// Every rank's gradients were finite, but their sum overflowed.
+    SummedGradients,
+}
+
+/// A NaN or infinity found by the [`PerformanceOptimizer`](super::PerformanceOptimizer)'s guard.
+///
+/// Every rank builds the same report from the same synchronised facts, so under
+/// [`NanPolicy::Halt`](super::NanPolicy::Halt) all ranks fail with an equal error.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub struct NonFinite {
+    /// The optimizer step (1 for the first) whose gradients were not finite.
+    pub step: u64,
+    /// The first rank (lowest number) that had a non-finite value, if one rank had it before
+    /// the gradients were summed.
+    pub rank: Option<usize>,
+    /// What was not finite on that rank.
+    pub value: NonFiniteValue,
+    /// How many ranks had non-finite values of their own.
+    pub ranks_affected: usize,
+}
+
+impl fmt::Display for NonFinite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.value {
+            NonFiniteValue::Loss => write!(f, "the loss is NaN or infinite")?,
+            NonFiniteValue::Gradient {
+                param: Some(path), ..
+            } => write!(f, "the gradient of {path} holds NaN or infinity")?,
+            NonFiniteValue::Gradient {
+                param: None,
+                ordinal,
+            } => write!(
+                f,
+                "the gradient of parameter #{ordinal} of another pipeline stage holds NaN or \
+                 infinity"
+            )?,
+            NonFiniteValue::SummedGradients => write!(
+                f,
+                "the gradients summed over the ranks overflowed (every rank's own were finite)"
+            )?,
+        }
+        write!(f, " at step {}", self.step)?;
+        if let Some(rank) = self.rank {
+            write!(f, " on rank {rank}")?;
+        }
+        if self.ranks_affected > 1 {
+            write!(f, " (and on {} other ranks)", self.ranks_affected - 1)?;
+        }
+        write!(
+            f,
+            "; lower the learning rate, set clip_norm, check the data of that step, or use \
+             nan_policy skip to skip such steps"
+        )
+    }
+}

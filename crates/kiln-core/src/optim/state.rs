@@ -1,0 +1,190 @@
+//! The optimizer state of a strategy, out of its rank threads and back: what a checkpoint needs
+//! so that training resumed after `k` steps continues exactly as if it had never stopped.
+
+use std::path::Path;
+
+use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Record, Recorder};
+use burn::tensor::backend::Backend;
+
+/// How a strategy's optimizer state is cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateLayout {
+    /// One state for the whole model: every replica's optimizer holds the same (Single,
+    /// DataParallel, Ddp). States of this layout move freely between those strategies.
+    Replica,
+    /// One state per pipeline stage, in stage order; it loads into a pipeline of as many
+    /// stages only.
+    Stages(usize),
+}
+
+impl std::fmt::Display for StateLayout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StateLayout::Replica => f.write_str("one state for the whole model"),
+            StateLayout::Stages(n) => write!(f, "one state per stage of a {n}-stage pipeline"),
+        }
+    }
+}
+
+/// A strategy's optimizer state (Adam's moments and step counts, for instance), each part in
+/// Burn's named MessagePack format at full precision, so a round trip is bit-exact.
+///
+/// Two states of the same optimizer need not be equal byte for byte: Burn keeps the state in
+/// a hash map, whose order its encoding follows.
+#[derive(Clone)]
+pub struct OptimizerState {
+    layout: StateLayout,
+    parts: Vec<Vec<u8>>,
+}
+
+impl std::fmt::Debug for OptimizerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let bytes: Vec<usize> = self.parts.iter().map(Vec::len).collect();
+        f.debug_struct("OptimizerState")
+            .field("layout", &self.layout)
+            .field("bytes", &bytes)
+            .finish()
+    }
+}
+
+/// An optimizer state that cannot be read, written or used.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StateError {
+    /// A file could not be read or written.
+    #[error("cannot {action} {path}: {reason}")]
+    Io {
+        /// `read` or `write`.
+        action: &'static str,
+        /// The file.
+        path: String,
+        /// The system's message.
+        reason: String,
+    },
+    /// No optimizer state in the folder.
+    #[error(
+        "no optimizer state in {0}: expected optimizer.mpk (single, data_parallel, ddp) or \
+         optimizer.stage-<s>-of-<n>.mpk files (pipeline), as written by OptimizerState::save"
+    )]
+    Missing(String),
+    /// A state cut for another strategy.
+    #[error(
+        "the optimizer state holds {found} but this strategy needs {expected}; resume with the \
+         strategy (and number of stages) that saved it"
+    )]
+    Layout {
+        /// What the strategy needs.
+        expected: StateLayout,
+        /// What the state holds.
+        found: StateLayout,
+    },
+    /// Bytes that are not the state of this optimizer.
+    #[error("the optimizer state does not decode as this optimizer's state: {0}")]
+    Decode(String),
+}
+
+fn recorder() -> NamedMpkBytesRecorder<FullPrecisionSettings> {
+    NamedMpkBytesRecorder::new()
+}
+
+/// Encodes an optimizer's record.
+pub(crate) fn encode<B: Backend, R: Record<B>>(record: R) -> Result<Vec<u8>, StateError> {
+    Recorder::<B>::record(&recorder(), record, ()).map_err(|e| StateError::Decode(e.to_string()))
+}
+
+/// Decodes an optimizer's record onto `device`.
+pub(crate) fn decode<B: Backend, R: Record<B>>(
+    bytes: &[u8],
+    device: &B::Device,
+) -> Result<R, StateError> {
+    Recorder::<B>::load(&recorder(), bytes.to_vec(), device)
+        .map_err(|e| StateError::Decode(e.to_string()))
+}
+
+impl OptimizerState {
+    pub(crate) fn new(layout: StateLayout, parts: Vec<Vec<u8>>) -> Self {
+        Self { layout, parts }
+    }
+
+    /// How the state is cut.
+    pub fn layout(&self) -> StateLayout {
+        self.layout
+    }
+
+    /// The encoded parts, one per stage (one in all for [`StateLayout::Replica`]).
+    pub(crate) fn parts(&self, expected: StateLayout) -> Result<&[Vec<u8>], StateError> {
+        if self.layout != expected {
+            return Err(StateError::Layout {
+                expected,
+                found: self.layout,
+            });
+        }
+        Ok(&self.parts)
+    }
+
+    /// Writes the state into `dir` (created if missing): `optimizer.mpk`, or one
+    /// `optimizer.stage-<s>-of-<n>.mpk` per stage.
+    ///
+    /// # Errors
+    /// [`StateError::Io`] when a file cannot be written.
+    pub fn save(&self, dir: &Path) -> Result<(), StateError> {
+        std::fs::create_dir_all(dir).map_err(|e| io("write", dir, e))?;
+        for (name, part) in self.file_names().into_iter().zip(&self.parts) {
+            let path = dir.join(name);
+            std::fs::write(&path, part).map_err(|e| io("write", &path, e))?;
+        }
+        Ok(())
+    }
+
+    /// Reads a state written by [`Self::save`].
+    ///
+    /// # Errors
+    /// [`StateError::Missing`] when `dir` holds none, [`StateError::Io`] when a file cannot be
+    /// read.
+    pub fn load(dir: &Path) -> Result<Self, StateError> {
+        let whole = dir.join("optimizer.mpk");
+        if whole.exists() {
+            let part = std::fs::read(&whole).map_err(|e| io("read", &whole, e))?;
+            return Ok(Self::new(StateLayout::Replica, vec![part]));
+        }
+        let entries = std::fs::read_dir(dir).map_err(|e| io("read", dir, e))?;
+        let stages = entries
+            .filter_map(|entry| {
+                let name = entry.ok()?.file_name().into_string().ok()?;
+                name.strip_prefix("optimizer.stage-0-of-")?
+                    .strip_suffix(".mpk")?
+                    .parse::<usize>()
+                    .ok()
+            })
+            .find(|&n| n > 0)
+            .ok_or_else(|| StateError::Missing(dir.display().to_string()))?;
+        let state = Self::new(StateLayout::Stages(stages), Vec::new());
+        let parts = state
+            .file_names()
+            .into_iter()
+            .map(|name| {
+                let path = dir.join(name);
+                std::fs::read(&path).map_err(|e| io("read", &path, e))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { parts, ..state })
+    }
+
+    fn file_names(&self) -> Vec<String> {
+        match self.layout {
+            StateLayout::Replica => vec!["optimizer.mpk".to_string()],
+            StateLayout::Stages(n) => (0..n).map(|s| stage_file(s, n)).collect(),
+        }
+    }
+}
+
+fn stage_file(stage: usize, stages: usize) -> String {
+    format!("optimizer.stage-{stage}-of-{stages}.mpk")
+}
+
+fn io(action: &'static str, path: &Path, error: std::io::Error) -> StateError {
+    StateError::Io {
+        action,
+        path: path.display().to_string(),
+        reason: error.to_string(),
+    }
+}
