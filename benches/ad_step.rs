@@ -5,9 +5,10 @@
 //! cargo bench --bench ad_step [-- STEPS ROUNDS [FILTER]]
 //! ```
 //! `FILTER` keeps the runners whose name contains it (e.g. `flex`).
-//! Each round times `STEPS` steps (after 3 untimed warm-up steps) of a plain Burn loop and of
-//! Kiln's `Single` strategy, in rotating order, each inside a one-thread pool; it prints the
-//! median ms/step of each over the rounds, and their ratio (ratios from one run are what to
+//! Each round times `STEPS` steps (after 3 untimed warm-up steps) of a plain Burn loop, of
+//! Kiln's `Single` strategy, and of `Single` with the PerformanceOptimizer's guards (global-norm
+//! clipping and the NaN guard), in rotating order, each inside a one-thread pool; it prints the
+//! median ms/step of each over the rounds, and their ratios (ratios from one run are what to
 //! compare on a shared machine).
 
 use std::time::Instant;
@@ -21,6 +22,7 @@ use kiln::ad::config::AdConfig;
 use kiln::ad::dataset::{WindowBatcher, WindowDataset};
 use kiln::ad::train::generate;
 use kiln::core::data::{DataSource, EpochSampler};
+use kiln::core::optim::{NanPolicy, PerformanceConfig, PerformanceOptimizer};
 use kiln::core::strategy::{Single, SingleConfig, Strategy};
 
 const LR: f64 = 1e-3;
@@ -64,6 +66,26 @@ fn plain<B: AutodiffBackend>(config: &AdConfig, batches: &[Vec<usize>], steps: u
 }
 
 fn kiln_single<B: AutodiffBackend>(config: &AdConfig, batches: &[Vec<usize>], steps: usize) -> f64 {
+    kiln_single_with::<B>(config, batches, steps, None)
+}
+
+fn kiln_guarded<B: AutodiffBackend>(
+    config: &AdConfig,
+    batches: &[Vec<usize>],
+    steps: usize,
+) -> f64 {
+    let guards = PerformanceConfig::new()
+        .with_clip_norm(Some(1.0))
+        .with_nan_policy(NanPolicy::Halt);
+    kiln_single_with::<B>(config, batches, steps, Some(guards))
+}
+
+fn kiln_single_with<B: AutodiffBackend>(
+    config: &AdConfig,
+    batches: &[Vec<usize>],
+    steps: usize,
+    guards: Option<PerformanceConfig>,
+) -> f64 {
     let data = generate(config).expect("default config");
     let context = config.model.context;
     let source = DataSource::new(
@@ -78,7 +100,13 @@ fn kiln_single<B: AutodiffBackend>(config: &AdConfig, batches: &[Vec<usize>], st
         grad_accumulation: 1,
         threads_per_rank: Some(1),
     };
-    let mut strategy = Single::new(model, optim, source, device, single).expect("single");
+    let mut strategy: Box<dyn Strategy<B, _>> = match guards {
+        None => Box::new(Single::new(model, optim, source, device, single).expect("single")),
+        Some(guards) => {
+            let optim = PerformanceOptimizer::new(optim, guards).expect("valid guards");
+            Box::new(Single::new(model, optim, source, device, single).expect("single"))
+        }
+    };
     let mut timed = Instant::now();
     for (i, batch) in batches.iter().take(steps + 3).enumerate() {
         if i == 3 {
@@ -121,6 +149,7 @@ fn main() {
     let runners: Vec<(&str, Runner)> = [
         ("burn loop, flex", plain::<Autodiff<Flex>> as Runner),
         ("kiln single, flex", kiln_single::<Autodiff<Flex>>),
+        ("kiln guarded, flex", kiln_guarded::<Autodiff<Flex>>),
         ("burn loop, ndarray", plain::<Autodiff<NdArray>>),
     ]
     .into_iter()
@@ -145,5 +174,11 @@ fn main() {
     };
     if let (Some(kiln), Some(burn)) = (ms("kiln single, flex"), ms("burn loop, flex")) {
         println!("kiln single / burn loop (flex): {:.3}", kiln / burn);
+    }
+    if let (Some(guarded), Some(kiln)) = (ms("kiln guarded, flex"), ms("kiln single, flex")) {
+        println!(
+            "kiln guarded / kiln single (flex): {:.3} (clip_norm 1.0 + nan_policy halt)",
+            guarded / kiln
+        );
     }
 }

@@ -3,6 +3,7 @@
 //! The defaults are the run `kiln ad train` makes with no flags, and the one the acceptance test
 //! (`crates/kiln-ad/tests/run.rs`) checks.
 
+use kiln_core::optim::PerformanceConfig;
 use kiln_core::strategy::{StrategyConfigs, StrategyKind};
 use serde::{Deserialize, Serialize};
 
@@ -81,6 +82,9 @@ pub struct AdConfig {
     pub train: AdTrainConfig,
     /// Settings of each strategy (`[parallel.ddp]`, …).
     pub parallel: StrategyConfigs,
+    /// What runs between the gradient synchronisation and AdamW (`[optimizer]`: `clip_norm`,
+    /// `nan_policy`).
+    pub optimizer: PerformanceConfig,
     /// Evaluation.
     pub eval: EvalConfig,
 }
@@ -95,6 +99,7 @@ impl Default for AdConfig {
             model: AdModelConfig::default(),
             train: AdTrainConfig::default(),
             parallel: StrategyConfigs::default(),
+            optimizer: PerformanceConfig::default(),
             eval: EvalConfig::default(),
         }
     }
@@ -145,6 +150,7 @@ impl AdConfig {
         self.parallel
             .check_world(self.train.strategy, self.train.world)
             .map_err(kiln_core::StrategyError::from)?;
+        self.optimizer.validate()?;
         if self.train.batch < self.train.world {
             return Err(AdError::BatchSmallerThanWorld {
                 batch: self.train.batch,

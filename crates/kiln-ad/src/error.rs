@@ -72,6 +72,9 @@ pub enum AdError {
     /// Training failed.
     #[error(transparent)]
     Strategy(#[from] kiln_core::StrategyError),
+    /// The `[optimizer]` settings cannot work.
+    #[error(transparent)]
+    Optimizer(#[from] kiln_core::optim::GuardConfigError),
     /// The data could not be sampled.
     #[error(transparent)]
     Data(#[from] kiln_core::data::DataError),

@@ -8,7 +8,7 @@ use burn::optim::AdamWConfig;
 use burn::tensor::backend::AutodiffBackend;
 use kiln_core::data::DataSource;
 use kiln_core::fit::{FitPlan, fit};
-use kiln_core::strategy::{ConfigError, RankReport};
+use kiln_core::strategy::{ConfigError, PerformanceSpec, RankReport};
 use serde::{Deserialize, Serialize};
 
 use crate::config::AdConfig;
@@ -79,6 +79,8 @@ pub struct TrainSummary {
     pub first_loss: f64,
     /// Mean loss over the last 50 steps (fewer when shorter).
     pub final_loss: f64,
+    /// Steps the NaN guard skipped.
+    pub skipped_steps: usize,
     /// Loss every `steps / 100` steps (at least every step), for curves.
     pub loss_curve: Vec<(usize, f64)>,
     /// Wall-clock seconds of the training loop.
@@ -122,7 +124,10 @@ pub fn train<B: AutodiffBackend>(
         seed: config.seed,
         lr: &|step| t.lr_at(step),
     };
-    let optim = AdamWConfig::new().with_weight_decay(t.weight_decay as f32);
+    let optim = PerformanceSpec::new(
+        AdamWConfig::new().with_weight_decay(t.weight_decay as f32),
+        config.optimizer.clone(),
+    )?;
     let (model, record) = fit(&plan, devices, model, &optim, source, &mut |step, out| {
         on_step(step, out.loss)
     })?;
@@ -143,6 +148,7 @@ pub fn train<B: AutodiffBackend>(
         windows,
         first_loss: record.losses.first().copied().unwrap_or(f64::NAN),
         final_loss: record.tail_loss(50),
+        skipped_steps: record.skipped_steps,
         loss_curve,
         wall_s: record.wall_s,
         ms_per_step: record.ms_per_step(),

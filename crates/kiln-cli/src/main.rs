@@ -5,6 +5,7 @@ mod backend;
 mod bench;
 mod config_file;
 mod names;
+mod optimizer_args;
 mod pipeline_args;
 mod train;
 

@@ -60,3 +60,9 @@ pub fn strategy_parser() -> Named<kiln_core::strategy::StrategyKind> {
     const NAMES: [&str; 5] = kiln_core::strategy::StrategyKind::ALL_NAMES;
     Named::new(&NAMES)
 }
+
+/// The `--nan-policy` parser: `skip` or `halt`, listed in `--help`.
+pub fn nan_policy_parser() -> Named<kiln_core::optim::NanPolicy> {
+    const NAMES: [&str; 2] = kiln_core::optim::NanPolicy::ALL_NAMES;
+    Named::new(&NAMES)
+}

@@ -248,3 +248,44 @@ fn impossible_settings_fail_with_one_line() {
         "grad_accumulation",
     );
 }
+
+#[test]
+fn clipping_trains_differently_and_comes_from_flags_or_toml() {
+    let plain = train_json("unclipped", &["--strategy", "ddp", "--world", "2"]);
+    let clipped = train_json(
+        "clipped",
+        &[
+            "--strategy",
+            "ddp",
+            "--world",
+            "2",
+            "--clip-norm",
+            "0.01",
+            "--nan-policy",
+            "skip",
+        ],
+    );
+    assert_eq!(clipped["skipped_steps"], 0, "{clipped}");
+    assert_ne!(
+        plain["param_sq_sum"], clipped["param_sq_sum"],
+        "a tiny clip_norm changes the training"
+    );
+
+    let config =
+        std::env::temp_dir().join(format!("kiln-cli-{}-optimizer.toml", std::process::id()));
+    std::fs::write(
+        &config,
+        "strategy = \"ddp\"\nworld = 2\n[optimizer]\nclip_norm = 0.01\nnan_policy = \"skip\"\n",
+    )
+    .unwrap();
+    let from_toml = train_json("clipped-toml", &["--config", config.to_str().unwrap()]);
+    std::fs::remove_file(config).ok();
+    assert_eq!(from_toml["param_sq_sum"], clipped["param_sq_sum"]);
+}
+
+#[test]
+fn bad_guard_settings_fail_with_one_line() {
+    assert_one_line_error(&["train", "--clip-norm", "0", "--steps", "1"], "clip_norm");
+    assert_one_line_error(&["train", "--clip-norm", "-1", "--steps", "1"], "clip_norm");
+    assert_one_line_error(&["train", "--nan-policy", "ignore"], "unknown nan_policy");
+}

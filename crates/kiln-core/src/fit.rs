@@ -40,6 +40,8 @@ pub struct FitRecord {
     pub world: usize,
     /// The loss of every step.
     pub losses: Vec<f64>,
+    /// Steps the NaN guard skipped (`nan_policy = "skip"`).
+    pub skipped_steps: usize,
     /// Seconds of the loop (building the strategy excluded).
     pub wall_s: f64,
     /// Each rank's totals.
@@ -83,10 +85,12 @@ where
     let sampler = EpochSampler::new(data.len(), plan.batch, plan.seed)?;
     let mut strategy = build(decision.kind, devices, model, optim, data, plan.configs)?;
     let mut losses = Vec::with_capacity(plan.steps);
+    let mut skipped_steps = 0;
     let start = Instant::now();
     for (step, batch) in sampler.batches().take(plan.steps).enumerate() {
         let out = strategy.step(&batch, (plan.lr)(step))?;
         losses.push(out.loss);
+        skipped_steps += usize::from(out.guard.is_some_and(|g| g.skipped));
         on_step(step + 1, &out);
     }
     let wall_s = start.elapsed().as_secs_f64();
@@ -94,6 +98,7 @@ where
         decision,
         world: strategy.world_size(),
         losses,
+        skipped_steps,
         wall_s,
         ranks: strategy.stats().into_iter().map(Into::into).collect(),
     };

@@ -17,6 +17,7 @@ use kiln_kernels::KernelBackend;
 use crate::backend::{BackendKind, DeviceList, Job, Placement, dispatch, parse_devices};
 use crate::config_file;
 use crate::names::strategy_parser;
+use crate::optimizer_args::OptimizerArgs;
 use crate::pipeline_args::PipelineArgs;
 use metrics::{DataSummary, Metrics, write_outputs};
 use progress::Bars;
@@ -33,7 +34,8 @@ pub enum AdCommand {
 /// Flags of `kiln ad train`; each overrides the same field of `--config`.
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
-    /// TOML config to start from (tables: env, goals, source, model, train, parallel, eval).
+    /// TOML config to start from (tables: env, goals, source, model, train, parallel, optimizer,
+    /// eval).
     #[arg(long)]
     config: Option<PathBuf>,
     /// Parallelism strategy [default: auto].
@@ -41,6 +43,8 @@ pub struct TrainArgs {
     strategy: Option<StrategyKind>,
     #[command(flatten)]
     pipeline: PipelineArgs,
+    #[command(flatten)]
+    optimizer: OptimizerArgs,
     /// Ranks (devices; CPU ranks share the CPU) [default: 1, or the length of --devices].
     #[arg(long)]
     world: Option<usize>,
@@ -132,6 +136,7 @@ impl TrainArgs {
         }
         set!(strategy => train.strategy, world => train.world, steps => train.steps,
              batch => train.batch, lr => train.lr, seed => seed);
+        self.optimizer.apply(&mut c.optimizer);
         let world_given = self.world.is_some() || self.devices.is_some();
         let before = c.train.world;
         c.train.world = self.pipeline.apply(

@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use kiln_core::optim::{GuardConfigError, PerformanceConfig};
 use kiln_core::strategy::{StrategyConfigs, StrategyKind};
 
 use crate::backend::{BackendKind, DeviceError, Placement};
@@ -57,6 +58,9 @@ pub struct TrainConfig {
     /// Settings of every strategy (`[parallel.ddp]`, `[parallel.pipeline]`, …), as the
     /// strategy builder takes them.
     pub parallel: StrategyConfigs,
+    /// What runs between the gradient synchronisation and AdamW (`[optimizer]`: `clip_norm`,
+    /// `nan_policy`).
+    pub optimizer: PerformanceConfig,
 }
 
 impl Default for TrainConfig {
@@ -73,6 +77,7 @@ impl Default for TrainConfig {
             lr: 3e-3,
             samples: 8192,
             parallel: StrategyConfigs::default(),
+            optimizer: PerformanceConfig::default(),
         }
     }
 }
@@ -102,6 +107,9 @@ pub enum ConfigError {
     /// `devices` and `world` disagree, or `devices` is empty.
     #[error(transparent)]
     Devices(#[from] DeviceError),
+    /// The `[optimizer]` settings cannot work.
+    #[error(transparent)]
+    Optimizer(#[from] GuardConfigError),
     /// A learning rate that cannot train.
     #[error("--lr must be a positive finite number, got {0}")]
     LearningRate(f64),
@@ -143,6 +151,7 @@ impl TrainConfig {
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return Err(ConfigError::LearningRate(self.lr));
         }
+        self.optimizer.validate()?;
         Ok(())
     }
 }

@@ -12,7 +12,7 @@ use kiln_core::data::DataSource;
 use kiln_core::fit::{FitPlan, fit};
 use kiln_core::params::checksum;
 use kiln_core::stages::PipelineModel;
-use kiln_core::strategy::StrategyKind;
+use kiln_core::strategy::{PerformanceSpec, StrategyKind};
 use kiln_kernels::KernelBackend;
 use kiln_nn::models::{MlpConfig, TransformerConfig};
 use kiln_nn::tasks::{ClassificationBatcher, FibonacciTask, SequenceBatcher, TeacherTask};
@@ -22,6 +22,7 @@ use report::TrainReport;
 
 use crate::backend::{BackendKind, DeviceList, Job, dispatch, parse_devices};
 use crate::names::strategy_parser;
+use crate::optimizer_args::OptimizerArgs;
 use crate::pipeline_args::PipelineArgs;
 
 /// Flags of `kiln train`; each overrides the same field of `--config`.
@@ -67,6 +68,8 @@ pub struct TrainArgs {
     bucket_cap_mb: Option<f64>,
     #[command(flatten)]
     pipeline: PipelineArgs,
+    #[command(flatten)]
+    optimizer: OptimizerArgs,
     /// Samples in the synthetic data set [default: 8192].
     #[arg(long)]
     samples: Option<usize>,
@@ -112,6 +115,7 @@ impl TrainArgs {
             c.world = self.world.unwrap_or(devices.len());
             c.devices = Some(devices);
         }
+        self.optimizer.apply(&mut c.optimizer);
         if let Some(micro_batches) = self.grad_accum {
             c.parallel.set_grad_accumulation(micro_batches);
         }
@@ -224,7 +228,7 @@ where
         &plan,
         devices,
         model,
-        &AdamWConfig::new(),
+        &PerformanceSpec::new(AdamWConfig::new(), config.optimizer.clone())?,
         data,
         &mut |_, out| {
             bar.set_message(format!("loss {:.4}", out.loss));
@@ -246,6 +250,7 @@ where
         seed: config.seed,
         first_loss: record.losses.first().copied(),
         final_loss: record.losses.last().copied(),
+        skipped_steps: record.skipped_steps,
         param_sum: checksum.sum,
         param_sq_sum: checksum.sq_sum,
         param_count: checksum.count,

@@ -27,6 +27,8 @@ pub struct TrainReport {
     pub first_loss: Option<f64>,
     /// Loss of the last step.
     pub final_loss: Option<f64>,
+    /// Steps the NaN guard skipped.
+    pub skipped_steps: usize,
     /// f64 sum of every final parameter value.
     pub param_sum: f64,
     /// f64 sum of squares of every final parameter value.

@@ -18,6 +18,8 @@ pub enum NanPolicy {
 impl NanPolicy {
     /// Every policy, in the order help texts list them.
     pub const ALL: [NanPolicy; 2] = [NanPolicy::Skip, NanPolicy::Halt];
+    /// Their names, in the same order.
+    pub const ALL_NAMES: [&'static str; 2] = ["skip", "halt"];
 
     /// The policy's name in configs and on the command line.
     pub fn name(self) -> &'static str {
@@ -35,13 +37,18 @@ impl std::fmt::Display for NanPolicy {
 }
 
 impl std::str::FromStr for NanPolicy {
-    type Err = GuardConfigError;
+    type Err = String;
 
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
+    fn from_str(s: &str) -> Result<Self, String> {
         NanPolicy::ALL
             .into_iter()
             .find(|p| p.name() == s)
-            .ok_or_else(|| GuardConfigError::UnknownNanPolicy(s.to_string()))
+            .ok_or_else(|| {
+                format!(
+                    "unknown nan_policy {s:?}; use {}",
+                    NanPolicy::ALL_NAMES.join(" or ")
+                )
+            })
     }
 }
 
@@ -112,7 +119,4 @@ pub enum GuardConfigError {
     /// A clipping threshold that is not a positive number.
     #[error("clip_norm must be a positive finite number, got {0}; leave it out to not clip")]
     ClipNorm(f64),
-    /// A NaN policy name that does not exist.
-    #[error("unknown nan_policy {0:?}; use skip or halt")]
-    UnknownNanPolicy(String),
 }

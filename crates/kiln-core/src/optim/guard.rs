@@ -10,7 +10,7 @@ use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 
-use super::inspect::{grad_squares, param_path, scale_grads};
+use super::inspect::{grad_squares, param_path, scale_grads, total_squares};
 use super::{NanPolicy, NonFinite, NonFiniteValue, PerformanceConfig};
 
 /// PyTorch's `clip_grad_norm_` adds this to the norm, so a zero norm never divides.
@@ -32,8 +32,8 @@ pub(crate) struct Local {
     /// gradient is not finite. Small integers are exact in f32, so sums of codes of which at
     /// most one per slot is non-zero are exact too.
     pub code: f32,
-    /// The squared norms behind the code, reused when nothing is summed afterwards.
-    pub squares: Vec<(usize, f32)>,
+    /// `Σ g²` over the rank's gradients, reused when nothing is summed afterwards.
+    pub squares: f64,
 }
 
 /// The decision of one step.
@@ -80,11 +80,14 @@ impl Guard {
         grads: &GradientsParams,
         loss_finite: bool,
     ) -> Local {
-        let squares = grad_squares::<B, M>(module, grads);
+        let squares = total_squares::<B, M>(module, grads);
         let code = if !loss_finite {
             1.0
+        } else if squares.is_finite() {
+            0.0
         } else {
-            squares
+            // Rare: only now is it worth a pass per parameter, to name the first culprit.
+            grad_squares::<B, M>(module, grads)
                 .iter()
                 .find(|(_, s)| !s.is_finite())
                 .map_or(0.0, |&(ordinal, _)| 2.0 + ordinal as f32)
@@ -146,7 +149,7 @@ impl Guard {
                 None => NonFinite {
                     step,
                     rank: None,
-                    value: NonFiniteValue::SummedGradients,
+                    value: NonFiniteValue::NormOverflow,
                     ranks_affected: 0,
                 },
             };
@@ -188,11 +191,10 @@ impl Guard {
         local: Option<Local>,
         step: u64,
     ) -> Result<Settled, NonFinite> {
-        let squares = match local {
+        let global = match local {
             Some(local) => local.squares,
-            None => grad_squares::<B, M>(module, &grads),
+            None => total_squares::<B, M>(module, &grads),
         };
-        let global = sum_squares(&squares);
         self.settle(
             grads,
             codes,
@@ -202,9 +204,4 @@ impl Guard {
             |grads, factor| scale_grads::<B, M>(module, grads, factor),
         )
     }
-}
-
-/// `Σ g²` over every gradient, accumulated in f64.
-pub(crate) fn sum_squares(squares: &[(usize, f32)]) -> f64 {
-    squares.iter().map(|&(_, s)| f64::from(s)).sum()
 }

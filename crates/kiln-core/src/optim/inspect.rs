@@ -10,17 +10,60 @@ use std::marker::PhantomData;
 
 use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
-use burn::tensor::{Tensor, backend::AutodiffBackend};
+use burn::tensor::{ElementConversion, Tensor, backend::AutodiffBackend};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
+
+/// `Σ g²` over every gradient of `module` in `grads`, as one reduction: the gradients are
+/// flattened into one vector first, so the cost is three ops and one read whatever the number
+/// of parameters (a reduction per parameter costs more in dispatch than in arithmetic at the
+/// sizes Kiln trains on the CPU). Non-finite exactly when a gradient is (or when the sum
+/// overflows f32). The copy is transient and as large as the gradients.
+pub(crate) fn total_squares<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    grads: &GradientsParams,
+) -> f64 {
+    let mut visitor = Flatten::<B> {
+        grads,
+        seen: HashSet::new(),
+        flats: Vec::new(),
+    };
+    module.visit(&mut visitor);
+    if visitor.flats.is_empty() {
+        return 0.0;
+    }
+    let sum: f32 = Tensor::cat(visitor.flats, 0)
+        .square()
+        .sum()
+        .into_scalar()
+        .elem();
+    f64::from(sum)
+}
+
+struct Flatten<'a, B: AutodiffBackend> {
+    grads: &'a GradientsParams,
+    seen: HashSet<ParamId>,
+    flats: Vec<Tensor<Inner<B>, 1>>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Flatten<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if !self.seen.insert(param.id) {
+            return;
+        }
+        if let Some(grad) = self.grads.get::<Inner<B>, D>(param.id) {
+            let numel = grad.shape().num_elements();
+            self.flats.push(grad.reshape([numel]));
+        }
+    }
+}
 
 /// The squared L2 norm of each gradient of `module` found in `grads`, as
 /// `(ordinal, Σ g²)` in visiting order.
 ///
-/// One reduction per gradient, then a single read of all of them, so the pass costs one device
-/// synchronisation however many parameters the model has. A gradient holding a NaN or ±Inf has
-/// a non-finite sum of squares; so does a finite one whose squares overflow f32 (|g| > 1.8e19),
-/// which no training can use either.
+/// One reduction per gradient, then a single read of all of them. The guard runs it only to
+/// find which gradient made [`total_squares`] non-finite: one holding a NaN or ±Inf has a
+/// non-finite sum of squares; so does a finite one whose squares overflow f32 (|g| > 1.8e19).
 pub(crate) fn grad_squares<B: AutodiffBackend, M: AutodiffModule<B>>(
     module: &M,
     grads: &GradientsParams,

@@ -21,8 +21,8 @@ mod state;
 
 pub use config::{GuardConfigError, NanPolicy, PerformanceConfig};
 pub use guard::{Guard, GuardReport};
-pub(crate) use guard::{Local, Settled, sum_squares};
-pub(crate) use inspect::{grad_squares, param_path, scale_grads};
+pub(crate) use guard::{Local, Settled};
+pub(crate) use inspect::{param_path, scale_grads, total_squares};
 pub use performance::{GuardedOptimizer, PerformanceOptimizer};
 pub use report::{NonFinite, NonFiniteValue};
 pub use state::{OptimizerState, StateError, StateLayout};

@@ -15,8 +15,9 @@ pub enum NonFiniteValue {
         /// The parameter's position in its module's visiting order.
         ordinal: usize,
     },
-    /// Every rank's gradients were finite, but their sum overflowed.
-    SummedGradients,
+    /// Every gradient was finite, but the global norm overflows f32 (gradients of about 1e19,
+    /// or finite gradients whose sum over the ranks overflowed).
+    NormOverflow,
 }
 
 /// A NaN or infinity found by the [`PerformanceOptimizer`](super::PerformanceOptimizer)'s guard.
@@ -27,8 +28,8 @@ pub enum NonFiniteValue {
 pub struct NonFinite {
     /// The optimizer step (1 for the first) whose gradients were not finite.
     pub step: u64,
-    /// The first rank (lowest number) that had a non-finite value, if one rank had it before
-    /// the gradients were summed.
+    /// The rank where the value appeared (the lowest with a non-finite loss, else the lowest
+    /// with a non-finite gradient); `None` for [`NonFiniteValue::NormOverflow`].
     pub rank: Option<usize>,
     /// What was not finite on that rank.
     pub value: NonFiniteValue,
@@ -51,9 +52,9 @@ impl fmt::Display for NonFinite {
                 "the gradient of parameter #{ordinal} of another pipeline stage holds NaN or \
                  infinity"
             )?,
-            NonFiniteValue::SummedGradients => write!(
+            NonFiniteValue::NormOverflow => write!(
                 f,
-                "the gradients summed over the ranks overflowed (every rank's own were finite)"
+                "the gradients are finite but their global norm overflows f32"
             )?,
         }
         write!(f, " at step {}", self.step)?;

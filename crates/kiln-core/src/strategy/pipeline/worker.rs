@@ -19,8 +19,8 @@ use crate::collective::ReduceOp;
 use crate::data::{DataSource, split_even};
 use crate::grads::{BucketPlan, ParamSelection, add_weighted, all_reduce_gradients};
 use crate::optim::{
-    Guard, GuardedOptimizer, Local, NonFinite, Settled, decode, encode, grad_squares, param_path,
-    scale_grads, sum_squares,
+    Guard, GuardedOptimizer, Local, NonFinite, Settled, decode, encode, param_path, scale_grads,
+    total_squares,
 };
 use crate::stages::{Activation, PipelineModel};
 use crate::strategy::dispatch::{RankDone, RankWork, Shard};
@@ -248,7 +248,7 @@ where
         summed: bool,
     ) -> Result<(Settled, Duration), RankError> {
         let squares = if summed {
-            grad_squares::<B, M::Stage>(module, &grads)
+            total_squares::<B, M::Stage>(module, &grads)
         } else {
             local.squares
         };
@@ -261,7 +261,7 @@ where
         facts[rank] = local.code;
         facts[world_size + rank] = self.place.stage as f32;
         if dp_rank == 0 {
-            facts[2 * world_size] = sum_squares(&squares) as f32;
+            facts[2 * world_size] = squares as f32;
         }
         let start = Instant::now();
         let facts = Tensor::<B::InnerBackend, 1>::from_floats(facts.as_slice(), &self.device);
