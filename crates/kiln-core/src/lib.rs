@@ -15,7 +15,7 @@
 //! # Example
 //! ```no_run
 //! # use kiln_core::prelude::*;
-//! # fn train<B: burn::tensor::backend::AutodiffBackend, M: TrainModel<B>, O: burn::optim::Optimizer<M, B> + 'static, I: Send + 'static>(
+//! # fn train<B: burn::tensor::backend::AutodiffBackend, M: TrainModel<B>, O: kiln_core::optim::GuardedOptimizer<M, B> + 'static, I: Send + 'static>(
 //! #     model: M, optim: O, data: DataSource<B, I, M::Input>, devices: Vec<B::Device>,
 //! # ) -> Result<(), Box<dyn std::error::Error>> {
 //! let world = World::local(devices)?;
@@ -33,6 +33,7 @@ pub mod collective;
 pub mod data;
 pub mod fit;
 pub mod grads;
+pub mod learner;
 pub mod optim;
 pub mod params;
 pub mod stages;

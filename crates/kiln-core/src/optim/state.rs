@@ -169,6 +169,25 @@ impl OptimizerState {
         Ok(Self { parts, ..state })
     }
 
+    /// The state as a Burn record: the layout's name (`replica`, `stages:<n>`) and the parts.
+    pub(crate) fn into_record(self) -> (String, Vec<Vec<u8>>) {
+        let layout = match self.layout {
+            StateLayout::Replica => "replica".to_string(),
+            StateLayout::Stages(n) => format!("stages:{n}"),
+        };
+        (layout, self.parts)
+    }
+
+    /// A state from [`Self::into_record`]'s record; `None` for an empty record (an optimizer
+    /// that had no state yet) or an unknown layout name.
+    pub(crate) fn from_record((layout, parts): (String, Vec<Vec<u8>>)) -> Option<Self> {
+        let layout = match layout.as_str() {
+            "replica" => StateLayout::Replica,
+            other => StateLayout::Stages(other.strip_prefix("stages:")?.parse().ok()?),
+        };
+        Some(Self::new(layout, parts))
+    }
+
     fn file_names(&self) -> Vec<String> {
         match self.layout {
             StateLayout::Replica => vec!["optimizer.mpk".to_string()],

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
+use burn::train::TrainStep;
 use rayon::ThreadPool;
 
 use super::handover::sync_device;
@@ -40,6 +41,9 @@ impl Default for DataParallelConfig {
         }
     }
 }
+
+/// A device's gradients and output items, and the guard's finding code for them.
+type DeviceResult<M> = (LocalGradients<<M as TrainStep>::Output>, Option<f32>);
 
 /// Single-process data parallelism with a main device.
 pub struct DataParallel<B: AutodiffBackend, M: TrainModel<B>, O, I> {
@@ -114,7 +118,8 @@ where
         model: &M,
         shards: &[Vec<usize>],
         global_samples: usize,
-    ) -> Vec<Result<(LocalGradients, Option<f32>), RankError>> {
+        keep_items: bool,
+    ) -> Vec<Result<DeviceResult<M>, RankError>> {
         let guard = self.optim.guard();
         std::thread::scope(|scope| {
             let jobs: Vec<_> = shards
@@ -142,6 +147,7 @@ where
                                 global_samples,
                                 accumulation,
                                 device,
+                                keep_items,
                             )?;
                             // Each device's findings, so a NaN names the device it came from.
                             let code = guard.map(|g| {
@@ -164,31 +170,20 @@ where
                 .collect()
         })
     }
-}
 
-impl<B, M, O, I> Strategy<B, M> for DataParallel<B, M, O, I>
-where
-    B: AutodiffBackend,
-    M: TrainModel<B>,
-    O: GuardedOptimizer<M, B>,
-    I: Send,
-{
-    fn name(&self) -> &'static str {
-        "data_parallel"
-    }
-
-    fn world_size(&self) -> usize {
-        self.devices.len()
-    }
-
-    fn step(&mut self, batch: &[usize], lr: f64) -> Result<StepOutput, StrategyError> {
+    /// One step over every device; with `keep_items`, each device's output items too.
+    fn step_devices(
+        &mut self,
+        batch: &[usize],
+        lr: f64,
+        keep_items: bool,
+    ) -> Result<(StepOutput, Vec<<M as TrainStep>::Output>), StrategyError> {
         let shards = ShardPolicy::Uneven.shard(batch, self.devices.len())?;
         let model = self
             .model
             .take()
             .ok_or(StrategyError::Broken { culprit: 0 })?;
-        let results = self.compute(&model, &shards, batch.len());
-
+        let results = self.compute(&model, &shards, batch.len(), keep_items);
         let mut failures = Vec::new();
         let mut locals = Vec::new();
         let mut codes = Vec::new();
@@ -218,6 +213,10 @@ where
             stats.samples += local.samples as u64;
             stats.compute += local.compute;
         }
+        let items = locals
+            .iter_mut()
+            .flat_map(|local| std::mem::take(&mut local.items))
+            .collect();
         let optim = &mut self.optim;
         let step = self.steps + 1;
         let (result, communication, optim_time) = self.pools[0].install(move || {
@@ -260,13 +259,42 @@ where
         self.steps += 1;
         self.stats[0].communication += communication;
         let compute = compute + optim_time;
-        Ok(StepOutput {
+        let output = StepOutput {
             loss: loss_sum / batch.len() as f64,
             samples: batch.len(),
             compute,
             communication,
             guard,
-        })
+        };
+        Ok((output, items))
+    }
+}
+
+impl<B, M, O, I> Strategy<B, M> for DataParallel<B, M, O, I>
+where
+    B: AutodiffBackend,
+    M: TrainModel<B>,
+    O: GuardedOptimizer<M, B>,
+    I: Send,
+{
+    fn name(&self) -> &'static str {
+        "data_parallel"
+    }
+
+    fn world_size(&self) -> usize {
+        self.devices.len()
+    }
+
+    fn step(&mut self, batch: &[usize], lr: f64) -> Result<StepOutput, StrategyError> {
+        Ok(self.step_devices(batch, lr, false)?.0)
+    }
+
+    fn step_with_items(
+        &mut self,
+        batch: &[usize],
+        lr: f64,
+    ) -> Result<(StepOutput, Vec<<M as TrainStep>::Output>), StrategyError> {
+        self.step_devices(batch, lr, true)
     }
 
     fn model(&self) -> Result<M, StrategyError> {

@@ -2,6 +2,7 @@
 //! and the caller's side ([`RankThreads`]) that sends commands and collects one report per
 //! rank, so that a failed or wedged rank can never hang the caller.
 
+use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -59,6 +60,9 @@ pub(crate) struct RankDone {
     pub stats: RankStats,
     /// What the guard did this step (every rank decides the same).
     pub guard: Option<GuardReport>,
+    /// The rank's training-step output items, when the step asked for them
+    /// ([`Shard::keep_items`]); typed by the strategy, which knows the model.
+    pub items: Vec<Box<dyn Any + Send>>,
 }
 
 impl RankDone {
@@ -78,12 +82,22 @@ impl RankDone {
             num_buckets: plan.map_or(0, BucketPlan::num_buckets),
             stats: stats.clone(),
             guard: None,
+            items: Vec::new(),
         }
     }
 
     /// This report with the guard's decision.
     pub fn with_guard(self, guard: Option<GuardReport>) -> Self {
         Self { guard, ..self }
+    }
+
+    /// This report with the rank's output items.
+    pub fn with_items<T: Send + 'static>(self, items: Vec<T>) -> Self {
+        let items = items
+            .into_iter()
+            .map(|item| Box::new(item) as Box<dyn Any + Send>)
+            .collect();
+        Self { items, ..self }
     }
 }
 
@@ -176,6 +190,8 @@ pub(crate) struct Shard {
     /// Samples of the whole global batch, over every replica: each micro-batch's loss is
     /// weighted by its share of them.
     pub global_samples: usize,
+    /// Whether the rank sends back its training-step output items.
+    pub keep_items: bool,
 }
 
 impl Shard {
@@ -187,6 +203,7 @@ impl Shard {
             .map(|indices| Shard {
                 indices: indices.into(),
                 global_samples,
+                keep_items: false,
             })
             .collect()
     }

@@ -167,6 +167,21 @@ pub trait Strategy<B: AutodiffBackend, M: TrainModel<B>> {
     /// rank failure the strategy is broken and every later call returns an error.
     fn step(&mut self, batch: &[usize], lr: f64) -> Result<StepOutput, StrategyError>;
 
+    /// [`Self::step`], also returning the training-step output item of every micro-batch of
+    /// every rank, in rank order: what burn-train's metrics read (see [`crate::learner`]).
+    /// Single, DataParallel and Ddp return them; the pipeline, whose stages never run the
+    /// whole model's training step, returns none.
+    ///
+    /// # Errors
+    /// As [`Self::step`].
+    fn step_with_items(
+        &mut self,
+        batch: &[usize],
+        lr: f64,
+    ) -> Result<(StepOutput, Vec<<M as TrainStep>::Output>), StrategyError> {
+        Ok((self.step(batch, lr)?, Vec::new()))
+    }
+
     /// The canonical model (rank 0's, or the main device's), for evaluation and checkpoints.
     ///
     /// # Errors

@@ -7,6 +7,7 @@
 
 use crate::optim::{GuardedOptimizer, OptimizerState};
 use burn::tensor::backend::AutodiffBackend;
+use burn::train::TrainStep;
 
 use super::{Ddp, DdpConfig, RankStats, StepOutput, Strategy, StrategyError, TrainModel};
 use crate::World;
@@ -77,6 +78,14 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Strategy<B, M> for Single<B, M> {
 
     fn step(&mut self, batch: &[usize], lr: f64) -> Result<StepOutput, StrategyError> {
         self.one_rank_ddp.step(batch, lr)
+    }
+
+    fn step_with_items(
+        &mut self,
+        batch: &[usize],
+        lr: f64,
+    ) -> Result<(StepOutput, Vec<<M as TrainStep>::Output>), StrategyError> {
+        self.one_rank_ddp.step_with_items(batch, lr)
     }
 
     fn model(&self) -> Result<M, StrategyError> {

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use crate::optim::{GuardedOptimizer, OptimizerState, StateLayout};
 use burn::tensor::backend::AutodiffBackend;
+use burn::train::TrainStep;
 
 use super::dispatch::{RankThreads, Shard, check_single_process, materialise, step_output};
 use super::{ConfigError, RankStats, StepOutput, Strategy, StrategyError, TrainModel};
@@ -169,6 +170,32 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
     pub fn num_buckets(&self) -> usize {
         self.num_buckets
     }
+
+    /// One step on every rank; with `keep_items`, each rank's output items too.
+    fn step_ranks(
+        &mut self,
+        batch: &[usize],
+        lr: f64,
+        keep_items: bool,
+    ) -> Result<(StepOutput, Vec<<M as TrainStep>::Output>), StrategyError> {
+        // Cut once, here: bad input is an error before any rank starts.
+        let shards = self.config.shard_policy.shard(batch, self.threads.len())?;
+        let mut shards = Shard::of_replicas(shards);
+        for shard in &mut shards {
+            shard.keep_items = keep_items;
+        }
+        let mut done = self.threads.step(shards, lr)?;
+        let items = done
+            .iter_mut()
+            .flat_map(|d| std::mem::take(&mut d.items))
+            .map(|item| {
+                *item
+                    .downcast::<<M as TrainStep>::Output>()
+                    .expect("a rank sends its model's output items")
+            })
+            .collect();
+        Ok((step_output(&mut self.stats, done), items))
+    }
 }
 
 impl<B: AutodiffBackend, M: TrainModel<B>> Strategy<B, M> for Ddp<B, M> {
@@ -181,10 +208,15 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Strategy<B, M> for Ddp<B, M> {
     }
 
     fn step(&mut self, batch: &[usize], lr: f64) -> Result<StepOutput, StrategyError> {
-        // Cut once, here: bad input is an error before any rank starts.
-        let shards = self.config.shard_policy.shard(batch, self.threads.len())?;
-        let done = self.threads.step(Shard::of_replicas(shards), lr)?;
-        Ok(step_output(&mut self.stats, done))
+        Ok(self.step_ranks(batch, lr, false)?.0)
+    }
+
+    fn step_with_items(
+        &mut self,
+        batch: &[usize],
+        lr: f64,
+    ) -> Result<(StepOutput, Vec<<M as TrainStep>::Output>), StrategyError> {
+        self.step_ranks(batch, lr, true)
     }
 
     fn model(&self) -> Result<M, StrategyError> {

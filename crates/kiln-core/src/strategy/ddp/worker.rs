@@ -98,6 +98,7 @@ where
     /// Forward/backward over the shard → all-reduce → optimizer → replica check → stats.
     fn step_rank(&mut self, shard: &Shard, lr: f64) -> Result<RankDone, RankError> {
         let global_samples = shard.global_samples;
+        let shard_keeps_items = shard.keep_items;
         let shard = &shard.indices[..];
         let model = self.model.take().ok_or(RankError::Gone)?;
         let plan = self.plan.as_ref().expect("a started rank has a plan");
@@ -109,6 +110,7 @@ where
             global_samples,
             self.config.grad_accumulation,
             &self.device,
+            shard_keeps_items,
         )?;
 
         // The guard's per-rank findings ride in the all-reduce (crate::optim's module docs).
@@ -176,7 +178,8 @@ where
             self.plan.as_ref(),
             &self.stats,
         )
-        .with_guard(guard.map(|_| settled.report)))
+        .with_guard(guard.map(|_| settled.report))
+        .with_items(local.items))
     }
 
     /// Compares this replica's parameter checksum with rank 0's, bit for bit.
