@@ -150,6 +150,7 @@ pub fn train(dir: &Path, size: Size, resume: Option<usize>) -> Result<Net<Flex>,
     B::seed(&device, 3);
     let model = Net::<B>::new(&device).fork(&device);
 
+    // ANCHOR: adapter
     let devices = vec![device; size.ranks];
     let world = World::local(devices.clone()).map_err(|e| e.to_string())?;
     let learning = KilnLearning::new(
@@ -174,7 +175,9 @@ pub fn train(dir: &Path, size: Size, resume: Option<usize>) -> Result<Net<Flex>,
     );
     let error = learning.error_handle();
     let learner = Learner::new(model, learning.optimizer(), 1e-2);
+    // ANCHOR_END: adapter
 
+    // ANCHOR: training
     let train = DataLoaderBuilder::new(PointBatcher)
         .batch_size(size.batch)
         .build(points(size.samples, 0));
@@ -195,6 +198,7 @@ pub fn train(dir: &Path, size: Size, resume: Option<usize>) -> Result<Net<Flex>,
     if let Some(error) = error.lock().map_err(|e| e.to_string())?.take() {
         return Err(error.to_string());
     }
+    // ANCHOR_END: training
     Ok(result.model)
 }
 
