@@ -123,6 +123,7 @@ pub fn train<B: AutodiffBackend>(
         steps: t.steps,
         seed: config.seed,
         lr: &|step| t.lr_at(step),
+        resume: None,
     };
     let optim = PerformanceSpec::new(
         AdamWConfig::new().with_weight_decay(t.weight_decay as f32),

@@ -10,11 +10,15 @@ fn json_path(name: &str) -> PathBuf {
 }
 
 fn train_json(name: &str, extra: &[&str]) -> serde_json::Value {
+    train_json_steps(name, "4", extra)
+}
+
+fn train_json_steps(name: &str, steps: &str, extra: &[&str]) -> serde_json::Value {
     let path = json_path(name);
     let mut args = vec![
         "train",
         "--steps",
-        "4",
+        steps,
         "--batch",
         "10",
         "--samples",
@@ -288,4 +292,44 @@ fn bad_guard_settings_fail_with_one_line() {
     assert_one_line_error(&["train", "--clip-norm", "0", "--steps", "1"], "clip_norm");
     assert_one_line_error(&["train", "--clip-norm", "-1", "--steps", "1"], "clip_norm");
     assert_one_line_error(&["train", "--nan-policy", "ignore"], "unknown nan_policy");
+}
+
+#[test]
+fn a_saved_run_resumes_bit_for_bit() {
+    let dir = std::env::temp_dir().join(format!("kiln-cli-{}-resume", std::process::id()));
+    let dir_arg = dir.to_str().unwrap();
+    let common = [
+        "--strategy",
+        "ddp",
+        "--world",
+        "2",
+        "--model",
+        "transformer",
+    ];
+    let straight = train_json_steps("straight", "8", &common);
+    let half = train_json_steps("half", "4", &[&common[..], &["--save", dir_arg]].concat());
+    assert_eq!(half["steps"], 4);
+    let resumed = train_json_steps(
+        "resumed",
+        "8",
+        &[&common[..], &["--resume", dir_arg]].concat(),
+    );
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(resumed["steps"], 4, "the resumed run trains steps 5 to 8");
+    assert_eq!(resumed["final_loss"], straight["final_loss"]);
+    assert_eq!(
+        (
+            resumed["param_sum"].as_f64(),
+            resumed["param_sq_sum"].as_f64()
+        ),
+        (
+            straight["param_sum"].as_f64(),
+            straight["param_sq_sum"].as_f64()
+        ),
+        "the resumed run ends where the uninterrupted one does"
+    );
+    assert_one_line_error(
+        &["train", "--resume", "/nonexistent/kiln-checkpoint"],
+        "checkpoint /nonexistent/kiln-checkpoint",
+    );
 }

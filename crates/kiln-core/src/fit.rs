@@ -9,6 +9,7 @@ use std::time::Instant;
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::data::{DataSource, EpochSampler};
+use crate::optim::OptimizerState;
 use crate::stages::PipelineModel;
 use crate::strategy::{
     AutoDecision, OptimizerSpec, RankReport, StepOutput, StrategyConfigs, StrategyError,
@@ -29,6 +30,19 @@ pub struct FitPlan<'a> {
     pub seed: u64,
     /// The learning rate of each step (0-based).
     pub lr: &'a dyn Fn(usize) -> f64,
+    /// Where a resumed run starts; `None` starts at step 0 with a fresh optimizer.
+    pub resume: Option<&'a Resume>,
+}
+
+/// Where a resumed [`fit`] starts: the steps already trained (the sampler skips their batches)
+/// and the optimizer state after them. With the model saved at that point, the run continues
+/// bit for bit as if it had not stopped.
+#[derive(Debug, Clone)]
+pub struct Resume {
+    /// Steps already trained.
+    pub step: usize,
+    /// The strategy's optimizer state after them ([`FitRecord::optimizer`]).
+    pub optimizer: OptimizerState,
 }
 
 /// What a [`fit`] did.
@@ -38,10 +52,12 @@ pub struct FitRecord {
     pub decision: AutoDecision,
     /// Its ranks.
     pub world: usize,
-    /// The loss of every step.
+    /// The loss of every step this run trained (from the resumed step on).
     pub losses: Vec<f64>,
     /// Steps the NaN guard skipped (`nan_policy = "skip"`).
     pub skipped_steps: usize,
+    /// The optimizer state at the end, to checkpoint next to the model.
+    pub optimizer: OptimizerState,
     /// Seconds of the loop (building the strategy excluded).
     pub wall_s: f64,
     /// Each rank's totals.
@@ -84,10 +100,16 @@ where
     tracing::info!(strategy = %decision.kind, "strategy {}: {}", decision.kind, decision.reason);
     let sampler = EpochSampler::new(data.len(), plan.batch, plan.seed)?;
     let mut strategy = build(decision.kind, devices, model, optim, data, plan.configs)?;
-    let mut losses = Vec::with_capacity(plan.steps);
+    let first = plan.resume.map_or(0, |r| r.step);
+    if let Some(resume) = plan.resume {
+        strategy.load_optimizer_state(&resume.optimizer)?;
+        tracing::info!("resuming at step {first} of {}", plan.steps);
+    }
+    let mut losses = Vec::with_capacity(plan.steps.saturating_sub(first));
     let mut skipped_steps = 0;
     let start = Instant::now();
-    for (step, batch) in sampler.batches().take(plan.steps).enumerate() {
+    let batches = sampler.batches().take(plan.steps).enumerate().skip(first);
+    for (step, batch) in batches {
         let out = strategy.step(&batch, (plan.lr)(step))?;
         losses.push(out.loss);
         skipped_steps += usize::from(out.guard.is_some_and(|g| g.skipped));
@@ -101,6 +123,7 @@ where
         skipped_steps,
         wall_s,
         ranks: strategy.stats().into_iter().map(Into::into).collect(),
+        optimizer: strategy.optimizer_state()?,
     };
     Ok((strategy.model()?, record))
 }

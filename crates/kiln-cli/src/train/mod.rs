@@ -1,5 +1,6 @@
 //! `kiln train`: a built-in model on built-in synthetic data, through any strategy.
 
+mod checkpoint;
 mod config;
 mod report;
 
@@ -79,10 +80,26 @@ pub struct TrainArgs {
     /// Write a JSON summary here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Save the trained model, the optimizer state and the step count into this folder.
+    #[arg(long)]
+    save: Option<PathBuf>,
+    /// Resume from a folder written by --save (same config and flags): training continues
+    /// from its step count up to --steps, bit for bit as if it had not stopped.
+    #[arg(long)]
+    resume: Option<PathBuf>,
+}
+
+/// Where `kiln train` saves to and resumes from.
+#[derive(Debug, Clone, Default)]
+struct Checkpoints {
+    save: Option<PathBuf>,
+    resume: Option<PathBuf>,
 }
 
 impl TrainArgs {
-    fn into_config(self) -> Result<(TrainConfig, Option<PathBuf>), config::ConfigError> {
+    fn into_config(
+        self,
+    ) -> Result<(TrainConfig, Option<PathBuf>, Checkpoints), config::ConfigError> {
         let mut c = match &self.config {
             Some(path) => TrainConfig::load(path)?,
             None => TrainConfig::default(),
@@ -123,7 +140,11 @@ impl TrainArgs {
             c.parallel.set_threads_per_rank(t);
         }
         c.validate()?;
-        Ok((c, self.json))
+        let checkpoints = Checkpoints {
+            save: self.save,
+            resume: self.resume,
+        };
+        Ok((c, self.json, checkpoints))
     }
 }
 
@@ -132,8 +153,9 @@ impl TrainArgs {
 /// # Errors
 /// Invalid flags or config, or a failure while training.
 pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let (config, json) = args.into_config()?;
-    let report = dispatch(config.backend, &config.placement()?, TrainJob(&config))?;
+    let (config, json, checkpoints) = args.into_config()?;
+    let job = TrainJob(&config, &checkpoints);
+    let report = dispatch(config.backend, &config.placement()?, job)?;
     println!(
         "trained {} with {} on {} rank(s): {} steps of {} samples, loss {} -> {}, {:.0} samples/s",
         report.model,
@@ -157,7 +179,7 @@ fn fmt_loss(loss: Option<f64>) -> String {
 }
 
 /// `kiln train` on whichever backend was chosen.
-struct TrainJob<'a>(&'a TrainConfig);
+struct TrainJob<'a>(&'a TrainConfig, &'a Checkpoints);
 
 impl Job for TrainJob<'_> {
     type Output = TrainReport;
@@ -166,12 +188,13 @@ impl Job for TrainJob<'_> {
         self,
         devices: Vec<B::Device>,
     ) -> Result<TrainReport, Box<dyn std::error::Error>> {
-        train_on_devices::<B>(self.0, devices)
+        train_on_devices::<B>(self.0, self.1, devices)
     }
 }
 
 fn train_on_devices<B: AutodiffBackend>(
     config: &TrainConfig,
+    checkpoints: &Checkpoints,
     devices: Vec<B::Device>,
 ) -> Result<TrainReport, Box<dyn std::error::Error>> {
     B::seed(&devices[0], config.seed);
@@ -185,7 +208,7 @@ fn train_on_devices<B: AutodiffBackend>(
                 seed: config.seed,
             };
             let data = DataSource::new(task.dataset(), ClassificationBatcher);
-            train_model(config, devices, model, data)
+            train_model(config, checkpoints, devices, model, data)
         }
         ModelKind::Transformer => {
             let model = TransformerConfig::new().init::<B>(&devices[0]);
@@ -196,13 +219,14 @@ fn train_on_devices<B: AutodiffBackend>(
                 seed: config.seed,
             };
             let data = DataSource::new(task.dataset(), SequenceBatcher);
-            train_model(config, devices, model, data)
+            train_model(config, checkpoints, devices, model, data)
         }
     }
 }
 
 fn train_model<B, M, I>(
     config: &TrainConfig,
+    checkpoints: &Checkpoints,
     devices: Vec<B::Device>,
     model: M,
     data: DataSource<B, I, M::Input>,
@@ -212,6 +236,13 @@ where
     M: PipelineModel<B>,
     I: Send + 'static,
 {
+    let (model, resume) = match &checkpoints.resume {
+        Some(dir) => {
+            let (model, resume) = checkpoint::load(dir, model, &devices[0])?;
+            (model, Some(resume))
+        }
+        None => (model, None),
+    };
     let plan = FitPlan {
         strategy: config.strategy,
         configs: &config.parallel,
@@ -219,6 +250,7 @@ where
         steps: config.steps,
         seed: config.seed,
         lr: &|_| config.lr,
+        resume: resume.as_ref(),
     };
     let bar = ProgressBar::new(config.steps as u64).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} steps  {msg}  [{elapsed}<{eta}]")
@@ -236,6 +268,9 @@ where
         },
     )?;
     bar.finish_and_clear();
+    if let Some(dir) = &checkpoints.save {
+        checkpoint::save(dir, trained.clone(), &record.optimizer, config.steps)?;
+    }
 
     let checksum = checksum(&trained);
     Ok(TrainReport {
