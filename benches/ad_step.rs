@@ -9,7 +9,8 @@
 //! Kiln's `Single` strategy, and of `Single` with the PerformanceOptimizer's guards (global-norm
 //! clipping and the NaN guard), in rotating order, each inside a one-thread pool; it prints the
 //! median ms/step of each over the rounds, and their ratios (ratios from one run are what to
-//! compare on a shared machine).
+//! compare on a shared machine). The AD model also runs in bf16 and f16 through
+//! `MixedPrecision` (f32 master weights), against f32.
 
 use std::time::Instant;
 
@@ -22,7 +23,9 @@ use kiln::ad::config::AdConfig;
 use kiln::ad::dataset::{WindowBatcher, WindowDataset};
 use kiln::ad::train::generate;
 use kiln::core::data::{DataSource, EpochSampler};
-use kiln::core::optim::{NanPolicy, PerformanceConfig, PerformanceOptimizer};
+use kiln::core::optim::{
+    MixedPrecision, NanPolicy, PerformanceConfig, PerformanceOptimizer, Precision,
+};
 use kiln::core::strategy::{Single, SingleConfig, Strategy};
 
 const LR: f64 = 1e-3;
@@ -80,6 +83,54 @@ fn kiln_guarded<B: AutodiffBackend>(
     kiln_single_with::<B>(config, batches, steps, Some(guards))
 }
 
+fn kiln_bf16<B: AutodiffBackend>(config: &AdConfig, batches: &[Vec<usize>], steps: usize) -> f64 {
+    kiln_in::<B>(config, batches, steps, Precision::Bf16)
+}
+
+fn kiln_f16<B: AutodiffBackend>(config: &AdConfig, batches: &[Vec<usize>], steps: usize) -> f64 {
+    kiln_in::<B>(config, batches, steps, Precision::F16)
+}
+
+/// `Single` over the AD model wrapped in [`MixedPrecision`].
+fn kiln_in<B: AutodiffBackend>(
+    config: &AdConfig,
+    batches: &[Vec<usize>],
+    steps: usize,
+    precision: Precision,
+) -> f64 {
+    let data = generate(config).expect("default config");
+    let context = config.model.context;
+    let source = DataSource::new(
+        WindowDataset::new(data.histories.clone(), context).expect("default context"),
+        WindowBatcher::new(data.histories.clone(), context),
+    );
+    let device = B::Device::default();
+    B::seed(&device, 1);
+    let model = MixedPrecision::new(config.model.init::<B>(&config.env, &device), precision);
+    let single = SingleConfig {
+        grad_accumulation: 1,
+        threads_per_rank: Some(1),
+    };
+    let optim = AdamWConfig::new().init::<B, _>();
+    let mut strategy = Single::new(model, optim, source, device, single).expect("single");
+    time_steps(&mut strategy, batches, steps)
+}
+
+fn time_steps<B: AutodiffBackend, M: kiln::core::strategy::TrainModel<B>>(
+    strategy: &mut dyn Strategy<B, M>,
+    batches: &[Vec<usize>],
+    steps: usize,
+) -> f64 {
+    let mut timed = Instant::now();
+    for (i, batch) in batches.iter().take(steps + 3).enumerate() {
+        if i == 3 {
+            timed = Instant::now();
+        }
+        strategy.step(batch, LR).expect("step");
+    }
+    1e3 * timed.elapsed().as_secs_f64() / steps as f64
+}
+
 fn kiln_single_with<B: AutodiffBackend>(
     config: &AdConfig,
     batches: &[Vec<usize>],
@@ -107,14 +158,7 @@ fn kiln_single_with<B: AutodiffBackend>(
             Box::new(Single::new(model, optim, source, device, single).expect("single"))
         }
     };
-    let mut timed = Instant::now();
-    for (i, batch) in batches.iter().take(steps + 3).enumerate() {
-        if i == 3 {
-            timed = Instant::now();
-        }
-        strategy.step(batch, LR).expect("step");
-    }
-    1e3 * timed.elapsed().as_secs_f64() / steps as f64
+    time_steps(strategy.as_mut(), batches, steps)
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -150,6 +194,8 @@ fn main() {
         ("burn loop, flex", plain::<Autodiff<Flex>> as Runner),
         ("kiln single, flex", kiln_single::<Autodiff<Flex>>),
         ("kiln guarded, flex", kiln_guarded::<Autodiff<Flex>>),
+        ("kiln bf16, flex", kiln_bf16::<Autodiff<Flex>>),
+        ("kiln f16, flex", kiln_f16::<Autodiff<Flex>>),
         ("burn loop, ndarray", plain::<Autodiff<NdArray>>),
     ]
     .into_iter()
@@ -174,6 +220,11 @@ fn main() {
     };
     if let (Some(kiln), Some(burn)) = (ms("kiln single, flex"), ms("burn loop, flex")) {
         println!("kiln single / burn loop (flex): {:.3}", kiln / burn);
+    }
+    for half in ["kiln bf16, flex", "kiln f16, flex"] {
+        if let (Some(h), Some(kiln)) = (ms(half), ms("kiln single, flex")) {
+            println!("{half} / kiln single (flex, f32): {:.3}", h / kiln);
+        }
     }
     if let (Some(guarded), Some(kiln)) = (ms("kiln guarded, flex"), ms("kiln single, flex")) {
         println!(

@@ -354,17 +354,19 @@ fn rank_holding(batch: &[usize], world: usize, sample: usize) -> usize {
         .unwrap()
 }
 
+/// `model` trained by `kind` on `world` ranks under `policy`, with sample `poisoned` poisoned.
 fn poisoned_strategy(
     kind: StrategyKind,
     world: usize,
     policy: NanPolicy,
     poisoned: Option<usize>,
+    model: &Poisonable<B>,
 ) -> Box<dyn Strategy<B, Poisonable<B>>> {
     let spec = guarded(PerformanceConfig::new().with_nan_policy(policy));
     kiln::core::strategy::build_replicated(
         kind,
         vec![Default::default(); world],
-        poisonable(),
+        model.clone(),
         &spec,
         poison_data(poisoned),
         &configs(1, 1),
@@ -381,7 +383,8 @@ fn halt_names_the_parameter_rank_and_step_on_every_rank() {
     ] {
         let batches = poison_batches();
         let culprit = rank_holding(&batches[1], world, 17);
-        let mut strategy = poisoned_strategy(kind, world, NanPolicy::Halt, Some(17));
+        let model = poisonable();
+        let mut strategy = poisoned_strategy(kind, world, NanPolicy::Halt, Some(17), &model);
         strategy.step(&batches[0], LR).unwrap();
         let error = strategy.step(&batches[1], LR).unwrap_err();
         let expected = RankError::NonFinite(NonFinite {
@@ -434,7 +437,10 @@ fn skip_leaves_every_replica_unchanged_and_training_goes_on() {
         (StrategyKind::Ddp, 4),
     ] {
         let batches = poison_batches();
-        let mut strategy = poisoned_strategy(kind, world, NanPolicy::Skip, Some(17));
+        // One model for both runs: Burn's initialisation draws from a process-wide generator
+        // that other tests use at the same time.
+        let model = poisonable();
+        let mut strategy = poisoned_strategy(kind, world, NanPolicy::Skip, Some(17), &model);
         let first = strategy.step(&batches[0], LR).unwrap();
         assert!(!first.guard.unwrap().skipped);
         let before = parameters(&strategy.model().unwrap());
@@ -450,7 +456,7 @@ fn skip_leaves_every_replica_unchanged_and_training_goes_on() {
 
         // Training went on as if the poisoned batch had never come: the optimizer state was
         // left alone too.
-        let mut clean = poisoned_strategy(kind, world, NanPolicy::Skip, None);
+        let mut clean = poisoned_strategy(kind, world, NanPolicy::Skip, None, &model);
         clean.step(&batches[0], LR).unwrap();
         clean.step(&batches[2], LR).unwrap();
         assert_eq!(

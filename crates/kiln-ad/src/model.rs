@@ -6,8 +6,9 @@ use burn::nn::activation::ActivationConfig;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Initializer, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{FloatDType, Int, Tensor};
 use burn::train::{SequenceOutput, TrainOutput, TrainStep};
+use kiln_core::optim::LowPrecisionStep;
 use kiln_nn::layers::{PreNormBlock, PreNormBlockConfig};
 use serde::{Deserialize, Serialize};
 
@@ -164,6 +165,17 @@ pub(crate) fn action_loss<B: Backend>(
     CrossEntropyLossConfig::new()
         .init(&logits.device())
         .forward(logits.reshape([b * s, a]), targets.reshape([b * s]))
+}
+
+impl<B: AutodiffBackend> LowPrecisionStep<B> for AdTransformer<B> {
+    fn forward_in(&self, batch: AdBatch<B>, dtype: FloatDType) -> SequenceOutput<B> {
+        // The loss (a softmax and a mean over every position) is computed in f32.
+        let logits = self
+            .forward(batch.features.cast(dtype))
+            .cast(FloatDType::F32);
+        let loss = action_loss(logits.clone(), batch.targets.clone());
+        SequenceOutput::new(loss, logits, None, batch.targets)
+    }
 }
 
 impl<B: AutodiffBackend> TrainStep for AdTransformer<B> {

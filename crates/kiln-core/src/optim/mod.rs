@@ -16,6 +16,7 @@ mod config;
 mod guard;
 mod inspect;
 mod performance;
+mod precision;
 mod report;
 mod state;
 
@@ -24,6 +25,7 @@ pub use guard::{Guard, GuardReport};
 pub(crate) use guard::{Local, Settled};
 pub(crate) use inspect::{param_path, scale_grads, total_squares};
 pub use performance::{GuardedOptimizer, PerformanceOptimizer};
+pub use precision::{LowPrecisionStep, MixedPrecision, OutputLoss, Precision};
 pub use report::{NonFinite, NonFiniteValue};
 pub use state::{OptimizerState, StateError, StateLayout};
 pub(crate) use state::{decode, encode};

@@ -4,9 +4,11 @@ use burn::config::Config;
 use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Linear, LinearConfig, Relu};
-use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{FloatDType, Tensor};
 use burn::train::{ClassificationOutput, TrainOutput, TrainStep};
+
+use kiln_core::optim::LowPrecisionStep;
 
 use crate::tasks::ClassificationBatch;
 
@@ -77,6 +79,23 @@ impl<B: Backend> Mlp<B> {
             .init(&output.device())
             .forward(output.clone(), batch.labels.clone());
         ClassificationOutput::new(loss, output, batch.labels)
+    }
+}
+
+impl<B: AutodiffBackend> LowPrecisionStep<B> for Mlp<B> {
+    fn forward_in(
+        &self,
+        batch: ClassificationBatch<B>,
+        dtype: FloatDType,
+    ) -> ClassificationOutput<B> {
+        // The loss (a softmax and a mean over the batch) is computed in f32.
+        let logits = self
+            .forward(batch.features.cast(dtype))
+            .cast(FloatDType::F32);
+        let loss = CrossEntropyLossConfig::new()
+            .init(&logits.device())
+            .forward(logits.clone(), batch.labels.clone());
+        ClassificationOutput::new(loss, logits, batch.labels)
     }
 }
 
