@@ -20,7 +20,7 @@ use burn::module::Module;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use kiln::ad::config::AdConfig;
-use kiln::ad::dataset::{WindowBatcher, WindowDataset};
+use kiln::ad::dataset::{AdBatch, WindowBatcher, WindowDataset, WindowRef};
 use kiln::ad::train::generate;
 use kiln::core::data::{DataSource, EpochSampler};
 use kiln::core::optim::{
@@ -68,6 +68,16 @@ fn plain<B: AutodiffBackend>(config: &AdConfig, batches: &[Vec<usize>], steps: u
     })
 }
 
+/// The AD data set as Kiln reads it.
+fn ad_source<B: AutodiffBackend>(config: &AdConfig) -> DataSource<B, WindowRef, AdBatch<B>> {
+    let data = generate(config).expect("default config");
+    let context = config.model.context;
+    DataSource::new(
+        WindowDataset::new(data.histories.clone(), context).expect("default context"),
+        WindowBatcher::new(data.histories.clone(), context),
+    )
+}
+
 fn kiln_single<B: AutodiffBackend>(config: &AdConfig, batches: &[Vec<usize>], steps: usize) -> f64 {
     kiln_single_with::<B>(config, batches, steps, None)
 }
@@ -98,12 +108,7 @@ fn kiln_in<B: AutodiffBackend>(
     steps: usize,
     precision: Precision,
 ) -> f64 {
-    let data = generate(config).expect("default config");
-    let context = config.model.context;
-    let source = DataSource::new(
-        WindowDataset::new(data.histories.clone(), context).expect("default context"),
-        WindowBatcher::new(data.histories.clone(), context),
-    );
+    let source = ad_source(config);
     let device = B::Device::default();
     B::seed(&device, 1);
     let model = MixedPrecision::new(config.model.init::<B>(&config.env, &device), precision);
@@ -137,12 +142,7 @@ fn kiln_single_with<B: AutodiffBackend>(
     steps: usize,
     guards: Option<PerformanceConfig>,
 ) -> f64 {
-    let data = generate(config).expect("default config");
-    let context = config.model.context;
-    let source = DataSource::new(
-        WindowDataset::new(data.histories.clone(), context).expect("default context"),
-        WindowBatcher::new(data.histories.clone(), context),
-    );
+    let source = ad_source(config);
     let device = B::Device::default();
     B::seed(&device, 1);
     let model = config.model.init::<B>(&config.env, &device);

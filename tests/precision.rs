@@ -9,7 +9,9 @@ use burn::optim::AdamWConfig;
 use burn::tensor::DType;
 use common::*;
 use kiln::core::World;
-use kiln::core::optim::{MixedPrecision, Precision};
+use kiln::core::optim::{
+    LossScale, LossScaleConfig, MixedPrecision, PerformanceConfig, PerformanceOptimizer, Precision,
+};
 use kiln::core::strategy::{Ddp, DdpConfig, Single, SingleConfig, Strategy};
 use kiln::nn::models::Mlp;
 
@@ -128,4 +130,76 @@ impl burn::module::ModuleVisitor<B> for DTypes<'_> {
     ) {
         self.0.push(param.val().dtype());
     }
+}
+
+#[test]
+fn an_overflow_halves_the_loss_scale_and_skips_the_step_on_every_rank_and_clean_runs_double_it() {
+    let _seeded = seeded();
+    let case = mlp_case(2, 32);
+    // At 2^40 the f16 backward overflows (f16's largest value is 65504): the first steps
+    // overflow, each halving the scale, until it fits; every 3 clean steps then double it.
+    let config = LossScaleConfig {
+        initial: 2f64.powi(40),
+        growth_interval: 3,
+        ..LossScaleConfig::default()
+    };
+    let scale = LossScale::new(config).unwrap();
+    let model =
+        MixedPrecision::new(case.model.clone(), Precision::F16).with_loss_scale(scale.clone());
+    // The NaN policy stays `halt`: overflows under a loss scale are skipped all the same.
+    let optim = PerformanceOptimizer::new(AdamWConfig::new().init(), PerformanceConfig::new())
+        .unwrap()
+        .with_loss_scale(scale);
+    let world = World::local(vec![Default::default(); 2]).unwrap();
+    let ddp_config = DdpConfig {
+        threads_per_rank: Some(1),
+        check_replicas_every: Some(1),
+        ..DdpConfig::default()
+    };
+    let mut ddp = Ddp::new(&world, model, optim, case.source(), ddp_config).unwrap();
+
+    let mut reports = Vec::new();
+    for batch in batches(case.dataset.len(), 32, 40) {
+        let before = parameters(&ddp.model().unwrap());
+        let report = ddp.step(&batch, LR).unwrap().guard.unwrap();
+        let after = parameters(&ddp.model().unwrap());
+        // Ddp checked after the step that both replicas equal rank 0's, bit for bit.
+        assert_eq!(report.skipped, before == after, "{report:?}");
+        reports.push(report);
+    }
+    // The scale each step saw follows the state machine: halve after an overflow, double
+    // after 3 clean steps in a row, else stay.
+    let (mut expected, mut clean) = (config.initial, 0);
+    for (step, report) in reports.iter().enumerate() {
+        assert_eq!(
+            report.loss_scale,
+            Some(expected),
+            "step {step}: {reports:?}"
+        );
+        if report.skipped {
+            expected *= 0.5;
+            clean = 0;
+        } else {
+            clean += 1;
+            if clean == 3 {
+                expected *= 2.0;
+                clean = 0;
+            }
+        }
+    }
+    let skipped = reports.iter().filter(|r| r.skipped).count();
+    assert!(
+        skipped >= 10,
+        "2^40 overflows f16 for many halvings: {skipped} skipped"
+    );
+    assert!(
+        skipped < reports.len() - 6,
+        "the scale found its level: {reports:?}"
+    );
+    assert!(
+        reports
+            .iter()
+            .all(|r| r.skipped || r.grad_norm.is_finite() && r.grad_norm < 1e3),
+        "the reported norm is unscaled: {reports:?}"
+    );
 }

@@ -228,6 +228,26 @@ fn a_ddp_checkpoint_resumes_in_single_and_back() {
     );
 }
 
+/// A Ddp over two ranks for `case`'s model.
+fn ddp_of<M, I, Bt>(case: &Case<M, I, Bt>) -> Box<dyn kiln::core::strategy::Strategy<B, M>>
+where
+    M: PipelineModel<B>,
+    I: Clone + Send + Sync + 'static,
+    Bt: Batcher<B, I, M::Input> + Clone + 'static,
+{
+    let devices = vec![Default::default(); 2];
+    let model = case.model.clone();
+    build(
+        StrategyKind::Ddp,
+        devices,
+        model,
+        &spec(),
+        case.source(),
+        &configs(1),
+    )
+    .unwrap()
+}
+
 #[test]
 fn a_pipeline_state_is_refused_by_ddp_with_both_layouts_named() {
     let case = mlp_case(2, 16);
@@ -245,17 +265,7 @@ fn a_pipeline_state_is_refused_by_ddp_with_both_layouts_named() {
     );
     let state = OptimizerState::load(&dir).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
-    let devices = vec![Default::default(); 2];
-    let mut ddp = build(
-        StrategyKind::Ddp,
-        devices,
-        case.model.clone(),
-        &spec(),
-        case.source(),
-        &configs(1),
-    )
-    .unwrap();
-    let error = ddp.load_optimizer_state(&state).unwrap_err();
+    let error = ddp_of(&case).load_optimizer_state(&state).unwrap_err();
     assert!(
         matches!(error, StrategyError::State(StateError::Layout { .. })),
         "{error}"
@@ -279,17 +289,7 @@ fn a_corrupt_or_missing_state_is_an_error_not_a_panic() {
     let state = OptimizerState::load(&dir).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     let case = mlp_case(2, 16);
-    let devices = vec![Default::default(); 2];
-    let mut ddp = build(
-        StrategyKind::Ddp,
-        devices,
-        case.model.clone(),
-        &spec(),
-        case.source(),
-        &configs(1),
-    )
-    .unwrap();
-    let error = ddp.load_optimizer_state(&state).unwrap_err();
+    let error = ddp_of(&case).load_optimizer_state(&state).unwrap_err();
     let StrategyError::Failed { failures, .. } = &error else {
         panic!("expected a rank failure, got {error}");
     };

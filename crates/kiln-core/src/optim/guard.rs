@@ -11,7 +11,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 
 use super::inspect::{grad_squares, param_path, scale_grads, total_squares};
-use super::{NanPolicy, NonFinite, NonFiniteValue, PerformanceConfig};
+use super::{LossScale, NanPolicy, NonFinite, NonFiniteValue, PerformanceConfig};
 
 /// PyTorch's `clip_grad_norm_` adds this to the norm, so a zero norm never divides.
 const CLIP_EPS: f64 = 1e-6;
@@ -24,6 +24,8 @@ pub struct GuardReport {
     pub grad_norm: f64,
     /// Whether every rank skipped the optimizer step.
     pub skipped: bool,
+    /// The loss scale this step's gradients were computed with, under a dynamic loss scale.
+    pub loss_scale: Option<f64>,
 }
 
 /// One rank's view of its own gradients before they are synchronised.
@@ -52,20 +54,39 @@ impl Settled {
             report: GuardReport {
                 grad_norm: f64::NAN,
                 skipped: false,
+                loss_scale: None,
             },
         }
     }
 }
 
-/// The stability guards of a [`PerformanceConfig`], applied by the strategies.
-#[derive(Debug, Clone, PartialEq)]
+/// The stability guards of a [`PerformanceConfig`], applied by the strategies, and the
+/// dynamic loss scale when there is one.
+#[derive(Debug, Clone)]
 pub struct Guard {
     config: PerformanceConfig,
+    scale: Option<LossScale>,
 }
 
 impl Guard {
     pub(crate) fn new(config: PerformanceConfig) -> Self {
-        Self { config }
+        Self {
+            config,
+            scale: None,
+        }
+    }
+
+    /// This guard, unscaling gradients by `scale` and adjusting it.
+    pub(crate) fn with_loss_scale(self, scale: LossScale) -> Self {
+        Self {
+            scale: Some(scale),
+            ..self
+        }
+    }
+
+    /// The dynamic loss scale, if any.
+    pub fn loss_scale(&self) -> Option<&LossScale> {
+        self.scale.as_ref()
     }
 
     /// The configuration applied.
@@ -117,14 +138,36 @@ impl Guard {
         name: impl Fn(usize, usize) -> Option<String>,
         clip: impl FnOnce(GradientsParams, f64) -> GradientsParams,
     ) -> Result<Settled, NonFinite> {
-        let norm = global_squares.sqrt();
+        // Under a loss scale the gradients are `scale` times too large; the norm is reported
+        // and clipped unscaled.
+        let scale = self.scale.as_ref().map(|s| s.of_step(step));
+        let norm = global_squares.sqrt() / scale.unwrap_or(1.0);
         let affected: Vec<(usize, f32)> = codes
             .iter()
             .copied()
             .enumerate()
             .filter(|&(_, c)| c != 0.0)
             .collect();
-        if !affected.is_empty() || !norm.is_finite() {
+        let overflow = !affected.is_empty() || !norm.is_finite();
+        if let Some(loss_scale) = &self.scale {
+            loss_scale.update(step, overflow);
+            if overflow {
+                // Expected now and then with a loss scale: skipped, and the scale backs off.
+                tracing::debug!(
+                    "step {step}: gradients overflowed at loss scale {}; skipped",
+                    scale.unwrap_or(1.0)
+                );
+                return Ok(Settled {
+                    grads: None,
+                    report: GuardReport {
+                        grad_norm: norm,
+                        skipped: true,
+                        loss_scale: scale,
+                    },
+                });
+            }
+        }
+        if overflow {
             // A non-finite loss makes every gradient behind it non-finite too: it is the cause
             // to name, wherever it appeared; otherwise the lowest rank's first gradient.
             let first = affected
@@ -162,20 +205,29 @@ impl Guard {
                         report: GuardReport {
                             grad_norm: norm,
                             skipped: true,
+                            loss_scale: scale,
                         },
                     })
                 }
             };
         }
-        let grads = match self.config.clip_norm {
-            Some(max) if norm > max => clip(grads, max / (norm + CLIP_EPS)),
-            _ => grads,
+        let clip_factor = match self.config.clip_norm {
+            Some(max) if norm > max => max / (norm + CLIP_EPS),
+            _ => 1.0,
+        };
+        // Unscaling and clipping are one multiplication.
+        let factor = clip_factor / scale.unwrap_or(1.0);
+        let grads = if factor == 1.0 {
+            grads
+        } else {
+            clip(grads, factor)
         };
         Ok(Settled {
             grads: Some(grads),
             report: GuardReport {
                 grad_norm: norm,
                 skipped: false,
+                loss_scale: scale,
             },
         })
     }

@@ -18,6 +18,7 @@ mod inspect;
 mod performance;
 mod precision;
 mod report;
+mod scaler;
 mod state;
 
 pub use config::{GuardConfigError, NanPolicy, PerformanceConfig};
@@ -27,5 +28,6 @@ pub(crate) use inspect::{param_path, scale_grads, total_squares};
 pub use performance::{GuardedOptimizer, PerformanceOptimizer};
 pub use precision::{LowPrecisionStep, MixedPrecision, OutputLoss, Precision};
 pub use report::{NonFinite, NonFiniteValue};
+pub use scaler::{LossScale, LossScaleConfig};
 pub use state::{OptimizerState, StateError, StateLayout};
 pub(crate) use state::{decode, encode};

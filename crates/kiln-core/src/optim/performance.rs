@@ -7,7 +7,7 @@ use burn::optim::{GradientsParams, MultiGradientsParams, Optimizer, SimpleOptimi
 use burn::tensor::backend::AutodiffBackend;
 
 use super::guard::{Guard, GuardReport};
-use super::{GuardConfigError, NonFinite, PerformanceConfig};
+use super::{GuardConfigError, LossScale, NonFinite, PerformanceConfig};
 
 /// An optimizer that Kiln's strategies can step: any Burn optimizer, with or without guards.
 ///
@@ -73,6 +73,17 @@ impl<O> PerformanceOptimizer<O> {
         })
     }
 
+    /// This optimizer, unscaling the gradients by `scale` and adjusting it: give the same
+    /// `scale` to the [`MixedPrecision`](super::MixedPrecision) model, which scales the loss.
+    /// An overflow then skips the step on every rank and halves the scale, whatever the NaN
+    /// policy, since overflows are how the scale finds its level.
+    pub fn with_loss_scale(self, scale: LossScale) -> Self {
+        Self {
+            guard: self.guard.with_loss_scale(scale),
+            ..self
+        }
+    }
+
     /// The configuration applied.
     pub fn config(&self) -> &PerformanceConfig {
         self.guard.config()
@@ -122,7 +133,8 @@ where
     M: AutodiffModule<B>,
     O: Optimizer<M, B>,
 {
-    type Record = O::Record;
+    /// The inner optimizer's record, and the loss scale's state when there is one.
+    type Record = (O::Record, Option<(f64, u64, u64)>);
 
     fn step(&mut self, lr: LearningRate, module: M, grads: GradientsParams) -> M {
         self.inner.step(lr, module, grads)
@@ -133,12 +145,16 @@ where
     }
 
     fn to_record(&self) -> Self::Record {
-        self.inner.to_record()
+        let scale = self.guard.loss_scale().map(LossScale::to_record);
+        (self.inner.to_record(), scale)
     }
 
-    fn load_record(self, record: Self::Record) -> Self {
+    fn load_record(self, (inner, scale): Self::Record) -> Self {
+        if let (Some(loss_scale), Some(state)) = (self.guard.loss_scale(), scale) {
+            loss_scale.load_record(state);
+        }
         Self {
-            inner: self.inner.load_record(record),
+            inner: self.inner.load_record(inner),
             guard: self.guard,
         }
     }

@@ -3,8 +3,10 @@
 
 use std::path::Path;
 
-use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Record, Recorder};
-use burn::tensor::backend::Backend;
+use burn::module::AutodiffModule;
+use burn::optim::Optimizer;
+use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
+use burn::tensor::backend::AutodiffBackend;
 
 /// How a strategy's optimizer state is cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,18 +88,27 @@ fn recorder() -> NamedMpkBytesRecorder<FullPrecisionSettings> {
     NamedMpkBytesRecorder::new()
 }
 
-/// Encodes an optimizer's record.
-pub(crate) fn encode<B: Backend, R: Record<B>>(record: R) -> Result<Vec<u8>, StateError> {
-    Recorder::<B>::record(&recorder(), record, ()).map_err(|e| StateError::Decode(e.to_string()))
+/// `optim`'s state, encoded: one part of an [`OptimizerState`].
+pub(crate) fn encode<B, M, O>(optim: &O) -> Result<Vec<u8>, StateError>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    O: Optimizer<M, B>,
+{
+    Recorder::<B>::record(&recorder(), optim.to_record(), ())
+        .map_err(|e| StateError::Decode(e.to_string()))
 }
 
-/// Decodes an optimizer's record onto `device`.
-pub(crate) fn decode<B: Backend, R: Record<B>>(
-    bytes: &[u8],
-    device: &B::Device,
-) -> Result<R, StateError> {
-    Recorder::<B>::load(&recorder(), bytes.to_vec(), device)
-        .map_err(|e| StateError::Decode(e.to_string()))
+/// `optim` with the state `bytes` (from [`encode`]) decoded onto `device`.
+pub(crate) fn decode<B, M, O>(optim: &O, bytes: &[u8], device: &B::Device) -> Result<O, StateError>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    O: Optimizer<M, B>,
+{
+    let record = Recorder::<B>::load(&recorder(), bytes.to_vec(), device)
+        .map_err(|e| StateError::Decode(e.to_string()))?;
+    Ok(optim.clone().load_record(record))
 }
 
 impl OptimizerState {

@@ -308,7 +308,7 @@ where
     }
 
     fn optimizer_state(&self) -> Result<OptimizerState, StrategyError> {
-        let bytes = encode::<B, _>(self.optim.to_record())?;
+        let bytes = encode(&self.optim)?;
         Ok(OptimizerState::new(StateLayout::Replica, vec![bytes]))
     }
 
@@ -316,8 +316,8 @@ where
         let part = &state.parts(StateLayout::Replica)?[0];
         // Decoded on pool 0's thread, which steps the optimizer on the main device.
         let main = &self.devices[0];
-        let record = self.pools[0].install(|| decode::<B, _>(part, main))?;
-        self.optim = self.optim.clone().load_record(record);
+        let optim = self.optim.clone();
+        self.optim = self.pools[0].install(move || decode(&optim, part, main))?;
         Ok(())
     }
 }

@@ -51,12 +51,11 @@ where
     }
 
     fn save_optimizer(&mut self) -> Result<Vec<u8>, RankError> {
-        Ok(encode::<B, _>(self.optim.to_record())?)
+        Ok(encode(&self.optim)?)
     }
 
     fn load_optimizer(&mut self, bytes: &[u8]) -> Result<(), RankError> {
-        let record = decode::<B, _>(bytes, &self.device)?;
-        self.optim = self.optim.clone().load_record(record);
+        self.optim = decode(&self.optim, bytes, &self.device)?;
         Ok(())
     }
 
