@@ -7,8 +7,9 @@ use std::time::Instant;
 use burn::optim::AdamWConfig;
 use burn::tensor::backend::AutodiffBackend;
 use kiln_core::data::DataSource;
-use kiln_core::fit::{FitPlan, fit};
-use kiln_core::strategy::{ConfigError, PerformanceSpec, RankReport};
+use kiln_core::fit::{FitPlan, fit, fit_replicated};
+use kiln_core::optim::{MixedPrecision, Precision};
+use kiln_core::strategy::{ConfigError, PerformanceSpec, RankReport, StepOutput};
 use serde::{Deserialize, Serialize};
 
 use crate::config::AdConfig;
@@ -129,9 +130,20 @@ pub fn train<B: AutodiffBackend>(
         AdamWConfig::new().with_weight_decay(t.weight_decay as f32),
         config.optimizer.clone(),
     )?;
-    let (model, record) = fit(&plan, devices, model, &optim, source, &mut |step, out| {
-        on_step(step, out.loss)
-    })?;
+    let mut on_step = |step, out: &StepOutput| on_step(step, out.loss);
+    let (model, record) = match config.optimizer.precision {
+        Precision::F32 => fit(&plan, devices, model, &optim, source, &mut on_step)?,
+        precision => {
+            // f32 master weights; the pipeline is refused by the config's validation.
+            let mut wrapped = MixedPrecision::new(model, precision);
+            if let Some(scale) = optim.loss_scale() {
+                wrapped = wrapped.with_loss_scale(scale.clone());
+            }
+            let (trained, record) =
+                fit_replicated(&plan, devices, wrapped, &optim, source, &mut on_step)?;
+            (trained.model, record)
+        }
+    };
     let every = (t.steps / 100).max(1);
     let loss_curve = record
         .losses

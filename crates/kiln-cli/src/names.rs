@@ -66,3 +66,9 @@ pub fn nan_policy_parser() -> Named<kiln_core::optim::NanPolicy> {
     const NAMES: [&str; 2] = kiln_core::optim::NanPolicy::ALL_NAMES;
     Named::new(&NAMES)
 }
+
+/// The `--precision` parser: `f32`, `bf16` or `f16`, listed in `--help`.
+pub fn precision_parser() -> Named<kiln_core::optim::Precision> {
+    const NAMES: [&str; 3] = kiln_core::optim::Precision::ALL_NAMES;
+    Named::new(&NAMES)
+}

@@ -1,10 +1,11 @@
 //! The PerformanceOptimizer's flags, shared by `kiln train` and `kiln ad train`.
 
-use kiln_core::optim::{NanPolicy, PerformanceConfig};
+use kiln_core::optim::{NanPolicy, PerformanceConfig, Precision};
 
-use crate::names::nan_policy_parser;
+use crate::names::{nan_policy_parser, precision_parser};
 
-/// `--clip-norm`, `--nan-policy`: each overrides the same field of `[optimizer]`.
+/// `--clip-norm`, `--nan-policy`, `--precision`: each overrides the same field of
+/// `[optimizer]`.
 #[derive(clap::Args, Debug)]
 pub struct OptimizerArgs {
     /// Clip the gradients to this global L2 norm over the whole model, all ranks and stages
@@ -15,6 +16,10 @@ pub struct OptimizerArgs {
     /// with a report naming the parameter, the rank and the step [default: halt].
     #[arg(long, value_parser = nan_policy_parser())]
     nan_policy: Option<NanPolicy>,
+    /// Compute precision: `bf16` or `f16` (with a dynamic loss scale) keep f32 master weights
+    /// [default: f32].
+    #[arg(long, value_parser = precision_parser())]
+    precision: Option<Precision>,
 }
 
 impl OptimizerArgs {
@@ -25,6 +30,9 @@ impl OptimizerArgs {
         }
         if let Some(policy) = self.nan_policy {
             config.nan_policy = policy;
+        }
+        if let Some(precision) = self.precision {
+            config.precision = precision;
         }
     }
 }

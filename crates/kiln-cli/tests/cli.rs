@@ -333,3 +333,63 @@ fn a_saved_run_resumes_bit_for_bit() {
         "checkpoint /nonexistent/kiln-checkpoint",
     );
 }
+
+#[test]
+fn half_precision_trains_close_to_f32_and_not_under_the_pipeline() {
+    let common = ["--strategy", "ddp", "--world", "2", "--steps", "30"];
+    let report = |name: &str, precision: &str| {
+        let args = [&common[..], &["--precision", precision]].concat();
+        let path = json_path(name);
+        let path_str = path.to_str().unwrap().to_string();
+        let args = [
+            &[
+                "train",
+                "--batch",
+                "16",
+                "--threads-per-rank",
+                "1",
+                "--json",
+            ][..],
+            &[path_str.as_str()],
+            &args,
+        ]
+        .concat();
+        let out = kiln(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        std::fs::remove_file(path).ok();
+        json
+    };
+    let f32_run = report("p-f32", "f32");
+    let f32_loss = f32_run["final_loss"].as_f64().unwrap();
+    for precision in ["bf16", "f16"] {
+        let run = report(&format!("p-{precision}"), precision);
+        let loss = run["final_loss"].as_f64().unwrap();
+        assert!(
+            (loss - f32_loss).abs() <= 0.05 * f32_loss,
+            "{precision}: final loss {loss} against f32's {f32_loss}"
+        );
+        assert_ne!(
+            run["param_sq_sum"], f32_run["param_sq_sum"],
+            "{precision} ran"
+        );
+    }
+    assert_one_line_error(
+        &[
+            "train",
+            "--precision",
+            "bf16",
+            "--strategy",
+            "pipeline",
+            "--world",
+            "2",
+        ],
+        "does not run under the pipeline",
+    );
+    assert_one_line_error(&["train", "--precision", "f8"], "unknown precision");
+}

@@ -12,8 +12,8 @@ use crate::data::{DataSource, EpochSampler};
 use crate::optim::OptimizerState;
 use crate::stages::PipelineModel;
 use crate::strategy::{
-    AutoDecision, OptimizerSpec, RankReport, StepOutput, StrategyConfigs, StrategyError,
-    StrategyKind, build,
+    AutoDecision, OptimizerSpec, RankReport, StepOutput, Strategy, StrategyConfigs, StrategyError,
+    StrategyKind, TrainModel, build, build_replicated,
 };
 
 /// What to train and for how long.
@@ -99,7 +99,45 @@ where
     let decision = plan.strategy.resolve(devices.len());
     tracing::info!(strategy = %decision.kind, "strategy {}: {}", decision.kind, decision.reason);
     let sampler = EpochSampler::new(data.len(), plan.batch, plan.seed)?;
-    let mut strategy = build(decision.kind, devices, model, optim, data, plan.configs)?;
+    let strategy = build(decision.kind, devices, model, optim, data, plan.configs)?;
+    run(plan, decision, &sampler, strategy, on_step)
+}
+
+/// [`fit`] for a model without the pipeline's stage contract: the strategies that keep whole
+/// replicas (`single`, `data_parallel`, `ddp`, `auto`); `pipeline` is refused.
+///
+/// # Errors
+/// As [`fit`], and [`ConfigError::NoStageContract`](crate::strategy::ConfigError) for the
+/// pipeline.
+pub fn fit_replicated<B, M, S, I>(
+    plan: &FitPlan<'_>,
+    devices: Vec<B::Device>,
+    model: M,
+    optim: &S,
+    data: DataSource<B, I, M::Input>,
+    on_step: &mut dyn FnMut(usize, &StepOutput),
+) -> Result<(M, FitRecord), StrategyError>
+where
+    B: AutodiffBackend,
+    M: TrainModel<B>,
+    S: OptimizerSpec<B>,
+    I: Send + 'static,
+{
+    let decision = plan.strategy.resolve(devices.len());
+    tracing::info!(strategy = %decision.kind, "strategy {}: {}", decision.kind, decision.reason);
+    let sampler = EpochSampler::new(data.len(), plan.batch, plan.seed)?;
+    let strategy = build_replicated(decision.kind, devices, model, optim, data, plan.configs)?;
+    run(plan, decision, &sampler, strategy, on_step)
+}
+
+/// The loop itself, over a built strategy.
+fn run<B: AutodiffBackend, M: TrainModel<B>>(
+    plan: &FitPlan<'_>,
+    decision: AutoDecision,
+    sampler: &EpochSampler,
+    mut strategy: Box<dyn Strategy<B, M>>,
+    on_step: &mut dyn FnMut(usize, &StepOutput),
+) -> Result<(M, FitRecord), StrategyError> {
     let first = plan.resume.map_or(0, |r| r.step);
     if let Some(resume) = plan.resume {
         strategy.load_optimizer_state(&resume.optimizer)?;

@@ -6,14 +6,17 @@ mod report;
 
 use std::path::PathBuf;
 
+use burn::module::{AutodiffModule, ModuleDisplay};
 use burn::optim::AdamWConfig;
 use burn::tensor::backend::AutodiffBackend;
+use burn::train::TrainStep;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_core::data::DataSource;
-use kiln_core::fit::{FitPlan, fit};
+use kiln_core::fit::{FitPlan, fit, fit_replicated};
+use kiln_core::optim::{LowPrecisionStep, MixedPrecision, OutputLoss, Precision};
 use kiln_core::params::checksum;
 use kiln_core::stages::PipelineModel;
-use kiln_core::strategy::{PerformanceSpec, StrategyKind};
+use kiln_core::strategy::{PerformanceSpec, StepOutput, StrategyKind};
 use kiln_kernels::KernelBackend;
 use kiln_nn::models::{MlpConfig, TransformerConfig};
 use kiln_nn::tasks::{ClassificationBatcher, FibonacciTask, SequenceBatcher, TeacherTask};
@@ -233,7 +236,9 @@ fn train_model<B, M, I>(
 ) -> Result<TrainReport, Box<dyn std::error::Error>>
 where
     B: AutodiffBackend,
-    M: PipelineModel<B>,
+    M: PipelineModel<B> + LowPrecisionStep<B> + ModuleDisplay,
+    <M as AutodiffModule<B>>::InnerModule: ModuleDisplay,
+    <M as TrainStep>::Output: OutputLoss<B>,
     I: Send + 'static,
 {
     let (model, resume) = match &checkpoints.resume {
@@ -256,17 +261,24 @@ where
         ProgressStyle::with_template("{bar:40} {pos}/{len} steps  {msg}  [{elapsed}<{eta}]")
             .expect("valid template"),
     );
-    let (trained, record) = fit(
-        &plan,
-        devices,
-        model,
-        &PerformanceSpec::new(AdamWConfig::new(), config.optimizer.clone())?,
-        data,
-        &mut |_, out| {
-            bar.set_message(format!("loss {:.4}", out.loss));
-            bar.inc(1);
-        },
-    )?;
+    let spec = PerformanceSpec::new(AdamWConfig::new(), config.optimizer.clone())?;
+    let mut on_step = |_, out: &StepOutput| {
+        bar.set_message(format!("loss {:.4}", out.loss));
+        bar.inc(1);
+    };
+    let (trained, record) = match config.optimizer.precision {
+        Precision::F32 => fit(&plan, devices, model, &spec, data, &mut on_step)?,
+        precision => {
+            // f32 master weights; the pipeline is refused by the config's validation.
+            let mut wrapped = MixedPrecision::new(model, precision);
+            if let Some(scale) = spec.loss_scale() {
+                wrapped = wrapped.with_loss_scale(scale.clone());
+            }
+            let (trained, record) =
+                fit_replicated(&plan, devices, wrapped, &spec, data, &mut on_step)?;
+            (trained.model, record)
+        }
+    };
     bar.finish_and_clear();
     if let Some(dir) = &checkpoints.save {
         checkpoint::save(dir, trained.clone(), &record.optimizer, config.steps)?;

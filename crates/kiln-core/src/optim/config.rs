@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::{LossScaleConfig, Precision};
+
 /// What to do when a loss or gradient is not finite (NaN or ±Inf).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -70,6 +72,11 @@ pub struct PerformanceConfig {
     pub clip_norm: Option<f64>,
     /// What a non-finite loss or gradient does.
     pub nan_policy: NanPolicy,
+    /// The compute precision. Strategies do not read it: a program applies it by wrapping
+    /// the model in [`MixedPrecision`](super::MixedPrecision), as `kiln train` does.
+    pub precision: Precision,
+    /// The dynamic loss scale used with `precision = "f16"` (`[optimizer.loss_scale]`).
+    pub loss_scale: LossScaleConfig,
 }
 
 impl Default for PerformanceConfig {
@@ -84,12 +91,20 @@ impl PerformanceConfig {
         Self {
             clip_norm: None,
             nan_policy: NanPolicy::Halt,
+            precision: Precision::F32,
+            loss_scale: LossScaleConfig::default(),
         }
     }
 
     /// Sets [`Self::clip_norm`].
     pub fn with_clip_norm(mut self, clip_norm: Option<f64>) -> Self {
         self.clip_norm = clip_norm;
+        self
+    }
+
+    /// Sets [`Self::precision`].
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
         self
     }
 
@@ -109,7 +124,7 @@ impl PerformanceConfig {
         {
             return Err(GuardConfigError::ClipNorm(clip));
         }
-        Ok(())
+        self.loss_scale.validate()
     }
 }
 

@@ -11,7 +11,10 @@ use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig};
 use burn::tensor::backend::AutodiffBackend;
 
-use crate::optim::{GuardConfigError, GuardedOptimizer, PerformanceConfig, PerformanceOptimizer};
+use crate::optim::{
+    GuardConfigError, GuardedOptimizer, LossScale, PerformanceConfig, PerformanceOptimizer,
+    Precision,
+};
 
 /// An optimizer configuration that makes an optimizer for any module.
 pub trait OptimizerSpec<B: AutodiffBackend> {
@@ -33,10 +36,11 @@ impl<B: AutodiffBackend> OptimizerSpec<B> for AdamWConfig {
 /// An [`OptimizerSpec`] composed with the guards of a [`PerformanceConfig`]: it makes a
 /// [`PerformanceOptimizer`] around the inner spec's optimizer, for whatever module a strategy
 /// holds.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct PerformanceSpec<S> {
     inner: S,
     config: PerformanceConfig,
+    loss_scale: Option<LossScale>,
 }
 
 impl<S> PerformanceSpec<S> {
@@ -46,7 +50,27 @@ impl<S> PerformanceSpec<S> {
     /// [`GuardConfigError`] for a configuration that cannot work.
     pub fn new(inner: S, config: PerformanceConfig) -> Result<Self, GuardConfigError> {
         config.validate()?;
-        Ok(Self { inner, config })
+        // f16 needs a loss scale; the optimizers this spec makes and the model share it.
+        let loss_scale = match config.precision {
+            Precision::F16 => Some(LossScale::new(config.loss_scale)?),
+            Precision::F32 | Precision::Bf16 => None,
+        };
+        Ok(Self {
+            inner,
+            config,
+            loss_scale,
+        })
+    }
+
+    /// The configuration applied.
+    pub fn config(&self) -> &PerformanceConfig {
+        &self.config
+    }
+
+    /// The loss scale of `precision = "f16"`: give it to the
+    /// [`MixedPrecision`](crate::optim::MixedPrecision) model too.
+    pub fn loss_scale(&self) -> Option<&LossScale> {
+        self.loss_scale.as_ref()
     }
 }
 
@@ -54,7 +78,11 @@ impl<B: AutodiffBackend, S: OptimizerSpec<B>> OptimizerSpec<B> for PerformanceSp
     type Optimizer<M: AutodiffModule<B> + 'static> = PerformanceOptimizer<S::Optimizer<M>>;
 
     fn init<M: AutodiffModule<B> + 'static>(&self) -> Self::Optimizer<M> {
-        PerformanceOptimizer::new(self.inner.init::<M>(), self.config.clone())
-            .expect("validated when the spec was made")
+        let optim = PerformanceOptimizer::new(self.inner.init::<M>(), self.config.clone())
+            .expect("validated when the spec was made");
+        match &self.loss_scale {
+            Some(scale) => optim.with_loss_scale(scale.clone()),
+            None => optim,
+        }
     }
 }

@@ -10,8 +10,10 @@ use burn::nn::transformer::{
 };
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{FloatDType, Int, Tensor};
 use burn::train::{SequenceOutput, TrainOutput, TrainStep};
+
+use kiln_core::optim::LowPrecisionStep;
 
 use crate::tasks::SequenceBatch;
 
@@ -116,6 +118,15 @@ pub(super) fn sequence_loss<B: Backend>(
     CrossEntropyLossConfig::new()
         .init(&logits.device())
         .forward(logits.reshape([b * s, v]), targets.reshape([b * s]))
+}
+
+impl<B: AutodiffBackend> LowPrecisionStep<B> for Transformer<B> {
+    fn forward_in(&self, batch: SequenceBatch<B>, _dtype: FloatDType) -> SequenceOutput<B> {
+        // The inputs are token ids: the cast parameters carry the dtype. The loss is in f32.
+        let logits = self.forward(batch.inputs).cast(FloatDType::F32);
+        let loss = sequence_loss(logits.clone(), batch.targets.clone());
+        SequenceOutput::new(loss, logits, None, batch.targets)
+    }
 }
 
 impl<B: AutodiffBackend> TrainStep for Transformer<B> {
