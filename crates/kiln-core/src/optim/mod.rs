@@ -8,6 +8,12 @@
 //!   the norm, reported with the parameter's module path, the rank and the step, and either
 //!   skipped by every rank at once or returned as the same error by every rank.
 //!
+//! - **Mixed precision**: [`MixedPrecision`] trains a model in bf16 or f16 with f32 master
+//!   weights; for f16 a [`LossScale`] shared with the optimizer scales the loss and is
+//!   adjusted by the guard.
+//! - **Optimizer state**: [`OptimizerState`], what a strategy's optimizers hold, saved and
+//!   loaded so that a resumed run continues bit for bit.
+//!
 //! Per-rank findings ride in the gradient all-reduce's last bucket, so the guard adds no
 //! collective call to replicated strategies (the pipeline, whose stages share no all-reduce,
 //! adds one small call per step). See the book's page on the PerformanceOptimizer.
