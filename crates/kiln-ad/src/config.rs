@@ -3,7 +3,7 @@
 //! The defaults are the run `kiln ad train` makes with no flags, and the one the acceptance test
 //! (`crates/kiln-ad/tests/run.rs`) checks.
 
-use kiln_core::optim::{PerformanceConfig, Precision};
+use kiln_core::optim::PerformanceConfig;
 use kiln_core::strategy::{StrategyConfigs, StrategyKind};
 use serde::{Deserialize, Serialize};
 
@@ -151,11 +151,8 @@ impl AdConfig {
             .check_world(self.train.strategy, self.train.world)
             .map_err(kiln_core::StrategyError::from)?;
         self.optimizer.validate()?;
-        if self.optimizer.precision != Precision::F32
-            && self.train.strategy.resolve(self.train.world).kind == StrategyKind::Pipeline
-        {
-            return Err(AdError::PrecisionUnderPipeline(self.optimizer.precision));
-        }
+        self.optimizer
+            .check_strategy(self.train.strategy.resolve(self.train.world).kind)?;
         if self.train.batch < self.train.world {
             return Err(AdError::BatchSmallerThanWorld {
                 batch: self.train.batch,

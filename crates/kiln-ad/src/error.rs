@@ -72,12 +72,6 @@ pub enum AdError {
     /// Training failed.
     #[error(transparent)]
     Strategy(#[from] kiln_core::StrategyError),
-    /// Mixed precision asked of the pipeline.
-    #[error(
-        "optimizer.precision {0} does not run under the pipeline yet (its stages are not \
-         wrapped); use single, data_parallel or ddp, or f32"
-    )]
-    PrecisionUnderPipeline(kiln_core::optim::Precision),
     /// The `[optimizer]` settings cannot work.
     #[error(transparent)]
     Optimizer(#[from] kiln_core::optim::GuardConfigError),

@@ -7,8 +7,7 @@ use std::time::Instant;
 use burn::optim::AdamWConfig;
 use burn::tensor::backend::AutodiffBackend;
 use kiln_core::data::DataSource;
-use kiln_core::fit::{FitPlan, fit, fit_replicated};
-use kiln_core::optim::{MixedPrecision, Precision};
+use kiln_core::fit::{FitPlan, fit_in_precision};
 use kiln_core::strategy::{ConfigError, PerformanceSpec, RankReport, StepOutput};
 use serde::{Deserialize, Serialize};
 
@@ -131,19 +130,7 @@ pub fn train<B: AutodiffBackend>(
         config.optimizer.clone(),
     )?;
     let mut on_step = |step, out: &StepOutput| on_step(step, out.loss);
-    let (model, record) = match config.optimizer.precision {
-        Precision::F32 => fit(&plan, devices, model, &optim, source, &mut on_step)?,
-        precision => {
-            // f32 master weights; the pipeline is refused by the config's validation.
-            let mut wrapped = MixedPrecision::new(model, precision);
-            if let Some(scale) = optim.loss_scale() {
-                wrapped = wrapped.with_loss_scale(scale.clone());
-            }
-            let (trained, record) =
-                fit_replicated(&plan, devices, wrapped, &optim, source, &mut on_step)?;
-            (trained.model, record)
-        }
-    };
+    let (model, record) = fit_in_precision(&plan, devices, model, &optim, source, &mut on_step)?;
     let every = (t.steps / 100).max(1);
     let loss_curve = record
         .losses

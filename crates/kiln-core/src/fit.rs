@@ -6,14 +6,16 @@
 
 use std::time::Instant;
 
+use burn::module::{AutodiffModule, ModuleDisplay};
 use burn::tensor::backend::AutodiffBackend;
+use burn::train::TrainStep;
 
 use crate::data::{DataSource, EpochSampler};
-use crate::optim::OptimizerState;
+use crate::optim::{LowPrecisionStep, MixedPrecision, OptimizerState, OutputLoss, Precision};
 use crate::stages::PipelineModel;
 use crate::strategy::{
-    AutoDecision, OptimizerSpec, RankReport, StepOutput, Strategy, StrategyConfigs, StrategyError,
-    StrategyKind, TrainModel, build, build_replicated,
+    AutoDecision, OptimizerSpec, PerformanceSpec, RankReport, StepOutput, Strategy,
+    StrategyConfigs, StrategyError, StrategyKind, TrainModel, build, build_replicated,
 };
 
 /// What to train and for how long.
@@ -96,9 +98,7 @@ where
     S: OptimizerSpec<B>,
     I: Send + 'static,
 {
-    let decision = plan.strategy.resolve(devices.len());
-    tracing::info!(strategy = %decision.kind, "strategy {}: {}", decision.kind, decision.reason);
-    let sampler = EpochSampler::new(data.len(), plan.batch, plan.seed)?;
+    let (decision, sampler) = decide(plan, devices.len(), data.len())?;
     let strategy = build(decision.kind, devices, model, optim, data, plan.configs)?;
     run(plan, decision, &sampler, strategy, on_step)
 }
@@ -123,11 +123,59 @@ where
     S: OptimizerSpec<B>,
     I: Send + 'static,
 {
-    let decision = plan.strategy.resolve(devices.len());
-    tracing::info!(strategy = %decision.kind, "strategy {}: {}", decision.kind, decision.reason);
-    let sampler = EpochSampler::new(data.len(), plan.batch, plan.seed)?;
+    let (decision, sampler) = decide(plan, devices.len(), data.len())?;
     let strategy = build_replicated(decision.kind, devices, model, optim, data, plan.configs)?;
     run(plan, decision, &sampler, strategy, on_step)
+}
+
+/// [`fit`] in the precision `optim`'s configuration names: f32 trains `model` as it is; bf16
+/// and f16 train it wrapped in [`MixedPrecision`] (f32 master weights, and for f16 the loss
+/// scale the spec's optimizers share), through the strategies that keep whole replicas.
+/// Returns the model unwrapped.
+///
+/// # Errors
+/// As [`fit`]; the pipeline refuses bf16 and f16
+/// ([`PerformanceConfig::check_strategy`](crate::optim::PerformanceConfig::check_strategy)
+/// says so before anything starts).
+pub fn fit_in_precision<B, M, S, I>(
+    plan: &FitPlan<'_>,
+    devices: Vec<B::Device>,
+    model: M,
+    optim: &PerformanceSpec<S>,
+    data: DataSource<B, I, M::Input>,
+    on_step: &mut dyn FnMut(usize, &StepOutput),
+) -> Result<(M, FitRecord), StrategyError>
+where
+    B: AutodiffBackend,
+    M: PipelineModel<B> + LowPrecisionStep<B> + ModuleDisplay,
+    <M as AutodiffModule<B>>::InnerModule: ModuleDisplay,
+    <M as TrainStep>::Output: OutputLoss<B>,
+    S: OptimizerSpec<B>,
+    I: Send + 'static,
+{
+    let precision = optim.config().precision;
+    if precision == Precision::F32 {
+        return fit(plan, devices, model, optim, data, on_step);
+    }
+    let mut wrapped = MixedPrecision::new(model, precision);
+    if let Some(scale) = optim.loss_scale() {
+        wrapped = wrapped.with_loss_scale(scale.clone());
+    }
+    let (trained, record) = fit_replicated(plan, devices, wrapped, optim, data, on_step)?;
+    Ok((trained.model, record))
+}
+
+/// The strategy `plan` resolves to on `ranks` ranks (logged with why), and its sampler over
+/// `samples` samples.
+fn decide(
+    plan: &FitPlan<'_>,
+    ranks: usize,
+    samples: usize,
+) -> Result<(AutoDecision, EpochSampler), StrategyError> {
+    let decision = plan.strategy.resolve(ranks);
+    tracing::info!(strategy = %decision.kind, "strategy {}: {}", decision.kind, decision.reason);
+    let sampler = EpochSampler::new(samples, plan.batch, plan.seed)?;
+    Ok((decision, sampler))
 }
 
 /// The loop itself, over a built strategy.

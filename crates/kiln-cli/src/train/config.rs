@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use kiln_core::optim::{GuardConfigError, PerformanceConfig, Precision};
+use kiln_core::optim::{GuardConfigError, PerformanceConfig};
 use kiln_core::strategy::{StrategyConfigs, StrategyKind};
 
 use crate::backend::{BackendKind, DeviceError, Placement};
@@ -107,12 +107,6 @@ pub enum ConfigError {
     /// `devices` and `world` disagree, or `devices` is empty.
     #[error(transparent)]
     Devices(#[from] DeviceError),
-    /// Mixed precision asked of the pipeline.
-    #[error(
-        "--precision {0} does not run under the pipeline yet (its stages are not wrapped); use \
-         single, data_parallel or ddp, or f32"
-    )]
-    PrecisionUnderPipeline(Precision),
     /// The `[optimizer]` settings cannot work.
     #[error(transparent)]
     Optimizer(#[from] GuardConfigError),
@@ -158,13 +152,8 @@ impl TrainConfig {
             return Err(ConfigError::LearningRate(self.lr));
         }
         self.optimizer.validate()?;
-        if self.optimizer.precision != Precision::F32
-            && self.strategy.resolve(self.world).kind == StrategyKind::Pipeline
-        {
-            return Err(ConfigError::PrecisionUnderPipeline(
-                self.optimizer.precision,
-            ));
-        }
+        self.optimizer
+            .check_strategy(self.strategy.resolve(self.world).kind)?;
         Ok(())
     }
 }

@@ -12,8 +12,8 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::train::TrainStep;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_core::data::DataSource;
-use kiln_core::fit::{FitPlan, fit, fit_replicated};
-use kiln_core::optim::{LowPrecisionStep, MixedPrecision, OutputLoss, Precision};
+use kiln_core::fit::{FitPlan, fit_in_precision};
+use kiln_core::optim::{LowPrecisionStep, OutputLoss};
 use kiln_core::params::checksum;
 use kiln_core::stages::PipelineModel;
 use kiln_core::strategy::{PerformanceSpec, StepOutput, StrategyKind};
@@ -266,19 +266,7 @@ where
         bar.set_message(format!("loss {:.4}", out.loss));
         bar.inc(1);
     };
-    let (trained, record) = match config.optimizer.precision {
-        Precision::F32 => fit(&plan, devices, model, &spec, data, &mut on_step)?,
-        precision => {
-            // f32 master weights; the pipeline is refused by the config's validation.
-            let mut wrapped = MixedPrecision::new(model, precision);
-            if let Some(scale) = spec.loss_scale() {
-                wrapped = wrapped.with_loss_scale(scale.clone());
-            }
-            let (trained, record) =
-                fit_replicated(&plan, devices, wrapped, &spec, data, &mut on_step)?;
-            (trained.model, record)
-        }
-    };
+    let (trained, record) = fit_in_precision(&plan, devices, model, &spec, data, &mut on_step)?;
     bar.finish_and_clear();
     if let Some(dir) = &checkpoints.save {
         checkpoint::save(dir, trained.clone(), &record.optimizer, config.steps)?;

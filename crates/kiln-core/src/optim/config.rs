@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{LossScaleConfig, Precision};
+use crate::strategy::StrategyKind;
 
 /// What to do when a loss or gradient is not finite (NaN or ±Inf).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -114,6 +115,18 @@ impl PerformanceConfig {
         self
     }
 
+    /// Checks that these settings can run under the strategy `kind` (resolved): bf16 and f16
+    /// do not run under the pipeline yet, whose stages are not wrapped.
+    ///
+    /// # Errors
+    /// [`GuardConfigError::PrecisionUnderPipeline`].
+    pub fn check_strategy(&self, kind: StrategyKind) -> Result<(), GuardConfigError> {
+        if self.precision != Precision::F32 && kind == StrategyKind::Pipeline {
+            return Err(GuardConfigError::PrecisionUnderPipeline(self.precision));
+        }
+        Ok(())
+    }
+
     /// Checks that the settings can work.
     ///
     /// # Errors
@@ -131,6 +144,12 @@ impl PerformanceConfig {
 /// A [`PerformanceConfig`] that cannot work.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum GuardConfigError {
+    /// Mixed precision asked of the pipeline.
+    #[error(
+        "precision {0} does not run under the pipeline yet (its stages are not wrapped); use \
+         single, data_parallel or ddp, or f32"
+    )]
+    PrecisionUnderPipeline(Precision),
     /// A loss-scale setting that cannot work.
     #[error("loss scale: {what}, got {value}")]
     LossScale {
