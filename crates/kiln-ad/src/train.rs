@@ -124,6 +124,7 @@ pub fn train<B: AutodiffBackend>(
         seed: config.seed,
         lr: &|step| t.lr_at(step),
         resume: None,
+        keep_optimizer_state: false,
     };
     let optim = PerformanceSpec::new(
         AdamWConfig::new().with_weight_decay(t.weight_decay as f32),

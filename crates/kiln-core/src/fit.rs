@@ -34,6 +34,10 @@ pub struct FitPlan<'a> {
     pub lr: &'a dyn Fn(usize) -> f64,
     /// Where a resumed run starts; `None` starts at step 0 with a fresh optimizer.
     pub resume: Option<&'a Resume>,
+    /// Whether to read the optimizer state out of the ranks at the end
+    /// ([`FitRecord::optimizer`]): only a run that checkpoints needs it, and it costs an
+    /// encoding of every optimizer buffer.
+    pub keep_optimizer_state: bool,
 }
 
 /// Where a resumed [`fit`] starts: the steps already trained (the sampler skips their batches)
@@ -58,8 +62,9 @@ pub struct FitRecord {
     pub losses: Vec<f64>,
     /// Steps the NaN guard skipped (`nan_policy = "skip"`).
     pub skipped_steps: usize,
-    /// The optimizer state at the end, to checkpoint next to the model.
-    pub optimizer: OptimizerState,
+    /// The optimizer state at the end, to checkpoint next to the model, when the plan asked
+    /// for it ([`FitPlan::keep_optimizer_state`]).
+    pub optimizer: Option<OptimizerState>,
     /// Seconds of the loop (building the strategy excluded).
     pub wall_s: f64,
     /// Each rank's totals.
@@ -209,7 +214,11 @@ fn run<B: AutodiffBackend, M: TrainModel<B>>(
         skipped_steps,
         wall_s,
         ranks: strategy.stats().into_iter().map(Into::into).collect(),
-        optimizer: strategy.optimizer_state()?,
+        optimizer: if plan.keep_optimizer_state {
+            Some(strategy.optimizer_state()?)
+        } else {
+            None
+        },
     };
     Ok((strategy.model()?, record))
 }

@@ -256,6 +256,7 @@ where
         seed: config.seed,
         lr: &|_| config.lr,
         resume: resume.as_ref(),
+        keep_optimizer_state: checkpoints.save.is_some(),
     };
     let bar = ProgressBar::new(config.steps as u64).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} steps  {msg}  [{elapsed}<{eta}]")
@@ -268,8 +269,8 @@ where
     };
     let (trained, record) = fit_in_precision(&plan, devices, model, &spec, data, &mut on_step)?;
     bar.finish_and_clear();
-    if let Some(dir) = &checkpoints.save {
-        checkpoint::save(dir, trained.clone(), &record.optimizer, config.steps)?;
+    if let Some((dir, optimizer)) = checkpoints.save.as_ref().zip(record.optimizer.as_ref()) {
+        checkpoint::save(dir, trained.clone(), optimizer, config.steps)?;
     }
 
     let checksum = checksum(&trained);
