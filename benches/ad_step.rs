@@ -27,8 +27,13 @@ use kiln::core::optim::{
     MixedPrecision, NanPolicy, PerformanceConfig, PerformanceOptimizer, Precision,
 };
 use kiln::core::strategy::{Single, SingleConfig, Strategy};
+use kiln::kernels::KernelBackend;
 
 const LR: f64 = 1e-3;
+
+/// The `kiln` binary's allocator, so that the bench times what the binary runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn one_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     rayon::ThreadPoolBuilder::new()
@@ -38,7 +43,11 @@ fn one_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
         .install(f)
 }
 
-fn plain<B: AutodiffBackend>(config: &AdConfig, batches: &[Vec<usize>], steps: usize) -> f64 {
+fn plain<B: AutodiffBackend + KernelBackend>(
+    config: &AdConfig,
+    batches: &[Vec<usize>],
+    steps: usize,
+) -> f64 {
     let data = generate(config).expect("default config");
     let context = config.model.context;
     let windows = WindowDataset::new(data.histories.clone(), context).expect("default context");
@@ -69,7 +78,9 @@ fn plain<B: AutodiffBackend>(config: &AdConfig, batches: &[Vec<usize>], steps: u
 }
 
 /// The AD data set as Kiln reads it.
-fn ad_source<B: AutodiffBackend>(config: &AdConfig) -> DataSource<B, WindowRef, AdBatch<B>> {
+fn ad_source<B: AutodiffBackend + KernelBackend>(
+    config: &AdConfig,
+) -> DataSource<B, WindowRef, AdBatch<B>> {
     let data = generate(config).expect("default config");
     let context = config.model.context;
     DataSource::new(
@@ -78,11 +89,15 @@ fn ad_source<B: AutodiffBackend>(config: &AdConfig) -> DataSource<B, WindowRef, 
     )
 }
 
-fn kiln_single<B: AutodiffBackend>(config: &AdConfig, batches: &[Vec<usize>], steps: usize) -> f64 {
+fn kiln_single<B: AutodiffBackend + KernelBackend>(
+    config: &AdConfig,
+    batches: &[Vec<usize>],
+    steps: usize,
+) -> f64 {
     kiln_single_with::<B>(config, batches, steps, None)
 }
 
-fn kiln_guarded<B: AutodiffBackend>(
+fn kiln_guarded<B: AutodiffBackend + KernelBackend>(
     config: &AdConfig,
     batches: &[Vec<usize>],
     steps: usize,
@@ -93,16 +108,24 @@ fn kiln_guarded<B: AutodiffBackend>(
     kiln_single_with::<B>(config, batches, steps, Some(guards))
 }
 
-fn kiln_bf16<B: AutodiffBackend>(config: &AdConfig, batches: &[Vec<usize>], steps: usize) -> f64 {
+fn kiln_bf16<B: AutodiffBackend + KernelBackend>(
+    config: &AdConfig,
+    batches: &[Vec<usize>],
+    steps: usize,
+) -> f64 {
     kiln_in::<B>(config, batches, steps, Precision::Bf16)
 }
 
-fn kiln_f16<B: AutodiffBackend>(config: &AdConfig, batches: &[Vec<usize>], steps: usize) -> f64 {
+fn kiln_f16<B: AutodiffBackend + KernelBackend>(
+    config: &AdConfig,
+    batches: &[Vec<usize>],
+    steps: usize,
+) -> f64 {
     kiln_in::<B>(config, batches, steps, Precision::F16)
 }
 
 /// `Single` over the AD model wrapped in [`MixedPrecision`].
-fn kiln_in<B: AutodiffBackend>(
+fn kiln_in<B: AutodiffBackend + KernelBackend>(
     config: &AdConfig,
     batches: &[Vec<usize>],
     steps: usize,
@@ -136,7 +159,7 @@ fn time_steps<B: AutodiffBackend, M: kiln::core::strategy::TrainModel<B>>(
     1e3 * timed.elapsed().as_secs_f64() / steps as f64
 }
 
-fn kiln_single_with<B: AutodiffBackend>(
+fn kiln_single_with<B: AutodiffBackend + KernelBackend>(
     config: &AdConfig,
     batches: &[Vec<usize>],
     steps: usize,

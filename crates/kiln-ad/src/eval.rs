@@ -2,8 +2,8 @@
 //! episodes, next to a random policy and the source algorithm on the same goals.
 
 use burn::tensor::activation::softmax;
-use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
+use kiln_kernels::KernelBackend;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -24,6 +24,10 @@ pub struct EvalConfig {
     pub seeds: usize,
     /// Softmax temperature of the sampled actions (1 samples the model's distribution).
     pub temperature: f64,
+    /// Compute each step's keys and values once and keep them (one new step per forward),
+    /// instead of re-encoding the whole window at every step. Both compute the same actions;
+    /// `false` is the plain path the cache is tested against.
+    pub kv_cache: bool,
 }
 
 impl Default for EvalConfig {
@@ -32,7 +36,25 @@ impl Default for EvalConfig {
             episodes: 40,
             seeds: 4,
             temperature: 1.0,
+            kv_cache: true,
         }
+    }
+}
+
+/// How many of the latest steps a full window keeps when the next step arrives: all but the
+/// oldest episode (`context − horizon`), or half the context when an episode does not fit.
+///
+/// The window does not slide one step at a time. With learned absolute positions every
+/// cached key and value depends on its position in the window and, past the first layer, on
+/// every step before it in the window, so a window that drops its oldest step changes them
+/// all and nothing cached could be reused. Dropping an episode at once keeps every window
+/// between `keep` and `context` steps long, like the training windows' prefixes, and costs
+/// one re-encoding of `keep` steps per dropped episode instead of one per step.
+pub fn window_keep(context: usize, horizon: usize) -> usize {
+    if horizon < context {
+        context - horizon
+    } else {
+        (context / 2).max(1)
     }
 }
 
@@ -93,11 +115,14 @@ fn runs(goals: &[Cell], seeds: usize) -> impl Iterator<Item = (usize, Cell)> + '
 
 /// The model acting in context on `goals` of `room` as `config` says, its runs seeded from
 /// `seed`: all runs step in lockstep, so every step is one batched forward pass over the runs'
-/// contexts (the last `context` steps, or the current episode's).
+/// windows (their latest steps, or the current episode's; see [`window_keep`] for what a full
+/// window keeps). With `config.kv_cache` that pass takes only the newest step and reads the
+/// earlier steps' keys and values from a cache, re-encoding the window only after it was
+/// cut or cleared.
 ///
 /// `on_step` is called after every environment step with the steps done so far.
 #[allow(clippy::too_many_arguments)] // the run's whole description, each used once
-pub fn in_context<B: Backend>(
+pub fn in_context<B: KernelBackend>(
     model: &AdTransformer<B>,
     room: DarkRoomConfig,
     config: &EvalConfig,
@@ -108,6 +133,7 @@ pub fn in_context<B: Backend>(
     on_step: &mut dyn FnMut(usize),
 ) -> Curve {
     let context = model.context();
+    let keep = window_keep(context, room.horizon);
     let width = feature_width(&room);
     let mut envs: Vec<(DarkRoom, StdRng)> = runs(goals, config.seeds)
         .map(|(i, g)| (DarkRoom::new(room, g), StdRng::seed_from_u64(mix(seed, i))))
@@ -121,32 +147,48 @@ pub fn in_context<B: Backend>(
     };
     let mut tokens: Vec<Vec<Token>> = envs.iter().map(|(env, _)| vec![fresh(env)]).collect();
     let mut returns = vec![vec![0.0; config.episodes]; n];
+    let mut cache = model.cache();
+    // Every run's window has the same length: they start together, episodes have a fixed
+    // horizon, and they are cut and cleared at the same steps.
+    let mut window_changed = true;
     for step in 0..config.episodes * room.horizon {
         let episode = step / room.horizon;
         let len = tokens[0].len();
-        let mut features = vec![0.0f32; n * len * width];
-        for (i, run) in tokens.iter().enumerate() {
-            for (j, &token) in run.iter().enumerate() {
-                let at = (i * len + j) * width;
-                encode(&room, token, &mut features[at..at + width]);
+        if window_changed || !config.kv_cache {
+            cache = model.cache();
+        }
+        let new = cache.len()..len;
+        let mut features = vec![0.0f32; n * new.len() * width];
+        for (run, features) in tokens
+            .iter()
+            .zip(features.chunks_exact_mut(new.len() * width))
+        {
+            for (&token, features) in run[new.clone()]
+                .iter()
+                .zip(features.chunks_exact_mut(width))
+            {
+                encode(&room, token, features);
             }
         }
-        let input = Tensor::<B, 3>::from_data(TensorData::new(features, [n, len, width]), device);
+        let input =
+            Tensor::<B, 3>::from_data(TensorData::new(features, [n, new.len(), width]), device);
         let last = model
-            .forward(input)
-            .slice([0..n, len - 1..len])
+            .forward_cached(input, &mut cache)
+            .slice([0..n, new.len() - 1..new.len()])
             .reshape([n, ACTIONS]);
         let probs = softmax(last / config.temperature, 1)
             .into_data()
             .convert::<f32>()
             .to_vec::<f32>()
             .expect("f32 probabilities");
+        window_changed = false;
         for (i, ((env, rng), run)) in envs.iter_mut().zip(&mut tokens).enumerate() {
             let action = sample(&probs[i * ACTIONS..(i + 1) * ACTIONS], rng);
             let tr = env.step(action);
             returns[i][episode] += f64::from(tr.reward);
             let next = if tr.episode_done && memory == Memory::OneEpisode {
                 run.clear();
+                window_changed = true;
                 fresh(env)
             } else {
                 Token {
@@ -158,7 +200,8 @@ pub fn in_context<B: Backend>(
             };
             run.push(next);
             if run.len() > context {
-                run.remove(0);
+                run.drain(..run.len() - keep);
+                window_changed = true;
             }
         }
         on_step(step + 1);
@@ -238,7 +281,97 @@ fn mix(seed: u64, i: usize) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use burn::backend::Flex;
+    use burn::module::Param;
+    use burn::tensor::Distribution;
+
     use super::*;
+    use crate::model::AdModelConfig;
+
+    /// An untrained model whose positions matter as much as its inputs (the initial std of
+    /// 0.02 would hide a cache that put a step at the wrong position).
+    fn model(context: usize) -> AdTransformer<Flex> {
+        let device = Default::default();
+        let config = AdModelConfig {
+            context,
+            ..AdModelConfig::default()
+        };
+        let mut model = config.init::<Flex>(&DarkRoomConfig::default(), &device);
+        model.positions = Param::from_tensor(Tensor::random(
+            [context, config.d_model],
+            Distribution::Normal(0.0, 1.0),
+            &device,
+        ));
+        model
+    }
+
+    /// Steps fed one at a time through the cache give the logits of the whole window.
+    #[test]
+    fn cached_steps_equal_the_whole_window() {
+        let model = model(12);
+        let device = Default::default();
+        let width = feature_width(&DarkRoomConfig::default());
+        let features =
+            Tensor::<Flex, 3>::random([3, 12, width], Distribution::Bernoulli(0.2), &device);
+        let full = model.forward(features.clone());
+        let mut cache = model.cache();
+        let mut parts = vec![model.forward_cached(features.clone().narrow(1, 0, 5), &mut cache)];
+        for t in 5..12 {
+            parts.push(model.forward_cached(features.clone().narrow(1, t, 1), &mut cache));
+        }
+        assert_eq!(cache.len(), 12);
+        let cached = Tensor::cat(parts, 1);
+        let (full, cached) = (
+            full.into_data().to_vec::<f32>().unwrap(),
+            cached.into_data().to_vec::<f32>().unwrap(),
+        );
+        let scale = full.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        for (i, (a, b)) in cached.iter().zip(&full).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5 * scale,
+                "logit {i}: cached {a}, whole window {b}"
+            );
+        }
+    }
+
+    /// The cached evaluation takes the same actions as the one that re-encodes the window at
+    /// every step: equal curves, across a window that fills, is cut and refills, and with
+    /// the one-episode control that clears it.
+    #[test]
+    fn cached_evaluation_equals_the_uncached_one() {
+        let model = model(30);
+        let room = DarkRoomConfig::default();
+        let goals = [(1, 7), (6, 2)];
+        let device = Default::default();
+        for memory in [Memory::AcrossEpisodes, Memory::OneEpisode] {
+            let curve = |kv_cache| {
+                let config = EvalConfig {
+                    episodes: 5,
+                    seeds: 3,
+                    temperature: 1.0,
+                    kv_cache,
+                };
+                in_context(
+                    &model,
+                    room,
+                    &config,
+                    9,
+                    &goals,
+                    memory,
+                    &device,
+                    &mut |_| {},
+                )
+            };
+            assert_eq!(curve(true), curve(false), "{memory:?}");
+        }
+    }
+
+    #[test]
+    fn a_full_window_keeps_all_but_its_oldest_episode() {
+        assert_eq!(window_keep(60, 20), 40);
+        assert_eq!(window_keep(20, 20), 10);
+        assert_eq!(window_keep(1, 20), 1);
+    }
 
     #[test]
     fn curve_summaries() {

@@ -3,13 +3,13 @@
 
 use burn::module::{Module, Param};
 use burn::nn::activation::ActivationConfig;
-use burn::nn::loss::CrossEntropyLossConfig;
-use burn::nn::{Initializer, LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{FloatDType, Int, Tensor};
 use burn::train::{SequenceOutput, TrainOutput, TrainStep};
 use kiln_core::optim::LowPrecisionStep;
-use kiln_nn::layers::{PreNormBlock, PreNormBlockConfig};
+use kiln_kernels::{KernelBackend, ops};
+use kiln_nn::layers::{KvCache, LayerNorm, LayerNormConfig, PreNormBlock, PreNormBlockConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::dataset::{AdBatch, feature_width};
@@ -110,7 +110,7 @@ pub struct AdTransformer<B: Backend> {
     pub(crate) head: Linear<B>,
 }
 
-impl<B: Backend> AdTransformer<B> {
+impl<B: KernelBackend> AdTransformer<B> {
     /// The longest window the model reads.
     pub fn context(&self) -> usize {
         self.positions.dims()[0]
@@ -122,8 +122,31 @@ impl<B: Backend> AdTransformer<B> {
     /// When `seq` exceeds the context the model was built for (a caller's bug: the evaluator
     /// and the data set never pass longer windows).
     pub fn forward(&self, features: Tensor<B, 3>) -> Tensor<B, 3> {
-        let x = embed(&self.embed, &self.positions, features);
-        let x = self.blocks.iter().fold(x, |x, block| block.forward(x));
+        self.forward_cached(features, &mut self.cache())
+    }
+
+    /// An empty cache for [`Self::forward_cached`].
+    pub fn cache(&self) -> AdCache<B> {
+        AdCache {
+            layers: vec![KvCache::new(); self.blocks.len()],
+        }
+    }
+
+    /// Action logits `[batch, new, ACTIONS]` of `new` steps that follow the steps in `cache`
+    /// (at the window positions after them), which the attention reads and extends: a decoder
+    /// appends one step at a time and computes each step's keys and values once. With an
+    /// empty cache it is [`Self::forward`], the same operations in the same order.
+    ///
+    /// # Panics
+    /// When the cached and new steps together exceed the context (a caller's bug).
+    pub fn forward_cached(&self, features: Tensor<B, 3>, cache: &mut AdCache<B>) -> Tensor<B, 3> {
+        let start = cache.len();
+        let x = embed_at(&self.embed, &self.positions, features, start);
+        let x = self
+            .blocks
+            .iter()
+            .zip(&mut cache.layers)
+            .fold(x, |x, (block, cache)| block.forward_cached(x, cache));
         self.head.forward(self.norm.forward(x))
     }
 
@@ -132,6 +155,25 @@ impl<B: Backend> AdTransformer<B> {
         let logits = self.forward(batch.features);
         let loss = action_loss(logits.clone(), batch.targets.clone());
         SequenceOutput::new(loss, logits, None, batch.targets)
+    }
+}
+
+/// The keys and values each block of an [`AdTransformer`] has computed for the steps of the
+/// window so far (see [`AdTransformer::forward_cached`]).
+#[derive(Debug, Clone)]
+pub struct AdCache<B: Backend> {
+    layers: Vec<KvCache<B>>,
+}
+
+impl<B: Backend> AdCache<B> {
+    /// Steps cached: the window position the next step takes.
+    pub fn len(&self) -> usize {
+        self.layers.first().map_or(0, KvCache::len)
+    }
+
+    /// Whether no step is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -146,28 +188,46 @@ pub(crate) fn embed<B: Backend>(
     positions: &Param<Tensor<B, 2>>,
     features: Tensor<B, 3>,
 ) -> Tensor<B, 3> {
+    embed_at(embed, positions, features, 0)
+}
+
+/// [`embed`] of steps at window positions `start..start + seq`.
+fn embed_at<B: Backend>(
+    embed: &Linear<B>,
+    positions: &Param<Tensor<B, 2>>,
+    features: Tensor<B, 3>,
+    start: usize,
+) -> Tensor<B, 3> {
     let [_, seq, _] = features.dims();
     let [context, d_model] = positions.dims();
     assert!(
-        seq <= context,
-        "a window of {seq} steps exceeds the context of {context}"
+        start + seq <= context,
+        "a window of {} steps exceeds the context of {context}",
+        start + seq
     );
-    let positions = positions.val().narrow(0, 0, seq).reshape([1, seq, d_model]);
+    let positions = positions
+        .val()
+        .narrow(0, start, seq)
+        .reshape([1, seq, d_model]);
     embed.forward(features) + positions
 }
 
-/// Mean cross-entropy of `[batch, seq, ACTIONS]` logits against the source's actions.
-pub(crate) fn action_loss<B: Backend>(
+/// Mean cross-entropy of `[batch, seq, ACTIONS]` logits against the source's actions, by the
+/// fused softmax cross-entropy (one pass per row on the CPU, no log-softmax tensor).
+///
+/// # Panics
+/// When a target is not an action (the data set only holds actions the source took).
+pub(crate) fn action_loss<B: KernelBackend>(
     logits: Tensor<B, 3>,
     targets: Tensor<B, 2, Int>,
 ) -> Tensor<B, 1> {
     let [b, s, a] = logits.dims();
-    CrossEntropyLossConfig::new()
-        .init(&logits.device())
-        .forward(logits.reshape([b * s, a]), targets.reshape([b * s]))
+    ops::cross_entropy(logits.reshape([b * s, a]), targets.reshape([b * s]))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .mean()
 }
 
-impl<B: AutodiffBackend> LowPrecisionStep<B> for AdTransformer<B> {
+impl<B: AutodiffBackend + KernelBackend> LowPrecisionStep<B> for AdTransformer<B> {
     fn forward_in(&self, batch: AdBatch<B>, dtype: FloatDType) -> SequenceOutput<B> {
         // The loss (a softmax and a mean over every position) is computed in f32.
         let logits = self
@@ -178,7 +238,7 @@ impl<B: AutodiffBackend> LowPrecisionStep<B> for AdTransformer<B> {
     }
 }
 
-impl<B: AutodiffBackend> TrainStep for AdTransformer<B> {
+impl<B: AutodiffBackend + KernelBackend> TrainStep for AdTransformer<B> {
     type Input = AdBatch<B>;
     type Output = SequenceOutput<B>;
 

@@ -1,6 +1,6 @@
 //! The evaluation report: the three curves, the control, and the acceptance checks.
 
-use burn::tensor::backend::Backend;
+use kiln_kernels::KernelBackend;
 use serde::{Deserialize, Serialize};
 
 use crate::config::AdConfig;
@@ -66,7 +66,7 @@ impl Acceptance {
 /// Evaluates `model` on `goals` (the held-out goals) as `config.eval` says, with the control,
 /// the source and the random policy on the same runs. `on_step(done, total)` reports the
 /// model's environment steps (AD and control).
-pub fn evaluate<B: Backend>(
+pub fn evaluate<B: KernelBackend>(
     model: &AdTransformer<B>,
     config: &AdConfig,
     goals: &[Cell],

@@ -3,6 +3,7 @@
 //! `kiln ad train`, the example and the acceptance test all run this one sequence; an
 //! [`Observer`] shows its progress (log lines, or the CLI's progress bars).
 
+use kiln_kernels::KernelBackend;
 use std::path::Path;
 use std::time::Instant;
 
@@ -104,7 +105,7 @@ pub struct Run<B: Backend> {
 ///
 /// # Errors
 /// An invalid config, a failure while training, or a checkpoint that cannot be written.
-pub fn run<B: AutodiffBackend>(
+pub fn run<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
     config: &AdConfig,
     devices: Vec<B::Device>,
     options: RunOptions<'_>,
@@ -147,7 +148,7 @@ pub fn run<B: AutodiffBackend>(
 }
 
 /// Evaluates `model` on the held-out goals of `goals`; returns the report and its seconds.
-pub fn evaluate_held_out<B: Backend>(
+pub fn evaluate_held_out<B: KernelBackend>(
     model: &AdTransformer<B>,
     config: &AdConfig,
     goals: &GoalSplit,

@@ -4,11 +4,12 @@
 use std::ops::Range;
 
 use burn::module::{Module, Param};
-use burn::nn::{LayerNorm, Linear};
+use burn::nn::Linear;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor};
 use kiln_core::stages::PipelineModel;
-use kiln_nn::layers::PreNormBlock;
+use kiln_kernels::KernelBackend;
+use kiln_nn::layers::{LayerNorm, PreNormBlock};
 
 use crate::dataset::AdBatch;
 use crate::model::{AdTransformer, action_loss, embed};
@@ -24,7 +25,7 @@ pub struct AdStage<B: Backend> {
     head: Option<Linear<B>>,
 }
 
-impl<B: AutodiffBackend> PipelineModel<B> for AdTransformer<B> {
+impl<B: AutodiffBackend + KernelBackend> PipelineModel<B> for AdTransformer<B> {
     type Stage = AdStage<B>;
     type Activation = Tensor<B, 3>;
     type FirstInput = Tensor<B, 3>;

@@ -1,6 +1,7 @@
 //! Data generation and training: learning histories on the training goals, then the
 //! transformer trained on their windows through any Kiln strategy.
 
+use kiln_kernels::KernelBackend;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -97,7 +98,7 @@ pub struct TrainSummary {
 ///
 /// # Errors
 /// An invalid config, or a strategy failure.
-pub fn train<B: AutodiffBackend>(
+pub fn train<B: AutodiffBackend + KernelBackend>(
     config: &AdConfig,
     data: &Data,
     devices: Vec<B::Device>,

@@ -82,6 +82,50 @@ impl<B: KernelBackend> Backward<B, 2> for RmsNormBackward {
 }
 
 #[derive(Debug)]
+struct LayerNormBackward;
+
+impl<B: KernelBackend> Backward<B, 3> for LayerNormBackward {
+    // x, gamma, and the forward's per-row mean and rstd.
+    type State = (
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+    );
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_x, node_gamma, node_beta] = ops.parents;
+        let dy = grads.consume::<B>(&ops.node);
+        let (x, gamma, mean, rstd) = ops.state;
+        let (dx, dgamma, dbeta) = B::layer_norm_backward(dy, x, gamma, mean, rstd);
+        for (node, grad) in [(node_x, dx), (node_gamma, dgamma), (node_beta, dbeta)] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct CausalAttentionBackward;
+
+impl<B: KernelBackend> Backward<B, 3> for CausalAttentionBackward {
+    // q, k, v, the output, its log-sum-exp per query and head, and the number of heads.
+    type State = ([FloatTensor<B>; 3], FloatTensor<B>, FloatTensor<B>, usize);
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dout = grads.consume::<B>(&ops.node);
+        let (qkv, out, lse, heads) = ops.state;
+        let dqkv = B::causal_attention_backward(dout, qkv, out, lse, heads);
+        for (node, grad) in ops.parents.into_iter().zip(dqkv) {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
 struct SwigluBackward;
 
 impl<B: KernelBackend> Backward<B, 2> for SwigluBackward {
@@ -177,6 +221,92 @@ impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
         let (dx, dg) =
             B::rms_norm_backward(dy.primitive, x.primitive, gamma.primitive, rstd.primitive);
         (constant::<B, C>(dx), constant::<B, C>(dg))
+    }
+
+    fn layer_norm_forward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        eps: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let nodes = [x.node.clone(), gamma.node.clone(), beta.node.clone()];
+        let (y, mean, rstd) = B::layer_norm_forward(
+            x.primitive.clone(),
+            gamma.primitive.clone(),
+            beta.primitive,
+            eps,
+        );
+        let y = match LayerNormBackward
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(
+                (x.primitive, gamma.primitive, mean.clone(), rstd.clone()),
+                y,
+            ),
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        };
+        (y, constant::<B, C>(mean), constant::<B, C>(rstd))
+    }
+
+    fn layer_norm_backward(
+        dy: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let (dx, dg, db) = B::layer_norm_backward(
+            dy.primitive,
+            x.primitive,
+            gamma.primitive,
+            mean.primitive,
+            rstd.primitive,
+        );
+        (
+            constant::<B, C>(dx),
+            constant::<B, C>(dg),
+            constant::<B, C>(db),
+        )
+    }
+
+    fn causal_attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        heads: usize,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let nodes = [q.node.clone(), k.node.clone(), v.node.clone()];
+        let qkv = [q.primitive, k.primitive, v.primitive];
+        let [q, k, v] = qkv.clone();
+        let (out, lse) = B::causal_attention_forward(q, k, v, heads);
+        let y = match CausalAttentionBackward
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((qkv, out.clone(), lse.clone(), heads), out),
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        };
+        (y, constant::<B, C>(lse))
+    }
+
+    fn causal_attention_backward(
+        dout: FloatTensor<Self>,
+        qkv: [FloatTensor<Self>; 3],
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        heads: usize,
+    ) -> [FloatTensor<Self>; 3] {
+        B::causal_attention_backward(
+            dout.primitive,
+            qkv.map(|t| t.primitive),
+            out.primitive,
+            lse.primitive,
+            heads,
+        )
+        .map(constant::<B, C>)
     }
 
     fn swiglu_forward(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {

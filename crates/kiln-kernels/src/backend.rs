@@ -73,6 +73,52 @@ pub trait KernelBackend: Backend {
         (unwrap(dx), unwrap(dg))
     }
 
+    /// LayerNorm of `x [rows, d]` with gain `gamma [d]` and shift `beta [d]`:
+    /// `(y [rows, d], mean [rows], rstd [rows])`.
+    fn layer_norm_forward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        eps: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        plain::layer_norm_forward::<Self>(x, gamma, beta, eps)
+    }
+
+    /// LayerNorm's backward: `(dx [rows, d], dgamma [d], dbeta [d])`.
+    fn layer_norm_backward(
+        dy: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        plain::layer_norm_backward::<Self>(dy, x, gamma, mean, rstd)
+    }
+
+    /// Causal attention of `q [batch, q_len, heads·d_head]` over `k`, `v [batch, kv_len,
+    /// heads·d_head]` (`q_len ≤ kv_len`; the queries are the last positions) with `heads`
+    /// heads, queries scaled by `d_head^-½`:
+    /// `(out [batch, q_len, heads·d_head], lse [batch, heads, q_len])`.
+    fn causal_attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        heads: usize,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        plain::causal_attention_forward::<Self>(q, k, v, heads)
+    }
+
+    /// Causal attention's backward from the forward's `out` and `lse`: `[dq, dk, dv]`.
+    fn causal_attention_backward(
+        dout: FloatTensor<Self>,
+        qkv: [FloatTensor<Self>; 3],
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        heads: usize,
+    ) -> [FloatTensor<Self>; 3] {
+        plain::causal_attention_backward::<Self>(dout, qkv, out, lse, heads)
+    }
+
     /// `silu(gate)·up` over two `[len]` tensors.
     fn swiglu_forward(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
         unwrap(reference::swiglu::forward::<Self, 1>(wrap(gate), wrap(up)))
@@ -94,11 +140,7 @@ pub trait KernelBackend: Backend {
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (loss, lse) = reference::cross_entropy::forward(
-            wrap::<Self, 2>(logits),
-            Tensor::from_primitive(targets),
-        );
-        (unwrap(loss), unwrap(lse))
+        plain::cross_entropy_forward::<Self>(logits, targets)
     }
 
     /// Cross-entropy's backward from the saved `lse`: `dlogits [rows, classes]`.
@@ -108,12 +150,7 @@ pub trait KernelBackend: Backend {
         targets: IntTensor<Self>,
         lse: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        unwrap(reference::cross_entropy::backward(
-            wrap::<Self, 1>(dloss),
-            wrap(logits),
-            Tensor::from_primitive(targets),
-            wrap(lse),
-        ))
+        plain::cross_entropy_backward::<Self>(dloss, logits, targets, lse)
     }
 
     /// One AdamW step on flat `[len]` tensors: `(param, m, v)`.
@@ -138,7 +175,91 @@ pub trait KernelBackend: Backend {
     }
 }
 
-impl KernelBackend for burn::backend::Flex {}
+/// The plain-Burn versions on primitives: the trait's defaults, and what a backend with its
+/// own kernels falls back to for inputs they do not take (e.g. a dtype).
+pub(crate) mod plain {
+    use super::*;
+
+    pub(crate) fn layer_norm_forward<B: Backend>(
+        x: FloatTensor<B>,
+        gamma: FloatTensor<B>,
+        beta: FloatTensor<B>,
+        eps: f32,
+    ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+        let (y, mean, rstd) =
+            reference::layer_norm::forward(wrap::<B, 2>(x), wrap(gamma), wrap(beta), eps);
+        (unwrap(y), unwrap(mean), unwrap(rstd))
+    }
+
+    pub(crate) fn layer_norm_backward<B: Backend>(
+        dy: FloatTensor<B>,
+        x: FloatTensor<B>,
+        gamma: FloatTensor<B>,
+        mean: FloatTensor<B>,
+        rstd: FloatTensor<B>,
+    ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+        let (dx, dg, db) = reference::layer_norm::backward(
+            wrap::<B, 2>(dy),
+            wrap(x),
+            wrap(gamma),
+            wrap(mean),
+            wrap(rstd),
+        );
+        (unwrap(dx), unwrap(dg), unwrap(db))
+    }
+
+    pub(crate) fn causal_attention_forward<B: Backend>(
+        q: FloatTensor<B>,
+        k: FloatTensor<B>,
+        v: FloatTensor<B>,
+        heads: usize,
+    ) -> (FloatTensor<B>, FloatTensor<B>) {
+        let (out, lse) = reference::attention::forward(wrap::<B, 3>(q), wrap(k), wrap(v), heads);
+        (unwrap(out), unwrap(lse))
+    }
+
+    pub(crate) fn causal_attention_backward<B: Backend>(
+        dout: FloatTensor<B>,
+        qkv: [FloatTensor<B>; 3],
+        out: FloatTensor<B>,
+        lse: FloatTensor<B>,
+        heads: usize,
+    ) -> [FloatTensor<B>; 3] {
+        reference::attention::backward(
+            wrap::<B, 3>(dout),
+            qkv.map(wrap),
+            wrap(out),
+            wrap(lse),
+            heads,
+        )
+        .map(unwrap)
+    }
+
+    pub(crate) fn cross_entropy_forward<B: Backend>(
+        logits: FloatTensor<B>,
+        targets: IntTensor<B>,
+    ) -> (FloatTensor<B>, FloatTensor<B>) {
+        let (loss, lse) = reference::cross_entropy::forward(
+            wrap::<B, 2>(logits),
+            Tensor::from_primitive(targets),
+        );
+        (unwrap(loss), unwrap(lse))
+    }
+
+    pub(crate) fn cross_entropy_backward<B: Backend>(
+        dloss: FloatTensor<B>,
+        logits: FloatTensor<B>,
+        targets: IntTensor<B>,
+        lse: FloatTensor<B>,
+    ) -> FloatTensor<B> {
+        unwrap(reference::cross_entropy::backward(
+            wrap::<B, 1>(dloss),
+            wrap(logits),
+            Tensor::from_primitive(targets),
+            wrap(lse),
+        ))
+    }
+}
 
 impl<E, I, Q> KernelBackend for burn::backend::NdArray<E, I, Q>
 where

@@ -14,6 +14,7 @@
 mod adamw_step;
 pub mod autodiff;
 pub mod backend;
+mod cpu;
 pub mod cube;
 pub mod ops;
 pub mod optim;

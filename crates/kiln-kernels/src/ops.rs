@@ -42,6 +42,25 @@ pub enum KernelError {
         /// Its shape.
         right_shape: Vec<usize>,
     },
+    /// More queries than keys: the queries must be the last positions of the keys'.
+    #[error(
+        "causal_attention: {q_len} queries over {kv_len} keys; queries must be the last of the \
+         keys' positions (q_len ≤ kv_len)"
+    )]
+    MoreQueries {
+        /// Query positions.
+        q_len: usize,
+        /// Key positions.
+        kv_len: usize,
+    },
+    /// The heads do not split the model width.
+    #[error("causal_attention: {heads} heads do not divide d_model = {d_model}; pick a divisor")]
+    Heads {
+        /// The last dimension of q, k and v.
+        d_model: usize,
+        /// The heads asked for.
+        heads: usize,
+    },
 }
 
 fn check(
@@ -113,6 +132,59 @@ pub fn rms_norm<B: KernelBackend, const D: usize>(
     check("rms_norm", "gamma's length", x.dims()[1], gamma.dims()[0])?;
     let (y, _) = B::rms_norm_forward(unwrap(x), unwrap(gamma), eps);
     Ok(wrap::<B, 2>(y).reshape(shape))
+}
+
+/// LayerNorm over the last dimension, as Burn's `LayerNorm`:
+/// `(x − mean) / √(var + eps) · gamma + beta` with the biased variance.
+pub fn layer_norm<B: KernelBackend, const D: usize>(
+    x: Tensor<B, D>,
+    gamma: Tensor<B, 1>,
+    beta: Tensor<B, 1>,
+    eps: f32,
+) -> Result<Tensor<B, D>, KernelError> {
+    const OP: &str = "layer_norm";
+    let (x, shape) = rows(x);
+    check(OP, "gamma's length", x.dims()[1], gamma.dims()[0])?;
+    check(OP, "beta's length", x.dims()[1], beta.dims()[0])?;
+    let (y, _, _) = B::layer_norm_forward(unwrap(x), unwrap(gamma), unwrap(beta), eps);
+    Ok(wrap::<B, 2>(y).reshape(shape))
+}
+
+/// Causal multi-head attention of projected queries `q [batch, q_len, d_model]` over keys
+/// and values `k`, `v [batch, kv_len, d_model]`, the heads side by side in the last dimension
+/// (a linear layer's output as it is): `softmax(q·kᵀ/√d_head + causal mask)·v` per head,
+/// merged back to `[batch, q_len, d_model]`.
+///
+/// The queries are the last `q_len` of the `kv_len` positions: query `i` attends to keys
+/// `0..=i + kv_len − q_len`. Self-attention has `q_len = kv_len`; a decoder that appends
+/// one token to cached keys and values has `q_len = 1`.
+pub fn causal_attention<B: KernelBackend>(
+    q: Tensor<B, 3>,
+    k: Tensor<B, 3>,
+    v: Tensor<B, 3>,
+    heads: usize,
+) -> Result<Tensor<B, 3>, KernelError> {
+    const OP: &str = "causal_attention";
+    if v.shape() != k.shape() {
+        return Err(KernelError::Shapes {
+            op: OP,
+            left: "k",
+            left_shape: k.shape().to_vec(),
+            right: "v",
+            right_shape: v.shape().to_vec(),
+        });
+    }
+    let ([batch, q_len, d_model], [kv_batch, kv_len, kv_d]) = (q.dims(), k.dims());
+    check(OP, "k's batch", batch, kv_batch)?;
+    check(OP, "k's last dimension (d_model)", d_model, kv_d)?;
+    if q_len > kv_len {
+        return Err(KernelError::MoreQueries { q_len, kv_len });
+    }
+    if heads == 0 || !d_model.is_multiple_of(heads) {
+        return Err(KernelError::Heads { d_model, heads });
+    }
+    let (out, _) = B::causal_attention_forward(unwrap(q), unwrap(k), unwrap(v), heads);
+    Ok(wrap(out))
 }
 
 /// SwiGLU gating, `silu(gate) · up`, element-wise over equal shapes.

@@ -1,5 +1,5 @@
 //! Shared helpers of the kernel tests: seeded data, backends, and the closeness check.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::backend::Backend;

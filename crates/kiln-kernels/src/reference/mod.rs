@@ -4,8 +4,10 @@
 //! avoid (the dequantised weight, the probabilities).
 
 pub mod adamw;
+pub mod attention;
 pub mod cross_entropy;
 pub mod grad_norm;
+pub mod layer_norm;
 pub mod qlora;
 pub mod rms_norm;
 pub mod swiglu;

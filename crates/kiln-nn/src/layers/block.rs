@@ -3,11 +3,13 @@
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::activation::{Activation, ActivationConfig};
-use burn::nn::{LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use burn::nn::{Linear, LinearConfig};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
+use kiln_kernels::KernelBackend;
 
-use super::causal_attention::{CausalSelfAttention, CausalSelfAttentionConfig};
+use super::causal_attention::{CausalSelfAttention, CausalSelfAttentionConfig, KvCache};
+use super::layer_norm::{LayerNorm, LayerNormConfig};
 
 /// Configuration of [`PreNormBlock`].
 #[derive(Config, Debug)]
@@ -52,10 +54,16 @@ pub struct PreNormBlock<B: Backend> {
     activation: Activation<B>,
 }
 
-impl<B: Backend> PreNormBlock<B> {
+impl<B: KernelBackend> PreNormBlock<B> {
     /// Applies the block.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let x = x.clone() + self.attn.forward(self.norm_attn.forward(x));
+        self.forward_cached(x, &mut KvCache::new())
+    }
+
+    /// Applies the block to the positions that follow those in `cache`, which their
+    /// attention reads and extends (see [`CausalSelfAttention::forward_cached`]).
+    pub fn forward_cached(&self, x: Tensor<B, 3>, cache: &mut KvCache<B>) -> Tensor<B, 3> {
+        let x = x.clone() + self.attn.forward_cached(self.norm_attn.forward(x), cache);
         let hidden = self
             .activation
             .forward(self.ff_in.forward(self.norm_ff.forward(x.clone())));

@@ -1,21 +1,14 @@
-//! Causal multi-head self-attention with the causal mask written out at the scores' full shape.
-//!
-//! Burn's `MultiHeadAttention` takes a boolean mask `[batch, seq, seq]` and `mask_fill`s the
-//! `[batch, heads, seq, seq]` scores through a broadcast view of it. On CPU backends that view
-//! is expanded by a strided copy in the forward pass and again in the backward pass, which cost
-//! about 8 % of a training step of the AD model. A contiguous mask of the full shape, built
-//! directly, is read in place both times. (An additive `[seq, seq]` float bias is no better on
-//! Flex: the broadcast add takes the same strided path.)
+//! Causal multi-head self-attention through Kiln's fused kernel
+//! ([`kiln_kernels::ops::causal_attention`]): on the CPU one pass per head over the
+//! projections as they are (no head split or merge copies, no `[batch, heads, seq, seq]` mask
+//! or score tensor); elsewhere the plain-Burn composite.
 
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
-use burn::tensor::activation::softmax;
+use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Bool, Tensor, TensorData};
-
-/// What masked scores are set to: `exp` of it underflows to exactly 0 next to any real score.
-const MASKED: f32 = -1.0e9;
+use kiln_kernels::{KernelBackend, ops};
 
 /// Configuration of [`CausalSelfAttention`].
 #[derive(Config, Debug)]
@@ -62,58 +55,87 @@ pub struct CausalSelfAttention<B: Backend> {
     heads: usize,
 }
 
-impl<B: Backend> CausalSelfAttention<B> {
+impl<B: KernelBackend> CausalSelfAttention<B> {
     /// Attends causally over `x`.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let context = attend(
-            self.query.forward(x.clone()),
-            self.key.forward(x.clone()),
-            self.value.forward(x),
-            self.heads,
-        );
+        self.forward_cached(x, &mut KvCache::new())
+    }
+
+    /// Attends causally over the positions in `cache` followed by `x`'s, the positions that
+    /// come next, and adds `x`'s keys and values to the cache: `[batch, new, d_model]` →
+    /// `[batch, new, d_model]`. A decoder calls it with one new position per step; with an
+    /// empty cache it is [`Self::forward`].
+    pub fn forward_cached(&self, x: Tensor<B, 3>, cache: &mut KvCache<B>) -> Tensor<B, 3> {
+        let (k, v) = cache.extend(self.key.forward(x.clone()), self.value.forward(x.clone()));
+        let context = attend(self.query.forward(x), k, v, self.heads);
         self.output.forward(context)
+    }
+}
+
+/// The keys and values `[batch, positions, d_model]` an attention layer has computed so far,
+/// so that a decoder computes each position's once.
+#[derive(Debug, Clone)]
+pub struct KvCache<B: Backend> {
+    keys_values: Option<(Tensor<B, 3>, Tensor<B, 3>)>,
+}
+
+impl<B: Backend> Default for KvCache<B> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<B: Backend> KvCache<B> {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self { keys_values: None }
+    }
+
+    /// Positions cached.
+    pub fn len(&self) -> usize {
+        self.keys_values.as_ref().map_or(0, |(k, _)| k.dims()[1])
+    }
+
+    /// Whether no position is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Appends the new positions' keys and values; returns all of them.
+    fn extend(&mut self, k: Tensor<B, 3>, v: Tensor<B, 3>) -> (Tensor<B, 3>, Tensor<B, 3>) {
+        let all = match self.keys_values.take() {
+            None => (k, v),
+            Some((keys, values)) => (
+                Tensor::cat(vec![keys, k], 1),
+                Tensor::cat(vec![values, v], 1),
+            ),
+        };
+        self.keys_values = Some(all.clone());
+        all
     }
 }
 
 /// Causal multi-head attention of already projected queries, keys and values, each
 /// `[batch, seq, d_model]`: the context `[batch, seq, d_model]` before the output projection.
 /// Shared by every attention layer whose projections differ (dense, LoRA, QLoRA).
-pub fn attend<B: Backend>(
+///
+/// # Panics
+/// When the three shapes differ or `heads` does not divide `d_model` (the layers' configs
+/// check both when they are built).
+pub fn attend<B: KernelBackend>(
     q: Tensor<B, 3>,
     k: Tensor<B, 3>,
     v: Tensor<B, 3>,
     heads: usize,
 ) -> Tensor<B, 3> {
-    let [batch, seq, d_model] = q.dims();
-    let d_head = d_model / heads;
-    let split = |t: Tensor<B, 3>| t.reshape([batch, seq, heads, d_head]).swap_dims(1, 2);
-    // Scaling the queries touches seq × d_model values instead of seq × seq per head.
-    let q = split(q.mul_scalar((d_head as f64).powf(-0.5)));
-    let mask = causal_mask::<B>([batch, heads, seq, seq], &q.device());
-    let weights = softmax(
-        q.matmul(split(k).swap_dims(2, 3)).mask_fill(mask, MASKED),
-        3,
-    );
-    weights
-        .matmul(split(v))
-        .swap_dims(1, 2)
-        .reshape([batch, seq, d_model])
-}
-
-fn causal_mask<B: Backend>(shape: [usize; 4], device: &B::Device) -> Tensor<B, 4, Bool> {
-    let [batch, heads, seq, _] = shape;
-    let one: Vec<bool> = (0..seq)
-        .flat_map(|i| (0..seq).map(move |j| j > i))
-        .collect();
-    let values = one.repeat(batch * heads);
-    Tensor::from_data(TensorData::new(values, shape), device)
+    ops::causal_attention(q, k, v, heads).unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[cfg(test)]
 mod tests {
     use burn::backend::{Autodiff, Flex};
     use burn::nn::attention::{MhaInput, MultiHeadAttentionConfig, generate_autoregressive_mask};
-    use burn::tensor::{Distribution, Tolerance};
+    use burn::tensor::{Distribution, TensorData, Tolerance};
 
     use super::*;
 

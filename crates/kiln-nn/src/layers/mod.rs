@@ -1,7 +1,9 @@
-//! Layers built from Burn's modules and tensor ops, shaped for training speed.
+//! Layers built from Burn's modules and Kiln's fused ops, shaped for training speed.
 
 mod block;
 mod causal_attention;
+mod layer_norm;
 
 pub use block::{PreNormBlock, PreNormBlockConfig};
-pub use causal_attention::{CausalSelfAttention, CausalSelfAttentionConfig, attend};
+pub use causal_attention::{CausalSelfAttention, CausalSelfAttentionConfig, KvCache, attend};
+pub use layer_norm::{LayerNorm, LayerNormConfig};

@@ -1,0 +1,89 @@
+//! Softmax cross-entropy per row of `[rows, classes]` logits, forward and backward, in one
+//! pass per row (Burn's loss makes a log-softmax tensor, a one-hot mask and a gather).
+
+use super::layer_norm::sum;
+use super::simd::{Kernel, exp, vectorized};
+
+/// `(loss, lse)` per row: `lse = log Σ exp(logits)`, `loss = lse − logits[target]`.
+/// Targets have been checked to lie in `0..classes`.
+pub(crate) fn forward(logits: &[f32], targets: &[usize], classes: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut loss = vec![0.0; targets.len()];
+    let mut lse = vec![0.0; targets.len()];
+    vectorized(Forward {
+        logits,
+        targets,
+        classes,
+        loss: &mut loss,
+        lse: &mut lse,
+    });
+    (loss, lse)
+}
+
+struct Forward<'a> {
+    logits: &'a [f32],
+    targets: &'a [usize],
+    classes: usize,
+    loss: &'a mut [f32],
+    lse: &'a mut [f32],
+}
+
+impl Kernel for Forward<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run(self) {
+        let rows = self.logits.chunks_exact(self.classes).zip(self.targets);
+        for ((row, &t), (loss, lse)) in rows.zip(self.loss.iter_mut().zip(self.lse.iter_mut())) {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            *lse = max + sum(row.iter().map(|&z| exp(z - max))).ln();
+            *loss = *lse - row[t];
+        }
+    }
+}
+
+/// `dlogits = (softmax − onehot(target)) · dloss`, the softmax recomputed from `lse`.
+pub(crate) fn backward(
+    dloss: &[f32],
+    logits: &[f32],
+    targets: &[usize],
+    lse: &[f32],
+    classes: usize,
+) -> Vec<f32> {
+    let mut dlogits = vec![0.0; logits.len()];
+    vectorized(Backward {
+        dloss,
+        logits,
+        targets,
+        lse,
+        classes,
+        dlogits: &mut dlogits,
+    });
+    dlogits
+}
+
+struct Backward<'a> {
+    dloss: &'a [f32],
+    logits: &'a [f32],
+    targets: &'a [usize],
+    lse: &'a [f32],
+    classes: usize,
+    dlogits: &'a mut [f32],
+}
+
+impl Kernel for Backward<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run(self) {
+        let rows = self.dlogits.chunks_exact_mut(self.classes);
+        let rows = rows
+            .zip(self.logits.chunks_exact(self.classes))
+            .zip(self.targets);
+        for (((out, row), &t), (&lse, &g)) in rows.zip(self.lse.iter().zip(self.dloss)) {
+            for (o, &z) in out.iter_mut().zip(row) {
+                *o = exp(z - lse) * g;
+            }
+            out[t] -= g;
+        }
+    }
+}

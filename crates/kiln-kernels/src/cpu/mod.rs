@@ -1,0 +1,212 @@
+//! Kiln's kernels on the CPU: LayerNorm, causal attention and softmax cross-entropy as
+//! vectorised loops over slices, and their implementation of [`KernelBackend`] for Burn's Flex
+//! backend. Each takes f32 tensors; other dtypes (bf16, f16 under mixed precision) take the
+//! plain-Burn path. The other kernels (QLoRA, RMSNorm, SwiGLU, AdamW, the norm) keep theirs.
+//!
+//! Rayon splits attention by sequence, inside whatever pool the caller runs in (a Ddp rank's
+//! pool has one thread, so it runs inline there); the other kernels are too small per call
+//! to gain from threads at these sizes.
+
+mod attention;
+mod cross_entropy;
+mod layer_norm;
+mod simd;
+
+use burn::backend::Flex;
+use burn::backend::flex::FlexTensor;
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::{DType, Shape, TensorData};
+
+use crate::backend::{KernelBackend, plain};
+
+/// The tensor in one contiguous f32 buffer (a copy only when it is a strided view), or
+/// `None` for another dtype.
+fn contiguous_f32(t: &FlexTensor) -> Option<FlexTensor> {
+    (t.dtype() == DType::F32).then(|| t.to_contiguous())
+}
+
+fn values(t: &FlexTensor) -> &[f32] {
+    t.as_slice::<f32>()
+        .expect("a contiguous f32 tensor (from contiguous_f32)")
+}
+
+fn tensor(values: Vec<f32>, shape: impl Into<Shape>) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(values, shape.into()))
+}
+
+fn dims<const D: usize>(t: &FlexTensor) -> [usize; D] {
+    t.layout().shape().dims::<D>()
+}
+
+fn attention_dims(q: &FlexTensor, k: &FlexTensor, heads: usize) -> attention::Dims {
+    let [batch, q_len, d_model] = dims::<3>(q);
+    attention::Dims {
+        batch,
+        q_len,
+        kv_len: dims::<3>(k)[1],
+        heads,
+        d_head: d_model / heads,
+    }
+}
+
+/// Class indices as `usize`, each checked to lie in `0..classes`, or `None` for an integer
+/// dtype the kernel does not read.
+fn class_indices(targets: &FlexTensor, classes: usize) -> Option<Vec<usize>> {
+    let targets = targets.to_contiguous();
+    let indices: Vec<i64> = match targets.dtype() {
+        DType::I64 => targets.as_slice::<i64>()?.to_vec(),
+        DType::I32 => targets
+            .as_slice::<i32>()?
+            .iter()
+            .map(|&t| t.into())
+            .collect(),
+        _ => return None,
+    };
+    Some(
+        indices
+            .into_iter()
+            .map(|t| {
+                usize::try_from(t)
+                    .ok()
+                    .filter(|&t| t < classes)
+                    .unwrap_or_else(|| {
+                        panic!("cross_entropy: target {t} is not a class in 0..{classes}")
+                    })
+            })
+            .collect(),
+    )
+}
+
+impl KernelBackend for Flex {
+    fn layer_norm_forward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        eps: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let (Some(xc), Some(g), Some(b)) = (
+            contiguous_f32(&x),
+            contiguous_f32(&gamma),
+            contiguous_f32(&beta),
+        ) else {
+            return plain::layer_norm_forward::<Self>(x, gamma, beta, eps);
+        };
+        let [rows, d] = dims::<2>(&xc);
+        let (y, mean, rstd) = layer_norm::forward(values(&xc), values(&g), values(&b), eps);
+        (
+            tensor(y, [rows, d]),
+            tensor(mean, [rows]),
+            tensor(rstd, [rows]),
+        )
+    }
+
+    fn layer_norm_backward(
+        dy: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let inputs = [&dy, &x, &gamma, &mean, &rstd].map(contiguous_f32);
+        let [Some(dyc), Some(xc), Some(g), Some(m), Some(r)] = inputs else {
+            return plain::layer_norm_backward::<Self>(dy, x, gamma, mean, rstd);
+        };
+        let [rows, d] = dims::<2>(&xc);
+        let (dx, dg, db) = layer_norm::backward(
+            values(&dyc),
+            values(&xc),
+            values(&g),
+            values(&m),
+            values(&r),
+        );
+        (tensor(dx, [rows, d]), tensor(dg, [d]), tensor(db, [d]))
+    }
+
+    fn causal_attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        heads: usize,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let [Some(qc), Some(kc), Some(vc)] = [&q, &k, &v].map(contiguous_f32) else {
+            return plain::causal_attention_forward::<Self>(q, k, v, heads);
+        };
+        let shape = attention_dims(&qc, &kc, heads);
+        let (out, lse) = attention::forward(values(&qc), values(&kc), values(&vc), shape);
+        let (batch, q_len) = (shape.batch, shape.q_len);
+        (
+            tensor(out, [batch, q_len, heads * shape.d_head]),
+            tensor(lse, [batch, heads, q_len]),
+        )
+    }
+
+    fn causal_attention_backward(
+        dout: FloatTensor<Self>,
+        qkv: [FloatTensor<Self>; 3],
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        heads: usize,
+    ) -> [FloatTensor<Self>; 3] {
+        let [q, k, v] = &qkv;
+        let inputs = [&dout, q, k, v, &out, &lse].map(contiguous_f32);
+        let [
+            Some(dout_c),
+            Some(qc),
+            Some(kc),
+            Some(vc),
+            Some(out_c),
+            Some(lse_c),
+        ] = inputs
+        else {
+            return plain::causal_attention_backward::<Self>(dout, qkv, out, lse, heads);
+        };
+        let shape = attention_dims(&qc, &kc, heads);
+        let saved = attention::Saved {
+            q: values(&qc),
+            k: values(&kc),
+            v: values(&vc),
+            out: values(&out_c),
+            lse: values(&lse_c),
+            dout: values(&dout_c),
+        };
+        let (dq, dk, dv) = attention::backward(&saved, shape);
+        let d_model = heads * shape.d_head;
+        [
+            tensor(dq, [shape.batch, shape.q_len, d_model]),
+            tensor(dk, [shape.batch, shape.kv_len, d_model]),
+            tensor(dv, [shape.batch, shape.kv_len, d_model]),
+        ]
+    }
+
+    fn cross_entropy_forward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let Some(lc) = contiguous_f32(&logits) else {
+            return plain::cross_entropy_forward::<Self>(logits, targets);
+        };
+        let [rows, classes] = dims::<2>(&lc);
+        let Some(t) = class_indices(&targets, classes) else {
+            return plain::cross_entropy_forward::<Self>(logits, targets);
+        };
+        let (loss, lse) = cross_entropy::forward(values(&lc), &t, classes);
+        (tensor(loss, [rows]), tensor(lse, [rows]))
+    }
+
+    fn cross_entropy_backward(
+        dloss: FloatTensor<Self>,
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let [Some(dc), Some(lc), Some(sc)] = [&dloss, &logits, &lse].map(contiguous_f32) else {
+            return plain::cross_entropy_backward::<Self>(dloss, logits, targets, lse);
+        };
+        let [rows, classes] = dims::<2>(&lc);
+        let Some(t) = class_indices(&targets, classes) else {
+            return plain::cross_entropy_backward::<Self>(dloss, logits, targets, lse);
+        };
+        let dlogits = cross_entropy::backward(values(&dc), values(&lc), &t, values(&sc), classes);
+        tensor(dlogits, [rows, classes])
+    }
+}

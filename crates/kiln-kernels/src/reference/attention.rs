@@ -1,0 +1,78 @@
+//! Causal multi-head attention of `[batch, q_len, d_model]` queries over `[batch, kv_len,
+//! d_model]` keys and values (`q_len ≤ kv_len`: the queries are the last positions), written
+//! out in tensors: heads split by a reshape and a transpose, the scores masked at their full
+//! `[batch, heads, q_len, kv_len]` shape, a softmax and a batched matmul.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Bool, Tensor, TensorData};
+
+/// What masked scores are set to: `exp` of it underflows to exactly 0 next to any real score.
+const MASKED: f32 = -1.0e9;
+
+fn split<B: Backend>(t: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
+    let [batch, seq, d_model] = t.dims();
+    t.reshape([batch, seq, heads, d_model / heads])
+        .swap_dims(1, 2)
+}
+
+fn merge<B: Backend>(t: Tensor<B, 4>) -> Tensor<B, 3> {
+    let [batch, heads, seq, d_head] = t.dims();
+    t.swap_dims(1, 2).reshape([batch, seq, heads * d_head])
+}
+
+/// `[batch, heads, q_len, kv_len]`, true where key `j` lies in query `i`'s future: after its
+/// position `i + kv_len − q_len`.
+fn future<B: Backend>(shape: [usize; 4], device: &B::Device) -> Tensor<B, 4, Bool> {
+    let [batch, heads, q_len, kv_len] = shape;
+    let offset = kv_len - q_len;
+    let one: Vec<bool> = (0..q_len)
+        .flat_map(|i| (0..kv_len).map(move |j| j > i + offset))
+        .collect();
+    Tensor::from_data(TensorData::new(one.repeat(batch * heads), shape), device)
+}
+
+/// Masked, scaled scores `[batch, heads, q_len, kv_len]` of split queries and keys.
+fn scores<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>) -> Tensor<B, 4> {
+    let [batch, heads, q_len, d_head] = q.dims();
+    let mask = future::<B>([batch, heads, q_len, k.dims()[2]], &q.device());
+    q.mul_scalar((d_head as f64).powf(-0.5))
+        .matmul(k.swap_dims(2, 3))
+        .mask_fill(mask, MASKED)
+}
+
+/// `(out [batch, q_len, d_model], lse [batch, heads, q_len])`, `lse` the log-sum-exp of each
+/// query's masked scores.
+pub fn forward<B: Backend>(
+    q: Tensor<B, 3>,
+    k: Tensor<B, 3>,
+    v: Tensor<B, 3>,
+    heads: usize,
+) -> (Tensor<B, 3>, Tensor<B, 3>) {
+    let scores = scores(split(q, heads), split(k, heads));
+    let max = scores.clone().max_dim(3);
+    let lse = (scores.clone() - max.clone()).exp().sum_dim(3).log() + max;
+    let weights = (scores - lse.clone()).exp();
+    (merge(weights.matmul(split(v, heads))), lse.squeeze_dim(3))
+}
+
+/// `(dq, dk, dv)` from the output's gradient. With `P = exp(scores − lse)`,
+/// `dS = P ∘ (dO·Vᵀ − rowsum(dO ∘ O))`: `dV = Pᵀ·dO`, `dQ = scale·dS·K`, `dK = scale·dSᵀ·Q`.
+pub fn backward<B: Backend>(
+    dout: Tensor<B, 3>,
+    [q, k, v]: [Tensor<B, 3>; 3],
+    out: Tensor<B, 3>,
+    lse: Tensor<B, 3>,
+    heads: usize,
+) -> [Tensor<B, 3>; 3] {
+    let d_head = q.dims()[2] / heads;
+    let scale = (d_head as f64).powf(-0.5);
+    let (q, k, v) = (split(q, heads), split(k, heads), split(v, heads));
+    let (dout, out) = (split(dout, heads), split(out, heads));
+    let p = (scores(q.clone(), k.clone()) - lse.unsqueeze_dim::<4>(3)).exp();
+    let dv = p.clone().swap_dims(2, 3).matmul(dout.clone());
+    let delta = (dout.clone() * out).sum_dim(3);
+    let ds = p * (dout.matmul(v.swap_dims(2, 3)) - delta);
+    let dq = ds.clone().matmul(k).mul_scalar(scale);
+    let dk = ds.swap_dims(2, 3).matmul(q).mul_scalar(scale);
+    [merge(dq), merge(dk), merge(dv)]
+}

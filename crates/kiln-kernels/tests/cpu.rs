@@ -1,0 +1,264 @@
+//! The CPU kernels (LayerNorm, causal attention, softmax cross-entropy on Flex) against the
+//! plain-Burn reference, forward and backward, at sizes that fill no vector evenly (odd
+//! widths, a sequence of one, rows that do not divide by 8), within 1e-5 of the expected
+//! tensor's scale (`assert_close`).
+//!
+//! Gradients are taken through `Autodiff<Flex>` both ways: the fused op's hand-written backward
+//! against Burn's autodiff of the reference composite, so the formulas and the autodiff wiring
+//! are checked together. Cross-entropy's CPU kernel is covered by `fused.rs` (its `cpu` case).
+
+mod common;
+
+use burn::backend::Flex;
+use burn::tensor::{DType, FloatDType, Tensor, TensorData};
+use common::*;
+use kiln_kernels::ops::{self, KernelError};
+use kiln_kernels::reference;
+
+const TOL: f32 = 1e-5;
+
+fn input<const D: usize>(shape: [usize; D], scale: f32, seed: u64) -> Tensor<AdCpu, D> {
+    let len = shape.iter().product();
+    tensor::<AdCpu, D>(&values(len, scale, seed, false), shape, &Default::default()).require_grad()
+}
+
+/// `[y, d input₀, d input₁, …]` for the loss `Σ y·probe`.
+fn outputs_and_grads<const D: usize, const N: usize>(
+    y: Tensor<AdCpu, D>,
+    inputs: [&Tensor<AdCpu, D>; N],
+    extra: &[&Tensor<AdCpu, 1>],
+) -> Vec<Vec<f32>> {
+    let probe = tensor::<AdCpu, D>(
+        &values(y.shape().num_elements(), 1.0, 99, false),
+        y.dims(),
+        &Default::default(),
+    );
+    let grads = (y.clone() * probe).sum().backward();
+    let mut out = vec![to_vec(y)];
+    out.extend(inputs.iter().map(|t| to_vec(t.grad(&grads).unwrap())));
+    out.extend(extra.iter().map(|t| to_vec(t.grad(&grads).unwrap())));
+    out
+}
+
+fn compare(what: &str, got: &[Vec<f32>], expected: &[Vec<f32>], names: &[&str]) {
+    for ((g, e), name) in got.iter().zip(expected).zip(names) {
+        assert_close(&format!("{what}: {name}"), g, e, TOL);
+    }
+}
+
+// ---------------------------------------------------------------- LayerNorm
+
+fn layer_norm(rows: usize, d: usize, fused: bool) -> Vec<Vec<f32>> {
+    // An offset mean, so that a one-pass variance would lose digits.
+    let x = input([2, rows, d], 3.0, 1)
+        .add_scalar(5.0)
+        .detach()
+        .require_grad();
+    let gamma = input([d], 1.5, 2);
+    let beta = input([d], 0.5, 3);
+    let y = if fused {
+        ops::layer_norm(x.clone(), gamma.clone(), beta.clone(), 1e-5).unwrap()
+    } else {
+        let flat = x.clone().reshape([2 * rows, d]);
+        let (y, _, _) = reference::layer_norm::forward(flat, gamma.clone(), beta.clone(), 1e-5);
+        y.reshape([2, rows, d])
+    };
+    outputs_and_grads(y, [&x], &[&gamma, &beta])
+}
+
+#[test]
+fn layer_norm_matches_the_reference() {
+    for (rows, d) in [(37, 67), (5, 3), (1, 1), (19, 64), (3, 129)] {
+        compare(
+            &format!("layer_norm rows {rows} d {d}"),
+            &layer_norm(rows, d, true),
+            &layer_norm(rows, d, false),
+            &["y", "dx", "dgamma", "dbeta"],
+        );
+    }
+}
+
+/// The reference itself against Burn's own `LayerNorm` module, so that the oracle is the
+/// function the models used before.
+#[test]
+fn the_layer_norm_reference_is_burns_layer_norm() {
+    let device = Default::default();
+    let norm = burn::nn::LayerNormConfig::new(67).init::<Flex>(&device);
+    let x = tensor::<Flex, 2>(&values(37 * 67, 3.0, 4, false), [37, 67], &device);
+    let (y, _, _) = reference::layer_norm::forward(
+        x.clone(),
+        norm.gamma.val(),
+        norm.beta.as_ref().unwrap().val(),
+        1e-5,
+    );
+    assert_close(
+        "layer_norm reference",
+        &to_vec(y),
+        &to_vec(norm.forward(x)),
+        TOL,
+    );
+}
+
+// ---------------------------------------------------------------- causal attention
+
+/// `q_len` queries, the last of `kv_len` positions.
+fn attention(
+    batch: usize,
+    [q_len, kv_len]: [usize; 2],
+    heads: usize,
+    d_head: usize,
+    fused: bool,
+) -> Vec<Vec<f32>> {
+    let d_model = heads * d_head;
+    let q = input([batch, q_len, d_model], 2.0, 5);
+    let (k, v) = (
+        input([batch, kv_len, d_model], 2.0, 6),
+        input([batch, kv_len, d_model], 1.0, 7),
+    );
+    let y = if fused {
+        ops::causal_attention(q.clone(), k.clone(), v.clone(), heads).unwrap()
+    } else {
+        reference::attention::forward(q.clone(), k.clone(), v.clone(), heads).0
+    };
+    outputs_and_grads(y, [&q, &k, &v], &[])
+}
+
+#[test]
+fn causal_attention_matches_the_reference() {
+    let cases = [
+        (3, [13, 13], 3, 7),
+        (2, [1, 1], 2, 5),
+        (1, [61, 61], 4, 16),
+        (2, [9, 9], 1, 17),
+        // Fewer queries than keys: a decoder's step over a cached prefix, and a longer tail.
+        (3, [1, 11], 2, 9),
+        (2, [5, 23], 3, 5),
+    ];
+    for (batch, lens, heads, d_head) in cases {
+        compare(
+            &format!("attention batch {batch} q/kv {lens:?} heads {heads} d_head {d_head}"),
+            &attention(batch, lens, heads, d_head, true),
+            &attention(batch, lens, heads, d_head, false),
+            &["out", "dq", "dk", "dv"],
+        );
+    }
+}
+
+/// A query's output is the same whether it is computed with every earlier query or alone
+/// over the same keys (what a decoder with a cache relies on), to the last bit.
+#[test]
+fn the_last_query_alone_equals_its_row_of_the_full_attention() {
+    let device = Default::default();
+    let (batch, seq, heads, d_head) = (3, 17, 4, 16);
+    let shape = [batch, seq, heads * d_head];
+    let t = |seed| {
+        tensor::<Flex, 3>(
+            &values(shape.iter().product(), 2.0, seed, false),
+            shape,
+            &device,
+        )
+    };
+    let (q, k, v) = (t(30), t(31), t(32));
+    let full = ops::causal_attention(q.clone(), k.clone(), v.clone(), heads).unwrap();
+    let last = ops::causal_attention(q.narrow(1, seq - 1, 1), k, v, heads).unwrap();
+    assert_eq!(to_vec(full.narrow(1, seq - 1, 1)), to_vec(last));
+}
+
+/// The reference's log-sum-exp and the kernel's agree, and a query's output does not move
+/// when a later key or value changes.
+#[test]
+fn causal_attention_saves_the_log_sum_exp_and_ignores_the_future() {
+    use kiln_kernels::KernelBackend;
+    let device = Default::default();
+    let (batch, seq, heads, d_head) = (2, 11, 3, 5);
+    let shape = [batch, seq, heads * d_head];
+    let qkv: Vec<Tensor<Flex, 3>> = (0..3)
+        .map(|s| {
+            tensor::<Flex, 3>(
+                &values(shape.iter().product(), 2.0, 10 + s, false),
+                shape,
+                &device,
+            )
+        })
+        .collect();
+    let prim = |t: &Tensor<Flex, 3>| t.clone().into_primitive().tensor();
+    let (_, lse) =
+        Flex::causal_attention_forward(prim(&qkv[0]), prim(&qkv[1]), prim(&qkv[2]), heads);
+    let lse = Tensor::<Flex, 3>::from_primitive(burn::tensor::TensorPrimitive::Float(lse));
+    let (_, expected) =
+        reference::attention::forward(qkv[0].clone(), qkv[1].clone(), qkv[2].clone(), heads);
+    assert_close("lse", &to_vec(lse), &to_vec(expected), TOL);
+
+    let y = ops::causal_attention(qkv[0].clone(), qkv[1].clone(), qkv[2].clone(), heads).unwrap();
+    let later = |t: &Tensor<Flex, 3>| {
+        let mut data = to_vec(t.clone());
+        for value in &mut data[(seq - 1) * heads * d_head..seq * heads * d_head] {
+            *value += 10.0;
+        }
+        Tensor::<Flex, 3>::from_data(TensorData::new(data, shape), &device)
+    };
+    let moved =
+        ops::causal_attention(qkv[0].clone(), later(&qkv[1]), later(&qkv[2]), heads).unwrap();
+    let first = |t: Tensor<Flex, 3>| to_vec(t.narrow(0, 0, 1).narrow(1, 0, seq - 1));
+    assert_eq!(first(y), first(moved));
+}
+
+#[test]
+fn bad_attention_inputs_are_errors() {
+    let device = Default::default();
+    let t = |d: usize| Tensor::<Flex, 3>::zeros([2, 3, d], &device);
+    assert_eq!(
+        ops::causal_attention(t(6), t(6), t(6), 4).unwrap_err(),
+        KernelError::Heads {
+            d_model: 6,
+            heads: 4
+        }
+    );
+    assert!(matches!(
+        ops::causal_attention(t(6), t(6), t(8), 2).unwrap_err(),
+        KernelError::Shapes { right: "v", .. }
+    ));
+    assert!(matches!(
+        ops::causal_attention(t(6), t(8), t(8), 2).unwrap_err(),
+        KernelError::Mismatch {
+            what: "k's last dimension (d_model)",
+            ..
+        }
+    ));
+    let long = Tensor::<Flex, 3>::zeros([2, 5, 6], &device);
+    assert_eq!(
+        ops::causal_attention(long, t(6), t(6), 2).unwrap_err(),
+        KernelError::MoreQueries {
+            q_len: 5,
+            kv_len: 3
+        }
+    );
+}
+
+/// Half-precision tensors (mixed precision's forward) take the plain-Burn path and agree with
+/// f32 to half precision.
+#[test]
+fn half_precision_falls_back_to_the_reference() {
+    let device = Default::default();
+    let (rows, d) = (9, 24);
+    let x = tensor::<Flex, 2>(&values(rows * d, 2.0, 20, true), [rows, d], &device);
+    let gamma = Tensor::<Flex, 1>::ones([d], &device);
+    let beta = Tensor::<Flex, 1>::zeros([d], &device);
+    let full = ops::layer_norm(x.clone(), gamma.clone(), beta.clone(), 1e-5).unwrap();
+    let half = ops::layer_norm(
+        x.cast(FloatDType::BF16),
+        gamma.cast(FloatDType::BF16),
+        beta.cast(FloatDType::BF16),
+        1e-5,
+    )
+    .unwrap();
+    assert_eq!(half.dtype(), DType::BF16);
+    assert_close("bf16 layer_norm", &to_vec(half), &to_vec(full), 2e-2);
+
+    let shape = [2, 7, 8];
+    let q = tensor::<Flex, 3>(&values(112, 1.0, 21, true), shape, &device);
+    let full = ops::causal_attention(q.clone(), q.clone(), q.clone(), 2).unwrap();
+    let q = q.cast(FloatDType::BF16);
+    let half = ops::causal_attention(q.clone(), q.clone(), q, 2).unwrap();
+    assert_close("bf16 attention", &to_vec(half), &to_vec(full), 2e-2);
+}
