@@ -9,7 +9,9 @@ use burn::tensor::{FloatDType, Int, Tensor};
 use burn::train::{SequenceOutput, TrainOutput, TrainStep};
 use kiln_core::optim::LowPrecisionStep;
 use kiln_kernels::{KernelBackend, ops};
-use kiln_nn::layers::{KvCache, LayerNorm, LayerNormConfig, PreNormBlock, PreNormBlockConfig};
+use kiln_nn::layers::{
+    KvCache, LayerNorm, LayerNormConfig, PreNormBlock, PreNormBlockConfig, linear_rows,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::dataset::{AdBatch, feature_width};
@@ -147,7 +149,7 @@ impl<B: KernelBackend> AdTransformer<B> {
             .iter()
             .zip(&mut cache.layers)
             .fold(x, |x, (block, cache)| block.forward_cached(x, cache));
-        self.head.forward(self.norm.forward(x))
+        linear_rows(&self.head, self.norm.forward(x))
     }
 
     /// Logits and the mean cross-entropy of the source's actions over every position.
@@ -209,7 +211,7 @@ fn embed_at<B: Backend>(
         .val()
         .narrow(0, start, seq)
         .reshape([1, seq, d_model]);
-    embed.forward(features) + positions
+    linear_rows(embed, features) + positions
 }
 
 /// Mean cross-entropy of `[batch, seq, ACTIONS]` logits against the source's actions, by the

@@ -9,7 +9,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor};
 use kiln_core::stages::PipelineModel;
 use kiln_kernels::KernelBackend;
-use kiln_nn::layers::{LayerNorm, PreNormBlock};
+use kiln_nn::layers::{LayerNorm, PreNormBlock, linear_rows};
 
 use crate::dataset::AdBatch;
 use crate::model::{AdTransformer, action_loss, embed};
@@ -69,6 +69,6 @@ impl<B: AutodiffBackend + KernelBackend> PipelineModel<B> for AdTransformer<B> {
         let (Some(norm), Some(head)) = (&stage.norm, &stage.head) else {
             panic!("the last stage holds the norm and the head");
         };
-        action_loss(head.forward(norm.forward(x)), targets)
+        action_loss(linear_rows(head, norm.forward(x)), targets)
     }
 }

@@ -15,8 +15,7 @@
 
 use rayon::prelude::*;
 
-use super::layer_norm::sum;
-use super::simd::{Kernel, exp, vectorized};
+use super::simd::{Kernel, dot, exp, sum, vectorized};
 
 /// The lanes of one register tile.
 const LANES: usize = 8;
@@ -166,7 +165,7 @@ fn exp_sum(scores: &mut [f32], max: f32) -> f32 {
     for s in scores.iter_mut() {
         *s = exp(*s - max);
     }
-    sum(scores.iter().copied())
+    sum(scores)
 }
 
 /// `(out [batch, q_len, d_model], lse [batch, heads, q_len])`.
@@ -340,7 +339,7 @@ fn backward_sequence(s: &Saved<'_>, [dq, dk, dv]: [&mut [f32]; 3], dims: Dims) {
             }
             dots(&dout[..dh], &values, count, ds);
             let ds = &mut ds[..count];
-            let delta = sum(dout.iter().zip(&out[cols.clone()]).map(|(&g, &o)| g * o));
+            let delta = dot(&dout[..dh], &out[cols.clone()]);
             for (d, &p) in ds.iter_mut().zip(p.iter()) {
                 *d = p * (*d - delta) * scale;
             }

@@ -1,8 +1,7 @@
 //! Softmax cross-entropy per row of `[rows, classes]` logits, forward and backward, in one
 //! pass per row (Burn's loss makes a log-softmax tensor, a one-hot mask and a gather).
 
-use super::layer_norm::sum;
-use super::simd::{Kernel, exp, vectorized};
+use super::simd::{Kernel, exp, sum_map, vectorized};
 
 /// `(loss, lse)` per row: `lse = log Σ exp(logits)`, `loss = lse − logits[target]`.
 /// Targets have been checked to lie in `0..classes`.
@@ -35,7 +34,7 @@ impl Kernel for Forward<'_> {
         let rows = self.logits.chunks_exact(self.classes).zip(self.targets);
         for ((row, &t), (loss, lse)) in rows.zip(self.loss.iter_mut().zip(self.lse.iter_mut())) {
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            *lse = max + sum(row.iter().map(|&z| exp(z - max))).ln();
+            *lse = max + sum_map(row, |z| exp(z - max)).ln();
             *loss = *lse - row[t];
         }
     }

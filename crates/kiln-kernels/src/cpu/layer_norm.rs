@@ -2,7 +2,7 @@
 //! each row (Burn's composite makes a tensor per step: mean, centred, variance, scale, shift,
 //! and twice as many in the backward).
 
-use super::simd::{Kernel, vectorized};
+use super::simd::{Kernel, dot, sum, sum_map, vectorized};
 
 /// `(y, mean, rstd)`: `y = (x − mean)·rstd·γ + β` with the biased variance, as Burn's
 /// `LayerNorm`; `mean` and `rstd = 1/√(var + ε)` per row for the backward.
@@ -60,20 +60,9 @@ impl Kernel for Forward<'_> {
 #[inline(always)]
 fn moments(x: &[f32], eps: f32) -> (f32, f32) {
     let n = x.len() as f32;
-    let mean = sum(x.iter().copied()) / n;
-    let var = sum(x.iter().map(|&v| (v - mean) * (v - mean))) / n;
+    let mean = sum(x) / n;
+    let var = sum_map(x, |v| (v - mean) * (v - mean)) / n;
     (mean, 1.0 / (var + eps).sqrt())
-}
-
-/// A sum in eight independent lanes, so that it vectorises (a single `f32` accumulator is a
-/// chain the compiler may not reorder).
-#[inline(always)]
-pub(crate) fn sum(values: impl Iterator<Item = f32>) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    for (i, v) in values.enumerate() {
-        lanes[i % 8] += v;
-    }
-    lanes.iter().sum()
 }
 
 /// `(dx, dγ, dβ)`. With `x̂ = (x − mean)·rstd` and `g = dy·γ`:
@@ -128,8 +117,8 @@ impl Kernel for Backward<'_> {
                 *xhat = (x - m) * r;
                 *g = dy * gamma;
             }
-            let mean_g = sum(g.iter().copied()) / n;
-            let mean_gx = sum(g.iter().zip(&xhat).map(|(&g, &xh)| g * xh)) / n;
+            let mean_g = sum(&g) / n;
+            let mean_gx = dot(&g, &xhat) / n;
             for ((dx, &g), &xhat) in dx.iter_mut().zip(&g).zip(&xhat) {
                 *dx = r * (g - mean_g - xhat * mean_gx);
             }

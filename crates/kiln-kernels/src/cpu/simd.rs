@@ -34,6 +34,48 @@ pub(crate) fn vectorized<K: Kernel>(kernel: K) -> K::Output {
     pulp::Arch::new().dispatch(Dispatch(kernel))
 }
 
+/// `Σ f(x)` in eight independent lanes, so that it vectorises (one `f32` accumulator is a
+/// chain the compiler may not reorder).
+#[inline(always)]
+pub(crate) fn sum_map(xs: &[f32], f: impl Fn(f32) -> f32) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let chunks = xs.chunks_exact(8);
+    let tail: f32 = chunks.remainder().iter().map(|&x| f(x)).sum();
+    for chunk in chunks {
+        for (lane, &x) in lanes.iter_mut().zip(chunk) {
+            *lane += f(x);
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// `Σ x`, as [`sum_map`].
+#[inline(always)]
+pub(crate) fn sum(xs: &[f32]) -> f32 {
+    sum_map(xs, |x| x)
+}
+
+/// `Σ aᵢ·bᵢ` over the shorter of the two, in eight independent lanes.
+#[inline(always)]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let len = a.len().min(b.len());
+    let (a, b) = (&a[..len], &b[..len]);
+    let mut lanes = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for ((lane, &x), &y) in lanes.iter_mut().zip(x).zip(y) {
+            *lane += x * y;
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
 /// `e^x` in f32 with a relative error below 3 × 10⁻⁷ (two units in the last place), written so that a loop of it
 /// vectorises (the standard library's `expf` is a call per element).
 ///

@@ -10,6 +10,7 @@ use kiln_kernels::KernelBackend;
 
 use super::causal_attention::{CausalSelfAttention, CausalSelfAttentionConfig, KvCache};
 use super::layer_norm::{LayerNorm, LayerNormConfig};
+use super::rows::linear_rows;
 
 /// Configuration of [`PreNormBlock`].
 #[derive(Config, Debug)]
@@ -66,7 +67,7 @@ impl<B: KernelBackend> PreNormBlock<B> {
         let x = x.clone() + self.attn.forward_cached(self.norm_attn.forward(x), cache);
         let hidden = self
             .activation
-            .forward(self.ff_in.forward(self.norm_ff.forward(x.clone())));
-        x + self.ff_out.forward(hidden)
+            .forward(linear_rows(&self.ff_in, self.norm_ff.forward(x.clone())));
+        x + linear_rows(&self.ff_out, hidden)
     }
 }

@@ -10,6 +10,8 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use kiln_kernels::{KernelBackend, ops};
 
+use super::rows::linear_rows;
+
 /// Configuration of [`CausalSelfAttention`].
 #[derive(Config, Debug)]
 pub struct CausalSelfAttentionConfig {
@@ -66,9 +68,10 @@ impl<B: KernelBackend> CausalSelfAttention<B> {
     /// `[batch, new, d_model]`. A decoder calls it with one new position per step; with an
     /// empty cache it is [`Self::forward`].
     pub fn forward_cached(&self, x: Tensor<B, 3>, cache: &mut KvCache<B>) -> Tensor<B, 3> {
-        let (k, v) = cache.extend(self.key.forward(x.clone()), self.value.forward(x.clone()));
-        let context = attend(self.query.forward(x), k, v, self.heads);
-        self.output.forward(context)
+        let project = |linear: &Linear<B>| linear_rows(linear, x.clone());
+        let (k, v) = cache.extend(project(&self.key), project(&self.value));
+        let context = attend(project(&self.query), k, v, self.heads);
+        linear_rows(&self.output, context)
     }
 }
 

@@ -3,7 +3,9 @@
 mod block;
 mod causal_attention;
 mod layer_norm;
+mod rows;
 
 pub use block::{PreNormBlock, PreNormBlockConfig};
 pub use causal_attention::{CausalSelfAttention, CausalSelfAttentionConfig, KvCache, attend};
 pub use layer_norm::{LayerNorm, LayerNormConfig};
+pub use rows::linear_rows;
