@@ -5,7 +5,7 @@
 //!
 //! Gradients are taken through `Autodiff<Flex>` both ways: the fused op's hand-written backward
 //! against Burn's autodiff of the reference composite, so the formulas and the autodiff wiring
-//! are checked together. Cross-entropy's CPU kernel is covered by `fused.rs` (its `cpu` case).
+//! are checked together. Cross-entropy is also the `cpu` case of `fused.rs` (1000 classes).
 
 mod common;
 
@@ -201,6 +201,42 @@ fn causal_attention_saves_the_log_sum_exp_and_ignores_the_future() {
         ops::causal_attention(qkv[0].clone(), later(&qkv[1]), later(&qkv[2]), heads).unwrap();
     let first = |t: Tensor<Flex, 3>| to_vec(t.narrow(0, 0, 1).narrow(1, 0, seq - 1));
     assert_eq!(first(y), first(moved));
+}
+
+// ---------------------------------------------------------------- cross-entropy
+
+fn cross_entropy(rows: usize, classes: usize, fused: bool) -> Vec<Vec<f32>> {
+    let device = Default::default();
+    let logits = tensor::<AdCpu, 2>(
+        &values(rows * classes, 6.0, 40, false),
+        [rows, classes],
+        &device,
+    )
+    .require_grad();
+    let targets: Vec<i64> = (0..rows).map(|r| ((r * 7 + 3) % classes) as i64).collect();
+    let targets =
+        Tensor::<AdCpu, 1, burn::tensor::Int>::from_data(TensorData::new(targets, [rows]), &device);
+    let loss = if fused {
+        ops::cross_entropy(logits.clone(), targets).unwrap()
+    } else {
+        reference::cross_entropy::forward(logits.clone(), targets).0
+    };
+    let probe = tensor::<AdCpu, 1>(&values(rows, 1.0, 41, false), [rows], &device);
+    let grads = (loss.clone() * probe).sum().backward();
+    vec![to_vec(loss), to_vec(logits.grad(&grads).unwrap())]
+}
+
+#[test]
+fn cross_entropy_matches_the_reference() {
+    // The AD model's 5 actions, and widths that fill no vector or leave a tail.
+    for (rows, classes) in [(37, 5), (3, 1), (9, 13), (4, 1003)] {
+        compare(
+            &format!("cross_entropy rows {rows} classes {classes}"),
+            &cross_entropy(rows, classes, true),
+            &cross_entropy(rows, classes, false),
+            &["loss", "dlogits"],
+        );
+    }
 }
 
 #[test]

@@ -29,7 +29,8 @@ fn compare(what: &str, got: &[Vec<f32>], expected: &[Vec<f32>], names: &[&str], 
 }
 
 /// Compares `$run` through the fused op with the composite under Burn's autodiff: on the CPU
-/// (the reference backward), on wgpu in f32, and on wgpu in f16 (against f16-rounded inputs).
+/// (Flex: its CPU kernel for cross-entropy, the reference for the others), on wgpu in f32,
+/// and on wgpu in f16 (against f16-rounded inputs).
 macro_rules! check_everywhere {
     ($what:literal, $run:ident, $names:expr) => {{
         let cpu = Default::default();
