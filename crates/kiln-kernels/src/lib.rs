@@ -1,12 +1,14 @@
 //! Kiln's kernels as a Burn backend extension: the QLoRA matmul over 4-bit (NF4 / int4)
-//! block-quantised weights and fused RMSNorm, SwiGLU, softmax cross-entropy, AdamW and a
-//! global squared norm with a non-finite check.
+//! block-quantised weights and fused RMSNorm, LayerNorm, causal attention, SwiGLU, softmax
+//! cross-entropy, AdamW and a global squared norm with a non-finite check.
 //!
-//! [`KernelBackend`] is implemented three ways (the book's kernels page explains why):
+//! [`KernelBackend`] is implemented four ways (the book's kernels page explains why):
 //! - for Burn's CubeCL backends (`CubeBackend<R, ..>`: wgpu, CUDA) by the kernels in [`cube`],
 //!   written once in CubeCL, with a path that uses no plane (warp) operations;
+//! - for Flex by vectorised CPU kernels for LayerNorm, causal attention and cross-entropy
+//!   (the private `cpu` module), and the reference for the rest;
 //! - for `Autodiff<B>` with a backward for every differentiable op ([`autodiff`]);
-//! - for every other backend (Flex, NdArray) by the plain-Burn [`reference`], which is also
+//! - for every other backend (NdArray, …) by the plain-Burn [`reference`], which is also
 //!   what the kernel tests compare against.
 //!
 //! Models call the `Tensor` functions in [`ops`] and run on any of them.
