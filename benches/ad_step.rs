@@ -11,6 +11,13 @@
 //! median ms/step of each over the rounds, and their ratios (ratios from one run are what to
 //! compare on a shared machine). The AD model also runs in bf16 and f16 through
 //! `MixedPrecision` (f32 master weights), against f32.
+//!
+//! ```text
+//! cargo bench --bench ad_step --features wgpu -- launches [STEPS]
+//! ```
+//! counts instead of timing: the kernel launches and host synchronisations of each training
+//! step of `Single` on wgpu (lavapipe on a machine without a GPU), which are the same on every
+//! CubeCL runtime, CUDA included (`kiln_bench::launches`).
 
 use std::time::Instant;
 
@@ -144,7 +151,7 @@ fn kiln_in<B: AutodiffBackend + KernelBackend>(
     time_steps(&mut strategy, batches, steps)
 }
 
-fn time_steps<B: AutodiffBackend, M: kiln::core::strategy::TrainModel<B>>(
+fn time_steps<B: AutodiffBackend, M: kiln::core::model::TrainModel<B>>(
     strategy: &mut dyn Strategy<B, M>,
     batches: &[Vec<usize>],
     steps: usize,
@@ -189,8 +196,72 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
+/// Launches and host synchronisations of each of `steps` steps (after 2 warm-up steps) of
+/// `Single` on wgpu, plain and with the guards: the minimum and maximum over the steps.
+#[cfg(feature = "wgpu")]
+fn count_launches(config: &AdConfig, batches: &[Vec<usize>], steps: usize) {
+    use burn::backend::Wgpu;
+    use kiln_bench::launches::Counts;
+    type G = Autodiff<Wgpu>;
+    for guarded in [false, true] {
+        let source = ad_source::<G>(config);
+        let device = Default::default();
+        G::seed(&device, 1);
+        let model = config.model.init::<G>(&config.env, &device);
+        let single = SingleConfig {
+            grad_accumulation: 1,
+            threads_per_rank: Some(1),
+        };
+        let optim = AdamWConfig::new().init::<G, _>();
+        let mut strategy: Box<dyn Strategy<G, _>> = if guarded {
+            let guards = PerformanceConfig::new().with_clip_norm(Some(1.0));
+            let optim = PerformanceOptimizer::new(optim, guards).expect("valid guards");
+            Box::new(Single::new(model, optim, source, device, single).expect("single"))
+        } else {
+            Box::new(Single::new(model, optim, source, device, single).expect("single"))
+        };
+        let mut per_step = Vec::new();
+        for (i, batch) in batches.iter().take(steps + 2).enumerate() {
+            let before = Counts::now();
+            strategy.step(batch, LR).expect("step");
+            if i >= 2 {
+                per_step.push(Counts::now().since(before));
+            }
+        }
+        let range = |f: fn(&Counts) -> u64| {
+            let values: Vec<u64> = per_step.iter().map(f).collect();
+            (
+                values.iter().min().copied().unwrap_or(0),
+                values.iter().max().copied().unwrap_or(0),
+            )
+        };
+        let (launches, syncs) = (range(|c| c.launches), range(|c| c.host_syncs));
+        println!(
+            "kiln {}, wgpu: {}–{} kernel launches and {}–{} host synchronisations per step \
+             ({steps} steps)",
+            if guarded {
+                "guarded (clip_norm 1.0)"
+            } else {
+                "single"
+            },
+            launches.0,
+            launches.1,
+            syncs.0,
+            syncs.1
+        );
+    }
+}
+
 fn main() {
-    let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
+    let mut args = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .peekable();
+    let counting = args.peek().is_some_and(|a| a == "launches");
+    if counting {
+        args.next();
+        kiln_bench::launches::install().expect("the bench installs the only subscriber");
+    }
     let steps: usize = args.next().map_or(20, |s| s.parse().expect("STEPS"));
     let rounds: usize = args.next().map_or(5, |s| s.parse().expect("ROUNDS"));
     let filter = args.next().unwrap_or_default();
@@ -212,6 +283,15 @@ fn main() {
         config.model.heads,
         config.model.d_ff
     );
+    if counting {
+        #[cfg(feature = "wgpu")]
+        count_launches(&config, &batches, steps);
+        #[cfg(not(feature = "wgpu"))]
+        println!(
+            "counting launches needs wgpu: cargo bench --bench ad_step --features wgpu -- launches"
+        );
+        return;
+    }
     type Runner = fn(&AdConfig, &[Vec<usize>], usize) -> f64;
     let runners: Vec<(&str, Runner)> = [
         ("burn loop, flex", plain::<Autodiff<Flex>> as Runner),

@@ -23,13 +23,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map_err(|e| format!("the argument is the number of ranks: {e}"))?
         .unwrap_or(1);
     // ANCHOR: run
-    let mut config = AdConfig::default();
-    config.train.world = world;
+    let config = AdConfig::default();
     config.validate()?;
+    // `auto` on `world` ranks: the plan says which strategy and why.
+    let plan = config.plan(world)?;
 
     let devices = vec![Default::default(); world];
     let mut log = LogProgress::new(config.train.steps);
-    let run = run::<Autodiff<Flex>>(&config, devices, RunOptions::default(), &mut log)?;
+    let run = run::<Autodiff<Flex>>(&config, &plan, devices, RunOptions::default(), &mut log)?;
     let eval = run.eval.as_ref().expect("the run evaluates");
     println!(
         "trained with {} on {} rank(s) in {:.0} s ({:.1} ms/step)",

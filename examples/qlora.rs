@@ -13,7 +13,8 @@ use burn::backend::{Autodiff, Flex};
 use burn::data::dataset::Dataset;
 use burn::module::Module;
 use kiln::core::data::{DataSource, EpochSampler};
-use kiln::core::strategy::{StrategyConfigs, StrategyKind, build};
+use kiln::core::plan::{Plan, PlanRequest};
+use kiln::core::strategy::{StrategyKind, build};
 use kiln::kernels::FusedAdamWConfig;
 use kiln::nn::lora::{LoraConfig, LoraKind, QuantConfig};
 use kiln::nn::models::LoraTransformerConfig;
@@ -67,18 +68,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     .dataset();
     let sampler = EpochSampler::new(dataset.len(), 32, 7)?;
     let data = DataSource::new(dataset, SequenceBatcher);
-    let kind = if world == 1 {
-        StrategyKind::Single
-    } else {
-        StrategyKind::Ddp
-    };
+    // `auto` on `world` ranks: Single for one, Ddp for more; the plan says which and why.
+    let plan = Plan::resolve(PlanRequest::new(StrategyKind::Auto, 32).with_world(world))?;
+    println!("{plan}");
     let mut strategy = build(
-        kind,
+        &plan,
         vec![device; world],
         model,
         &FusedAdamWConfig::new(),
         data,
-        &StrategyConfigs::default(),
     )?;
     // ANCHOR_END: strategy
 

@@ -96,3 +96,59 @@ fn the_qlora_model_trains_on_cuda_as_on_flex() {
         );
     }
 }
+
+/// Ddp replicas that clip by the global norm compute that norm each on their own, from the
+/// same summed gradients: they must get the same bits, or they clip by different factors and
+/// drift apart. Two ranks on one GPU, clipping at every step, the replica check after every
+/// step, against Single with the same guard.
+#[test]
+fn ddp_replicas_that_clip_stay_bit_identical_on_one_gpu() {
+    use burn::optim::AdamWConfig;
+    use kiln::core::World;
+    use kiln::core::optim::{PerformanceConfig, PerformanceOptimizer};
+    use kiln::core::strategy::{Ddp, DdpConfig};
+
+    let device = CudaDevice::default();
+    let case = mlp_case_on::<G>(2, 16, &device);
+    let batches = batches(case.dataset.len(), 13, 5);
+    let guard = PerformanceConfig::new().with_clip_norm(Some(1e-3));
+    let optim = || PerformanceOptimizer::new(AdamWConfig::new().init(), guard.clone()).unwrap();
+    let mut single = Single::new(
+        case.model.clone(),
+        optim(),
+        case.source(),
+        device.clone(),
+        SingleConfig::default(),
+    )
+    .unwrap();
+    let config = DdpConfig {
+        check_replicas_every: Some(1),
+        ..DdpConfig::default()
+    };
+    let mut ddp = Ddp::new(
+        &World::local(vec![device.clone(); 2]).unwrap(),
+        case.model.clone(),
+        optim(),
+        case.source(),
+        config,
+    )
+    .unwrap();
+    for batch in &batches {
+        let expected = single.step(batch, LR).unwrap();
+        let got = ddp.step(batch, LR).unwrap();
+        let norm = got.guard.unwrap().grad_norm;
+        assert!(norm > 1e-3, "the step clipped (norm {norm})");
+        let reference = expected.guard.unwrap().grad_norm;
+        assert!(
+            (norm - reference).abs() <= 1e-3 * reference,
+            "{norm} vs {reference}"
+        );
+    }
+    assert_equivalent_within(
+        &ddp.model().unwrap(),
+        &single.model().unwrap(),
+        &case.model,
+        "ddp world 2 clipping on one GPU",
+        CUDA_TOLERANCE,
+    );
+}

@@ -10,8 +10,9 @@ use burn::data::dataloader::batcher::Batcher;
 use burn::optim::AdamWConfig;
 use common::*;
 use kiln::core::World;
+use kiln::core::model::TrainModel;
 use kiln::core::strategy::{
-    DataParallel, DataParallelConfig, Ddp, DdpConfig, Single, SingleConfig, Strategy, TrainModel,
+    DataParallel, DataParallelConfig, Ddp, DdpConfig, Single, SingleConfig, Strategy,
 };
 
 const STEPS: usize = 3;

@@ -253,3 +253,143 @@ fn pipeline_stage_panic_is_named_within_the_timeout() {
         StrategyError::Broken { .. }
     ));
 }
+
+/// An optimizer that behaves like AdamW except on rank 1, where it moves one small value of
+/// the last parameter by one unit in the last place after every step: replicas that differ
+/// by the least amount f32 can express.
+#[derive(Clone)]
+struct NudgedOnRank1<O>(O);
+
+impl<O, M, Bk> burn::optim::Optimizer<M, Bk> for NudgedOnRank1<O>
+where
+    O: burn::optim::Optimizer<M, Bk>,
+    M: burn::module::AutodiffModule<Bk>,
+    Bk: burn::tensor::backend::AutodiffBackend,
+{
+    type Record = O::Record;
+
+    fn step(&mut self, lr: f64, module: M, grads: burn::optim::GradientsParams) -> M {
+        let module = self.0.step(lr, module, grads);
+        // Rank r's work runs on its pool's threads, `kiln-rank{r}-{i}`.
+        let on_rank_1 = std::thread::current()
+            .name()
+            .is_some_and(|n| n.starts_with("kiln-rank1-"));
+        if on_rank_1 {
+            let left = count_floats::<Bk, M>(&module);
+            module.map(&mut NudgeLast { left })
+        } else {
+            module
+        }
+    }
+
+    fn step_multi(&mut self, lr: f64, module: M, grads: burn::optim::MultiGradientsParams) -> M {
+        self.0.step_multi(lr, module, grads)
+    }
+
+    fn to_record(&self) -> Self::Record {
+        self.0.to_record()
+    }
+
+    fn load_record(self, record: Self::Record) -> Self {
+        Self(self.0.load_record(record))
+    }
+}
+
+impl<O, M, Bk> kiln::core::optim::GuardedOptimizer<M, Bk> for NudgedOnRank1<O>
+where
+    O: burn::optim::Optimizer<M, Bk>,
+    M: burn::module::AutodiffModule<Bk>,
+    Bk: burn::tensor::backend::AutodiffBackend,
+{
+}
+
+fn count_floats<Bk: burn::tensor::backend::Backend, M: burn::module::Module<Bk>>(
+    module: &M,
+) -> usize {
+    struct Count(usize);
+    impl<Bk: burn::tensor::backend::Backend> burn::module::ModuleVisitor<Bk> for Count {
+        fn visit_float<const D: usize>(
+            &mut self,
+            _: &burn::module::Param<burn::tensor::Tensor<Bk, D>>,
+        ) {
+            self.0 += 1;
+        }
+    }
+    let mut count = Count(0);
+    module.visit(&mut count);
+    count.0
+}
+
+/// Moves the smallest nonzero value of the last float parameter up by one ulp.
+struct NudgeLast {
+    left: usize,
+}
+
+impl<Bk: burn::tensor::backend::Backend> burn::module::ModuleMapper<Bk> for NudgeLast {
+    fn map_float<const D: usize>(
+        &mut self,
+        param: burn::module::Param<burn::tensor::Tensor<Bk, D>>,
+    ) -> burn::module::Param<burn::tensor::Tensor<Bk, D>> {
+        self.left -= 1;
+        if self.left > 0 {
+            return param;
+        }
+        param.map(|t| {
+            let dims = t.dims();
+            let mut values = t.to_data().convert::<f32>().to_vec::<f32>().unwrap();
+            let smallest = (0..values.len())
+                .filter(|&i| values[i] != 0.0)
+                .min_by(|&a, &b| values[a].abs().total_cmp(&values[b].abs()))
+                .unwrap();
+            values[smallest] = f32::from_bits(values[smallest].to_bits() + 1);
+            burn::tensor::Tensor::from_data(
+                burn::tensor::TensorData::new(values, dims),
+                &t.device(),
+            )
+            .set_require_grad(t.is_require_grad())
+        })
+    }
+}
+
+/// Replicas that differ in the last bit of one value are caught at the step it happens, with
+/// the parameter named: the check compares exact bits, not a float checksum (a sum over every
+/// value would absorb a one-ulp change of a small one).
+#[test]
+fn ddp_replica_check_names_a_parameter_one_ulp_off() {
+    let case = mlp_case(2, 16);
+    let config = DdpConfig {
+        check_replicas_every: Some(1),
+        threads_per_rank: Some(1),
+        ..DdpConfig::default()
+    };
+    let mut ddp = Ddp::new(
+        &World::local(vec![Default::default(); 2]).unwrap(),
+        case.model.clone(),
+        NudgedOnRank1(AdamWConfig::new().init()),
+        case.source(),
+        config,
+    )
+    .unwrap();
+    let error = ddp.step(&[0, 1, 2, 3], LR).unwrap_err();
+    let StrategyError::Failed { failures, .. } = &error else {
+        panic!("expected a rank failure, got {error}");
+    };
+    let own = failures
+        .iter()
+        .find(|f| f.rank == 1)
+        .expect("rank 1 reports");
+    assert_eq!(
+        own.error,
+        RankError::ReplicasDiverged {
+            step: 1,
+            param: "head.bias".into()
+        },
+        "{error}"
+    );
+    assert!(
+        error
+            .to_string()
+            .contains("parameter head.bias is not bit-identical to rank 0's"),
+        "{error}"
+    );
+}

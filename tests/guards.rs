@@ -19,11 +19,11 @@ use burn::tensor::{Tensor, TensorData};
 use burn::train::{RegressionOutput, TrainOutput, TrainStep};
 use common::*;
 use kiln::core::data::{DataSource, ShardPolicy};
+use kiln::core::model::{ParallelModel, TrainModel};
 use kiln::core::optim::{NanPolicy, NonFinite, NonFiniteValue, PerformanceConfig};
-use kiln::core::stages::PipelineModel;
 use kiln::core::strategy::{
     PerformanceSpec, RankError, StepOutput, Strategy, StrategyConfigs, StrategyError, StrategyKind,
-    TrainModel, build,
+    build,
 };
 
 const STEPS: usize = 3;
@@ -121,18 +121,18 @@ fn train<M, I, Bt>(
     batches: &[Vec<usize>],
 ) -> (M, Vec<StepOutput>)
 where
-    M: PipelineModel<B>,
+    M: ParallelModel<B>,
     I: Clone + Send + Sync + 'static,
     Bt: Batcher<B, I, M::Input> + Clone + 'static,
 {
     let devices = vec![Default::default(); world];
+    let batch = batches.first().map_or(world, Vec::len);
     let mut strategy = build(
-        kind,
+        &plan(kind, world, configs, batch),
         devices,
         case.model.clone(),
         spec,
         case.source(),
-        configs,
     )
     .unwrap_or_else(|e| panic!("{kind} world {world}: {e}"));
     let outputs = batches
@@ -151,7 +151,7 @@ fn check_clipped<M, I, Bt>(
     world: usize,
     stages: usize,
 ) where
-    M: PipelineModel<B>,
+    M: ParallelModel<B>,
     I: Clone + Send + Sync + 'static,
     Bt: Batcher<B, I, M::Input> + Clone + 'static,
 {
@@ -311,6 +311,15 @@ impl<B: AutodiffBackend> TrainStep for Poisonable<B> {
     }
 }
 
+// A user's own model: it declares that it only trains whole.
+impl<B: AutodiffBackend + kiln::core::tensor_parallel::TpBackend> ParallelModel<B>
+    for Poisonable<B>
+{
+    type Pipeline = kiln::core::model::Unsupported;
+    type Tensor = kiln::core::model::Unsupported;
+    type LowPrecision = kiln::core::model::Unsupported;
+}
+
 /// 24 samples; sample `poisoned` (if any) poisons its batch.
 fn poison_data(poisoned: Option<usize>) -> DataSource<B, PoisonItem, PoisonBatch<B>> {
     DataSource::new(InMemDataset::new(poison_items(poisoned)), PoisonBatcher)
@@ -363,13 +372,12 @@ fn poisoned_strategy(
     model: &Poisonable<B>,
 ) -> Box<dyn Strategy<B, Poisonable<B>>> {
     let spec = guarded(PerformanceConfig::new().with_nan_policy(policy));
-    kiln::core::strategy::build_replicated(
-        kind,
+    build(
+        &plan(kind, world, &configs(1, 1), world),
         vec![Default::default(); world],
         model.clone(),
         &spec,
         poison_data(poisoned),
-        &configs(1, 1),
     )
     .unwrap()
 }
@@ -388,6 +396,7 @@ fn halt_names_the_parameter_rank_and_step_on_every_rank() {
         strategy.step(&batches[0], LR).unwrap();
         let error = strategy.step(&batches[1], LR).unwrap_err();
         let expected = RankError::NonFinite(NonFinite {
+            shard: None,
             step: 2,
             rank: Some(culprit),
             value: NonFiniteValue::Gradient {
@@ -476,13 +485,12 @@ fn a_non_finite_loss_is_named_as_the_loss() {
     let spec = guarded(PerformanceConfig::new());
     let mut items = poison_items(None);
     items[17].y = f32::NAN;
-    let mut ddp = kiln::core::strategy::build_replicated(
-        StrategyKind::Ddp,
+    let mut ddp = build(
+        &plan(StrategyKind::Ddp, world, &configs(1, 1), world),
         vec![Default::default(); world],
         poisonable(),
         &spec,
         DataSource::new(InMemDataset::new(items), PoisonBatcher),
-        &configs(1, 1),
     )
     .unwrap();
     ddp.step(&batches[0], LR).unwrap();
@@ -516,12 +524,11 @@ fn a_pipeline_stage_names_its_own_parameter_and_the_others_its_stage() {
     let spec = guarded(PerformanceConfig::new());
     let devices = vec![Default::default(); 2];
     let mut pipeline = build(
-        StrategyKind::Pipeline,
+        &plan(StrategyKind::Pipeline, 2, &configs(1, 2), 10),
         devices,
         case.model.clone(),
         &spec,
         case.source(),
-        &configs(1, 2),
     )
     .unwrap();
     pipeline.step(&(10..20).collect::<Vec<_>>(), LR).unwrap();
@@ -534,6 +541,7 @@ fn a_pipeline_stage_names_its_own_parameter_and_the_others_its_stage() {
         .iter()
         .map(|failure| match &failure.error {
             RankError::NonFinite(NonFinite {
+                shard: None,
                 step: 2,
                 rank: Some(0),
                 value: NonFiniteValue::Gradient { param, .. },

@@ -13,7 +13,7 @@ use burn::optim::AdamWConfig;
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use common::*;
 use kiln::core::World;
-use kiln::core::stages::PipelineModel;
+use kiln::core::model::PipelineModel;
 use kiln::core::strategy::{Pipeline, PipelineConfig, Schedule, Strategy};
 use kiln::core::world::Mesh;
 use kiln::nn::models::{MlpConfig, TransformerConfig};

@@ -12,8 +12,8 @@ use burn::data::dataloader::batcher::Batcher;
 use burn::optim::AdamWConfig;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 use common::*;
+use kiln::core::model::ParallelModel;
 use kiln::core::optim::{OptimizerState, PerformanceConfig, StateError};
-use kiln::core::stages::PipelineModel;
 use kiln::core::strategy::{
     PerformanceSpec, RankError, StrategyConfigs, StrategyError, StrategyKind, build,
 };
@@ -63,18 +63,18 @@ fn train<M, I, Bt>(
     save_to: Option<&Path>,
 ) -> M
 where
-    M: PipelineModel<B>,
+    M: ParallelModel<B>,
     I: Clone + Send + Sync + 'static,
     Bt: Batcher<B, I, M::Input> + Clone + 'static,
 {
     let devices = vec![Default::default(); world];
+    let batch = batches.first().map_or(world, Vec::len);
     let mut strategy = build(
-        kind,
+        &plan(kind, world, &configs(stages), batch),
         devices,
         model,
         &spec(),
         case.source(),
-        &configs(stages),
     )
     .unwrap_or_else(|e| panic!("{kind} world {world}: {e}"));
     if let Some(dir) = resume_from {
@@ -107,7 +107,7 @@ fn check_resume<M, I, Bt>(
     (resume_kind, resume_world): (StrategyKind, usize),
     bit_exact: bool,
 ) where
-    M: PipelineModel<B>,
+    M: ParallelModel<B>,
     I: Clone + Send + Sync + 'static,
     Bt: Batcher<B, I, M::Input> + Clone + 'static,
 {
@@ -231,19 +231,18 @@ fn a_ddp_checkpoint_resumes_in_single_and_back() {
 /// A Ddp over two ranks for `case`'s model.
 fn ddp_of<M, I, Bt>(case: &Case<M, I, Bt>) -> Box<dyn kiln::core::strategy::Strategy<B, M>>
 where
-    M: PipelineModel<B>,
+    M: ParallelModel<B>,
     I: Clone + Send + Sync + 'static,
     Bt: Batcher<B, I, M::Input> + Clone + 'static,
 {
     let devices = vec![Default::default(); 2];
     let model = case.model.clone();
     build(
-        StrategyKind::Ddp,
+        &plan(StrategyKind::Ddp, 2, &configs(1), 2),
         devices,
         model,
         &spec(),
         case.source(),
-        &configs(1),
     )
     .unwrap()
 }

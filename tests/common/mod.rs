@@ -16,7 +16,9 @@ use kiln::ad::env::DarkRoomConfig;
 use kiln::ad::model::{AdModelConfig, AdTransformer};
 use kiln::ad::source::{QLearningConfig, learning_histories};
 use kiln::core::data::{DataSource, EpochSampler, Remainder};
-use kiln::core::strategy::TrainModel;
+use kiln::core::model::TrainModel;
+use kiln::core::plan::{Plan, PlanRequest};
+use kiln::core::strategy::{StrategyConfigs, StrategyKind};
 use kiln::nn::lora::{LoraConfig, LoraKind, QuantConfig};
 use kiln::nn::models::{
     LoraTransformer, LoraTransformerConfig, Mlp, MlpConfig, Transformer, TransformerConfig,
@@ -179,6 +181,16 @@ pub fn ad_case() -> Case<AdTransformer<B>, WindowRef, WindowBatcher> {
         dataset: InMemDataset::new(windows.iter().collect()),
         batcher: WindowBatcher::new(histories, model.context),
     }
+}
+
+/// The plan of `kind` on `world` ranks with `configs`, for global batches of `batch`.
+pub fn plan(kind: StrategyKind, world: usize, configs: &StrategyConfigs, batch: usize) -> Plan {
+    Plan::resolve(PlanRequest {
+        world: Some(world),
+        configs: configs.clone(),
+        ..PlanRequest::new(kind, batch)
+    })
+    .unwrap_or_else(|e| panic!("{kind} world {world}: {e}"))
 }
 
 /// The first `steps` global batches of `batch` samples, shuffled with seed 3.

@@ -4,6 +4,7 @@
 //! (`crates/kiln-ad/tests/run.rs`) checks.
 
 use kiln_core::optim::PerformanceConfig;
+use kiln_core::plan::{Plan, PlanRequest};
 use kiln_core::strategy::{StrategyConfigs, StrategyKind};
 use serde::{Deserialize, Serialize};
 
@@ -30,10 +31,11 @@ pub struct AdTrainConfig {
     pub final_lr_fraction: f64,
     /// AdamW weight decay.
     pub weight_decay: f64,
-    /// Strategy (`auto` resolves from `world`).
+    /// Strategy (`auto` chooses: see [`kiln_core::plan::Plan::resolve`]).
     pub strategy: StrategyKind,
-    /// Ranks (devices; on the CPU, threads sharing the cores).
-    pub world: usize,
+    /// Ranks (devices; on the CPU, threads sharing the cores); unset lets the plan choose.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub world: Option<usize>,
 }
 
 impl Default for AdTrainConfig {
@@ -46,7 +48,7 @@ impl Default for AdTrainConfig {
             final_lr_fraction: 0.1,
             weight_decay: 1e-4,
             strategy: StrategyKind::Auto,
-            world: 1,
+            world: None,
         }
     }
 }
@@ -106,6 +108,31 @@ impl Default for AdConfig {
 }
 
 impl AdConfig {
+    /// What the run asks of the plan: its strategy, named ranks, settings and batch. The
+    /// caller adds what it knows of the machine (`cpu_cores`) and of its flags (`dp`).
+    pub fn plan_request(&self) -> PlanRequest {
+        PlanRequest {
+            world: self.train.world,
+            configs: self.parallel.clone(),
+            ..PlanRequest::new(self.train.strategy, self.train.batch)
+        }
+    }
+
+    /// The plan of this config on `ranks` ranks (as many as its devices), checked with the
+    /// optimizer's settings: how a program that already holds its devices plans.
+    ///
+    /// # Errors
+    /// What [`Plan::resolve`] refuses, or a precision the strategy cannot run.
+    pub fn plan(&self, ranks: usize) -> Result<Plan, AdError> {
+        let plan = Plan::resolve(PlanRequest {
+            world: Some(ranks),
+            ..self.plan_request()
+        })
+        .map_err(kiln_core::StrategyError::from)?;
+        self.optimizer.check_strategy(plan.strategy())?;
+        Ok(plan)
+    }
+
     /// Checks what would otherwise fail deep inside a run.
     ///
     /// # Errors
@@ -133,7 +160,6 @@ impl AdConfig {
             ("model.d_ff", self.model.d_ff),
             ("train.steps", self.train.steps),
             ("train.batch", self.train.batch),
-            ("train.world", self.train.world),
             ("eval.episodes", self.eval.episodes),
             ("eval.seeds", self.eval.seeds),
         ] {
@@ -147,18 +173,7 @@ impl AdConfig {
                 heads: self.model.heads,
             });
         }
-        self.parallel
-            .check_world(self.train.strategy, self.train.world)
-            .map_err(kiln_core::StrategyError::from)?;
         self.optimizer.validate()?;
-        self.optimizer
-            .check_strategy(self.train.strategy.resolve(self.train.world).kind)?;
-        if self.train.batch < self.train.world {
-            return Err(AdError::BatchSmallerThanWorld {
-                batch: self.train.batch,
-                world: self.train.world,
-            });
-        }
         let positive = |field, value: f64| {
             if value > 0.0 && value.is_finite() {
                 Ok(())
@@ -222,8 +237,7 @@ mod tests {
         assert!(c.validate().unwrap_err().to_string().contains("env.size"));
         let mut c = AdConfig::default();
         c.train.strategy = StrategyKind::Single;
-        c.train.world = 2;
-        assert!(c.validate().unwrap_err().to_string().contains("single"));
+        assert!(c.plan(2).unwrap_err().to_string().contains("single"));
         let mut c = AdConfig::default();
         c.eval.seeds = 0;
         assert!(c.validate().unwrap_err().to_string().contains("eval.seeds"));

@@ -35,16 +35,6 @@ pub enum AdError {
         /// Heads.
         heads: usize,
     },
-    /// A global batch smaller than the world.
-    #[error(
-        "train.batch ({batch}) is smaller than train.world ({world}): every rank needs a window per step"
-    )]
-    BatchSmallerThanWorld {
-        /// Windows per step.
-        batch: usize,
-        /// Ranks.
-        world: usize,
-    },
     /// Histories without steps.
     #[error("source.histories_per_goal and source.episodes must be at least 1")]
     EmptyHistories,

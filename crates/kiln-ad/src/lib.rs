@@ -32,6 +32,7 @@ pub mod model;
 pub mod plot;
 pub mod report;
 pub mod run;
+pub mod sharded;
 pub mod source;
 pub mod stages;
 pub mod train;

@@ -7,7 +7,7 @@ use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{FloatDType, Int, Tensor};
 use burn::train::{SequenceOutput, TrainOutput, TrainStep};
-use kiln_core::optim::LowPrecisionStep;
+use kiln_core::model::LowPrecisionStep;
 use kiln_kernels::{KernelBackend, ops};
 use kiln_nn::layers::{
     KvCache, LayerNorm, LayerNormConfig, PreNormBlock, PreNormBlockConfig, linear_rows,

@@ -11,7 +11,9 @@ use burn::module::AutodiffModule;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use serde::Serialize;
 
+use kiln_core::plan::Plan;
 use kiln_core::strategy::ConfigError;
+use kiln_nn::tensor_parallel::ShardedBackend;
 
 use crate::checkpoint;
 use crate::config::AdConfig;
@@ -101,12 +103,13 @@ pub struct Run<B: Backend> {
     pub seconds: Seconds,
 }
 
-/// Runs `config` end to end on `devices` (one rank each).
+/// Runs `config` end to end as `plan` says, on `devices` (one per rank of the plan).
 ///
 /// # Errors
 /// An invalid config, a failure while training, or a checkpoint that cannot be written.
-pub fn run<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
+pub fn run<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
     config: &AdConfig,
+    plan: &Plan,
     devices: Vec<B::Device>,
     options: RunOptions<'_>,
     observer: &mut dyn Observer,
@@ -118,7 +121,7 @@ pub fn run<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
         .ok_or(kiln_core::StrategyError::from(ConfigError::NoDevices))?;
     let data = generate(config)?;
     observer.data(&data);
-    let (model, summary) = train::<B>(config, &data, devices, &mut |step, loss| {
+    let (model, summary) = train::<B>(config, plan, &data, devices, &mut |step, loss| {
         observer.step(step, loss)
     })?;
     observer.trained(&summary);

@@ -7,7 +7,7 @@ use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor};
-use kiln_core::stages::PipelineModel;
+use kiln_core::model::PipelineModel;
 use kiln_kernels::KernelBackend;
 use kiln_nn::layers::{LayerNorm, PreNormBlock, linear_rows};
 

@@ -1,15 +1,16 @@
 //! Data generation and training: learning histories on the training goals, then the
 //! transformer trained on their windows through any Kiln strategy.
 
-use kiln_kernels::KernelBackend;
 use std::sync::Arc;
 use std::time::Instant;
 
 use burn::optim::AdamWConfig;
 use burn::tensor::backend::AutodiffBackend;
 use kiln_core::data::DataSource;
-use kiln_core::fit::{FitPlan, fit_in_precision};
+use kiln_core::fit::{Training, fit};
+use kiln_core::plan::Plan;
 use kiln_core::strategy::{ConfigError, PerformanceSpec, RankReport, StepOutput};
+use kiln_nn::tensor_parallel::ShardedBackend;
 use serde::{Deserialize, Serialize};
 
 use crate::config::AdConfig;
@@ -68,6 +69,9 @@ pub struct TrainSummary {
     pub strategy: String,
     /// Why it was chosen.
     pub strategy_reason: String,
+    /// The ranks' mesh (`dp=2 × tp=2`).
+    #[serde(default)]
+    pub mesh: String,
     /// Ranks.
     pub world: usize,
     /// Optimizer steps.
@@ -93,18 +97,20 @@ pub struct TrainSummary {
     pub ranks: Vec<RankReport>,
 }
 
-/// Trains a fresh [`AdTransformer`] on `data` with the strategy of `config.train` over
-/// `devices` (one rank each), calling `on_step(step, loss)` after every step.
+/// Trains a fresh [`AdTransformer`] on `data` as `plan` says, over `devices` (one per rank of
+/// the plan), calling `on_step(step, loss)` after every step.
 ///
 /// # Errors
 /// An invalid config, or a strategy failure.
-pub fn train<B: AutodiffBackend + KernelBackend>(
+pub fn train<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
     config: &AdConfig,
+    plan: &Plan,
     data: &Data,
     devices: Vec<B::Device>,
     on_step: &mut dyn FnMut(usize, f64),
 ) -> Result<(AdTransformer<B>, TrainSummary), AdError> {
     config.validate()?;
+    config.optimizer.check_strategy(plan.strategy())?;
     let t = &config.train;
     let device = devices
         .first()
@@ -117,10 +123,7 @@ pub fn train<B: AutodiffBackend + KernelBackend>(
         WindowBatcher::new(data.histories.clone(), context),
     );
     let windows = source.len();
-    let plan = FitPlan {
-        strategy: t.strategy,
-        configs: &config.parallel,
-        batch: t.batch,
+    let training = Training {
         steps: t.steps,
         seed: config.seed,
         lr: &|step| t.lr_at(step),
@@ -132,7 +135,15 @@ pub fn train<B: AutodiffBackend + KernelBackend>(
         config.optimizer.clone(),
     )?;
     let mut on_step = |step, out: &StepOutput| on_step(step, out.loss);
-    let (model, record) = fit_in_precision(&plan, devices, model, &optim, source, &mut on_step)?;
+    let (model, record) = fit(
+        plan,
+        &training,
+        devices,
+        model,
+        &optim,
+        source,
+        &mut on_step,
+    )?;
     let every = (t.steps / 100).max(1);
     let loss_curve = record
         .losses
@@ -142,9 +153,10 @@ pub fn train<B: AutodiffBackend + KernelBackend>(
         .map(|(step, &loss)| (step, loss))
         .collect();
     let summary = TrainSummary {
-        strategy: record.decision.kind.to_string(),
-        strategy_reason: record.decision.reason.clone(),
-        world: record.world,
+        strategy: record.plan.strategy().to_string(),
+        strategy_reason: record.plan.reason().to_string(),
+        mesh: record.plan.mesh().to_string(),
+        world: record.plan.world_size(),
         steps: record.losses.len(),
         batch: t.batch,
         windows,

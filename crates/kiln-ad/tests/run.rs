@@ -46,6 +46,7 @@ fn smoke_run_trains_saves_loads_and_evaluates() {
     let config = smoke_config();
     let run = run::<B>(
         &config,
+        &config.plan(1).unwrap(),
         vec![Default::default()],
         RunOptions::default(),
         &mut LogProgress::new(config.train.steps),
@@ -88,9 +89,9 @@ fn smoke_run_trains_saves_loads_and_evaluates() {
 fn smoke_run_runs_through_ddp() {
     let mut config = smoke_config();
     config.train.strategy = StrategyKind::Ddp;
-    config.train.world = 2;
     let run = run::<B>(
         &config,
+        &config.plan(2).unwrap(),
         vec![Default::default(); 2],
         RunOptions::default(),
         &mut LogProgress::new(config.train.steps),
@@ -117,11 +118,11 @@ fn missing_checkpoint_is_a_clear_error() {
 /// The acceptance of issue 3 with the default config: ≥ 8 held-out goals × 4 seeds × 40
 /// episodes, in-context improvement, ≥ 10× random, and a flat one-episode control.
 fn acceptance(world: usize) {
-    let mut config = AdConfig::default();
-    config.train.world = world;
+    let config = AdConfig::default();
     let start = std::time::Instant::now();
     let run = run::<B>(
         &config,
+        &config.plan(world).unwrap(),
         vec![Default::default(); world],
         RunOptions::default(),
         &mut LogProgress::new(config.train.steps),

@@ -5,10 +5,13 @@
 //! - [`strategies`]: a matrix of strategy × world size × model, each scenario repeated after a
 //!   warm-up in rotating order, reported as JSON, a Markdown table and an SVG chart, and
 //!   compared against an earlier run (`kiln bench strategies`).
+//! - [`launches`]: kernel launches and host synchronisations, counted on any CubeCL runtime
+//!   (the AD step benchmark reports them per step).
 //!
 //! Both measure side by side in one run: on a shared machine, only ratios taken in the same
 //! run mean much, and the median of rotated repeats is the figure to read.
 
 pub mod kernels;
+pub mod launches;
 pub mod stats;
 pub mod strategies;

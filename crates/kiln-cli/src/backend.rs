@@ -4,8 +4,7 @@ use std::fmt;
 
 use burn::backend::Autodiff;
 use burn::tensor::backend::AutodiffBackend;
-use kiln_core::strategy::StrategyKind;
-use kiln_kernels::KernelBackend;
+use kiln_nn::tensor_parallel::ShardedBackend;
 
 /// A Burn backend selectable on the command line.
 #[derive(
@@ -38,30 +37,11 @@ impl BackendKind {
         matches!(self, BackendKind::Flex | BackendKind::Ndarray)
     }
 
-    /// The world `strategy` runs on when nobody named one (`named` false): for `auto` on a CPU
-    /// backend the cores as Ddp ranks of `threads_per_rank` threads (one unless set), said in
-    /// the log; otherwise `world`.
-    pub fn default_world(
-        self,
-        strategy: StrategyKind,
-        world: usize,
-        named: bool,
-        global_batch: usize,
-        threads_per_rank: Option<usize>,
-    ) -> usize {
-        if named || strategy != StrategyKind::Auto || !self.is_cpu() {
-            return world;
-        }
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        let threads = threads_per_rank.unwrap_or(1).max(1);
-        let ranks = StrategyKind::auto_cpu_world(cores / threads, global_batch);
-        if ranks > 1 {
-            tracing::info!(
-                "auto on the CPU: {cores} cores as {ranks} Ddp ranks of {threads} thread(s), \
-                 which train as one rank does up to float rounding (--world 1 trains on one rank)"
-            );
-        }
-        ranks
+    /// The machine's cores, when ranks on this backend share the CPU: what `auto` may make
+    /// ranks of.
+    pub fn cpu_cores(self) -> Option<usize> {
+        self.is_cpu()
+            .then(|| std::thread::available_parallelism().map_or(1, usize::from))
     }
 }
 
@@ -90,7 +70,7 @@ pub trait Job {
     ///
     /// # Errors
     /// Whatever the job reports.
-    fn run<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
+    fn run<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
         self,
         devices: Vec<B::Device>,
     ) -> Result<Self::Output, Box<dyn std::error::Error>>;

@@ -27,26 +27,6 @@ pub enum ConfigFileError {
     },
 }
 
-/// Whether the TOML file at `path` sets the key at `keys` (a table path, then the key), e.g.
-/// `["train", "world"]`: a setting the file names is the user's, even when it equals the
-/// default. An unreadable file names nothing (`load` reports it).
-pub fn names(path: &Path, keys: &[&str]) -> bool {
-    let Some(table) = std::fs::read_to_string(path)
-        .ok()
-        .and_then(|text| text.parse::<toml::Table>().ok())
-    else {
-        return false;
-    };
-    let mut value = toml::Value::Table(table);
-    for key in keys {
-        match value.get(key) {
-            Some(inner) => value = inner.clone(),
-            None => return false,
-        }
-    }
-    true
-}
-
 /// Reads a TOML config; missing fields take their defaults where the type says so.
 ///
 /// # Errors

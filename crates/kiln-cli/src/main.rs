@@ -6,7 +6,7 @@ mod bench;
 mod config_file;
 mod names;
 mod optimizer_args;
-mod pipeline_args;
+mod parallel_args;
 mod train;
 
 use std::process::ExitCode;

@@ -57,7 +57,7 @@ pub fn schedule_parser() -> Named<kiln_core::strategy::Schedule> {
 
 /// The `--strategy` parser: the names `StrategyKind` knows, listed in `--help`.
 pub fn strategy_parser() -> Named<kiln_core::strategy::StrategyKind> {
-    const NAMES: [&str; 5] = kiln_core::strategy::StrategyKind::ALL_NAMES;
+    const NAMES: [&str; 6] = kiln_core::strategy::StrategyKind::ALL_NAMES;
     Named::new(&NAMES)
 }
 

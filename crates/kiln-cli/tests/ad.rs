@@ -120,6 +120,40 @@ fn train_then_eval_write_metrics_plot_and_checkpoint() {
 }
 
 #[test]
+fn the_ad_model_trains_through_tensor_parallelism() {
+    let dir = scratch("tensor");
+    let config = dir.join("tiny.toml");
+    std::fs::write(&config, TINY).unwrap();
+    let out = dir.join("out");
+    let stdout = succeed(&[
+        "ad",
+        "train",
+        "--config",
+        config.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--strategy",
+        "tensor",
+        "--tp",
+        "2",
+        "--threads-per-rank",
+        "1",
+        "--no-eval",
+    ]);
+    assert!(
+        stdout.contains("trained with tensor on 2 rank(s)"),
+        "{stdout}"
+    );
+    let m = metrics(&out);
+    assert_eq!(m["train"]["mesh"], "dp=1 × tp=2");
+    for rank in m["train"]["ranks"].as_array().unwrap() {
+        assert!(rank["param_bytes"].as_u64().unwrap() > 0, "{rank}");
+        assert!(rank["tp_calls"].as_u64().unwrap() > 0, "{rank}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn the_ad_model_trains_through_the_pipeline() {
     let dir = scratch("pipeline");
     let config = dir.join("tiny.toml");
@@ -177,7 +211,7 @@ fn bad_settings_fail_with_one_line() {
     );
     assert_one_line_error(
         &["ad", "train", "--batch", "1", "--world", "2"],
-        "train.batch",
+        "the global batch of 1 is smaller than the 2 data-parallel replicas",
     );
     assert_one_line_error(
         &["ad", "eval", "--run", dir.join("none").to_str().unwrap()],

@@ -42,8 +42,19 @@ fn the_quick_strategy_matrix_writes_json_markdown_and_svg() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("strategies.json")).unwrap())
             .expect("valid JSON");
     let results = json["results"].as_array().unwrap();
-    // 4 models × (single at world 1; data_parallel, ddp and pipeline at world 2).
-    assert_eq!(results.len(), 16);
+    // 4 models × (single at world 1; data_parallel, ddp and pipeline at world 2), and tensor
+    // at world 2 for the two models that shard at the benchmark's sizes.
+    assert_eq!(results.len(), 18);
+    for model in ["transformer", "ad"] {
+        let r = results
+            .iter()
+            .find(|r| r["scenario"]["model"] == model && r["scenario"]["strategy"] == "tensor")
+            .unwrap_or_else(|| panic!("{model} tensor missing"));
+        for rank in r["ranks"].as_array().unwrap() {
+            assert!(rank["tp_calls"].as_f64().unwrap() > 0.0, "{r}");
+            assert!(rank["param_bytes"].as_u64().unwrap() > 0, "{r}");
+        }
+    }
     for model in ["mlp", "transformer", "ad", "qlora"] {
         for strategy in ["single", "data_parallel", "ddp", "pipeline"] {
             let r = results
@@ -79,7 +90,7 @@ fn the_quick_strategy_matrix_writes_json_markdown_and_svg() {
     let table = std::fs::read_to_string(dir.join("strategies.md")).unwrap();
     assert_eq!(
         table.lines().filter(|l| l.starts_with("| ")).count(),
-        2 + 16,
+        2 + 18,
         "header, rule and a row per scenario"
     );
     assert!(stdout.contains(&table), "the table is printed too");
@@ -185,7 +196,7 @@ fn strategy_benchmarks_fail_with_one_line() {
             "--worlds",
             "1,16",
         ],
-        "transformer data_parallel world 16: its batch of 8 cannot give every rank a sample",
+        "transformer data_parallel world 16: the global batch of 8 is smaller than the 16 data-parallel replicas",
     );
 }
 

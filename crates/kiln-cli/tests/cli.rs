@@ -219,7 +219,7 @@ fn impossible_pipelines_fail_with_one_line() {
     );
     pipeline(
         &["--stages", "2", "--world", "3"],
-        "a pipeline of 2 stages needs a world of dp × 2 ranks",
+        "the world has 3 ranks, which is not dp × (stages × shards) = ? × 2",
     );
     pipeline(
         &[
@@ -242,7 +242,7 @@ fn impossible_settings_fail_with_one_line() {
     assert_one_line_error(&["train", "--world", "0"], "--world must be at least 1");
     assert_one_line_error(
         &["train", "--world", "4", "--batch", "3"],
-        "smaller than --world 4",
+        "smaller than the 4 data-parallel replicas",
     );
     assert_one_line_error(&["train", "--strategy", "single", "--world", "2"], "single");
     assert_one_line_error(&["train", "--strategy", "bogus"], "unknown strategy");
@@ -389,7 +389,92 @@ fn half_precision_trains_close_to_f32_and_not_under_the_pipeline() {
             "--world",
             "2",
         ],
-        "does not run under the pipeline",
+        "does not run under pipeline",
     );
     assert_one_line_error(&["train", "--precision", "f8"], "unknown precision");
+}
+
+#[test]
+fn tensor_trains_like_single_and_reports_each_rank_s_bytes() {
+    let transformer = ["--model", "transformer"];
+    let single = train_json(
+        "t-single",
+        &[&["--strategy", "single"][..], &transformer].concat(),
+    );
+    let whole = single["ranks"][0]["param_bytes"].as_u64().unwrap();
+    for (name, extra, world, mesh) in [
+        ("t-tp2", vec!["--tp", "2"], 2, "dp=1 × tp=2"),
+        (
+            "t-dp2-tp2",
+            vec!["--tp", "2", "--dp", "2"],
+            4,
+            "dp=2 × tp=2",
+        ),
+        (
+            "t-pp2-tp2",
+            vec!["--tp", "2", "--stages", "2", "--micro-batches", "2"],
+            4,
+            "dp=1 × pp=2 × tp=2",
+        ),
+    ] {
+        let args = [&["--strategy", "tensor"][..], &transformer, &extra].concat();
+        let report = train_json(name, &args);
+        assert_eq!(report["strategy"], "tensor", "{name}");
+        assert_eq!(report["world"], world, "{name}");
+        assert_eq!(report["mesh"], mesh, "{name}");
+        let (a, b) = (
+            single["param_sq_sum"].as_f64().unwrap(),
+            report["param_sq_sum"].as_f64().unwrap(),
+        );
+        assert!((a - b).abs() <= 1e-5 * a.abs(), "{name}: {a} vs {b}");
+        for rank in report["ranks"].as_array().unwrap() {
+            let held = rank["param_bytes"].as_u64().unwrap();
+            assert!(
+                held < whole,
+                "{name}: a shard holds {held} of {whole} bytes"
+            );
+            assert!(
+                rank["optimizer_bytes"].as_u64().unwrap() > 0,
+                "{name}: {rank}"
+            );
+            assert!(rank["tp_calls"].as_u64().unwrap() > 0, "{name}: {rank}");
+        }
+    }
+}
+
+#[test]
+fn impossible_tensor_plans_fail_with_one_line() {
+    let tensor = |extra: &[&str], needle: &str| {
+        let args = [
+            &["train", "--strategy", "tensor", "--model", "transformer"][..],
+            extra,
+        ]
+        .concat();
+        assert_one_line_error(&args, needle);
+    };
+    tensor(
+        &["--tp", "3"],
+        "attention heads (4) does not divide by tp = 3",
+    );
+    tensor(
+        &["--tp", "8"],
+        "tp = 8 is larger than the 4 attention heads",
+    );
+    tensor(&["--tp", "2", "--world", "3"], "not dp × (stages × shards)");
+    tensor(
+        &["--tp", "2", "--precision", "bf16"],
+        "does not run under tensor",
+    );
+    assert_one_line_error(
+        &["train", "--strategy", "tensor", "--model", "mlp"],
+        "TensorParallelModel",
+    );
+    assert_one_line_error(
+        &["train", "--strategy", "ddp", "--tp", "2"],
+        "--tp applies to tensor",
+    );
+    assert_one_line_error(
+        &["train", "--strategy", "ddp", "--stages", "2"],
+        "--stages applies to pipeline and tensor",
+    );
 }

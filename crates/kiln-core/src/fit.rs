@@ -1,31 +1,26 @@
-//! The training loop programs share: pick the strategy, build it, step it over epoch-shuffled
-//! global batches, and say what happened.
+//! The training loop programs share: build the strategy the plan names, step it over
+//! epoch-shuffled global batches, and say what happened.
 //!
-//! `kiln train` and the Algorithm Distillation job both train through [`fit`]; what they
-//! print and save around it is theirs.
+//! `kiln train`, the Algorithm Distillation job and the strategy benchmark all train through
+//! [`fit`]; what they print and save around it is theirs.
 
+use std::marker::PhantomData;
 use std::time::Instant;
 
 use burn::module::{AutodiffModule, ModuleDisplay};
 use burn::tensor::backend::AutodiffBackend;
-use burn::train::TrainStep;
 
 use crate::data::{DataSource, EpochSampler};
-use crate::optim::{LowPrecisionStep, MixedPrecision, OptimizerState, OutputLoss, Precision};
-use crate::stages::PipelineModel;
-use crate::strategy::{
-    AutoDecision, OptimizerSpec, PerformanceSpec, RankReport, StepOutput, Strategy,
-    StrategyConfigs, StrategyError, StrategyKind, TrainModel, build, build_replicated,
+use crate::model::{
+    LowPrecisionStep, ParallelModel, PrecisionSupport, Supported, TrainModel, Unsupported,
 };
+use crate::optim::{MixedPrecision, OptimizerState, Precision};
+use crate::plan::Plan;
+use crate::strategy::{ConfigError, OptimizerSpec, RankReport, StepOutput, StrategyError, build};
+use crate::tensor_parallel::TpBackend;
 
-/// What to train and for how long.
-pub struct FitPlan<'a> {
-    /// The strategy; `Auto` is resolved from the number of devices and logged with why.
-    pub strategy: StrategyKind,
-    /// Every strategy's settings; the chosen one's apply.
-    pub configs: &'a StrategyConfigs,
-    /// Samples per optimizer step, all ranks together.
-    pub batch: usize,
+/// How long and how to train: everything of a run but its [`Plan`].
+pub struct Training<'a> {
     /// Optimizer steps.
     pub steps: usize,
     /// Seed of the sample order.
@@ -54,16 +49,14 @@ pub struct Resume {
 /// What a [`fit`] did.
 #[derive(Debug, Clone)]
 pub struct FitRecord {
-    /// The strategy that ran, and why.
-    pub decision: AutoDecision,
-    /// Its ranks.
-    pub world: usize,
+    /// The plan that ran.
+    pub plan: Plan,
     /// The loss of every step this run trained (from the resumed step on).
     pub losses: Vec<f64>,
     /// Steps the NaN guard skipped (`nan_policy = "skip"`).
     pub skipped_steps: usize,
-    /// The optimizer state at the end, to checkpoint next to the model, when the plan asked
-    /// for it ([`FitPlan::keep_optimizer_state`]).
+    /// The optimizer state at the end, to checkpoint next to the model, when asked for
+    /// ([`Training::keep_optimizer_state`]).
     pub optimizer: Option<OptimizerState>,
     /// Seconds of the loop (building the strategy excluded).
     pub wall_s: f64,
@@ -84,13 +77,17 @@ impl FitRecord {
     }
 }
 
-/// Trains `model` on `data` over `devices` (one rank each) as `plan` says, calling
-/// `on_step(step, output)` after every step (1-based), and returns the trained whole model.
+/// Trains `model` on `data` as `plan` says, over `devices` (one per rank of the plan), in the
+/// precision `optim`'s configuration names (bf16 and f16 wrap the model in
+/// [`MixedPrecision`]), calling `on_step(step, output)` after every step (1-based); returns
+/// the trained whole model.
 ///
 /// # Errors
-/// A global batch the data cannot fill, or what the strategy reports.
+/// A plan the model cannot run (refused from its [`ParallelModel`] declaration), a global
+/// batch the data cannot fill, or what the strategy reports.
 pub fn fit<B, M, S, I>(
-    plan: &FitPlan<'_>,
+    plan: &Plan,
+    training: &Training<'_>,
     devices: Vec<B::Device>,
     model: M,
     optim: &S,
@@ -98,127 +95,143 @@ pub fn fit<B, M, S, I>(
     on_step: &mut dyn FnMut(usize, &StepOutput),
 ) -> Result<(M, FitRecord), StrategyError>
 where
-    B: AutodiffBackend,
-    M: PipelineModel<B>,
+    B: AutodiffBackend + TpBackend,
+    M: ParallelModel<B>,
     S: OptimizerSpec<B>,
     I: Send + 'static,
 {
-    let (decision, sampler) = decide(plan, devices.len(), data.len())?;
-    let strategy = build(decision.kind, devices, model, optim, data, plan.configs)?;
-    run(plan, decision, &sampler, strategy, on_step)
+    tracing::info!(strategy = %plan.strategy(), "plan: {plan}");
+    let run = Run {
+        plan,
+        training,
+        optim,
+        on_step,
+        backend: PhantomData,
+    };
+    match optim.precision() {
+        Precision::F32 => fit_as_is(run, devices, model, data),
+        _ => <M::LowPrecision as PrecisionSupport<B, M>>::fit_low(run, devices, model, data),
+    }
 }
 
-/// [`fit`] for a model without the pipeline's stage contract: the strategies that keep whole
-/// replicas (`single`, `data_parallel`, `ddp`, `auto`); `pipeline` is refused.
-///
-/// # Errors
-/// As [`fit`], and [`ConfigError::NoStageContract`](crate::strategy::ConfigError) for the
-/// pipeline.
-pub fn fit_replicated<B, M, S, I>(
-    plan: &FitPlan<'_>,
+/// A run's plan, schedule, optimizer and step callback, as [`fit`] hands them on.
+pub(crate) struct Run<'a, 'b, B, S> {
+    plan: &'a Plan,
+    training: &'a Training<'a>,
+    optim: &'a S,
+    on_step: &'b mut dyn FnMut(usize, &StepOutput),
+    backend: PhantomData<B>,
+}
+
+/// [`fit`] of `model` as it is, in f32.
+fn fit_as_is<B, M, S, I>(
+    run: Run<'_, '_, B, S>,
     devices: Vec<B::Device>,
     model: M,
-    optim: &S,
     data: DataSource<B, I, M::Input>,
-    on_step: &mut dyn FnMut(usize, &StepOutput),
 ) -> Result<(M, FitRecord), StrategyError>
 where
-    B: AutodiffBackend,
-    M: TrainModel<B>,
+    B: AutodiffBackend + TpBackend,
+    M: ParallelModel<B>,
     S: OptimizerSpec<B>,
     I: Send + 'static,
 {
-    let (decision, sampler) = decide(plan, devices.len(), data.len())?;
-    let strategy = build_replicated(decision.kind, devices, model, optim, data, plan.configs)?;
-    run(plan, decision, &sampler, strategy, on_step)
-}
-
-/// [`fit`] in the precision `optim`'s configuration names: f32 trains `model` as it is; bf16
-/// and f16 train it wrapped in [`MixedPrecision`] (f32 master weights, and for f16 the loss
-/// scale the spec's optimizers share), through the strategies that keep whole replicas.
-/// Returns the model unwrapped.
-///
-/// # Errors
-/// As [`fit`]; the pipeline refuses bf16 and f16
-/// ([`PerformanceConfig::check_strategy`](crate::optim::PerformanceConfig::check_strategy)
-/// says so before anything starts).
-pub fn fit_in_precision<B, M, S, I>(
-    plan: &FitPlan<'_>,
-    devices: Vec<B::Device>,
-    model: M,
-    optim: &PerformanceSpec<S>,
-    data: DataSource<B, I, M::Input>,
-    on_step: &mut dyn FnMut(usize, &StepOutput),
-) -> Result<(M, FitRecord), StrategyError>
-where
-    B: AutodiffBackend,
-    M: PipelineModel<B> + LowPrecisionStep<B> + ModuleDisplay,
-    <M as AutodiffModule<B>>::InnerModule: ModuleDisplay,
-    <M as TrainStep>::Output: OutputLoss<B>,
-    S: OptimizerSpec<B>,
-    I: Send + 'static,
-{
-    let precision = optim.config().precision;
-    if precision == Precision::F32 {
-        return fit(plan, devices, model, optim, data, on_step);
-    }
-    let mut wrapped = MixedPrecision::new(model, precision);
-    if let Some(scale) = optim.loss_scale() {
-        wrapped = wrapped.with_loss_scale(scale.clone());
-    }
-    let (trained, record) = fit_replicated(plan, devices, wrapped, optim, data, on_step)?;
-    Ok((trained.model, record))
-}
-
-/// The strategy `plan` resolves to on `ranks` ranks (logged with why), and its sampler over
-/// `samples` samples.
-fn decide(
-    plan: &FitPlan<'_>,
-    ranks: usize,
-    samples: usize,
-) -> Result<(AutoDecision, EpochSampler), StrategyError> {
-    let decision = plan.strategy.resolve(ranks);
-    tracing::info!(strategy = %decision.kind, "strategy {}: {}", decision.kind, decision.reason);
-    let sampler = EpochSampler::new(samples, plan.batch, plan.seed)?;
-    Ok((decision, sampler))
-}
-
-/// The loop itself, over a built strategy.
-fn run<B: AutodiffBackend, M: TrainModel<B>>(
-    plan: &FitPlan<'_>,
-    decision: AutoDecision,
-    sampler: &EpochSampler,
-    mut strategy: Box<dyn Strategy<B, M>>,
-    on_step: &mut dyn FnMut(usize, &StepOutput),
-) -> Result<(M, FitRecord), StrategyError> {
-    let first = plan.resume.map_or(0, |r| r.step);
-    if let Some(resume) = plan.resume {
+    let Run {
+        plan,
+        training,
+        optim,
+        on_step,
+        ..
+    } = run;
+    let sampler = EpochSampler::new(data.len(), plan.global_batch(), training.seed)?;
+    let mut strategy = build(plan, devices, model, optim, data)?;
+    let first = training.resume.map_or(0, |r| r.step);
+    if let Some(resume) = training.resume {
         strategy.load_optimizer_state(&resume.optimizer)?;
-        tracing::info!("resuming at step {first} of {}", plan.steps);
+        tracing::info!("resuming at step {first} of {}", training.steps);
     }
-    let mut losses = Vec::with_capacity(plan.steps.saturating_sub(first));
+    let mut losses = Vec::with_capacity(training.steps.saturating_sub(first));
     let mut skipped_steps = 0;
     let start = Instant::now();
-    let batches = sampler.batches().take(plan.steps).enumerate().skip(first);
+    let batches = sampler
+        .batches()
+        .take(training.steps)
+        .enumerate()
+        .skip(first);
     for (step, batch) in batches {
-        let out = strategy.step(&batch, (plan.lr)(step))?;
+        let out = strategy.step(&batch, (training.lr)(step))?;
         losses.push(out.loss);
         skipped_steps += usize::from(out.guard.is_some_and(|g| g.skipped));
         on_step(step + 1, &out);
     }
     let wall_s = start.elapsed().as_secs_f64();
     let record = FitRecord {
-        decision,
-        world: strategy.world_size(),
+        plan: plan.clone(),
         losses,
         skipped_steps,
         wall_s,
         ranks: strategy.stats().into_iter().map(Into::into).collect(),
-        optimizer: if plan.keep_optimizer_state {
+        optimizer: if training.keep_optimizer_state {
             Some(strategy.optimizer_state()?)
         } else {
             None
         },
     };
     Ok((strategy.model()?, record))
+}
+
+#[allow(private_interfaces)]
+impl<B, M> PrecisionSupport<B, M> for Supported
+where
+    B: AutodiffBackend + TpBackend,
+    M: TrainModel<B> + LowPrecisionStep<B> + ModuleDisplay,
+    <M as AutodiffModule<B>>::InnerModule: ModuleDisplay,
+{
+    fn fit_low<S: OptimizerSpec<B>, I: Send + 'static>(
+        run: Run<'_, '_, B, S>,
+        devices: Vec<B::Device>,
+        model: M,
+        data: DataSource<B, I, M::Input>,
+    ) -> Result<(M, FitRecord), StrategyError> {
+        let mut wrapped = MixedPrecision::new(model, run.optim.precision());
+        if let Some(scale) = run.optim.loss_scale() {
+            wrapped = wrapped.with_loss_scale(scale.clone());
+        }
+        let (trained, record) = fit_as_is(run, devices, wrapped, data)?;
+        Ok((trained.model, record))
+    }
+}
+
+#[allow(private_interfaces)]
+impl<B, M> PrecisionSupport<B, M> for Unsupported
+where
+    B: AutodiffBackend + TpBackend,
+    M: TrainModel<B>,
+{
+    fn fit_low<S: OptimizerSpec<B>, I: Send + 'static>(
+        run: Run<'_, '_, B, S>,
+        _: Vec<B::Device>,
+        _: M,
+        _: DataSource<B, I, M::Input>,
+    ) -> Result<(M, FitRecord), StrategyError> {
+        Err(ConfigError::Unsupported {
+            strategy: format!("precision {}", run.optim.precision()),
+            contract: "LowPrecisionStep",
+            capability: "LowPrecision",
+        }
+        .into())
+    }
+}
+
+// A model in mixed precision trains whole: its stages and shards are not wrapped (the plan
+// refuses bf16 and f16 under `pipeline` and `tensor` before anything starts).
+impl<B, M> ParallelModel<B> for MixedPrecision<B, M>
+where
+    B: AutodiffBackend + TpBackend,
+    M: TrainModel<B> + LowPrecisionStep<B> + ModuleDisplay,
+    <M as AutodiffModule<B>>::InnerModule: ModuleDisplay,
+{
+    type Pipeline = Unsupported;
+    type Tensor = Unsupported;
+    type LowPrecision = Unsupported;
 }

@@ -34,26 +34,35 @@ pub mod data;
 pub mod fit;
 pub mod grads;
 pub mod learner;
+pub mod model;
 pub mod optim;
 pub mod params;
+pub mod plan;
 pub mod stages;
 pub mod strategy;
+pub mod tensor_parallel;
 pub mod world;
 
 pub use collective::{Collective, CollectiveError, ReduceOp};
-pub use strategy::{Strategy, StrategyError, TrainModel};
+pub use model::TrainModel;
+pub use strategy::{Strategy, StrategyError};
 pub use world::{World, WorldError};
 
 /// The names most programs need.
 pub mod prelude {
     pub use crate::collective::{Collective, InProcess, ReduceOp};
     pub use crate::data::{DataSource, EpochSampler, Remainder, ShardPolicy};
-    pub use crate::stages::PipelineModel;
+    pub use crate::model::{
+        ParallelModel, PipelineModel, StepLoss, Supported, TensorParallelModel, TrainModel,
+        Unsupported,
+    };
+    pub use crate::plan::{Plan, PlanRequest};
     pub use crate::strategy::{
         DataParallel, DataParallelConfig, Ddp, DdpConfig, Pipeline, PipelineConfig, Schedule,
-        Single, SingleConfig, StepLoss, StepOutput, Strategy, StrategyConfigs, StrategyError,
-        StrategyKind, TrainModel,
+        Single, SingleConfig, StepOutput, Strategy, StrategyConfigs, StrategyError, StrategyKind,
+        Tensor, TensorConfig,
     };
+    pub use crate::tensor_parallel::{TpBackend, TpGroup};
     pub use crate::world::Mesh;
     pub use crate::world::World;
 }

@@ -1,4 +1,5 @@
-//! Whole-model summaries of parameters: checksums to compare replicas and runs.
+//! Whole-model summaries of parameters: checksums to compare runs, and exact fingerprints to
+//! compare replicas.
 
 use std::marker::PhantomData;
 
@@ -43,23 +44,189 @@ impl<B: Backend> ModuleVisitor<B> for HostChecksum<B> {
     }
 }
 
-/// `[sum, sum of squares]` of every float parameter, computed on `device` without leaving it.
-pub fn checksum_tensor<B: Backend, M: Module<B>>(module: &M, device: &B::Device) -> Tensor<B, 1> {
-    let mut visitor = DeviceChecksum::<B> {
-        sums: Tensor::zeros([2], device),
+/// The bytes a module's parameters occupy, and their gradients during a step.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ParamBytes {
+    /// Every parameter: float and integer (a 4-bit base's packed codes), trainable or frozen.
+    pub params: u64,
+    /// The trainable float parameters, whose gradients a step holds (in their dtype).
+    pub grads: u64,
+}
+
+/// The [`ParamBytes`] of `module`, from its tensors' shapes and dtypes (a tied parameter
+/// once): exact, and read without touching the data.
+pub fn param_bytes<B: Backend, M: Module<B>>(module: &M) -> ParamBytes {
+    struct Count<B> {
+        bytes: ParamBytes,
+        seen: std::collections::HashSet<burn::module::ParamId>,
+        backend: PhantomData<B>,
+    }
+    impl<B: Backend> ModuleVisitor<B> for Count<B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if self.seen.insert(param.id) {
+                let t = param.val();
+                let bytes = (t.shape().num_elements() * t.dtype().size()) as u64;
+                self.bytes.params += bytes;
+                if t.is_require_grad() {
+                    self.bytes.grads += bytes;
+                }
+            }
+        }
+
+        fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, burn::tensor::Int>>) {
+            if self.seen.insert(param.id) {
+                let t = param.val();
+                self.bytes.params += (t.shape().num_elements() * t.dtype().size()) as u64;
+            }
+        }
+    }
+    let mut count = Count::<B> {
+        bytes: ParamBytes::default(),
+        seen: std::collections::HashSet::new(),
+        backend: PhantomData,
+    };
+    module.visit(&mut count);
+    count.bytes
+}
+
+/// The exact bits of one float parameter, hashed: equal for bit-identical values (and the same
+/// shape and dtype), different for any other values up to hash collisions (2⁻⁶⁴).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamFingerprint {
+    /// The parameter's module path (`blocks.0.attn.query.weight`).
+    pub path: String,
+    /// A 64-bit hash of its dtype, shape and bytes.
+    pub hash: u64,
+}
+
+/// The [`ParamFingerprint`] of every float parameter of `module`, in visiting order (a tied
+/// parameter once).
+///
+/// This is how replicas are compared: exactly, and with no float arithmetic. A checksum summed
+/// on the device cannot do it. A sum of many values absorbs a difference in the last bit of
+/// one of them. And a device reduction need not be deterministic: CubeCL's full `sum` on CUDA
+/// adds with atomics, so identical replicas can get checksums that differ in the last bit.
+/// The values are read to the host, which costs one device synchronisation and a copy of the
+/// parameters: a check to run every so many steps, not every step of a long run.
+pub fn fingerprints<B: Backend, M: Module<B>>(module: &M) -> Vec<ParamFingerprint> {
+    let mut visitor = Fingerprints::<B> {
+        stack: Vec::new(),
+        seen: std::collections::HashSet::new(),
+        found: Vec::new(),
+        backend: PhantomData,
     };
     module.visit(&mut visitor);
-    visitor.sums
+    visitor.found
 }
 
-struct DeviceChecksum<B: Backend> {
-    sums: Tensor<B, 1>,
+struct Fingerprints<B> {
+    stack: Vec<String>,
+    seen: std::collections::HashSet<burn::module::ParamId>,
+    found: Vec<ParamFingerprint>,
+    backend: PhantomData<B>,
 }
 
-impl<B: Backend> ModuleVisitor<B> for DeviceChecksum<B> {
+impl<B: Backend> ModuleVisitor<B> for Fingerprints<B> {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.stack.push(name.to_string());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.stack.pop();
+    }
+
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let flat = param.val().flatten::<1>(0, D - 1);
-        let pair = Tensor::cat(vec![flat.clone().sum(), flat.powi_scalar(2).sum()], 0);
-        self.sums = self.sums.clone() + pair.to_device(&self.sums.device());
+        use std::hash::{Hash, Hasher};
+        if !self.seen.insert(param.id) {
+            return;
+        }
+        let data = param.val().into_data();
+        // SipHash with fixed keys: the same in every thread and process of one build.
+        let mut hasher = std::hash::DefaultHasher::new();
+        format!("{:?}", data.dtype).hash(&mut hasher);
+        data.shape.hash(&mut hasher);
+        data.as_bytes().hash(&mut hasher);
+        self.found.push(ParamFingerprint {
+            path: self.stack.join("."),
+            hash: hasher.finish(),
+        });
+    }
+}
+
+/// `hashes` as floats that a collective moves exactly: four 16-bit pieces per hash, each an
+/// integer below 2¹⁶ (exact in f32, and in the bf16 or f16 of no collective Kiln uses).
+pub(crate) fn hashes_to_floats(hashes: impl IntoIterator<Item = u64>) -> Vec<f32> {
+    hashes
+        .into_iter()
+        .flat_map(|h| (0..4).map(move |i| ((h >> (16 * i)) & 0xffff) as f32))
+        .collect()
+}
+
+/// The inverse of [`hashes_to_floats`].
+pub(crate) fn floats_to_hashes(floats: &[f32]) -> Vec<u64> {
+    floats
+        .chunks(4)
+        .map(|piece| {
+            piece
+                .iter()
+                .enumerate()
+                .fold(0u64, |h, (i, &v)| h | ((v as u64) << (16 * i)))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::Flex;
+    use burn::module::Module;
+    use burn::nn::{Linear, LinearConfig};
+    use burn::tensor::TensorData;
+
+    use super::*;
+
+    /// `linear` with the weight's element `at` replaced by `value`.
+    fn with_weight(linear: &Linear<Flex>, edit: impl FnOnce(&mut Vec<f32>)) -> Linear<Flex> {
+        let weight = linear.weight.val();
+        let dims = weight.dims();
+        let mut values = weight.into_data().to_vec::<f32>().unwrap();
+        edit(&mut values);
+        let mut changed = linear.clone();
+        changed.weight = changed
+            .weight
+            .map(|w| Tensor::from_data(TensorData::new(values, dims), &w.device()));
+        changed
+    }
+
+    #[test]
+    fn one_ulp_anywhere_changes_the_fingerprint() {
+        let device = Default::default();
+        let linear = LinearConfig::new(64, 64)
+            .init::<Flex>(&device)
+            .fork(&device);
+        let same = fingerprints::<Flex, _>(&linear.clone());
+        assert_eq!(same, fingerprints::<Flex, _>(&linear));
+        assert_eq!(
+            same.iter().map(|f| f.path.as_str()).collect::<Vec<_>>(),
+            ["weight", "bias"]
+        );
+        // The last bit of one small value: a sum of the 4096 weights in f32 absorbs it.
+        let nudged = with_weight(&linear, |w| {
+            let small = w.iter().position(|v| v.abs() < 1e-3).unwrap();
+            w[small] = f32::from_bits(w[small].to_bits() + 1);
+        });
+        let found = fingerprints::<Flex, _>(&nudged);
+        assert_ne!(found[0], same[0]);
+        assert_eq!(found[1], same[1]);
+        // Two values swapped: every order-free sum is the same.
+        let swapped = with_weight(&linear, |w| w.swap(0, 1));
+        assert_ne!(fingerprints::<Flex, _>(&swapped)[0], same[0]);
+    }
+
+    #[test]
+    fn hashes_travel_as_floats_exactly() {
+        let hashes = [0, u64::MAX, 0x0123_4567_89ab_cdef];
+        let floats = hashes_to_floats(hashes);
+        assert_eq!(floats.len(), 12);
+        assert_eq!(floats_to_hashes(&floats), hashes);
     }
 }

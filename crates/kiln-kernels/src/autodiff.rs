@@ -165,6 +165,16 @@ impl<B: KernelBackend> Backward<B, 1> for CrossEntropyBackward {
 }
 
 impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
+    /// A dense copy is a constant of the graph: it is for frozen tensors, which have no
+    /// gradient to pass on.
+    fn dense_float(t: FloatTensor<Self>) -> FloatTensor<Self> {
+        constant::<B, C>(B::dense_float(t.primitive))
+    }
+
+    fn dense_int(t: IntTensor<Self>) -> IntTensor<Self> {
+        B::dense_int(t)
+    }
+
     fn qlora_forward(
         x: FloatTensor<Self>,
         weight: QuantizedPrimitive<Self>,

@@ -26,6 +26,21 @@ pub(crate) fn unwrap<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor
 
 /// A Burn backend with Kiln's fused kernels. Shapes in the docs are the primitives' shapes.
 pub trait KernelBackend: Backend {
+    /// `t` as a dense row-major tensor: itself when it already is one, a copy otherwise.
+    ///
+    /// For tensors that kernels read on every call, such as the codes and scales of a frozen
+    /// 4-bit weight: stored dense, they are never copied again. CubeCL's CUDA runtime pitches
+    /// the rows of every tensor it creates, those made from host data included (a `[33, 18]`
+    /// f32 tensor gets strides `[32, 1]`); Burn's CPU backends never pad rows, hence the default.
+    fn dense_float(t: FloatTensor<Self>) -> FloatTensor<Self> {
+        t
+    }
+
+    /// [`Self::dense_float`] for an integer tensor.
+    fn dense_int(t: IntTensor<Self>) -> IntTensor<Self> {
+        t
+    }
+
     /// `y = x·deq(W) + s·t·B`: `x [m, k]`, `t = x·A [m, r]`, `b [r, n]` → `[m, n]`.
     fn qlora_forward(
         x: FloatTensor<Self>,

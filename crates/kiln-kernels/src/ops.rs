@@ -122,6 +122,21 @@ pub fn qlora_matmul<B: KernelBackend, const D: usize>(
     Ok(wrap::<B, 2>(y).reshape(with_last::<D>(&shape, n)))
 }
 
+/// `x·deq(W)`, the 4-bit matmul alone (a row-parallel shard's partial product, whose adapter
+/// term is added after the shards' sum): [`qlora_matmul`] with an adapter of rank 1 and scale
+/// 0, which the kernel adds as exact zeros.
+pub fn quantized_matmul<B: KernelBackend, const D: usize>(
+    x: Tensor<B, D>,
+    weight: &QuantizedWeight<B>,
+) -> Result<Tensor<B, D>, KernelError> {
+    let mut t_dims = x.dims();
+    t_dims[D - 1] = 1;
+    let device = x.device();
+    let t = Tensor::zeros(t_dims, &device);
+    let b = Tensor::zeros([1, weight.n], &device);
+    qlora_matmul(x, weight, t, b, 0.0)
+}
+
 /// RMSNorm over the last dimension: `x / √(mean(x²) + eps) · gamma`.
 pub fn rms_norm<B: KernelBackend, const D: usize>(
     x: Tensor<B, D>,

@@ -103,19 +103,23 @@ fn int_vector(values: Vec<i64>) -> IntTensor<G> {
 /// Checks the output is dense and reads it back.
 fn read(what: &str, t: FloatTensor<G>) -> Vec<f32> {
     let shape = t.meta.shape().to_vec();
-    let strides = t.meta.strides().to_vec();
+    assert_dense(what, &shape, t.meta.strides());
+    to_vec(
+        Tensor::<G, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(t))
+            .reshape([shape.iter().product::<usize>()]),
+    )
+}
+
+/// Asserts that `strides` are the dense row-major strides of `shape`.
+fn assert_dense(what: &str, shape: &[usize], strides: &[usize]) {
     let mut dense = vec![1; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
         dense[i] = dense[i + 1] * shape[i + 1];
     }
     assert_eq!(
         strides, dense,
-        "{what}: output of shape {shape:?} is not dense"
+        "{what}: tensor of shape {shape:?} is not dense"
     );
-    to_vec(
-        Tensor::<G, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(t))
-            .reshape([shape.iter().product::<usize>()]),
-    )
 }
 
 /// Runs `op` on every layout and checks all agree with the dense one, bit for bit.
@@ -267,6 +271,61 @@ fn qlora_reads_strided_inputs_and_writes_dense_outputs() {
             vec![read("y", y), read("dx", dx)]
         });
     }
+}
+
+/// A 4-bit weight's codes and scales are stored dense, whatever their shape: the kernels read
+/// them on every call and copy any other layout each time. On CUDA every tensor made from host
+/// data is pitched (`[33, 18]` f32 scales came back with strides `[32, 1]`), so this is the
+/// check that `QuantizedWeight::from_host` lays them out itself; on wgpu it holds trivially.
+#[test]
+fn quantized_weights_are_stored_dense() {
+    for (k, n) in [(1100, 33), (203, 75), (64, 18), (8, 3)] {
+        let q = HostQuantized::quantize(
+            &values(k * n, 0.1, 19, false),
+            k,
+            n,
+            QuantFormat::Nf4,
+            ScaleDtype::F32,
+        );
+        let weight = QuantizedWeight::<G>::from_host(&q, ScaleDtype::F32, &gpu()).primitive();
+        read("scales", weight.scales);
+        assert_dense(
+            "packed",
+            &weight.packed.meta.shape().to_vec(),
+            weight.packed.meta.strides(),
+        );
+    }
+}
+
+/// `KernelBackend::dense_float` turns every layout into a dense tensor of the same values.
+#[test]
+fn dense_lays_out_every_layout_densely() {
+    let x = values(ROWS * D, 1.0, 20, false);
+    for layout in LAYOUTS {
+        assert_eq!(
+            read("dense", G::dense_float(matrix(&x, ROWS, D, layout))),
+            x,
+            "{layout:?}"
+        );
+    }
+    let packed: Vec<i64> = (0..40).collect();
+    let stepped = {
+        let mut t = int_vector((0..80).collect());
+        t.meta = Box::new(Metadata::new([40], [2usize]));
+        t
+    };
+    let dense = G::dense_int(stepped);
+    assert_dense(
+        "dense_int",
+        &dense.meta.shape().to_vec(),
+        dense.meta.strides(),
+    );
+    let read_back = Tensor::<G, 1, Int>::from_primitive(dense)
+        .into_data()
+        .convert::<i64>()
+        .to_vec::<i64>()
+        .unwrap();
+    assert_eq!(read_back, packed.iter().map(|v| 2 * v).collect::<Vec<_>>());
 }
 
 /// The layouts above really differ from dense ones: a kernel that indexed them densely would

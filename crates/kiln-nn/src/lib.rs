@@ -9,3 +9,4 @@ pub mod layers;
 pub mod lora;
 pub mod models;
 pub mod tasks;
+pub mod tensor_parallel;

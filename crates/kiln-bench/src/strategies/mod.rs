@@ -15,8 +15,9 @@ use std::fmt;
 use std::str::FromStr;
 
 use burn::tensor::backend::AutodiffBackend;
-use kiln_core::strategy::{StrategyConfigs, StrategyError, StrategyKind};
-use kiln_kernels::KernelBackend;
+use kiln_core::plan::{Plan, PlanRequest};
+use kiln_core::strategy::{ConfigError, StrategyConfigs, StrategyError, StrategyKind};
+use kiln_nn::tensor_parallel::ShardedBackend;
 use serde::{Deserialize, Serialize};
 
 pub use chart::write_svg;
@@ -53,6 +54,13 @@ impl BenchModel {
             Self::Ad if quick => 8,
             Self::Ad => 32,
         }
+    }
+
+    /// Whether the model runs under `strategy`. Under `tensor`, the MLP does not shard its
+    /// layers, and the QLoRA model's 4-bit bases split only along whole blocks of 64 rows,
+    /// which needs `d_model / tp ≥ 64`, wider than the benchmark's model.
+    pub fn runs_under(self, strategy: StrategyKind) -> bool {
+        strategy != StrategyKind::Tensor || matches!(self, Self::Transformer | Self::Ad)
     }
 
     /// The name reports and command lines use.
@@ -98,7 +106,8 @@ pub enum Scale {
 pub struct Matrix {
     /// The models.
     pub models: Vec<BenchModel>,
-    /// The strategies; `single` runs at world 1 only, the others at every world size ≥ 2.
+    /// The strategies; `single` runs at world 1 only, the others at every world size ≥ 2
+    /// whose mesh they can form.
     pub strategies: Vec<StrategyKind>,
     /// World sizes (ranks).
     pub worlds: Vec<usize>,
@@ -106,6 +115,12 @@ pub struct Matrix {
     pub pipeline_stages: usize,
     /// Pipeline micro-batches per flush.
     pub micro_batches: usize,
+    /// Tensor-parallel shards (`tp`) of `tensor`.
+    #[serde(default = "two")]
+    pub tensor_shards: usize,
+    /// Pipeline stages of `tensor` (1: `dp × tp`; 2 or more: the 3-D `dp × pp × tp`).
+    #[serde(default = "one")]
+    pub tensor_stages: usize,
     /// Untimed steps at the start of every round.
     pub warmup: usize,
     /// Timed steps per round.
@@ -126,10 +141,13 @@ impl Matrix {
                 StrategyKind::DataParallel,
                 StrategyKind::Ddp,
                 StrategyKind::Pipeline,
+                StrategyKind::Tensor,
             ],
             worlds: vec![1, 2],
             pipeline_stages: 2,
             micro_batches: 2,
+            tensor_shards: 2,
+            tensor_stages: 1,
             warmup: 1,
             steps: 2,
             rounds: 1,
@@ -151,32 +169,52 @@ impl Matrix {
     }
 
     /// The strategies' settings every scenario runs with: one intra-op thread per rank, and
-    /// the matrix's pipeline shape.
+    /// the matrix's pipeline and tensor shapes.
     pub fn configs(&self) -> StrategyConfigs {
         let mut configs = StrategyConfigs::default();
         configs.set_threads_per_rank(1);
         configs.pipeline.stages = self.pipeline_stages;
         configs.pipeline.micro_batches = self.micro_batches;
+        configs.tensor.tp = self.tensor_shards;
+        configs.tensor.stages = self.tensor_stages;
         configs
     }
 
+    /// The plan of `scenario`, as `kiln train` resolves one.
+    ///
+    /// # Errors
+    /// What [`Plan::resolve`] refuses.
+    pub fn plan(&self, scenario: &Scenario) -> Result<Plan, ConfigError> {
+        Plan::resolve(PlanRequest {
+            world: Some(scenario.world),
+            configs: self.configs(),
+            ..PlanRequest::new(scenario.strategy, scenario.model.batch(self.scale))
+        })
+    }
+
     /// Every scenario the matrix holds, in a fixed order: model, then strategy, then world.
-    /// A strategy runs at every world size it accepts (`StrategyConfigs::check_world`), the
-    /// parallel ones from world 2 (their world 1 is `single`'s scenario).
+    /// A strategy runs at every world size whose mesh it can form (a plan that resolves, or
+    /// fails only for the batch, which [`Self::validate`] reports), the parallel ones from
+    /// world 2 (their world 1 is `single`'s scenario), on the models it can train.
     pub fn scenarios(&self) -> Vec<Scenario> {
-        let configs = self.configs();
         let mut scenarios = Vec::new();
         for &model in &self.models {
             for &strategy in &self.strategies {
                 for &world in &self.worlds {
-                    let runs = configs.check_world(strategy, world).is_ok()
-                        && (strategy == StrategyKind::Single || world >= 2);
-                    if runs {
-                        scenarios.push(Scenario {
-                            model,
-                            strategy,
-                            world,
-                        });
+                    let scenario = Scenario {
+                        model,
+                        strategy,
+                        world,
+                    };
+                    let forms = match self.plan(&scenario) {
+                        Ok(_) => true,
+                        Err(e) => is_batch(&e),
+                    };
+                    if forms
+                        && model.runs_under(strategy)
+                        && (strategy == StrategyKind::Single || world >= 2)
+                    {
+                        scenarios.push(scenario);
                     }
                 }
             }
@@ -195,6 +233,8 @@ impl Matrix {
             ("rounds", self.rounds),
             ("pipeline_stages", self.pipeline_stages),
             ("micro_batches", self.micro_batches),
+            ("tensor_shards", self.tensor_shards),
+            ("tensor_stages", self.tensor_stages),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(BenchError::Zero(name));
@@ -207,22 +247,30 @@ impl Matrix {
             return Err(BenchError::Empty);
         }
         for scenario in scenarios {
-            let batch = scenario.model.batch(self.scale);
-            // Every rank needs a sample, and every pipeline replica a sample per micro-batch.
-            let per_replica = match scenario.strategy {
-                StrategyKind::Pipeline => batch / (scenario.world / self.pipeline_stages),
-                _ => batch / scenario.world,
-            };
-            let needed = match scenario.strategy {
-                StrategyKind::Pipeline => self.micro_batches,
-                _ => 1,
-            };
-            if per_replica < needed {
-                return Err(BenchError::BatchTooSmall { scenario, batch });
+            // The plan checks that every replica gets a sample (and one per micro-batch).
+            if let Err(source) = self.plan(&scenario) {
+                return Err(BenchError::Plan { scenario, source });
             }
         }
         Ok(())
     }
+}
+
+/// Whether a plan failed only because of the batch (which the matrix must fix), not because
+/// the strategy cannot form a mesh at that world size (a scenario the matrix skips).
+fn is_batch(error: &ConfigError) -> bool {
+    matches!(
+        error,
+        ConfigError::BatchSmallerThanReplicas { .. } | ConfigError::MicroBatchesExceedBatch { .. }
+    )
+}
+
+fn one() -> usize {
+    1
+}
+
+fn two() -> usize {
+    2
 }
 
 /// One cell of the matrix.
@@ -257,16 +305,14 @@ pub enum BenchError {
          at (`single` at 1 only, the others at 2 or more, the pipeline at multiples of its stages)"
     )]
     Empty,
-    /// A scenario's batch cannot be split over its ranks.
-    #[error(
-        "{scenario}: its batch of {batch} cannot give every rank a sample (and every pipeline \
-         replica one per micro-batch); use smaller world sizes or fewer micro-batches"
-    )]
-    BatchTooSmall {
+    /// A scenario whose plan cannot run (its batch too small for its replicas or
+    /// micro-batches).
+    #[error("{scenario}: {source}; use smaller world sizes or fewer micro-batches")]
+    Plan {
         /// The scenario.
         scenario: Scenario,
-        /// Its samples per step.
-        batch: usize,
+        /// Why its plan cannot run.
+        source: ConfigError,
     },
     /// Fewer devices than the largest world size.
     #[error("the largest world size is {needed} but {given} device(s) were given")]
@@ -291,7 +337,7 @@ pub enum BenchError {
 ///
 /// # Errors
 /// An invalid matrix, too few devices, or a strategy failure (naming the scenario).
-pub fn run<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
+pub fn run<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
     devices: &[B::Device],
     matrix: &Matrix,
     backend: &str,
@@ -311,8 +357,12 @@ pub fn run<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
         for i in rotation(scenarios.len(), round) {
             let scenario = scenarios[i];
             progress(&scenario, round);
-            let measured = models::run_round::<B>(&devices[..scenario.world], &scenario, matrix)
-                .map_err(|source| BenchError::Strategy { scenario, source })?;
+            let plan = matrix
+                .plan(&scenario)
+                .map_err(|source| BenchError::Plan { scenario, source })?;
+            let measured =
+                models::run_round::<B>(&devices[..scenario.world], &scenario, &plan, matrix)
+                    .map_err(|source| BenchError::Strategy { scenario, source })?;
             rounds[i].push(measured);
         }
     }

@@ -12,12 +12,13 @@ use kiln_ad::env::DarkRoomConfig;
 use kiln_ad::model::AdModelConfig;
 use kiln_ad::source::{QLearningConfig, learning_histories};
 use kiln_core::data::{DataSource, EpochSampler};
-use kiln_core::stages::PipelineModel;
+use kiln_core::model::ParallelModel;
+use kiln_core::plan::Plan;
 use kiln_core::strategy::{RankStats, StrategyError, build};
-use kiln_kernels::KernelBackend;
 use kiln_nn::lora::{LoraConfig, LoraKind, QuantConfig};
 use kiln_nn::models::{LoraTransformerConfig, MlpConfig, TransformerConfig};
 use kiln_nn::tasks::{ClassificationBatcher, FibonacciTask, SequenceBatcher, TeacherTask};
+use kiln_nn::tensor_parallel::ShardedBackend;
 
 use super::{BenchModel, Matrix, Scale, Scenario};
 
@@ -36,11 +37,12 @@ pub(super) struct Round {
     pub ranks: Vec<RankStats>,
 }
 
-/// Trains a fresh model of `scenario` through its strategy on `devices` for the matrix's
-/// warm-up and timed steps.
-pub(super) fn run_round<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
+/// Trains a fresh model of `scenario` through the strategy of `plan` on `devices` for the
+/// matrix's warm-up and timed steps.
+pub(super) fn run_round<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
     devices: &[B::Device],
     scenario: &Scenario,
+    plan: &Plan,
     matrix: &Matrix,
 ) -> Result<Round, StrategyError> {
     let device = &devices[0];
@@ -50,6 +52,7 @@ pub(super) fn run_round<B: AutodiffBackend<InnerBackend: KernelBackend> + Kernel
     let round = RoundOf {
         devices,
         scenario,
+        plan,
         matrix,
     };
     // The transformer and the QLoRA transformer learn the same sequences.
@@ -120,14 +123,15 @@ pub(super) fn run_round<B: AutodiffBackend<InnerBackend: KernelBackend> + Kernel
 struct RoundOf<'a, B: AutodiffBackend> {
     devices: &'a [B::Device],
     scenario: &'a Scenario,
+    plan: &'a Plan,
     matrix: &'a Matrix,
 }
 
-impl<B: AutodiffBackend> RoundOf<'_, B> {
-    /// The round itself, for any model that splits into stages.
+impl<B: AutodiffBackend + ShardedBackend> RoundOf<'_, B> {
+    /// The round itself, for any model.
     fn train<M, D, I, Bt>(self, model: M, dataset: D, batcher: Bt) -> Result<Round, StrategyError>
     where
-        M: PipelineModel<B>,
+        M: ParallelModel<B>,
         D: Dataset<I> + 'static,
         I: Clone + Send + Sync + 'static,
         Bt: Batcher<B, I, M::Input> + Clone + Send + Sync + 'static,
@@ -135,6 +139,7 @@ impl<B: AutodiffBackend> RoundOf<'_, B> {
         let Self {
             devices,
             scenario,
+            plan,
             matrix,
         } = self;
         let data = DataSource::new(dataset, batcher);
@@ -143,16 +148,8 @@ impl<B: AutodiffBackend> RoundOf<'_, B> {
             .batches()
             .take(matrix.warmup + matrix.steps)
             .collect();
-        let configs = matrix.configs();
         let model = model.fork(&devices[0]);
-        let mut strategy = build(
-            scenario.strategy,
-            devices.to_vec(),
-            model,
-            &AdamWConfig::new(),
-            data,
-            &configs,
-        )?;
+        let mut strategy = build(plan, devices.to_vec(), model, &AdamWConfig::new(), data)?;
         for batch in &batches[..matrix.warmup] {
             strategy.step(batch, LR)?;
         }

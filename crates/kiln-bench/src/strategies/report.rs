@@ -46,6 +46,21 @@ pub struct RankTimes {
     pub communication_ms: f64,
     /// Waiting for another pipeline stage, in milliseconds.
     pub idle_ms: f64,
+    /// Bytes of the parameters the rank holds.
+    #[serde(default)]
+    pub param_bytes: u64,
+    /// Bytes of the gradients the rank holds during a step.
+    #[serde(default)]
+    pub grad_bytes: u64,
+    /// Bytes of the rank's optimizer state.
+    #[serde(default)]
+    pub optimizer_bytes: u64,
+    /// Tensor-parallel calls per step (inside forward and backward).
+    #[serde(default)]
+    pub tp_calls: f64,
+    /// Elements the rank sent into its tensor-parallel group per step.
+    #[serde(default)]
+    pub tp_elements: f64,
 }
 
 impl ScenarioResult {
@@ -72,9 +87,24 @@ impl ScenarioResult {
                     compute_ms: per_step(s.compute),
                     communication_ms: per_step(s.communication),
                     idle_ms: per_step(s.idle),
+                    param_bytes: s.param_bytes,
+                    grad_bytes: s.grad_bytes,
+                    optimizer_bytes: s.optimizer_bytes,
+                    tp_calls: s.shard_traffic.calls as f64 / steps as f64,
+                    tp_elements: s.shard_traffic.elements as f64 / steps as f64,
                 })
                 .collect(),
         }
+    }
+
+    /// The largest bytes of parameters plus optimizer state over the ranks: what the busiest
+    /// device holds besides activations.
+    fn held_bytes(&self) -> u64 {
+        self.ranks
+            .iter()
+            .map(|r| r.param_bytes + r.optimizer_bytes)
+            .max()
+            .unwrap_or(0)
     }
 
     /// The mean over ranks of (compute, communication, idle) per step.
@@ -106,13 +136,14 @@ pub fn markdown(report: &Report) -> String {
     let mut out = format!(
         "Strategies on {} ({:?} scale): {} warm-up + {} timed steps per round, {} round(s) in \
          rotating order, 1 intra-op thread per rank. Step time: median (min–max) over rounds; \
-         rank times: mean over ranks, per step, in the median round.\n\n",
+         rank times: mean over ranks, per step, in the median round; held: the most bytes of \
+         parameters and optimizer state on one rank.\n\n",
         report.backend, m.scale, m.warmup, m.steps, m.rounds
     );
     out.push_str(
-        "| model | strategy | world | batch | step ms | samples/s | speed-up (ideal) | compute ms | comm ms | idle ms |\n",
+        "| model | strategy | world | batch | step ms | samples/s | speed-up (ideal) | compute ms | comm ms | idle ms | held KiB |\n",
     );
-    out.push_str("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    out.push_str("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for r in &report.results {
         let s = &r.scenario;
         let speedup = report
@@ -122,7 +153,7 @@ pub fn markdown(report: &Report) -> String {
         let (compute, comm, idle) = r.mean_times();
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {:.2} ({:.2}–{:.2}) | {:.0} | {speedup} | {compute:.2} | {comm:.2} | {idle:.2} |",
+            "| {} | {} | {} | {} | {:.2} ({:.2}–{:.2}) | {:.0} | {speedup} | {compute:.2} | {comm:.2} | {idle:.2} | {:.0} |",
             s.model,
             s.strategy,
             s.world,
@@ -131,6 +162,7 @@ pub fn markdown(report: &Report) -> String {
             r.step_ms.min,
             r.step_ms.max,
             r.samples_per_s,
+            r.held_bytes() as f64 / 1024.0,
         );
     }
     out

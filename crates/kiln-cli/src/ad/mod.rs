@@ -7,18 +7,20 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use burn::tensor::backend::AutodiffBackend;
+use kiln_ad::AdError;
 use kiln_ad::checkpoint;
 use kiln_ad::config::AdConfig;
 use kiln_ad::goals::GoalSplit;
 use kiln_ad::run::{RunOptions, Seconds, evaluate_held_out};
+use kiln_core::plan::{Plan, PlanRequest};
 use kiln_core::strategy::StrategyKind;
-use kiln_kernels::KernelBackend;
+use kiln_nn::tensor_parallel::ShardedBackend;
 
 use crate::backend::{BackendKind, DeviceList, Job, Placement, dispatch, parse_devices};
 use crate::config_file;
 use crate::names::strategy_parser;
 use crate::optimizer_args::OptimizerArgs;
-use crate::pipeline_args::PipelineArgs;
+use crate::parallel_args::ParallelArgs;
 use metrics::{DataSummary, Metrics, write_outputs};
 use progress::Bars;
 
@@ -26,7 +28,7 @@ use progress::Bars;
 #[derive(clap::Subcommand, Debug)]
 pub enum AdCommand {
     /// Generate learning histories, train the AD transformer, save it, and evaluate it.
-    Train(TrainArgs),
+    Train(Box<TrainArgs>),
     /// Evaluate a saved run on its held-out goals.
     Eval(EvalArgs),
 }
@@ -34,18 +36,19 @@ pub enum AdCommand {
 /// Flags of `kiln ad train`; each overrides the same field of `--config`.
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
-    /// TOML config to start from (tables: env, goals, source, model, train, parallel, optimizer,
-    /// eval).
+    /// TOML config to start from (tables: env, goals, source, model, train, parallel,
+    /// optimizer, eval).
     #[arg(long)]
     config: Option<PathBuf>,
     /// Parallelism strategy [default: auto].
     #[arg(long, value_parser = strategy_parser())]
     strategy: Option<StrategyKind>,
     #[command(flatten)]
-    pipeline: PipelineArgs,
+    parallel: ParallelArgs,
     #[command(flatten)]
     optimizer: OptimizerArgs,
-    /// Ranks (devices; CPU ranks share the CPU) [default: 1, or the length of --devices].
+    /// Ranks (devices; CPU ranks share the CPU) [default: the length of --devices, or the
+    /// product of --dp, --stages and --tp; for auto on the CPU its cores].
     #[arg(long)]
     world: Option<usize>,
     /// Device of each rank, e.g. `0,0` for two ranks on GPU 0 or `0,1` for two GPUs
@@ -114,17 +117,20 @@ pub struct EvalArgs {
 pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
     match command {
         AdCommand::Train(args) => {
-            let config = args.config()?;
+            let args = *args;
+            let (config, plan) = args.config()?;
             let devices = args.devices.as_ref().map(|DeviceList(d)| d.as_slice());
-            let placement = Placement::new(config.train.world, devices)?;
-            dispatch(args.backend, &placement, TrainJob { args, config })
+            let placement = Placement::new(plan.world_size(), devices)?;
+            let job = TrainJob { args, config, plan };
+            dispatch(job.args.backend, &placement, job)
         }
         AdCommand::Eval(args) => dispatch(args.backend, &Placement::Ranks(1), EvalJob(args)),
     }
 }
 
 impl TrainArgs {
-    fn config(&self) -> Result<AdConfig, Box<dyn std::error::Error>> {
+    /// The config the flags and the file make, and the run's plan.
+    fn config(&self) -> Result<(AdConfig, Plan), Box<dyn std::error::Error>> {
         let mut c: AdConfig = match &self.config {
             Some(path) => config_file::load(path)?,
             None => AdConfig::default(),
@@ -134,62 +140,54 @@ impl TrainArgs {
                 if let Some(v) = self.$flag { c.$($field).+ = v; }
             )*};
         }
-        set!(strategy => train.strategy, world => train.world, steps => train.steps,
+        set!(strategy => train.strategy, steps => train.steps,
              batch => train.batch, lr => train.lr, seed => seed);
-        self.optimizer.apply(&mut c.optimizer);
-        let world_given = self.world.is_some() || self.devices.is_some();
-        let before = c.train.world;
-        c.train.world = self.pipeline.apply(
-            &mut c.parallel.pipeline,
-            c.train.strategy,
-            c.train.world,
-            world_given,
-        );
-        let named = world_given
-            || c.train.world != before
-            || self
-                .config
-                .as_deref()
-                .is_some_and(|path| config_file::names(path, &["train", "world"]));
-        let threads = self.threads_per_rank.or(c.parallel.ddp.threads_per_rank);
-        c.train.world = self.backend.default_world(
-            c.train.strategy,
-            c.train.world,
-            named,
-            c.train.batch,
-            threads,
-        );
+        if let Some(world) = self.world {
+            c.train.world = Some(world);
+        }
         if let Some(DeviceList(devices)) = &self.devices {
             // The list names the ranks; an explicit --world must agree (checked by Placement).
-            c.train.world = self.world.unwrap_or(devices.len());
+            c.train.world = Some(self.world.unwrap_or(devices.len()));
         }
+        self.optimizer.apply(&mut c.optimizer);
         if let Some(t) = self.threads_per_rank {
             c.parallel.set_threads_per_rank(t);
         }
+        let dp = self.parallel.apply(&mut c.parallel, c.train.strategy)?;
         c.validate()?;
-        Ok(c)
+        if c.train.world == Some(0) {
+            return Err(AdError::Zero("train.world").into());
+        }
+        let plan = Plan::resolve(PlanRequest {
+            dp,
+            cpu_cores: self.backend.cpu_cores(),
+            ..c.plan_request()
+        })?;
+        c.optimizer.check_strategy(plan.strategy())?;
+        Ok((c, plan))
     }
 }
 
 struct TrainJob {
     args: TrainArgs,
     config: AdConfig,
+    plan: Plan,
 }
 
 impl Job for TrainJob {
     type Output = ();
 
-    fn run<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
+    fn run<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
         self,
         devices: Vec<B::Device>,
     ) -> Result<(), Box<dyn std::error::Error>> {
-        let (args, config) = (self.args, self.config);
+        let (args, config, plan) = (self.args, self.config, self.plan);
         let options = RunOptions {
             save_to: Some(&args.out),
             no_eval: args.no_eval,
         };
         let mut bars = Bars::new(config.train.steps);
-        let done = kiln_ad::run::run::<B>(&config, devices, options, &mut bars)?;
+        let done = kiln_ad::run::run::<B>(&config, &plan, devices, options, &mut bars)?;
         let metrics = Metrics {
             config: &config,
             backend: args.backend.to_string(),
@@ -212,7 +210,7 @@ struct EvalJob(EvalArgs);
 impl Job for EvalJob {
     type Output = ();
 
-    fn run<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
+    fn run<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
         self,
         devices: Vec<B::Device>,
     ) -> Result<(), Box<dyn std::error::Error>> {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use burn::tensor::backend::AutodiffBackend;
 use kiln_bench::strategies::{self, BenchModel, Matrix, Report};
 use kiln_core::strategy::StrategyKind;
-use kiln_kernels::KernelBackend;
+use kiln_nn::tensor_parallel::ShardedBackend;
 
 use crate::backend::{BackendKind, DeviceList, Job, Placement, dispatch, parse_devices};
 use crate::names::{Named, strategy_parser};
@@ -28,12 +28,19 @@ pub struct StrategyArgs {
     /// Models [default: all].
     #[arg(long, value_delimiter = ',', value_parser = model_parser())]
     models: Option<Vec<BenchModel>>,
-    /// Strategies [default: single, data_parallel, ddp, pipeline].
+    /// Strategies [default: single, data_parallel, ddp, pipeline, tensor].
     #[arg(long, value_delimiter = ',', value_parser = strategy_parser())]
     strategies: Option<Vec<StrategyKind>>,
     /// World sizes [default: 1,2,4; with --quick 1,2].
     #[arg(long, value_delimiter = ',')]
     worlds: Option<Vec<usize>>,
+    /// Tensor-parallel shards of `tensor` [default: 2].
+    #[arg(long)]
+    tp: Option<usize>,
+    /// Pipeline stages of each shard under `tensor`: 2 or more make the 3-D dp × pp × tp case
+    /// (world 8 for tp 2, 2 stages and 2 replicas) [default: 1].
+    #[arg(long)]
+    tensor_stages: Option<usize>,
     /// Rounds, each over every scenario in rotated order [default: 3; with --quick 1].
     #[arg(long)]
     rounds: Option<usize>,
@@ -84,6 +91,8 @@ impl StrategyArgs {
         if let Some(worlds) = &self.worlds {
             matrix.worlds = unique(worlds);
         }
+        matrix.tensor_shards = self.tp.unwrap_or(matrix.tensor_shards);
+        matrix.tensor_stages = self.tensor_stages.unwrap_or(matrix.tensor_stages);
         matrix.rounds = self.rounds.unwrap_or(matrix.rounds);
         matrix.steps = self.steps.unwrap_or(matrix.steps);
         matrix
@@ -164,7 +173,7 @@ struct BenchJob<'a> {
 impl Job for BenchJob<'_> {
     type Output = Report;
 
-    fn run<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
+    fn run<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
         self,
         devices: Vec<B::Device>,
     ) -> Result<Report, Box<dyn std::error::Error>> {

@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use kiln_core::optim::{GuardConfigError, PerformanceConfig};
+use kiln_core::plan::{Plan, PlanRequest};
 use kiln_core::strategy::{StrategyConfigs, StrategyKind};
 
 use crate::backend::{BackendKind, DeviceError, Placement};
@@ -39,8 +40,10 @@ pub struct TrainConfig {
     pub strategy: StrategyKind,
     /// Which backend.
     pub backend: BackendKind,
-    /// Ranks (devices; on the CPU, threads sharing the CPU).
-    pub world: usize,
+    /// Ranks (devices; on the CPU, threads sharing the CPU); unset lets the plan choose
+    /// (`auto` on the CPU: its cores).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub world: Option<usize>,
     /// The device of each rank (`devices = [0, 0]`); `world` must equal its length. Without
     /// it, CPU ranks share the CPU and CUDA ranks take GPUs `0..world`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -69,7 +72,7 @@ impl Default for TrainConfig {
             model: ModelKind::Mlp,
             strategy: StrategyKind::Auto,
             backend: BackendKind::Flex,
-            world: 1,
+            world: None,
             devices: None,
             steps: 300,
             batch: 64,
@@ -91,19 +94,12 @@ pub enum ConfigError {
     /// World of zero ranks.
     #[error("--world must be at least 1")]
     ZeroWorld,
-    /// Global batch smaller than the world.
-    #[error(
-        "--batch {batch} is smaller than --world {world}: every rank needs at least one sample per step"
-    )]
-    BatchSmallerThanWorld {
-        /// Global batch.
-        batch: usize,
-        /// Ranks.
-        world: usize,
-    },
-    /// The strategy cannot run on that many ranks.
+    /// The plan cannot run.
     #[error(transparent)]
     Strategy(#[from] kiln_core::strategy::ConfigError),
+    /// A flag the strategy does not read.
+    #[error(transparent)]
+    Flag(#[from] crate::parallel_args::FlagError),
     /// `devices` and `world` disagree, or `devices` is empty.
     #[error(transparent)]
     Devices(#[from] DeviceError),
@@ -116,12 +112,31 @@ pub enum ConfigError {
 }
 
 impl TrainConfig {
-    /// Where the ranks run.
+    /// The run's plan: the strategy, its ranks and mesh, resolved from this config, the
+    /// replicas `dp` named on the command line, and the machine's cores when the ranks share
+    /// the CPU; checked with the optimizer's settings.
     ///
     /// # Errors
-    /// When `devices` is empty or disagrees with `world`.
-    pub fn placement(&self) -> Result<Placement, DeviceError> {
-        Placement::new(self.world, self.devices.as_deref())
+    /// What the plan refuses, or a precision the strategy cannot run.
+    pub fn plan(&self, dp: Option<usize>) -> Result<Plan, ConfigError> {
+        let plan = Plan::resolve(PlanRequest {
+            strategy: self.strategy,
+            world: self.world,
+            dp,
+            configs: self.parallel.clone(),
+            global_batch: self.batch,
+            cpu_cores: self.backend.cpu_cores(),
+        })?;
+        self.optimizer.check_strategy(plan.strategy())?;
+        Ok(plan)
+    }
+
+    /// Where the ranks of `plan` run.
+    ///
+    /// # Errors
+    /// When `devices` is empty or disagrees with the plan's ranks.
+    pub fn placement(&self, plan: &Plan) -> Result<Placement, DeviceError> {
+        Placement::new(plan.world_size(), self.devices.as_deref())
     }
 
     /// Reads a TOML config; missing fields take their defaults.
@@ -132,28 +147,18 @@ impl TrainConfig {
         Ok(config_file::load(path)?)
     }
 
-    /// Checks what the strategies cannot check before training starts.
+    /// Checks the settings the plan does not read.
     ///
     /// # Errors
     /// The first problem found.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.world == 0 {
+        if self.world == Some(0) {
             return Err(ConfigError::ZeroWorld);
         }
-        if self.batch < self.world {
-            return Err(ConfigError::BatchSmallerThanWorld {
-                batch: self.batch,
-                world: self.world,
-            });
-        }
-        self.placement()?;
-        self.parallel.check_world(self.strategy, self.world)?;
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return Err(ConfigError::LearningRate(self.lr));
         }
         self.optimizer.validate()?;
-        self.optimizer
-            .check_strategy(self.strategy.resolve(self.world).kind)?;
         Ok(())
     }
 }

@@ -6,20 +6,18 @@ mod report;
 
 use std::path::PathBuf;
 
-use burn::module::{AutodiffModule, ModuleDisplay};
 use burn::optim::AdamWConfig;
 use burn::tensor::backend::AutodiffBackend;
-use burn::train::TrainStep;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_core::data::DataSource;
-use kiln_core::fit::{FitPlan, fit_in_precision};
-use kiln_core::optim::{LowPrecisionStep, OutputLoss};
+use kiln_core::fit::{Training, fit};
+use kiln_core::model::ParallelModel;
 use kiln_core::params::checksum;
-use kiln_core::stages::PipelineModel;
+use kiln_core::plan::Plan;
 use kiln_core::strategy::{PerformanceSpec, StepOutput, StrategyKind};
-use kiln_kernels::KernelBackend;
 use kiln_nn::models::{MlpConfig, TransformerConfig};
 use kiln_nn::tasks::{ClassificationBatcher, FibonacciTask, SequenceBatcher, TeacherTask};
+use kiln_nn::tensor_parallel::ShardedBackend;
 
 pub use config::{ModelKind, TrainConfig};
 use report::TrainReport;
@@ -27,13 +25,14 @@ use report::TrainReport;
 use crate::backend::{BackendKind, DeviceList, Job, dispatch, parse_devices};
 use crate::names::strategy_parser;
 use crate::optimizer_args::OptimizerArgs;
-use crate::pipeline_args::PipelineArgs;
+use crate::parallel_args::ParallelArgs;
 
 /// Flags of `kiln train`; each overrides the same field of `--config`.
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
-    /// TOML config to start from (fields as in the flags; `[parallel.single]`, `[parallel.data_parallel]`,
-    /// `[parallel.ddp]`, `[parallel.pipeline]` tables).
+    /// TOML config to start from (fields as in the flags; `[parallel.single]`,
+    /// `[parallel.data_parallel]`, `[parallel.ddp]`, `[parallel.pipeline]`, `[parallel.tensor]`
+    /// tables).
     #[arg(long)]
     config: Option<PathBuf>,
     /// Built-in model [default: mlp].
@@ -45,7 +44,8 @@ pub struct TrainArgs {
     /// Backend [default: flex].
     #[arg(long, value_enum)]
     backend: Option<BackendKind>,
-    /// Ranks (devices; CPU ranks share the CPU) [default: 1, or the length of --devices].
+    /// Ranks (devices; CPU ranks share the CPU) [default: the length of --devices, or the
+    /// product of --dp, --stages and --tp; for auto on the CPU its cores].
     #[arg(long)]
     world: Option<usize>,
     /// Device of each rank, e.g. `0,0` for two ranks on GPU 0 or `0,1` for two GPUs
@@ -71,7 +71,7 @@ pub struct TrainArgs {
     #[arg(long)]
     bucket_cap_mb: Option<f64>,
     #[command(flatten)]
-    pipeline: PipelineArgs,
+    parallel: ParallelArgs,
     #[command(flatten)]
     optimizer: OptimizerArgs,
     /// Samples in the synthetic data set [default: 8192].
@@ -100,9 +100,10 @@ struct Checkpoints {
 }
 
 impl TrainArgs {
+    /// The config the flags and the file make, and the run's plan.
     fn into_config(
         self,
-    ) -> Result<(TrainConfig, Option<PathBuf>, Checkpoints), config::ConfigError> {
+    ) -> Result<(TrainConfig, Plan, Option<PathBuf>, Checkpoints), config::ConfigError> {
         let mut c = match &self.config {
             Some(path) => TrainConfig::load(path)?,
             None => TrainConfig::default(),
@@ -112,27 +113,15 @@ impl TrainArgs {
                 if let Some(v) = self.$flag { c.$($field).+ = v.clone(); }
             )*};
         }
-        set!(model => model, strategy => strategy, backend => backend, world => world,
+        set!(model => model, strategy => strategy, backend => backend,
              steps => steps, batch => batch, seed => seed, lr => lr, samples => samples,
              bucket_cap_mb => parallel.ddp.bucket_cap_mb);
-        let world_given = self.world.is_some() || self.devices.is_some();
-        let before = c.world;
-        c.world = self
-            .pipeline
-            .apply(&mut c.parallel.pipeline, c.strategy, c.world, world_given);
-        let named = world_given
-            || c.world != before
-            || self
-                .config
-                .as_deref()
-                .is_some_and(|path| crate::config_file::names(path, &["world"]));
-        let threads = self.threads_per_rank.or(c.parallel.ddp.threads_per_rank);
-        c.world = c
-            .backend
-            .default_world(c.strategy, c.world, named, c.batch, threads);
+        if let Some(world) = self.world {
+            c.world = Some(world);
+        }
         if let Some(DeviceList(devices)) = self.devices {
-            // The list names the ranks; an explicit --world must agree (checked by validate).
-            c.world = self.world.unwrap_or(devices.len());
+            // The list names the ranks; an explicit --world must agree (checked by Placement).
+            c.world = Some(self.world.unwrap_or(devices.len()));
             c.devices = Some(devices);
         }
         self.optimizer.apply(&mut c.optimizer);
@@ -142,12 +131,15 @@ impl TrainArgs {
         if let Some(t) = self.threads_per_rank {
             c.parallel.set_threads_per_rank(t);
         }
+        let dp = self.parallel.apply(&mut c.parallel, c.strategy)?;
         c.validate()?;
+        let plan = c.plan(dp)?;
+        c.placement(&plan)?;
         let checkpoints = Checkpoints {
             save: self.save,
             resume: self.resume,
         };
-        Ok((c, self.json, checkpoints))
+        Ok((c, plan, self.json, checkpoints))
     }
 }
 
@@ -156,9 +148,9 @@ impl TrainArgs {
 /// # Errors
 /// Invalid flags or config, or a failure while training.
 pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let (config, json, checkpoints) = args.into_config()?;
-    let job = TrainJob(&config, &checkpoints);
-    let report = dispatch(config.backend, &config.placement()?, job)?;
+    let (config, plan, json, checkpoints) = args.into_config()?;
+    let job = TrainJob(&config, &plan, &checkpoints);
+    let report = dispatch(config.backend, &config.placement(&plan)?, job)?;
     println!(
         "trained {} with {} on {} rank(s): {} steps of {} samples, loss {} -> {}, {:.0} samples/s",
         report.model,
@@ -182,21 +174,22 @@ fn fmt_loss(loss: Option<f64>) -> String {
 }
 
 /// `kiln train` on whichever backend was chosen.
-struct TrainJob<'a>(&'a TrainConfig, &'a Checkpoints);
+struct TrainJob<'a>(&'a TrainConfig, &'a Plan, &'a Checkpoints);
 
 impl Job for TrainJob<'_> {
     type Output = TrainReport;
 
-    fn run<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
+    fn run<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
         self,
         devices: Vec<B::Device>,
     ) -> Result<TrainReport, Box<dyn std::error::Error>> {
-        train_on_devices::<B>(self.0, self.1, devices)
+        train_on_devices::<B>(self.0, self.1, self.2, devices)
     }
 }
 
-fn train_on_devices<B: AutodiffBackend>(
+fn train_on_devices<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
     config: &TrainConfig,
+    plan: &Plan,
     checkpoints: &Checkpoints,
     devices: Vec<B::Device>,
 ) -> Result<TrainReport, Box<dyn std::error::Error>> {
@@ -211,7 +204,7 @@ fn train_on_devices<B: AutodiffBackend>(
                 seed: config.seed,
             };
             let data = DataSource::new(task.dataset(), ClassificationBatcher);
-            train_model(config, checkpoints, devices, model, data)
+            train_model(config, plan, checkpoints, devices, model, data)
         }
         ModelKind::Transformer => {
             let model = TransformerConfig::new().init::<B>(&devices[0]);
@@ -222,23 +215,22 @@ fn train_on_devices<B: AutodiffBackend>(
                 seed: config.seed,
             };
             let data = DataSource::new(task.dataset(), SequenceBatcher);
-            train_model(config, checkpoints, devices, model, data)
+            train_model(config, plan, checkpoints, devices, model, data)
         }
     }
 }
 
 fn train_model<B, M, I>(
     config: &TrainConfig,
+    plan: &Plan,
     checkpoints: &Checkpoints,
     devices: Vec<B::Device>,
     model: M,
     data: DataSource<B, I, M::Input>,
 ) -> Result<TrainReport, Box<dyn std::error::Error>>
 where
-    B: AutodiffBackend,
-    M: PipelineModel<B> + LowPrecisionStep<B> + ModuleDisplay,
-    <M as AutodiffModule<B>>::InnerModule: ModuleDisplay,
-    <M as TrainStep>::Output: OutputLoss<B>,
+    B: AutodiffBackend + ShardedBackend,
+    M: ParallelModel<B>,
     I: Send + 'static,
 {
     let (model, resume) = match &checkpoints.resume {
@@ -248,10 +240,7 @@ where
         }
         None => (model, None),
     };
-    let plan = FitPlan {
-        strategy: config.strategy,
-        configs: &config.parallel,
-        batch: config.batch,
+    let training = Training {
         steps: config.steps,
         seed: config.seed,
         lr: &|_| config.lr,
@@ -267,7 +256,7 @@ where
         bar.set_message(format!("loss {:.4}", out.loss));
         bar.inc(1);
     };
-    let (trained, record) = fit_in_precision(&plan, devices, model, &spec, data, &mut on_step)?;
+    let (trained, record) = fit(plan, &training, devices, model, &spec, data, &mut on_step)?;
     bar.finish_and_clear();
     if let Some((dir, optimizer)) = checkpoints.save.as_ref().zip(record.optimizer.as_ref()) {
         checkpoint::save(dir, trained.clone(), optimizer, config.steps)?;
@@ -275,14 +264,15 @@ where
 
     let checksum = checksum(&trained);
     Ok(TrainReport {
-        strategy: record.decision.kind.to_string(),
-        strategy_reason: record.decision.reason,
+        strategy: plan.strategy().to_string(),
+        strategy_reason: plan.reason().to_string(),
+        mesh: plan.mesh().to_string(),
         model: format!("{:?}", config.model).to_lowercase(),
         backend: config.backend.to_string(),
-        world: record.world,
+        world: plan.world_size(),
         steps: record.losses.len(),
         global_batch: config.batch,
-        grad_accumulation: config.parallel.grad_accumulation(record.decision.kind),
+        grad_accumulation: plan.grad_accumulation(),
         seed: config.seed,
         first_loss: record.losses.first().copied(),
         final_loss: record.losses.last().copied(),

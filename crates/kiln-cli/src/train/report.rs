@@ -9,6 +9,8 @@ pub struct TrainReport {
     pub strategy: String,
     /// Why it was chosen.
     pub strategy_reason: String,
+    /// The ranks along the plan's axes (`dp=2 × tp=2`).
+    pub mesh: String,
     /// The model.
     pub model: String,
     /// The backend.

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use burn::tensor::backend::Backend;
 
-use super::{Collective, InProcess};
+use super::{Collective, CollectiveCounters, InProcess};
 use crate::world::{Mesh, MeshError};
 
 /// A rank's handles on the world and on its group along every axis of the mesh, e.g. the
@@ -75,6 +75,46 @@ impl<B: Backend> MeshCollectives<B> {
                 axis: axis.to_string(),
             }),
         }
+    }
+
+    /// The group of every rank and the group along `axis`, both at once.
+    ///
+    /// # Errors
+    /// [`MeshError::UnknownAxis`] when the mesh has no such axis.
+    pub fn world_and_axis(
+        &mut self,
+        axis: &str,
+    ) -> Result<(&mut dyn Collective<B>, &mut dyn Collective<B>), MeshError> {
+        self.axis(axis)?;
+        let group = self
+            .axes
+            .iter_mut()
+            .find(|(name, _)| name == axis)
+            .map(|(_, group)| group.as_mut())
+            .expect("checked above");
+        Ok((self.world.as_mut(), group))
+    }
+
+    /// Removes this rank's group along `axis` and returns it, keeping the others (the
+    /// tensor-parallel group, which the model's layers then hold).
+    ///
+    /// # Errors
+    /// [`MeshError::UnknownAxis`] when the mesh has no such axis.
+    pub fn take_axis(&mut self, axis: &str) -> Result<Box<dyn Collective<B>>, MeshError> {
+        self.axis(axis)?;
+        let i = self.axes.iter().position(|(name, _)| name == axis);
+        Ok(self.axes.remove(i.expect("checked above")).1)
+    }
+
+    /// The traffic of every group this rank holds, summed.
+    pub fn counters(&self) -> CollectiveCounters {
+        let mut total = self.world.counters();
+        for (_, group) in &self.axes {
+            let c = group.counters();
+            total.calls += c.calls;
+            total.elements += c.elements;
+        }
+        total
     }
 
     /// Takes this rank's group along `axis` out, dropping the others (a strategy that

@@ -4,10 +4,8 @@
 //! page for a whole example.
 
 mod feed;
-mod item;
 mod optimizer;
 mod strategy;
 
-pub use item::LossItem;
 pub use optimizer::{SendStrategy, StrategyOptimizer};
 pub use strategy::{BuildStrategy, KilnLearning};

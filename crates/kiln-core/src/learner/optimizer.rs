@@ -7,8 +7,9 @@ use burn::module::AutodiffModule;
 use burn::optim::{GradientsParams, LearningRate, MultiGradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 
+use crate::model::TrainModel;
 use crate::optim::OptimizerState;
-use crate::strategy::{Strategy, TrainModel};
+use crate::strategy::Strategy;
 
 /// A strategy that can move to the thread Burn's training runs on.
 pub type SendStrategy<B, M> = Box<dyn Strategy<B, M> + Send>;

@@ -13,10 +13,10 @@ use burn::train::{
 };
 
 use super::feed::Feed;
-use super::item::LossItem;
 use super::optimizer::{SendStrategy, StrategyOptimizer};
 use crate::data::DataSource;
-use crate::strategy::{StrategyError, TrainModel};
+use crate::model::{StepLoss, TrainModel};
+use crate::strategy::StrategyError;
 
 /// How the adapter builds its strategy once Burn hands it the model: from the model and the
 /// data source of the feed's slots.
@@ -119,10 +119,7 @@ impl<B: AutodiffBackend, M: TrainModel<B>> KilnLearning<B, M> {
         &self,
         batches: Vec<<M as TrainStep>::Input>,
         lr: f64,
-    ) -> Result<Vec<<M as TrainStep>::Output>, StrategyError>
-    where
-        <M as TrainStep>::Output: LossItem,
-    {
+    ) -> Result<Vec<<M as TrainStep>::Output>, StrategyError> {
         let slots: Vec<usize> = (0..batches.len()).collect();
         self.feed.fill(batches);
         let mut shared = self.optimizer.lock();
@@ -151,7 +148,6 @@ where
     // Only the StrategyOptimizer itself converts into one: the Learner must hold it, since
     // Burn checkpoints the Learner's optimizer.
     LC::Optimizer: Into<StrategyOptimizer<LC::Backend, LC::TrainingModel>>,
-    <LC::TrainingModel as TrainStep>::Output: LossItem,
 {
     fn fit(
         &self,

@@ -116,13 +116,18 @@ impl PerformanceConfig {
     }
 
     /// Checks that these settings can run under the strategy `kind` (resolved): bf16 and f16
-    /// do not run under the pipeline yet, whose stages are not wrapped.
+    /// do not run under the pipeline or tensor parallelism yet, whose stages and shards are
+    /// not wrapped.
     ///
     /// # Errors
-    /// [`GuardConfigError::PrecisionUnderPipeline`].
+    /// [`GuardConfigError::PrecisionUnsupported`].
     pub fn check_strategy(&self, kind: StrategyKind) -> Result<(), GuardConfigError> {
-        if self.precision != Precision::F32 && kind == StrategyKind::Pipeline {
-            return Err(GuardConfigError::PrecisionUnderPipeline(self.precision));
+        let split = matches!(kind, StrategyKind::Pipeline | StrategyKind::Tensor);
+        if self.precision != Precision::F32 && split {
+            return Err(GuardConfigError::PrecisionUnsupported {
+                precision: self.precision,
+                strategy: kind,
+            });
         }
         Ok(())
     }
@@ -144,12 +149,18 @@ impl PerformanceConfig {
 /// A [`PerformanceConfig`] that cannot work.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum GuardConfigError {
-    /// Mixed precision asked of the pipeline.
+    /// Mixed precision asked of a strategy that splits the model.
     #[error(
-        "precision {0} does not run under the pipeline yet (its stages are not wrapped); use \
-         single, data_parallel or ddp, or f32"
+        "precision {precision} does not run under {strategy} yet (MixedPrecision wraps a whole \
+         model's step, not a {strategy} rank's stage or shard); use single, data_parallel or \
+         ddp, or f32"
     )]
-    PrecisionUnderPipeline(Precision),
+    PrecisionUnsupported {
+        /// The precision asked for.
+        precision: Precision,
+        /// The strategy.
+        strategy: StrategyKind,
+    },
     /// A loss-scale setting that cannot work.
     #[error("loss scale: {what}, got {value}")]
     LossScale {

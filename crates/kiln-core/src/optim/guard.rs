@@ -101,7 +101,7 @@ impl Guard {
         grads: &GradientsParams,
         loss_finite: bool,
     ) -> Local {
-        let squares = total_squares::<B, M>(module, grads);
+        let squares = total_squares::<B, M>(module, grads, None);
         let code = if !loss_finite {
             1.0
         } else if squares.is_finite() {
@@ -178,6 +178,7 @@ impl Guard {
                 Some(&(rank, code)) => NonFinite {
                     step,
                     rank: Some(rank),
+                    shard: None,
                     value: if code == 1.0 {
                         NonFiniteValue::Loss
                     } else {
@@ -192,6 +193,7 @@ impl Guard {
                 None => NonFinite {
                     step,
                     rank: None,
+                    shard: None,
                     value: NonFiniteValue::NormOverflow,
                     ranks_affected: 0,
                 },
@@ -245,7 +247,7 @@ impl Guard {
     ) -> Result<Settled, NonFinite> {
         let global = match local {
             Some(local) => local.squares,
-            None => total_squares::<B, M>(module, &grads),
+            None => total_squares::<B, M>(module, &grads, None),
         };
         self.settle(
             grads,

@@ -14,30 +14,56 @@ use burn::tensor::{ElementConversion, Tensor, backend::AutodiffBackend};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
-/// `Σ g²` over every gradient of `module` in `grads`, as one reduction: the gradients are
-/// flattened into one vector first, so the cost is three ops and one read whatever the number
-/// of parameters (a reduction per parameter costs more in dispatch than in arithmetic at the
+/// `Σ g²` over every gradient of `module` in `grads`, as one reduction in a fixed order
+/// ([`ordered_sum`]): the gradients are flattened into one vector first, so the cost is a few
+/// ops and one read whatever the number of parameters (a reduction per parameter costs more in dispatch than in arithmetic at the
 /// sizes Kiln trains on the CPU). Non-finite exactly when a gradient is (or when the sum
 /// overflows f32). The copy is transient and as large as the gradients.
+///
+/// Parameters in `skip` are left out: a tensor-parallel shard other than the first skips the
+/// parameters every shard holds whole, which shard 0 counts for all.
 pub(crate) fn total_squares<B: AutodiffBackend, M: AutodiffModule<B>>(
     module: &M,
     grads: &GradientsParams,
+    skip: Option<&HashSet<ParamId>>,
 ) -> f64 {
     let mut visitor = Flatten::<B> {
         grads,
-        seen: HashSet::new(),
+        seen: skip.cloned().unwrap_or_default(),
         flats: Vec::new(),
     };
     module.visit(&mut visitor);
     if visitor.flats.is_empty() {
         return 0.0;
     }
-    let sum: f32 = Tensor::cat(visitor.flats, 0)
-        .square()
-        .sum()
+    let sum: f32 = ordered_sum(Tensor::cat(visitor.flats, 0).square())
         .into_scalar()
         .elem();
     f64::from(sum)
+}
+
+/// The sum of `t` in an order fixed by its length alone: the same on every run and every rank.
+///
+/// `Tensor::sum` gives no such promise. CubeCL's full sum on CUDA adds with float atomics in
+/// whatever order the cubes finish, so Ddp replicas that hold bit-identical gradients could
+/// compute norms that differ in the last bit, clip by different factors and drift apart.
+/// `sum_dim` reduces each output in a fixed order on every backend; summing rows of `CHUNK`
+/// values and then the row sums keeps many units busy on a GPU, with no atomics.
+fn ordered_sum<B: burn::tensor::backend::Backend>(mut t: Tensor<B, 1>) -> Tensor<B, 1> {
+    const CHUNK: usize = 1024;
+    loop {
+        let n = t.dims()[0];
+        if n <= CHUNK {
+            return t.sum_dim(0);
+        }
+        let rows = n.div_ceil(CHUNK);
+        let pad = rows * CHUNK - n;
+        if pad > 0 {
+            let zeros = Tensor::zeros([pad], &t.device());
+            t = Tensor::cat(vec![t, zeros], 0);
+        }
+        t = t.reshape([rows, CHUNK]).sum_dim(1).reshape([rows]);
+    }
 }
 
 struct Flatten<'a, B: AutodiffBackend> {

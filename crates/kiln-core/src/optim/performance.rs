@@ -8,6 +8,8 @@ use burn::tensor::backend::AutodiffBackend;
 
 use super::guard::{Guard, GuardReport};
 use super::{GuardConfigError, LossScale, NonFinite, PerformanceConfig};
+use crate::strategy::RankError;
+use crate::strategy::step::{Findings, Sync, guarded_step};
 
 /// An optimizer that Kiln's strategies can step: any Burn optimizer, with or without guards.
 ///
@@ -114,16 +116,22 @@ impl<O> PerformanceOptimizer<O> {
         M: AutodiffModule<B>,
         O: Optimizer<M, B>,
     {
-        let local = self.guard.inspect::<B, M>(&module, &grads, loss_finite);
-        let codes = Guard::codes(&local, 0, 1);
-        let settled =
-            self.guard
-                .settle_replica::<B, M>(&module, grads, &codes, Some(local), step)?;
-        let module = match settled.grads {
-            Some(grads) => self.inner.step(lr, module, grads),
-            None => module,
+        // The device only matters for collectives, which one device has none of.
+        let device = module.devices().into_iter().next().unwrap_or_default();
+        let sync = Sync {
+            dp: None,
+            split: None,
+            device: &device,
         };
-        Ok((module, settled.report))
+        let findings = Findings::Inspect { loss_finite };
+        match guarded_step(self, module, grads, findings, sync, lr, step) {
+            Ok(stepped) => Ok((
+                stepped.model,
+                stepped.guard.expect("a PerformanceOptimizer has a guard"),
+            )),
+            Err(RankError::NonFinite(report)) => Err(report),
+            Err(other) => unreachable!("one device runs no collective: {other}"),
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 //! step casts a copy of the parameters to the low precision (the casts are recorded by
 //! autodiff, so the gradients flow back through them into the f32 parameters and arrive in
 //! f32), and asks the model to compute its output in that precision
-//! ([`LowPrecisionStep`]): the model casts its inputs, and computes its loss in f32, because a
+//! ([`LowPrecisionStep`](crate::model::LowPrecisionStep)): the model casts its inputs, and computes its loss in f32, because a
 //! mean over a batch and a softmax are where half precision loses most. For f16, whose
 //! gradients below 6e-8 underflow, a [`LossScale`] shared with the PerformanceOptimizer scales
 //! the loss before the backward; bf16 has f32's range and needs none.
@@ -18,13 +18,11 @@ use burn::module::{AutodiffModule, Module, ModuleMapper, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{FloatDType, Tensor};
-use burn::train::{
-    ClassificationOutput, MultiLabelClassificationOutput, RegressionOutput, SequenceOutput,
-    TrainOutput, TrainStep,
-};
+use burn::train::{TrainOutput, TrainStep};
 use serde::{Deserialize, Serialize};
 
 use super::LossScale;
+use crate::model::{LowPrecisionStep, StepLoss};
 
 /// The float precision of the forward and backward passes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -86,39 +84,6 @@ impl std::str::FromStr for Precision {
     }
 }
 
-/// A model that can compute its training output in a lower precision.
-///
-/// Contract: when called, the model's parameters are already in `dtype`; the model casts its
-/// float inputs (and any float tensor it creates, such as masks) to `dtype`, and returns an
-/// output whose loss is the f32 mean loss of the batch.
-pub trait LowPrecisionStep<B: AutodiffBackend>: TrainStep {
-    /// The training output of `input`, computed in `dtype`, with an f32 loss.
-    fn forward_in(&self, input: Self::Input, dtype: FloatDType) -> Self::Output;
-}
-
-/// The loss tensor of a training output, to run the backward from.
-pub trait OutputLoss<B: Backend> {
-    /// The mean loss of the batch, `[1]`.
-    fn loss_tensor(&self) -> Tensor<B, 1>;
-}
-
-macro_rules! output_loss_from_field {
-    ($($output:ident),*) => {$(
-        impl<B: Backend> OutputLoss<B> for $output<B> {
-            fn loss_tensor(&self) -> Tensor<B, 1> {
-                self.loss.clone()
-            }
-        }
-    )*};
-}
-
-output_loss_from_field!(
-    ClassificationOutput,
-    MultiLabelClassificationOutput,
-    RegressionOutput,
-    SequenceOutput
-);
-
 /// `model` trained in `precision`: a model any strategy trains, whose parameters stay f32
 /// (the optimizer's master weights) while its forward and backward run in bf16 or f16.
 #[derive(Module, Debug)]
@@ -164,7 +129,7 @@ impl<B, M> TrainStep for MixedPrecision<B, M>
 where
     B: AutodiffBackend,
     M: AutodiffModule<B> + LowPrecisionStep<B>,
-    M::Output: OutputLoss<B>,
+    M::Output: StepLoss<B>,
 {
     type Input = M::Input;
     type Output = M::Output;

@@ -31,6 +31,8 @@ pub struct NonFinite {
     /// The rank where the value appeared (the lowest with a non-finite loss, else the lowest
     /// with a non-finite gradient); `None` for [`NonFiniteValue::NormOverflow`].
     pub rank: Option<usize>,
+    /// That rank's tensor-parallel shard, when the model is sharded.
+    pub shard: Option<usize>,
     /// What was not finite on that rank.
     pub value: NonFiniteValue,
     /// How many ranks had non-finite values of their own.
@@ -60,6 +62,9 @@ impl fmt::Display for NonFinite {
         write!(f, " at step {}", self.step)?;
         if let Some(rank) = self.rank {
             write!(f, " on rank {rank}")?;
+        }
+        if let Some(shard) = self.shard {
+            write!(f, " (tensor-parallel shard {shard})")?;
         }
         if self.ranks_affected > 1 {
             write!(f, " (and on {} other ranks)", self.ranks_affected - 1)?;

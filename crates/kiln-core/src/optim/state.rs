@@ -17,6 +17,14 @@ pub enum StateLayout {
     /// One state per pipeline stage, in stage order; it loads into a pipeline of as many
     /// stages only.
     Stages(usize),
+    /// One state per tensor-parallel shard of each pipeline stage (`stages` = 1 without a
+    /// pipeline), stage-major: it loads into the same `stages × shards` only.
+    Sharded {
+        /// Pipeline stages.
+        stages: usize,
+        /// Tensor-parallel shards.
+        shards: usize,
+    },
 }
 
 impl std::fmt::Display for StateLayout {
@@ -24,6 +32,11 @@ impl std::fmt::Display for StateLayout {
         match self {
             StateLayout::Replica => f.write_str("one state for the whole model"),
             StateLayout::Stages(n) => write!(f, "one state per stage of a {n}-stage pipeline"),
+            StateLayout::Sharded { stages, shards } => write!(
+                f,
+                "one state per tensor-parallel shard ({shards} shards of each of {stages} \
+                 stage(s))"
+            ),
         }
     }
 }
@@ -64,14 +77,16 @@ pub enum StateError {
     },
     /// No optimizer state in the folder.
     #[error(
-        "no optimizer state in {0}: expected optimizer.mpk (single, data_parallel, ddp) or \
-         optimizer.stage-<s>-of-<n>.mpk files (pipeline), as written by OptimizerState::save"
+        "no optimizer state in {0}: expected optimizer.mpk (single, data_parallel, ddp), \
+         optimizer.stage-<s>-of-<n>.mpk files (pipeline) or \
+         optimizer.stage-<s>-of-<n>.shard-<t>-of-<k>.mpk files (tensor), as written by \
+         OptimizerState::save"
     )]
     Missing(String),
     /// A state cut for another strategy.
     #[error(
         "the optimizer state holds {found} but this strategy needs {expected}; resume with the \
-         strategy (and number of stages) that saved it"
+         strategy (and numbers of stages and shards) that saved it"
     )]
     Layout {
         /// What the strategy needs.
@@ -157,18 +172,25 @@ impl OptimizerState {
             let part = std::fs::read(&whole).map_err(|e| io("read", &whole, e))?;
             return Ok(Self::new(StateLayout::Replica, vec![part]));
         }
-        let entries = std::fs::read_dir(dir).map_err(|e| io("read", dir, e))?;
-        let stages = entries
-            .filter_map(|entry| {
-                let name = entry.ok()?.file_name().into_string().ok()?;
-                name.strip_prefix("optimizer.stage-0-of-")?
-                    .strip_suffix(".mpk")?
-                    .parse::<usize>()
-                    .ok()
+        let names: Vec<String> = std::fs::read_dir(dir)
+            .map_err(|e| io("read", dir, e))?
+            .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+            .collect();
+        let layout = names
+            .iter()
+            .find_map(|name| {
+                let rest = name.strip_prefix("optimizer.stage-0-of-")?;
+                let rest = rest.strip_suffix(".mpk")?;
+                match rest.split_once(".shard-0-of-") {
+                    Some((stages, shards)) => Some(StateLayout::Sharded {
+                        stages: stages.parse().ok()?,
+                        shards: shards.parse().ok()?,
+                    }),
+                    None => Some(StateLayout::Stages(rest.parse().ok()?)),
+                }
             })
-            .find(|&n| n > 0)
             .ok_or_else(|| StateError::Missing(dir.display().to_string()))?;
-        let state = Self::new(StateLayout::Stages(stages), Vec::new());
+        let state = Self::new(layout, Vec::new());
         let parts = state
             .file_names()
             .into_iter()
@@ -185,6 +207,7 @@ impl OptimizerState {
         let layout = match self.layout {
             StateLayout::Replica => "replica".to_string(),
             StateLayout::Stages(n) => format!("stages:{n}"),
+            StateLayout::Sharded { stages, shards } => format!("sharded:{stages}x{shards}"),
         };
         (layout, self.parts)
     }
@@ -194,7 +217,16 @@ impl OptimizerState {
     pub(crate) fn from_record((layout, parts): (String, Vec<Vec<u8>>)) -> Option<Self> {
         let layout = match layout.as_str() {
             "replica" => StateLayout::Replica,
-            other => StateLayout::Stages(other.strip_prefix("stages:")?.parse().ok()?),
+            other => match other.strip_prefix("sharded:") {
+                Some(grid) => {
+                    let (stages, shards) = grid.split_once('x')?;
+                    StateLayout::Sharded {
+                        stages: stages.parse().ok()?,
+                        shards: shards.parse().ok()?,
+                    }
+                }
+                None => StateLayout::Stages(other.strip_prefix("stages:")?.parse().ok()?),
+            },
         };
         Some(Self::new(layout, parts))
     }
@@ -202,13 +234,70 @@ impl OptimizerState {
     fn file_names(&self) -> Vec<String> {
         match self.layout {
             StateLayout::Replica => vec!["optimizer.mpk".to_string()],
-            StateLayout::Stages(n) => (0..n).map(|s| stage_file(s, n)).collect(),
+            StateLayout::Stages(n) => (0..n).map(|s| stage_file(s, n, None)).collect(),
+            StateLayout::Sharded { stages, shards } => (0..stages)
+                .flat_map(|s| (0..shards).map(move |t| stage_file(s, stages, Some((t, shards)))))
+                .collect(),
         }
     }
 }
 
-fn stage_file(stage: usize, stages: usize) -> String {
-    format!("optimizer.stage-{stage}-of-{stages}.mpk")
+fn stage_file(stage: usize, stages: usize, shard: Option<(usize, usize)>) -> String {
+    match shard {
+        None => format!("optimizer.stage-{stage}-of-{stages}.mpk"),
+        Some((t, k)) => format!("optimizer.stage-{stage}-of-{stages}.shard-{t}-of-{k}.mpk"),
+    }
+}
+
+/// The bytes of tensor data in an encoded optimizer state ([`encode`]'s output): what the
+/// state occupies on its device, exactly. The encoding is MessagePack, in which every tensor's
+/// data is one binary string and nothing else is.
+pub(crate) fn tensor_bytes(encoded: &[u8]) -> u64 {
+    let mut rest = encoded;
+    let mut total = 0;
+    // One value at a time: containers push their element counts.
+    let mut pending: u64 = 1;
+    while pending > 0 && !rest.is_empty() {
+        pending -= 1;
+        let (marker, tail) = (rest[0], &rest[1..]);
+        let be = |n: usize, at: &[u8]| {
+            at.get(..n)
+                .map_or(0, |b| b.iter().fold(0u64, |v, &x| (v << 8) | u64::from(x)))
+        };
+        // (bytes of header after the marker, payload bytes, elements inside, is binary)
+        let (header, payload, inner, binary) = match marker {
+            0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => (0, 0, 0, false),
+            0x80..=0x8f => (0, 0, 2 * u64::from(marker & 0x0f), false),
+            0x90..=0x9f => (0, 0, u64::from(marker & 0x0f), false),
+            0xa0..=0xbf => (0, u64::from(marker & 0x1f), 0, false),
+            0xc4 => (1, be(1, tail), 0, true),
+            0xc5 => (2, be(2, tail), 0, true),
+            0xc6 => (4, be(4, tail), 0, true),
+            0xc7 => (2, be(1, tail), 0, false),
+            0xc8 => (3, be(2, tail), 0, false),
+            0xc9 => (5, be(4, tail), 0, false),
+            0xca | 0xce | 0xd2 => (4, 0, 0, false),
+            0xcb | 0xcf | 0xd3 => (8, 0, 0, false),
+            0xcc | 0xd0 => (1, 0, 0, false),
+            0xcd | 0xd1 => (2, 0, 0, false),
+            0xd4..=0xd8 => (1 + (1 << (marker - 0xd4)), 0, 0, false),
+            0xd9 => (1, be(1, tail), 0, false),
+            0xda => (2, be(2, tail), 0, false),
+            0xdb => (4, be(4, tail), 0, false),
+            0xdc => (2, 0, be(2, tail), false),
+            0xdd => (4, 0, be(4, tail), false),
+            0xde => (2, 0, 2 * be(2, tail), false),
+            0xdf => (4, 0, 2 * be(4, tail), false),
+            0xc1 => (0, 0, 0, false),
+        };
+        if binary {
+            total += payload;
+        }
+        pending += inner;
+        let skip = (header + payload as usize).min(tail.len());
+        rest = &tail[skip..];
+    }
+    total
 }
 
 fn io(action: &'static str, path: &Path, error: std::io::Error) -> StateError {

@@ -1,80 +1,12 @@
-//! The model contract of pipeline parallelism: how a model splits into an ordered list of
-//! stages, and how a batch enters the first stage and is scored by the last.
-//!
-//! A model built as a sequence of blocks (an embedding, `n` blocks, a head) splits between
-//! blocks: stage `s` holds a contiguous range of blocks, the first stage also the embedding and
-//! the last also the head. Kiln runs a stage as
-//!
-//! ```text
-//! x = embed(input)                        first stage only
-//! x = blocks(x)                           every stage, its own blocks
-//! loss = loss(x, target)                  last stage only: the mean loss of the micro-batch
-//! ```
-//!
-//! Between stages only an [`Activation`] travels, forward, and its gradient, backward. A stage
-//! is an ordinary Burn module (its own type, holding clones of the model's parts with their
-//! `ParamId`s), so it moves to its device, trains with any Burn optimizer and is assembled back
-//! into the whole model by [`assemble`], which matches parameters by id. Nothing here depends
-//! on Kiln's own models: implement [`PipelineModel`] for yours.
+//! What pipeline stages exchange and how they become a model again: the [`Activation`] a
+//! stage hands the next (and its wire format), and [`assemble`], which puts the stages'
+//! parameters back into the whole model. The contract a model implements to split into
+//! stages is [`crate::model::PipelineModel`].
 
 mod activation;
 mod assemble;
-
-use std::ops::Range;
-
-use burn::module::AutodiffModule;
-use burn::tensor::Tensor;
-use burn::tensor::backend::AutodiffBackend;
+mod wire;
 
 pub use activation::Activation;
 pub use assemble::assemble;
-
-use crate::strategy::TrainModel;
-
-/// A model that splits into pipeline stages. See the [module docs](self).
-pub trait PipelineModel<B: AutodiffBackend>: TrainModel<B> {
-    /// A contiguous part of the model, as a Burn module.
-    type Stage: AutodiffModule<B> + 'static;
-    /// What one stage hands the next: a tensor of any rank.
-    type Activation: Activation<B>;
-    /// What the first stage embeds (e.g. token ids). Cloned to be kept between a
-    /// micro-batch's forward and backward.
-    type FirstInput: Clone + Send + 'static;
-    /// What the last stage scores its output against (e.g. labels); cloned likewise.
-    type Target: Clone + Send + 'static;
-
-    /// How many blocks the model splits between: at most this many stages.
-    fn num_blocks(&self) -> usize;
-
-    /// The stages holding `ranges` of blocks (contiguous, in order, covering `0..num_blocks`):
-    /// stage 0 also holds what comes before the blocks, the last stage what comes after.
-    /// Parameters keep their `ParamId`s.
-    fn split(&self, ranges: &[Range<usize>]) -> Vec<Self::Stage>;
-
-    /// A batch as the first stage's input and the last stage's target.
-    fn split_input(
-        input: <Self as burn::train::TrainStep>::Input,
-    ) -> (Self::FirstInput, Self::Target);
-
-    /// The first stage's embedding of its input (before its blocks).
-    fn embed(stage: &Self::Stage, input: Self::FirstInput) -> Self::Activation;
-
-    /// The stage's blocks.
-    fn blocks(stage: &Self::Stage, x: Self::Activation) -> Self::Activation;
-
-    /// The last stage's mean loss over the micro-batch (after its blocks), shape `[1]`.
-    fn loss(stage: &Self::Stage, x: Self::Activation, target: Self::Target) -> Tensor<B, 1>;
-}
-
-/// `blocks` cut into `stages` contiguous ranges whose lengths differ by at most one, the
-/// longer ones first (torchtitan's default split).
-///
-/// # Panics
-/// When `stages` is 0 or exceeds `blocks`; strategies check that first.
-pub fn even_ranges(blocks: usize, stages: usize) -> Vec<Range<usize>> {
-    assert!(
-        stages >= 1 && stages <= blocks,
-        "{stages} stages of {blocks} blocks"
-    );
-    crate::data::split_even(blocks, stages)
-}
+pub(crate) use wire::{recv_activation, send_activation};

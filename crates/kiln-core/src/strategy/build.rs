@@ -1,13 +1,21 @@
-//! Building any strategy by name, so programs choose one with a flag or a config field.
+//! Building any strategy from a resolved [`Plan`], for any model: the one entry programs use
+//! to choose a strategy with a flag or a config field.
 
 use burn::tensor::backend::AutodiffBackend;
 
+use super::launch::Launch;
 use super::{
-    ConfigError, DataParallel, DataParallelConfig, Ddp, DdpConfig, OptimizerSpec, Pipeline,
-    PipelineConfig, Single, SingleConfig, Strategy, StrategyError, StrategyKind, TrainModel,
+    ConfigError, DataParallel, DataParallelConfig, Ddp, DdpConfig, Engine, OptimizerSpec, Pipeline,
+    PipelineConfig, Single, SingleConfig, Strategy, StrategyError, StrategyKind, Tensor,
+    TensorConfig,
 };
 use crate::data::DataSource;
-use crate::stages::PipelineModel;
+use crate::model::{
+    ParallelModel, PipelineModel, PipelineSupport, Supported, TensorParallelModel, TensorSupport,
+    TrainModel, Unsupported,
+};
+use crate::plan::Plan;
+use crate::tensor_parallel::TpBackend;
 use crate::world::World;
 
 /// The settings of every strategy, so one config file serves whichever is chosen.
@@ -20,8 +28,10 @@ pub struct StrategyConfigs {
     pub data_parallel: DataParallelConfig,
     /// Settings of [`Ddp`].
     pub ddp: DdpConfig,
-    /// Settings of [`Pipeline`].
+    /// Settings of [`Pipeline`] (and the schedule of [`Tensor`]'s stages).
     pub pipeline: PipelineConfig,
+    /// Settings of [`Tensor`].
+    pub tensor: TensorConfig,
 }
 
 impl StrategyConfigs {
@@ -31,6 +41,7 @@ impl StrategyConfigs {
         self.data_parallel.grad_accumulation = micro_batches;
         self.ddp.grad_accumulation = micro_batches;
         self.pipeline.grad_accumulation = micro_batches;
+        self.tensor.grad_accumulation = micro_batches;
     }
 
     /// Sets the intra-op threads per rank of every strategy.
@@ -39,31 +50,7 @@ impl StrategyConfigs {
         self.data_parallel.threads_per_rank = Some(threads);
         self.ddp.threads_per_rank = Some(threads);
         self.pipeline.threads_per_rank = Some(threads);
-    }
-
-    /// Whether `kind` can run on `world` ranks with these settings: `single` on exactly one,
-    /// `pipeline` on a multiple of its stages. The one place this rule lives; the configs of
-    /// `kiln train` and `kiln ad train` ask it before anything starts.
-    ///
-    /// # Errors
-    /// [`ConfigError::NoDevices`] for no ranks, [`ConfigError::ZeroStages`],
-    /// [`ConfigError::SingleWithMany`] or [`ConfigError::PipelineMesh`].
-    pub fn check_world(&self, kind: StrategyKind, world: usize) -> Result<(), ConfigError> {
-        if world == 0 {
-            return Err(ConfigError::NoDevices);
-        }
-        match kind.resolve(world).kind {
-            StrategyKind::Pipeline if self.pipeline.stages == 0 => Err(ConfigError::ZeroStages),
-            StrategyKind::Single if world != 1 => Err(ConfigError::SingleWithMany { ranks: world }),
-            StrategyKind::Pipeline if !world.is_multiple_of(self.pipeline.stages) => {
-                Err(ConfigError::PipelineMesh {
-                    mesh: crate::world::Mesh::flat(world).to_string(),
-                    stages: self.pipeline.stages,
-                    world_size: world,
-                })
-            }
-            _ => Ok(()),
-        }
+        self.tensor.threads_per_rank = Some(threads);
     }
 
     /// The gradient accumulation `kind` runs with.
@@ -73,90 +60,199 @@ impl StrategyConfigs {
             StrategyKind::DataParallel => self.data_parallel.grad_accumulation,
             StrategyKind::Ddp | StrategyKind::Auto => self.ddp.grad_accumulation,
             StrategyKind::Pipeline => self.pipeline.grad_accumulation,
+            StrategyKind::Tensor => self.tensor.grad_accumulation,
+        }
+    }
+
+    /// Checks the settings of `kind` (and of the pipeline, whose schedule `tensor` uses).
+    ///
+    /// # Errors
+    /// The first setting that cannot work.
+    pub fn validate(&self, kind: StrategyKind) -> Result<(), ConfigError> {
+        let accumulation = |n: usize| {
+            if n == 0 {
+                Err(ConfigError::ZeroAccumulation)
+            } else {
+                Ok(())
+            }
+        };
+        match kind {
+            StrategyKind::Single => accumulation(self.single.grad_accumulation),
+            StrategyKind::DataParallel => accumulation(self.data_parallel.grad_accumulation),
+            StrategyKind::Ddp | StrategyKind::Auto => self.ddp.validate(),
+            StrategyKind::Pipeline => self.pipeline.validate(),
+            StrategyKind::Tensor => {
+                self.tensor.validate()?;
+                if self.tensor.stages > 1 {
+                    self.tensor.pipeline(&self.pipeline).validate()?;
+                }
+                Ok(())
+            }
         }
     }
 }
 
-/// Builds the strategy `kind` over `devices` (one rank each; `Auto` resolves from their
-/// number) for a model that splits into pipeline stages: every strategy, `pipeline` included.
-/// The optimizer is given by its configuration, which makes one for the whole model or for
-/// each stage.
+/// Builds the strategy `plan` names over `devices` (one per rank of the plan) for `model`,
+/// with an optimizer from `optim` for whatever module each rank steps. A strategy the model
+/// cannot run (`pipeline` without the stage contract, `tensor` without the sharding
+/// contract) is refused in one line, from the model's [`ParallelModel`] declaration.
 ///
 /// # Errors
-/// What the chosen strategy's constructor reports, e.g. no devices, `Single` given several,
-/// more stages than the model has blocks.
+/// [`ConfigError::NoDevices`] when `devices` do not match the plan's ranks, and what the
+/// chosen strategy's constructor reports.
 pub fn build<B, M, S, I>(
-    kind: StrategyKind,
+    plan: &Plan,
     devices: Vec<B::Device>,
     model: M,
     optim: &S,
     data: DataSource<B, I, M::Input>,
-    configs: &StrategyConfigs,
 ) -> Result<Box<dyn Strategy<B, M>>, StrategyError>
 where
-    B: AutodiffBackend,
-    M: PipelineModel<B>,
+    B: AutodiffBackend + TpBackend,
+    M: ParallelModel<B>,
     S: OptimizerSpec<B>,
     I: Send + 'static,
 {
-    if kind.resolve(devices.len()).kind != StrategyKind::Pipeline {
-        return build_replicated(kind, devices, model, optim, data, configs);
+    if devices.len() != plan.world_size() {
+        return Err(ConfigError::DevicesNotPlan {
+            devices: devices.len(),
+            plan: plan.to_string(),
+        }
+        .into());
     }
-    let world = World::local(devices).map_err(|_| ConfigError::NoDevices)?;
-    Ok(Box::new(Pipeline::new(
-        &world,
-        model,
-        optim.init::<M::Stage>(),
-        data,
-        configs.pipeline.clone(),
-    )?))
-}
-
-/// [`build`] for any model: the strategies that keep whole replicas (`single`,
-/// `data_parallel`, `ddp`, `auto`). `pipeline` needs the stage contract and is refused here.
-///
-/// # Errors
-/// [`ConfigError::NoStageContract`] for `pipeline`, and what the chosen strategy's
-/// constructor reports.
-pub fn build_replicated<B, M, S, I>(
-    kind: StrategyKind,
-    devices: Vec<B::Device>,
-    model: M,
-    optim: &S,
-    data: DataSource<B, I, M::Input>,
-    configs: &StrategyConfigs,
-) -> Result<Box<dyn Strategy<B, M>>, StrategyError>
-where
-    B: AutodiffBackend,
-    M: TrainModel<B>,
-    S: OptimizerSpec<B>,
-    I: Send + 'static,
-{
-    let optim = optim.init::<M>();
-    Ok(match kind.resolve(devices.len()).kind {
+    let configs = plan.configs();
+    Ok(match plan.strategy() {
         StrategyKind::Single => {
-            configs.check_world(StrategyKind::Single, devices.len())?;
             let device = devices.into_iter().next().ok_or(ConfigError::NoDevices)?;
-            Box::new(Single::new(
-                model,
-                optim,
-                data,
-                device,
-                configs.single.clone(),
-            )?)
+            let single = configs.single.clone();
+            Box::new(Single::new(model, optim.init::<M>(), data, device, single)?)
         }
         StrategyKind::DataParallel => Box::new(DataParallel::new(
             model,
-            optim,
+            optim.init::<M>(),
             data,
             devices,
             configs.data_parallel.clone(),
         )?),
-        StrategyKind::Pipeline => return Err(ConfigError::NoStageContract.into()),
-        // `resolve` never returns `Auto`; it shares Ddp's arm rather than a panic.
         StrategyKind::Ddp | StrategyKind::Auto => {
             let world = World::local(devices).map_err(|_| ConfigError::NoDevices)?;
-            Box::new(Ddp::new(&world, model, optim, data, configs.ddp.clone())?)
+            let ddp = configs.ddp.clone();
+            Box::new(Ddp::new(&world, model, optim.init::<M>(), data, ddp)?)
+        }
+        StrategyKind::Pipeline => {
+            let world = world_on(devices, plan)?;
+            let config = configs.pipeline.clone();
+            let launch = Launch::whole(&world, plan.mesh().clone(), model, config.timeout())?;
+            <M::Pipeline as PipelineSupport<B, M>>::launch(
+                launch,
+                optim,
+                data,
+                config,
+                "kiln-pipeline",
+            )?
+        }
+        StrategyKind::Tensor => {
+            <M::Tensor as TensorSupport<B, M>>::tensor(plan, devices, model, optim, data)?
         }
     })
+}
+
+/// A world of `devices` arranged as the plan's mesh.
+fn world_on<D: Clone>(devices: Vec<D>, plan: &Plan) -> Result<World<D>, ConfigError> {
+    World::local(devices)
+        .and_then(|w| w.with_mesh(plan.mesh().clone()))
+        .map_err(|_| ConfigError::NoDevices)
+}
+
+#[allow(private_interfaces)]
+impl<B, M> PipelineSupport<B, M> for Supported
+where
+    B: AutodiffBackend + TpBackend,
+    M: PipelineModel<B>,
+{
+    fn launch<S: OptimizerSpec<B>, I: Send + 'static>(
+        launch: Launch<B, M>,
+        optim: &S,
+        data: DataSource<B, I, M::Input>,
+        config: PipelineConfig,
+        name: &str,
+    ) -> Result<Box<dyn Engine<B, M>>, StrategyError> {
+        let optim = optim.init::<M::Stage>();
+        Ok(Box::new(Pipeline::launch(
+            launch, optim, data, config, name,
+        )?))
+    }
+}
+
+#[allow(private_interfaces)]
+impl<B, M> PipelineSupport<B, M> for Unsupported
+where
+    B: AutodiffBackend + TpBackend,
+    M: TrainModel<B>,
+{
+    fn launch<S: OptimizerSpec<B>, I: Send + 'static>(
+        launch: Launch<B, M>,
+        _: &S,
+        _: DataSource<B, I, M::Input>,
+        _: PipelineConfig,
+        _: &str,
+    ) -> Result<Box<dyn Engine<B, M>>, StrategyError> {
+        let strategy = if launch.shards.is_some() {
+            "tensor with stages (its shards split into pipeline stages)"
+        } else {
+            "pipeline"
+        };
+        Err(ConfigError::Unsupported {
+            strategy: strategy.to_string(),
+            contract: "PipelineModel",
+            capability: "Pipeline",
+        }
+        .into())
+    }
+}
+
+impl<B, M> TensorSupport<B, M> for Supported
+where
+    B: AutodiffBackend + TpBackend,
+    M: TensorParallelModel<B>,
+{
+    fn tensor<S: OptimizerSpec<B>, I: Send + 'static>(
+        plan: &Plan,
+        devices: Vec<B::Device>,
+        model: M,
+        optim: &S,
+        data: DataSource<B, I, M::Input>,
+    ) -> Result<Box<dyn Strategy<B, M>>, StrategyError> {
+        let world = World::local(devices).map_err(|_| ConfigError::NoDevices)?;
+        let configs = plan.configs();
+        Ok(Box::new(Tensor::new(
+            &world,
+            model,
+            optim,
+            data,
+            configs.tensor.clone(),
+            &configs.pipeline,
+        )?))
+    }
+}
+
+impl<B, M> TensorSupport<B, M> for Unsupported
+where
+    B: AutodiffBackend + TpBackend,
+    M: TrainModel<B>,
+{
+    fn tensor<S: OptimizerSpec<B>, I: Send + 'static>(
+        _: &Plan,
+        _: Vec<B::Device>,
+        _: M,
+        _: &S,
+        _: DataSource<B, I, M::Input>,
+    ) -> Result<Box<dyn Strategy<B, M>>, StrategyError> {
+        Err(ConfigError::Unsupported {
+            strategy: "tensor".to_string(),
+            contract: "TensorParallelModel",
+            capability: "Tensor",
+        }
+        .into())
+    }
 }

@@ -15,13 +15,13 @@ use rayon::ThreadPool;
 
 use super::handover::sync_device;
 use super::micro_batch::{LocalGradients, local_gradients};
+use super::step::{Findings, Sync, guarded_step};
 use super::threads::rank_pool;
-use super::{
-    ConfigError, RankError, RankFailure, RankStats, StepOutput, Strategy, StrategyError, TrainModel,
-};
+use super::{ConfigError, RankError, RankFailure, RankStats, StepOutput, Strategy, StrategyError};
 use crate::data::{DataSource, ShardPolicy};
 use crate::grads::add_weighted;
-use crate::optim::{GuardedOptimizer, OptimizerState, Settled, StateLayout, decode, encode};
+use crate::model::TrainModel;
+use crate::optim::{GuardedOptimizer, OptimizerState, StateLayout, decode, encode};
 
 /// Configuration of [`DataParallel`].
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -226,29 +226,19 @@ where
                 grads = add_weighted(&model, grads, local.grads, 1.0, main);
             }
             let communication = reduce_start.elapsed();
-            let optim_start = Instant::now();
-            let guard = optim.guard().cloned();
-            let settled = match &guard {
-                Some(g) => g.settle_replica::<B, M>(&model, grads, &codes, None, step),
-                None => Ok(Settled::unguarded(grads)),
+            let sync = Sync {
+                dp: None,
+                split: None,
+                device: main,
             };
-            let result = match settled {
-                Ok(Settled {
-                    grads: Some(grads),
-                    report,
-                }) => Ok((optim.step(lr, model, grads), report)),
-                Ok(Settled {
-                    grads: None,
-                    report,
-                }) => Ok((model, report)),
-                Err(report) => Err(RankError::from(report)),
-            };
-            let result = result.and_then(|done| sync_device::<B>(main).map(|()| done));
-            let report = guard.is_some();
+            let findings = Findings::Given(codes);
+            let result = guarded_step(optim, model, grads, findings, sync, lr, step)
+                .and_then(|stepped| sync_device::<B>(main).map(|()| stepped));
+            let optim_time = result.as_ref().map_or(Duration::ZERO, |s| s.compute);
             (
-                result.map(|(m, r)| (m, report.then_some(r))),
+                result.map(|s| (s.model, s.guard)),
                 communication,
-                optim_start.elapsed(),
+                optim_time,
             )
         });
         // A halt leaves the model with the failed step: the strategy is broken, as after any

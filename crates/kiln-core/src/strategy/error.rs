@@ -54,12 +54,59 @@ pub enum ConfigError {
         /// The mesh, as `dp=2 × pp=2`.
         mesh: String,
     },
-    /// The pipeline strategy asked of a model that does not split into stages.
+    /// A strategy asked of a model that lacks the contract it needs.
     #[error(
-        "the pipeline strategy splits a model into stages, but this model does not implement \
-         kiln_core::stages::PipelineModel; use single, data_parallel or ddp, or implement it"
+        "{strategy} needs a model that implements kiln_core::model::{contract}, but this one \
+         does not (its ParallelModel says {capability} = Unsupported); use single, \
+         data_parallel or ddp, or implement it"
     )]
-    NoStageContract,
+    Unsupported {
+        /// What was asked: `pipeline`, `tensor`, `stages under tensor`, `precision bf16`.
+        strategy: String,
+        /// The contract missing.
+        contract: &'static str,
+        /// The capability of `ParallelModel` that says so.
+        capability: &'static str,
+    },
+    /// A model that cannot be sharded as asked.
+    #[error(transparent)]
+    Shard(#[from] crate::model::ShardError),
+    /// Tensor parallelism of zero shards.
+    #[error("tp must be at least 1")]
+    ZeroShards,
+    /// A world that is not the product of the degrees.
+    #[error(
+        "the world has {world} ranks, which is not dp × (stages × shards) = {} × {model_parallel}; \
+         give a world that is a multiple of {model_parallel}, or name only --dp",
+        if *dp == 0 { "?".to_string() } else { dp.to_string() }
+    )]
+    WorldNotMesh {
+        /// Ranks named.
+        world: usize,
+        /// Replicas named (0: not named).
+        dp: usize,
+        /// Ranks of one replica: its pipeline stages times its tensor-parallel shards.
+        model_parallel: usize,
+    },
+    /// Devices that are not the plan's ranks.
+    #[error("{devices} device(s) given for the plan {plan}; give one device per rank")]
+    DevicesNotPlan {
+        /// Devices given.
+        devices: usize,
+        /// The plan.
+        plan: String,
+    },
+    /// A global batch smaller than the data-parallel replicas.
+    #[error(
+        "the global batch of {batch} is smaller than the {replicas} data-parallel replicas: \
+         every replica needs at least one sample per step; use a batch of at least {replicas}"
+    )]
+    BatchSmallerThanReplicas {
+        /// The global batch.
+        batch: usize,
+        /// Replicas.
+        replicas: usize,
+    },
     /// A pipeline of zero stages.
     #[error("stages must be at least 1")]
     ZeroStages,
@@ -129,17 +176,12 @@ pub enum RankError {
     #[error(transparent)]
     Data(#[from] DataError),
     /// The rank's parameters differ from rank 0's.
-    #[error(
-        "replica diverged at step {step}: parameter checksum (sum, sum of squares) is \
-         {found:?}, rank 0 has {expected:?}"
-    )]
+    #[error("replica diverged at step {step}: parameter {param} is not bit-identical to rank 0's")]
     ReplicasDiverged {
         /// Step at which the check ran.
         step: u64,
-        /// Rank 0's checksum.
-        expected: [f32; 2],
-        /// This rank's checksum.
-        found: [f32; 2],
+        /// The module path of the first parameter that differs.
+        param: String,
     },
     /// A loss or gradient was NaN or infinite and the guard's policy is to halt. Every rank
     /// returns the same report; its `rank` is where the value first appeared.

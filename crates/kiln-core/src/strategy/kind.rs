@@ -1,4 +1,5 @@
-//! Naming a strategy in configs and on the command line, and resolving `auto`.
+//! Naming a strategy in configs and on the command line. What `auto` becomes is the plan's
+//! decision ([`crate::plan::Plan::resolve`]).
 
 use std::fmt;
 
@@ -14,7 +15,10 @@ pub enum StrategyKind {
     Ddp,
     /// [`Pipeline`](super::Pipeline): the model's stages on ranks, micro-batches through them.
     Pipeline,
-    /// Let Kiln choose (see [`StrategyKind::resolve`]).
+    /// [`Tensor`](super::Tensor): the model's layers sharded over ranks (times stages and
+    /// replicas).
+    Tensor,
+    /// Let Kiln choose (see [`Plan::resolve`](crate::plan::Plan::resolve)).
     #[default]
     Auto,
 }
@@ -33,26 +37,29 @@ impl StrategyKind {
             StrategyKind::DataParallel => "data_parallel",
             StrategyKind::Ddp => "ddp",
             StrategyKind::Pipeline => "pipeline",
+            StrategyKind::Tensor => "tensor",
             StrategyKind::Auto => "auto",
         }
     }
 
     /// Every strategy, in the order help texts list them.
-    pub const ALL: [StrategyKind; 5] = [
+    pub const ALL: [StrategyKind; 6] = [
         StrategyKind::Single,
         StrategyKind::DataParallel,
         StrategyKind::Ddp,
         StrategyKind::Pipeline,
+        StrategyKind::Tensor,
         StrategyKind::Auto,
     ];
 
     /// The names configs and command lines use, as [`StrategyKind::ALL`] lists them.
-    pub const ALL_NAMES: [&'static str; 5] = [
+    pub const ALL_NAMES: [&'static str; 6] = [
         Self::ALL[0].name(),
         Self::ALL[1].name(),
         Self::ALL[2].name(),
         Self::ALL[3].name(),
         Self::ALL[4].name(),
+        Self::ALL[5].name(),
     ];
 }
 
@@ -79,42 +86,6 @@ impl std::str::FromStr for StrategyKind {
     }
 }
 
-/// A resolved choice and the reason for it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AutoDecision {
-    /// The concrete strategy.
-    pub kind: StrategyKind,
-    /// Why it was chosen, for logs and reports.
-    pub reason: String,
-}
-
-impl StrategyKind {
-    /// Turns `Auto` into a concrete strategy for `world_size` ranks; other kinds stay.
-    ///
-    /// Until the memory-aware planner exists, `Auto` picks `Single` for one rank and `Ddp`
-    /// otherwise: Ddp overlaps nothing it should not and never funnels gradients through one
-    /// device, so it is the better default whenever the model fits on every device.
-    pub fn resolve(self, world_size: usize) -> AutoDecision {
-        match self {
-            StrategyKind::Auto if world_size <= 1 => AutoDecision {
-                kind: StrategyKind::Single,
-                reason: "one rank: nothing to parallelise".into(),
-            },
-            StrategyKind::Auto => AutoDecision {
-                kind: StrategyKind::Ddp,
-                reason: format!(
-                    "{world_size} ranks: a full replica per rank (memory-aware planning is not \
-                     implemented yet, so the model is assumed to fit on every device)"
-                ),
-            },
-            kind => AutoDecision {
-                kind,
-                reason: "chosen by the user".into(),
-            },
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,7 +96,5 @@ mod tests {
         assert_eq!(StrategyKind::auto_cpu_world(16, 8), 8);
         assert_eq!(StrategyKind::auto_cpu_world(1, 32), 1);
         assert_eq!(StrategyKind::auto_cpu_world(0, 32), 1);
-        assert_eq!(StrategyKind::Auto.resolve(2).kind, StrategyKind::Ddp);
-        assert_eq!(StrategyKind::Auto.resolve(1).kind, StrategyKind::Single);
     }
 }

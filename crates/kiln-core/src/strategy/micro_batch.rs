@@ -8,9 +8,10 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::train::TrainStep;
 
-use super::{RankError, StepLoss, TrainModel, handover::panic_message};
+use super::{RankError, handover::panic_error};
 use crate::data::{DataSource, split_even};
 use crate::grads::add_weighted;
+use crate::model::{StepLoss, TrainModel};
 
 /// Gradients of one rank for one global batch, before synchronisation.
 pub(crate) struct LocalGradients<O> {
@@ -66,7 +67,7 @@ where
         }
         Ok::<_, RankError>((grads, loss_sum, items))
     }))
-    .map_err(|payload| RankError::Panicked(panic_message(payload.as_ref())))??;
+    .map_err(panic_error)??;
     Ok(LocalGradients {
         grads,
         loss_sum,

@@ -10,52 +10,38 @@
 mod build;
 mod data_parallel;
 mod ddp;
-mod dispatch;
 mod error;
 mod handover;
 mod kind;
-mod loss;
+pub(crate) mod launch;
 mod micro_batch;
 mod optimizer;
 mod pipeline;
+mod ranks;
 mod single;
+pub(crate) mod step;
+mod tensor;
 mod threads;
 
 use std::time::Duration;
 
-use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use burn::train::TrainStep;
 
-pub use build::{StrategyConfigs, build, build_replicated};
+pub use build::{StrategyConfigs, build};
 pub use data_parallel::{DataParallel, DataParallelConfig};
 pub use ddp::{Ddp, DdpConfig};
 pub use error::{ConfigError, RankError, RankFailure, StrategyError};
-pub use kind::{AutoDecision, StrategyKind};
-pub use loss::StepLoss;
+pub use kind::StrategyKind;
 pub use optimizer::{OptimizerSpec, PerformanceSpec};
 pub use pipeline::{Action, Pipeline, PipelineConfig, Schedule, peak_live};
 pub use single::{Single, SingleConfig};
+pub use tensor::{Tensor, TensorConfig};
 
 use crate::collective::CollectiveCounters;
+use crate::model::TrainModel;
 use crate::optim::{GuardReport, OptimizerState};
-
-/// A model a strategy can train: any Burn [`AutodiffModule`] with a burn-train [`TrainStep`]
-/// whose output reports its loss.
-///
-/// Contract: `TrainStep::step` returns the gradients of the **mean** loss over the samples of
-/// its input; strategies rely on it to weight shards and micro-batches exactly.
-pub trait TrainModel<B: AutodiffBackend>:
-    AutodiffModule<B> + TrainStep<Output: StepLoss> + 'static
-{
-}
-
-impl<B, M> TrainModel<B> for M
-where
-    B: AutodiffBackend,
-    M: AutodiffModule<B> + TrainStep<Output: StepLoss> + 'static,
-{
-}
+use crate::tensor_parallel::TpTraffic;
 
 /// What one optimizer step did.
 #[derive(Debug, Clone, PartialEq)]
@@ -96,6 +82,17 @@ pub struct RankStats {
     /// Bytes of the stage-boundary activations held at that peak: a lower bound of the
     /// activation memory, which also holds each stage's internal intermediates.
     pub peak_activation_bytes: u64,
+    /// Bytes of the parameters the rank holds (its replica, stage or shard), frozen ones
+    /// included.
+    pub param_bytes: u64,
+    /// Bytes of the gradients the rank holds during a step (its trainable parameters').
+    pub grad_bytes: u64,
+    /// Bytes of the rank's optimizer state (tensor data, e.g. AdamW's two moments), measured
+    /// after the first step; 0 before.
+    pub optimizer_bytes: u64,
+    /// The traffic of the rank's tensor-parallel group (inside forward and backward); zero
+    /// without tensor parallelism.
+    pub shard_traffic: TpTraffic,
 }
 
 impl RankStats {
@@ -106,6 +103,18 @@ impl RankStats {
             compute: self.compute.saturating_sub(earlier.compute),
             communication: self.communication.saturating_sub(earlier.communication),
             idle: self.idle.saturating_sub(earlier.idle),
+            shard_traffic: TpTraffic {
+                calls: self
+                    .shard_traffic
+                    .calls
+                    .saturating_sub(earlier.shard_traffic.calls),
+                elements: (self.shard_traffic.elements)
+                    .saturating_sub(earlier.shard_traffic.elements),
+                time: self
+                    .shard_traffic
+                    .time
+                    .saturating_sub(earlier.shard_traffic.time),
+            },
             ..self.clone()
         }
     }
@@ -131,6 +140,18 @@ pub struct RankReport {
     pub peak_activation_bytes: u64,
     /// Collective calls.
     pub collective_calls: u64,
+    /// Bytes of the parameters the rank holds.
+    pub param_bytes: u64,
+    /// Bytes of the gradients the rank holds during a step.
+    pub grad_bytes: u64,
+    /// Bytes of the rank's optimizer state (after the first step).
+    pub optimizer_bytes: u64,
+    /// Calls of the rank's tensor-parallel group (0 without tensor parallelism).
+    pub tp_calls: u64,
+    /// Elements the rank sent into its tensor-parallel group.
+    pub tp_elements: u64,
+    /// Seconds in tensor-parallel calls, inside forward and backward.
+    pub tp_communication_s: f64,
 }
 
 impl From<RankStats> for RankReport {
@@ -144,6 +165,12 @@ impl From<RankStats> for RankReport {
             peak_live_micro_batches: s.peak_live_micro_batches,
             peak_activation_bytes: s.peak_activation_bytes,
             collective_calls: s.collective.calls,
+            param_bytes: s.param_bytes,
+            grad_bytes: s.grad_bytes,
+            optimizer_bytes: s.optimizer_bytes,
+            tp_calls: s.shard_traffic.calls,
+            tp_elements: s.shard_traffic.elements,
+            tp_communication_s: s.shard_traffic.time.as_secs_f64(),
         }
     }
 }
@@ -151,7 +178,8 @@ impl From<RankStats> for RankReport {
 /// A way of training one model on one or more devices.
 ///
 /// `M` is the model and `B` its autodiff backend. Implementations: [`Single`],
-/// [`DataParallel`], [`Ddp`], [`Pipeline`]; build one directly or from a [`StrategyKind`].
+/// [`DataParallel`], [`Ddp`], [`Pipeline`], [`Tensor`]; build one directly, or from a
+/// resolved [`Plan`](crate::plan::Plan) with [`build`].
 pub trait Strategy<B: AutodiffBackend, M: TrainModel<B>> {
     /// The strategy's name, as used in configs, the CLI and logs (`"ddp"`).
     fn name(&self) -> &'static str;
@@ -205,4 +233,24 @@ pub trait Strategy<B: AutodiffBackend, M: TrainModel<B>> {
     /// # Errors
     /// [`StrategyError::State`] for a state of another layout or optimizer; a rank failure.
     fn load_optimizer_state(&mut self, state: &OptimizerState) -> Result<(), StrategyError>;
+}
+
+/// The ranks that run the shards of [`Tensor`]: Ddp's without stages, the pipeline's with them.
+/// Beyond being a strategy over the sharded model, they hand back every shard.
+pub(crate) trait Engine<B: AutodiffBackend, M: TrainModel<B>>: Strategy<B, M> {
+    /// The model of every tensor-parallel shard of the first replica, in shard order (one
+    /// model without shards).
+    fn shard_models(&self) -> Result<Vec<M>, StrategyError>;
+}
+
+impl<B: AutodiffBackend, M: TrainModel<B>> Engine<B, M> for Ddp<B, M> {
+    fn shard_models(&self) -> Result<Vec<M>, StrategyError> {
+        Ddp::shard_models(self)
+    }
+}
+
+impl<B: AutodiffBackend, M: crate::model::PipelineModel<B>> Engine<B, M> for Pipeline<B, M> {
+    fn shard_models(&self) -> Result<Vec<M>, StrategyError> {
+        Pipeline::shard_models(self)
+    }
 }

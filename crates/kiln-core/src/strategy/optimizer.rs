@@ -23,6 +23,17 @@ pub trait OptimizerSpec<B: AutodiffBackend> {
 
     /// A fresh optimizer (no state) for module `M`.
     fn init<M: AutodiffModule<B> + 'static>(&self) -> Self::Optimizer<M>;
+
+    /// The compute precision the optimizers expect the model in ([`crate::fit::fit`] wraps
+    /// the model for bf16 and f16).
+    fn precision(&self) -> Precision {
+        Precision::F32
+    }
+
+    /// The dynamic loss scale the optimizers share with the model, under f16.
+    fn loss_scale(&self) -> Option<&LossScale> {
+        None
+    }
 }
 
 impl<B: AutodiffBackend> OptimizerSpec<B> for AdamWConfig {
@@ -84,5 +95,13 @@ impl<B: AutodiffBackend, S: OptimizerSpec<B>> OptimizerSpec<B> for PerformanceSp
             Some(scale) => optim.with_loss_scale(scale.clone()),
             None => optim,
         }
+    }
+
+    fn precision(&self) -> Precision {
+        self.config.precision
+    }
+
+    fn loss_scale(&self) -> Option<&LossScale> {
+        self.loss_scale.as_ref()
     }
 }

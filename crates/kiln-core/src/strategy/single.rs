@@ -9,9 +9,10 @@ use crate::optim::{GuardedOptimizer, OptimizerState};
 use burn::tensor::backend::AutodiffBackend;
 use burn::train::TrainStep;
 
-use super::{Ddp, DdpConfig, RankStats, StepOutput, Strategy, StrategyError, TrainModel};
+use super::{Ddp, DdpConfig, RankStats, StepOutput, Strategy, StrategyError};
 use crate::World;
 use crate::data::DataSource;
+use crate::model::TrainModel;
 
 /// Configuration of [`Single`].
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]

@@ -190,6 +190,25 @@ impl Mesh {
         self.position(axis).map_or(0, |i| self.coords(rank)[i])
     }
 
+    /// The rank at the given coordinates of named axes and 0 on every other axis; an axis
+    /// the mesh lacks is skipped (its only coordinate is 0).
+    ///
+    /// # Panics
+    /// When a coordinate is not below its axis's degree.
+    pub fn rank_at(&self, coords: &[(&str, usize)]) -> usize {
+        let full: Vec<usize> = self
+            .axes
+            .iter()
+            .map(|axis| {
+                coords
+                    .iter()
+                    .find(|(name, _)| *name == axis.name)
+                    .map_or(0, |&(_, c)| c)
+            })
+            .collect();
+        self.rank(&full)
+    }
+
     /// The ranks that share every coordinate of `rank` but `axis`'s, in order along `axis`:
     /// `rank`'s group along that axis.
     ///

@@ -33,6 +33,14 @@ fn weight<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> KernelBackend
     for CubeBackend<R, F, I, BT>
 {
+    fn dense_float(t: FloatTensor<Self>) -> FloatTensor<Self> {
+        layout::dense_input(t)
+    }
+
+    fn dense_int(t: IntTensor<Self>) -> IntTensor<Self> {
+        layout::dense_input(t)
+    }
+
     fn qlora_forward(
         x: FloatTensor<Self>,
         w: QuantizedPrimitive<Self>,

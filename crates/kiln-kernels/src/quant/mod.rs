@@ -2,7 +2,9 @@
 //! frozen on-device weight ([`QuantizedWeight`]) that the QLoRA matmul reads.
 
 pub mod format;
+mod split;
 mod weight;
 
 pub use format::{BLOCK, HostQuantized, QuantFormat, ScaleDtype};
+pub use split::BlockSplitError;
 pub use weight::{QuantizedPrimitive, QuantizedWeight};

@@ -4,9 +4,13 @@
 use burn::module::{Module, Param, ParamId};
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{DType, Int, Tensor, TensorData};
+use burn::tensor::{DType, Int, Tensor, TensorData, TensorPrimitive};
 
+use std::ops::Range;
+
+use super::BlockSplitError;
 use super::format::{HostQuantized, QuantFormat, ScaleDtype, blocks, words_per_column};
+use crate::KernelBackend;
 
 /// A `[k, n]` weight stored as packed 4-bit codes and per-block scales; `deq(W)` exists only
 /// inside the kernels that read it.
@@ -46,7 +50,7 @@ pub struct QuantizedPrimitive<B: Backend> {
     pub n: usize,
 }
 
-impl<B: Backend> QuantizedWeight<B> {
+impl<B: KernelBackend> QuantizedWeight<B> {
     /// Quantises a `[k, n]` weight (a Burn `Linear`'s layout) block-wise along `k`.
     pub fn quantize(weight: &Tensor<B, 2>, format: QuantFormat, scale: ScaleDtype) -> Self {
         let [k, n] = weight.dims();
@@ -62,21 +66,27 @@ impl<B: Backend> QuantizedWeight<B> {
         )
     }
 
-    /// Moves host-quantised codes and scales onto `device`.
+    /// Moves host-quantised codes and scales onto `device`, stored dense
+    /// ([`KernelBackend::dense_float`]): the kernels read them on every call and would copy
+    /// a pitched layout each time.
     pub fn from_host(q: &HostQuantized, scale: ScaleDtype, device: &B::Device) -> Self {
         let words: Vec<i32> = q.packed.iter().map(|&w| w as i32).collect();
-        let packed = Tensor::from_data(
+        let packed = Tensor::<B, 2, Int>::from_data(
             TensorData::new(words, [q.n, words_per_column(q.k)]),
             (device, DType::I32),
         );
+        let packed = Tensor::from_primitive(B::dense_int(packed.into_primitive()));
         let scale_dtype = match scale {
             ScaleDtype::F32 => DType::F32,
             ScaleDtype::F16 => DType::F16,
         };
-        let scales = Tensor::from_data(
+        let scales = Tensor::<B, 2>::from_data(
             TensorData::new(q.scales.clone(), [q.n, blocks(q.k)]),
             (device, scale_dtype),
         );
+        let scales = Tensor::from_primitive(TensorPrimitive::Float(B::dense_float(
+            scales.into_primitive().tensor(),
+        )));
         let codebook = Tensor::from_data(
             TensorData::new(q.format.codebook().to_vec(), [16]),
             (device, DType::F32),
@@ -91,6 +101,65 @@ impl<B: Backend> QuantizedWeight<B> {
         }
     }
 
+    /// The columns `cols` (output features) of the weight, as a weight of its own on the same
+    /// device with the same parameter ids: a column-parallel shard. The codes and scales are
+    /// the whole weight's, not quantised again.
+    pub fn columns(&self, cols: Range<usize>) -> Self {
+        self.with_host(&self.to_host().columns(cols))
+    }
+
+    /// The rows `rows` (input features) of the weight, as [`Self::columns`] for a row-parallel
+    /// shard: whole quantisation blocks only.
+    ///
+    /// # Errors
+    /// [`BlockSplitError`] for a range that cuts a block.
+    pub fn rows(&self, rows: Range<usize>) -> Result<Self, BlockSplitError> {
+        Ok(self.with_host(&self.to_host().rows(rows)?))
+    }
+
+    /// The weight whose columns are `parts`' side by side, with the first part's ids: the
+    /// inverse of [`Self::columns`].
+    ///
+    /// # Panics
+    /// When `parts` is empty or its parts are not column shards of one weight.
+    pub fn concat_columns(parts: &[Self]) -> Self {
+        let hosts: Vec<_> = parts.iter().map(Self::to_host).collect();
+        parts[0].with_host(&HostQuantized::concat_columns(&hosts))
+    }
+
+    /// The weight whose rows are `parts`' one after another, with the first part's ids: the
+    /// inverse of [`Self::rows`].
+    ///
+    /// # Panics
+    /// As [`HostQuantized::concat_rows`].
+    pub fn concat_rows(parts: &[Self]) -> Self {
+        let hosts: Vec<_> = parts.iter().map(Self::to_host).collect();
+        parts[0].with_host(&HostQuantized::concat_rows(&hosts))
+    }
+
+    /// The precision of the scales.
+    pub fn scale_dtype(&self) -> ScaleDtype {
+        match self.scales.val().dtype() {
+            DType::F16 => ScaleDtype::F16,
+            _ => ScaleDtype::F32,
+        }
+    }
+
+    /// `q` on this weight's device, under this weight's parameter ids.
+    fn with_host(&self, q: &HostQuantized) -> Self {
+        let device = self.scales.val().device();
+        let fresh = Self::from_host(q, self.scale_dtype(), &device);
+        Self {
+            packed: Param::initialized(self.packed.id, fresh.packed.val()),
+            scales: Param::initialized(self.scales.id, fresh.scales.val()).set_require_grad(false),
+            codebook: Param::initialized(self.codebook.id, fresh.codebook.val())
+                .set_require_grad(false),
+            ..fresh
+        }
+    }
+}
+
+impl<B: Backend> QuantizedWeight<B> {
     /// Reads the codes and scales back to the host.
     pub fn to_host(&self) -> HostQuantized {
         let packed = self

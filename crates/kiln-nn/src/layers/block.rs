@@ -47,12 +47,12 @@ impl PreNormBlockConfig {
 /// `[batch, seq, d_model]` → `[batch, seq, d_model]`.
 #[derive(Module, Debug)]
 pub struct PreNormBlock<B: Backend> {
-    norm_attn: LayerNorm<B>,
-    attn: CausalSelfAttention<B>,
-    norm_ff: LayerNorm<B>,
-    ff_in: Linear<B>,
-    ff_out: Linear<B>,
-    activation: Activation<B>,
+    pub(crate) norm_attn: LayerNorm<B>,
+    pub(crate) attn: CausalSelfAttention<B>,
+    pub(crate) norm_ff: LayerNorm<B>,
+    pub(crate) ff_in: Linear<B>,
+    pub(crate) ff_out: Linear<B>,
+    pub(crate) activation: Activation<B>,
 }
 
 impl<B: KernelBackend> PreNormBlock<B> {

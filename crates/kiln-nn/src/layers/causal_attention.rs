@@ -50,11 +50,11 @@ impl CausalSelfAttentionConfig {
 /// `[batch, seq, d_model]` → `[batch, seq, d_model]`.
 #[derive(Module, Debug)]
 pub struct CausalSelfAttention<B: Backend> {
-    query: Linear<B>,
-    key: Linear<B>,
-    value: Linear<B>,
-    output: Linear<B>,
-    heads: usize,
+    pub(crate) query: Linear<B>,
+    pub(crate) key: Linear<B>,
+    pub(crate) value: Linear<B>,
+    pub(crate) output: Linear<B>,
+    pub(crate) heads: usize,
 }
 
 impl<B: KernelBackend> CausalSelfAttention<B> {

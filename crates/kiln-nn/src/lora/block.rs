@@ -81,17 +81,17 @@ impl<B: KernelBackend> Projection<B> {
 /// LoRA fine-tuning of a pretrained model.
 #[derive(Module, Debug)]
 pub struct LoraBlock<B: KernelBackend> {
-    norm_attn: Param<Tensor<B, 1>>,
-    query: Projection<B>,
-    key: Projection<B>,
-    value: Projection<B>,
-    output: Projection<B>,
-    norm_ff: Param<Tensor<B, 1>>,
-    gate: Projection<B>,
-    up: Projection<B>,
-    down: Projection<B>,
-    heads: usize,
-    eps: f32,
+    pub(crate) norm_attn: Param<Tensor<B, 1>>,
+    pub(crate) query: Projection<B>,
+    pub(crate) key: Projection<B>,
+    pub(crate) value: Projection<B>,
+    pub(crate) output: Projection<B>,
+    pub(crate) norm_ff: Param<Tensor<B, 1>>,
+    pub(crate) gate: Projection<B>,
+    pub(crate) up: Projection<B>,
+    pub(crate) down: Projection<B>,
+    pub(crate) heads: usize,
+    pub(crate) eps: f32,
 }
 
 /// The seven adapters of a [`LoraBlock`], to save or load on their own.

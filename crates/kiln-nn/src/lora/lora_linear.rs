@@ -15,9 +15,9 @@ pub struct LoraLinear<B: Backend> {
     pub base: Linear<B>,
     /// The trainable adapter.
     pub adapter: LoraAdapter<B>,
-    dropout: Dropout,
-    scale: f32,
-    merged: bool,
+    pub(crate) dropout: Dropout,
+    pub(crate) scale: f32,
+    pub(crate) merged: bool,
 }
 
 impl<B: Backend> LoraLinear<B> {

@@ -14,7 +14,7 @@ mod lora_linear;
 mod qlora_linear;
 
 pub use adapter::LoraAdapter;
-pub use block::{LoraBlock, LoraBlockAdapters, LoraBlockConfig, LoraKind};
+pub use block::{LoraBlock, LoraBlockAdapters, LoraBlockConfig, LoraKind, Projection};
 pub use config::LoraConfig;
 pub use lora_linear::LoraLinear;
 pub use qlora_linear::{QLoraLinear, QuantConfig};

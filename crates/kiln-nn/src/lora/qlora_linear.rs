@@ -32,8 +32,8 @@ pub struct QLoraLinear<B: KernelBackend> {
     pub bias: Option<Param<Tensor<B, 1>>>,
     /// The trainable adapter.
     pub adapter: LoraAdapter<B>,
-    dropout: Dropout,
-    scale: f32,
+    pub(crate) dropout: Dropout,
+    pub(crate) scale: f32,
 }
 
 impl<B: KernelBackend> QLoraLinear<B> {

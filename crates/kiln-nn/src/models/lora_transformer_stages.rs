@@ -7,7 +7,7 @@ use burn::module::Module;
 use burn::nn::{Embedding, Linear};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor};
-use kiln_core::stages::PipelineModel;
+use kiln_core::model::PipelineModel;
 use kiln_kernels::KernelBackend;
 
 use super::LoraTransformer;

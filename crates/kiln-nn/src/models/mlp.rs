@@ -8,7 +8,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{FloatDType, Tensor};
 use burn::train::{ClassificationOutput, TrainOutput, TrainStep};
 
-use kiln_core::optim::LowPrecisionStep;
+use kiln_core::model::LowPrecisionStep;
 
 use crate::tasks::ClassificationBatch;
 
@@ -107,4 +107,12 @@ impl<B: AutodiffBackend> TrainStep for Mlp<B> {
         let output = self.forward_classification(batch);
         TrainOutput::new(self, output.loss.backward(), output)
     }
+}
+
+impl<B: AutodiffBackend + kiln_core::tensor_parallel::TpBackend> kiln_core::model::ParallelModel<B>
+    for Mlp<B>
+{
+    type Pipeline = kiln_core::model::Supported;
+    type Tensor = kiln_core::model::Unsupported;
+    type LowPrecision = kiln_core::model::Supported;
 }

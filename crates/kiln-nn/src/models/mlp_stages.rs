@@ -8,7 +8,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Linear, Relu};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor};
-use kiln_core::stages::PipelineModel;
+use kiln_core::model::PipelineModel;
 
 use super::Mlp;
 use crate::tasks::ClassificationBatch;

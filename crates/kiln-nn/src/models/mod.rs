@@ -3,14 +3,18 @@
 
 mod lora_transformer;
 mod lora_transformer_stages;
+mod lora_transformer_tp;
 mod mlp;
 mod mlp_stages;
 mod transformer;
 mod transformer_stages;
+mod transformer_tp;
 
 pub use lora_transformer::{LoraTransformer, LoraTransformerConfig};
 pub use lora_transformer_stages::LoraTransformerStage;
+pub use lora_transformer_tp::{TpLoraTransformer, TpLoraTransformerStage};
 pub use mlp::{Mlp, MlpConfig};
 pub use mlp_stages::MlpStage;
 pub use transformer::{Transformer, TransformerConfig};
 pub use transformer_stages::TransformerStage;
+pub use transformer_tp::{TpTransformer, TpTransformerStage};

@@ -13,7 +13,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{FloatDType, Int, Tensor};
 use burn::train::{SequenceOutput, TrainOutput, TrainStep};
 
-use kiln_core::optim::LowPrecisionStep;
+use kiln_core::model::LowPrecisionStep;
 
 use crate::tasks::SequenceBatch;
 

@@ -8,7 +8,7 @@ use burn::nn::transformer::TransformerEncoderLayer;
 use burn::nn::{Embedding, Linear};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor};
-use kiln_core::stages::PipelineModel;
+use kiln_core::model::PipelineModel;
 
 use super::Transformer;
 use super::transformer::{embed, run_layers, sequence_loss};

@@ -11,21 +11,26 @@
 //! The ranks all-reduce over the `dp` axis of the world's mesh, which for Ddp is the whole
 //! world (a mesh that also splits the model is refused). The calling thread only dispatches
 //! steps and collects reports; rank 0's worker holds the canonical model.
+//!
+//! The same ranks run [`Tensor`](super::Tensor) without stages: each rank then holds a
+//! tensor-parallel shard instead of a replica, the replicas of a shard all-reduce over `dp`,
+//! and the guard agrees on its facts over the world.
 
 mod worker;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::optim::{GuardedOptimizer, OptimizerState, StateLayout};
 use burn::tensor::backend::AutodiffBackend;
 use burn::train::TrainStep;
 
-use super::dispatch::{RankThreads, Shard, check_single_process, materialise, step_output};
-use super::{ConfigError, RankStats, StepOutput, Strategy, StrategyError, TrainModel};
+use super::launch::{Launch, ShardPlace};
+use super::ranks::{RankThreads, Shard, step_output};
+use super::{ConfigError, RankStats, StepOutput, Strategy, StrategyError};
 use crate::World;
-use crate::collective::MeshCollectives;
 use crate::data::{DataSource, ShardPolicy};
+use crate::model::TrainModel;
+use crate::optim::{GuardedOptimizer, OptimizerState, StateLayout};
 use crate::world::Mesh;
 use worker::Worker;
 
@@ -61,7 +66,7 @@ impl Default for DdpConfig {
 }
 
 impl DdpConfig {
-    fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         super::error::check_shared_settings(
             self.grad_accumulation,
             self.bucket_cap_mb,
@@ -70,11 +75,11 @@ impl DdpConfig {
         )
     }
 
-    fn bucket_cap_bytes(&self) -> usize {
+    pub(crate) fn bucket_cap_bytes(&self) -> usize {
         (self.bucket_cap_mb * 1024.0 * 1024.0) as usize
     }
 
-    fn timeout(&self) -> Duration {
+    pub(crate) fn timeout(&self) -> Duration {
         Duration::from_secs_f64(self.collective_timeout_s)
     }
 }
@@ -82,6 +87,7 @@ impl DdpConfig {
 /// Distributed data parallelism over the ranks of a [`World`].
 pub struct Ddp<B: AutodiffBackend, M: TrainModel<B>> {
     threads: RankThreads<M>,
+    mesh: Mesh,
     config: DdpConfig,
     stats: Vec<RankStats>,
     num_buckets: usize,
@@ -107,35 +113,58 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
         I: Send + 'static,
     {
         config.validate()?;
-        check_single_process(world)?;
-        let world_size = world.world_size();
         let mesh = world.mesh();
-        if mesh.degree(Mesh::DP) != world_size {
+        if mesh.degree(Mesh::DP) != world.world_size() {
             return Err(ConfigError::MeshSplitsTheModel {
                 strategy: "ddp",
                 mesh: mesh.to_string(),
             }
             .into());
         }
-        let model = materialise(model, &world.devices()[0])?;
-        // Gradients are averaged over the data-parallel axis, which here spans every rank.
-        let collectives: Vec<_> =
-            MeshCollectives::<B::InnerBackend>::in_process(mesh, config.timeout())
-                .into_iter()
-                .map(|ranks| ranks.into_axis(Mesh::DP).expect("checked: the mesh has dp"))
-                .collect();
+        let launch = Launch::whole(world, mesh.clone(), model, config.timeout())?;
+        Self::launch(launch, optim, data, config, "kiln-ddp")
+    }
 
+    /// Starts the ranks of `launch` (a `dp` mesh, or `dp × tp` with each rank's shard), each
+    /// with a clone of `optim`, as threads named `name-rank<r>`.
+    pub(crate) fn launch<O, I>(
+        launch: Launch<B, M>,
+        optim: O,
+        data: DataSource<B, I, M::Input>,
+        config: DdpConfig,
+        name: &str,
+    ) -> Result<Self, StrategyError>
+    where
+        O: GuardedOptimizer<M, B> + 'static,
+        I: Send + 'static,
+    {
+        config.validate()?;
+        let Launch {
+            mesh,
+            ranks,
+            shards,
+        } = launch;
+        let world_size = mesh.size();
         let mut workers = Vec::with_capacity(world_size);
-        for (local, collective) in collectives.into_iter().enumerate() {
-            let rank = world.rank_of(local);
+        for (rank, start) in ranks.into_iter().enumerate() {
             let pool = super::threads::rank_pool(rank, world_size, config.threads_per_rank)?;
+            let shard = match (&shards, start.shard_group) {
+                (Some(shards), Some(group)) => Some(ShardPlace {
+                    shard: mesh.coord(rank, Mesh::TP),
+                    shards: shards.count,
+                    replicated: shards.replicated.clone(),
+                    group,
+                }),
+                _ => None,
+            };
             let worker = Worker {
-                world_size,
-                device: world.devices()[local].clone(),
-                model: Some(model.clone()),
+                replicas: mesh.degree(Mesh::DP),
+                device: start.device,
+                model: Some(start.model),
                 optim: optim.clone(),
                 data: data.clone(),
-                collective,
+                groups: start.groups,
+                shard,
                 config: config.clone(),
                 plan: None,
                 stats: RankStats {
@@ -146,12 +175,13 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
             };
             workers.push((worker, pool));
         }
-        let (threads, ready) = RankThreads::spawn("kiln-ddp", workers, config.timeout())?;
+        let (threads, ready) = RankThreads::spawn(name, workers, config.timeout())?;
         let ddp = Self {
             threads,
             num_buckets: ready.first().map_or(0, |r| r.num_buckets),
             // Start-up broadcast traffic and time belong to the ranks' totals.
             stats: ready.into_iter().map(|r| r.stats).collect(),
+            mesh,
             config,
             backend: std::marker::PhantomData,
         };
@@ -159,7 +189,8 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
             ranks = world_size,
             buckets = ddp.num_buckets,
             accumulation = ddp.config.grad_accumulation,
-            "Applied Ddp: {world_size} ranks, {} gradient buckets of at most {} MiB",
+            "Applied Ddp: {world_size} ranks (mesh {}), {} gradient buckets of at most {} MiB",
+            ddp.mesh,
             ddp.num_buckets,
             ddp.config.bucket_cap_mb
         );
@@ -178,23 +209,56 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
         lr: f64,
         keep_items: bool,
     ) -> Result<(StepOutput, Vec<<M as TrainStep>::Output>), StrategyError> {
-        // Cut once, here: bad input is an error before any rank starts.
-        let shards = self.config.shard_policy.shard(batch, self.threads.len())?;
+        // Cut once, here: bad input is an error before any rank starts. Every rank of a
+        // replica (its tensor-parallel shards) trains on the replica's shard.
+        let replicas = self.mesh.degree(Mesh::DP);
+        let shards = self.config.shard_policy.shard(batch, replicas)?;
         let mut shards = Shard::of_replicas(shards);
         for shard in &mut shards {
             shard.keep_items = keep_items;
         }
-        let mut done = self.threads.step(shards, lr)?;
+        let per_rank = (0..self.threads.len())
+            .map(|rank| shards[self.mesh.coord(rank, Mesh::DP)].clone())
+            .collect();
+        let mut done = self.threads.step(per_rank, lr)?;
+        // The items of the first shard of each replica (the shards' items are the same).
         let items = done
             .iter_mut()
-            .flat_map(|d| std::mem::take(&mut d.items))
+            .enumerate()
+            .filter(|(rank, _)| self.first_shard(*rank))
+            .flat_map(|(_, d)| std::mem::take(&mut d.items))
             .map(|item| {
                 *item
                     .downcast::<<M as TrainStep>::Output>()
                     .expect("a rank sends its model's output items")
             })
             .collect();
-        Ok((step_output(&mut self.stats, done), items))
+        Ok((step_output(&mut self.stats, done, &self.mesh), items))
+    }
+
+    fn first_shard(&self, rank: usize) -> bool {
+        self.mesh.coord(rank, Mesh::TP) == 0
+    }
+
+    /// The model of every tensor-parallel shard of the first replica, in shard order (the
+    /// one model of the first replica without shards).
+    pub(crate) fn shard_models(&self) -> Result<Vec<M>, StrategyError> {
+        (0..self.mesh.degree(Mesh::TP))
+            .map(|t| self.threads.hand(self.shard_rank(t)))
+            .collect()
+    }
+
+    /// The rank holding shard `t` of the first replica.
+    fn shard_rank(&self, t: usize) -> usize {
+        self.mesh.rank_at(&[(Mesh::TP, t)])
+    }
+
+    /// The layout of the optimizer state: one state, or one per shard.
+    fn layout(&self) -> StateLayout {
+        match self.mesh.degree(Mesh::TP) {
+            1 => StateLayout::Replica,
+            shards => StateLayout::Sharded { stages: 1, shards },
+        }
     }
 }
 
@@ -228,13 +292,23 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Strategy<B, M> for Ddp<B, M> {
     }
 
     fn optimizer_state(&self) -> Result<OptimizerState, StrategyError> {
-        // Every replica's optimizer holds the same state; rank 0's stands for all.
-        let bytes = self.threads.save_optimizer(0)?;
-        Ok(OptimizerState::new(StateLayout::Replica, vec![bytes]))
+        // The replicas of a shard hold the same state; the first replica's stands for all.
+        let shards = self.mesh.degree(Mesh::TP);
+        let parts = (0..shards)
+            .map(|t| self.threads.save_optimizer(self.shard_rank(t)))
+            .collect::<Result<_, _>>()?;
+        Ok(OptimizerState::new(self.layout(), parts))
     }
 
     fn load_optimizer_state(&mut self, state: &OptimizerState) -> Result<(), StrategyError> {
-        let part: Arc<[u8]> = state.parts(StateLayout::Replica)?[0].as_slice().into();
-        self.threads.load_optimizer(vec![part; self.threads.len()])
+        let parts: Vec<Arc<[u8]>> = state
+            .parts(self.layout())?
+            .iter()
+            .map(|p| p.as_slice().into())
+            .collect();
+        let per_rank = (0..self.threads.len())
+            .map(|rank| parts[self.mesh.coord(rank, Mesh::TP)].clone())
+            .collect();
+        self.threads.load_optimizer(per_rank)
     }
 }

@@ -1,27 +1,36 @@
-//! One Ddp rank: its replica, optimizer and collective handle, driven by commands.
+//! One Ddp rank: its replica (or tensor-parallel shard), optimizer and collectives, driven by
+//! commands.
 
 use std::time::{Duration, Instant};
 
+use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
 use super::DdpConfig;
-use crate::collective::Collective;
+use crate::collective::MeshCollectives;
 use crate::data::DataSource;
-use crate::grads::{BucketPlan, ParamSelection, all_reduce_gradients, broadcast_parameters};
-use crate::optim::{Guard, GuardedOptimizer, Settled, decode, encode};
-use crate::params::checksum_tensor;
-use crate::strategy::dispatch::{RankDone, RankWork, Shard};
+use crate::grads::{BucketPlan, ParamSelection, broadcast_parameters};
+use crate::model::TrainModel;
+use crate::optim::{GuardedOptimizer, decode, encode, tensor_bytes};
+use crate::params::{fingerprints, floats_to_hashes, hashes_to_floats, param_bytes};
 use crate::strategy::handover::sync_device;
+use crate::strategy::launch::ShardPlace;
 use crate::strategy::micro_batch::local_gradients;
-use crate::strategy::{RankError, RankStats, TrainModel};
+use crate::strategy::ranks::{RankDone, RankWork, Shard};
+use crate::strategy::step::{Findings, Split, Sync, guarded_step};
+use crate::strategy::{RankError, RankStats};
+use crate::world::Mesh;
 
 pub(super) struct Worker<B: AutodiffBackend, M: TrainModel<B>, O, I> {
-    pub world_size: usize,
+    /// Replicas: ranks of the `dp` axis.
+    pub replicas: usize,
     pub device: B::Device,
     pub model: Option<M>,
     pub optim: O,
     pub data: DataSource<B, I, M::Input>,
-    pub collective: Box<dyn Collective<B::InnerBackend>>,
+    /// The world and the `dp` axis.
+    pub groups: MeshCollectives<B::InnerBackend>,
+    pub shard: Option<ShardPlace>,
     pub config: DdpConfig,
     pub plan: Option<BucketPlan>,
     pub stats: RankStats,
@@ -60,7 +69,10 @@ where
     }
 
     fn abort(&mut self, reason: &str) {
-        self.collective.abort(reason);
+        self.groups.abort(reason);
+        if let Some(shard) = &self.shard {
+            shard.group.abort(reason);
+        }
     }
 }
 
@@ -70,22 +82,25 @@ where
     M: TrainModel<B>,
     O: GuardedOptimizer<M, B>,
 {
-    /// Moves the replica to this rank's device and makes it rank 0's.
+    /// Moves the replica to this rank's device and makes it the first replica's.
     fn start_rank(&mut self) -> Result<RankDone, RankError> {
         let start = Instant::now();
         let model = self.model.take().ok_or(RankError::Gone)?.fork(&self.device);
         let cap = self.config.bucket_cap_bytes();
-        let model = if self.world_size > 1 {
+        let model = if self.replicas > 1 {
             let every_param = BucketPlan::new(&model, cap, ParamSelection::All);
-            broadcast_parameters(model, &every_param, self.collective.as_mut(), 0)?
+            let dp = self.groups.axis(Mesh::DP).expect("a Ddp mesh has dp");
+            broadcast_parameters(model, &every_param, dp, 0)?
         } else {
             model
         };
-        let plan = BucketPlan::new(&model, cap, ParamSelection::Trainable);
-        self.plan = Some(plan);
+        let bytes = param_bytes(&model);
+        self.stats.param_bytes = bytes.params;
+        self.stats.grad_bytes = bytes.grads;
+        self.plan = Some(BucketPlan::new(&model, cap, ParamSelection::Trainable));
         self.model = Some(model);
         self.stats.communication += start.elapsed();
-        self.stats.collective = self.collective.counters();
+        self.record_traffic();
         Ok(RankDone::new(
             (0.0, 0),
             (Duration::ZERO, start.elapsed()),
@@ -94,113 +109,107 @@ where
         ))
     }
 
-    /// Forward/backward over the shard → all-reduce → optimizer → replica check → stats.
+    /// Forward/backward over the shard → the guarded step (all-reduce over `dp`) → replica
+    /// check → stats.
     fn step_rank(&mut self, shard: &Shard, lr: f64) -> Result<RankDone, RankError> {
-        let global_samples = shard.global_samples;
-        let shard_keeps_items = shard.keep_items;
-        let shard = &shard.indices[..];
         let model = self.model.take().ok_or(RankError::Gone)?;
-        let plan = self.plan.as_ref().expect("a started rank has a plan");
-
         let local = local_gradients(
             &model,
             &self.data,
-            shard,
-            global_samples,
+            &shard.indices,
+            shard.global_samples,
             self.config.grad_accumulation,
             &self.device,
-            shard_keeps_items,
+            shard.keep_items,
         )?;
-
-        // The guard's per-rank findings ride in the all-reduce (crate::optim's module docs).
-        let guard = self.optim.guard().cloned();
-        let inspect_start = Instant::now();
-        let inspected = guard
-            .as_ref()
-            .map(|g| g.inspect::<B, M>(&model, &local.grads, local.loss_sum.is_finite()));
-        let codes = inspected.as_ref().map_or_else(Vec::new, |l| {
-            Guard::codes(l, self.collective.rank(), self.world_size)
-        });
-        let mut guard_time = inspect_start.elapsed();
-
-        let sync_start = Instant::now();
-        let (grads, codes, inspected) = if self.world_size > 1 {
-            let (grads, codes) = all_reduce_gradients(
-                &model,
-                local.grads,
-                plan,
-                self.collective.as_mut(),
-                &self.device,
-                &codes,
-            )?;
-            // The summed gradients need a norm of their own.
-            (grads, codes, None)
-        } else {
-            (local.grads, codes, inspected)
+        let plan = self.plan.as_ref().expect("a started rank has a plan");
+        let (world, dp) = self
+            .groups
+            .world_and_axis(Mesh::DP)
+            .expect("a Ddp mesh has dp");
+        let replica = dp.rank();
+        let sync = Sync {
+            dp: (self.replicas > 1).then_some((dp, plan)),
+            split: self.shard.as_ref().map(|s| Split {
+                world,
+                stage: 0,
+                shard: s.shard,
+                shards: s.shards,
+                first_replica: replica == 0,
+                replicated: &s.replicated,
+            }),
+            device: &self.device,
         };
-        let mut communication = sync_start.elapsed();
-
-        let settle_start = Instant::now();
-        let settled = match &guard {
-            Some(g) => {
-                g.settle_replica::<B, M>(&model, grads, &codes, inspected, self.steps + 1)?
-            }
-            None => Settled::unguarded(grads),
+        let findings = Findings::Inspect {
+            loss_finite: local.loss_sum.is_finite(),
         };
-        guard_time += settle_start.elapsed();
-
-        let optim_start = Instant::now();
-        let model = match settled.grads {
-            Some(grads) => self.optim.step(lr, model, grads),
-            None => model,
-        };
-        let compute = local.compute + guard_time + optim_start.elapsed();
+        let stepped = guarded_step(
+            &mut self.optim,
+            model,
+            local.grads,
+            findings,
+            sync,
+            lr,
+            self.steps + 1,
+        )?;
+        let mut communication = stepped.communication;
         self.steps += 1;
-
+        if self.steps == 1 {
+            self.stats.optimizer_bytes = tensor_bytes(&encode(&self.optim)?);
+        }
         if let Some(every) = self.config.check_replicas_every
             && self.steps.is_multiple_of(every.max(1))
         {
             let check_start = Instant::now();
-            self.check_replicas(&model)?;
+            self.check_replicas(&stepped.model)?;
             communication += check_start.elapsed();
         }
-        self.model = Some(model);
+        self.model = Some(stepped.model);
 
+        let compute = local.compute + stepped.compute;
         self.stats.steps += 1;
         self.stats.samples += local.samples as u64;
         self.stats.compute += compute;
         self.stats.communication += communication;
-        self.stats.collective = self.collective.counters();
+        self.record_traffic();
         Ok(RankDone::new(
             (local.loss_sum, local.samples),
             (compute, communication),
             self.plan.as_ref(),
             &self.stats,
         )
-        .with_guard(guard.map(|_| settled.report))
+        .with_guard(stepped.guard)
         .with_items(local.items))
     }
 
-    /// Compares this replica's parameter checksum with rank 0's, bit for bit.
-    fn check_replicas(&mut self, model: &M) -> Result<(), RankError> {
-        let mine = checksum_tensor(&model.valid(), &self.device);
-        let theirs = self.collective.broadcast(mine.clone(), 0)?;
-        let read = |t: burn::tensor::Tensor<B::InnerBackend, 1>| -> [f32; 2] {
-            let v = t
-                .into_data()
-                .convert::<f32>()
-                .to_vec::<f32>()
-                .expect("f32 checksum");
-            [v[0], v[1]]
-        };
-        let (found, expected) = (read(mine), read(theirs));
-        if found.map(f32::to_bits) != expected.map(f32::to_bits) {
-            return Err(RankError::ReplicasDiverged {
-                step: self.steps,
-                expected,
-                found,
-            });
+    fn record_traffic(&mut self) {
+        self.stats.collective = self.groups.counters();
+        if let Some(shard) = &self.shard {
+            self.stats.shard_traffic = shard.group.traffic();
         }
-        Ok(())
+    }
+
+    /// Compares this replica's parameters with the first replica's, bit for bit: every
+    /// parameter's fingerprint (its exact bits, hashed on the host) against the first
+    /// replica's, the first that differs named.
+    fn check_replicas(&mut self, model: &M) -> Result<(), RankError> {
+        let mine = fingerprints::<B, M>(model);
+        let floats = hashes_to_floats(mine.iter().map(|f| f.hash));
+        let floats = Tensor::<B::InnerBackend, 1>::from_floats(floats.as_slice(), &self.device);
+        let dp = self.groups.axis(Mesh::DP).expect("a Ddp mesh has dp");
+        let theirs = dp
+            .broadcast(floats, 0)?
+            .into_data()
+            .convert::<f32>()
+            .to_vec::<f32>()
+            .expect("f32 fingerprints");
+        let theirs = floats_to_hashes(&theirs);
+        match mine.iter().zip(theirs).find(|(m, t)| m.hash != *t) {
+            Some((differs, _)) => Err(RankError::ReplicasDiverged {
+                step: self.steps,
+                param: differs.path.clone(),
+            }),
+            None => Ok(()),
+        }
     }
 }

@@ -12,6 +12,10 @@
 //! single-device training would. [`Strategy::model`] assembles the whole model from the
 //! stages of replica 0 by `ParamId`.
 //!
+//! The same ranks run [`Tensor`](super::Tensor) with stages (`dp × pp × tp`): each rank then
+//! holds its stage of a tensor-parallel shard of the model, and the stages of a shard pass
+//! activations among themselves.
+//!
 //! A stage keeps each micro-batch's autodiff graph from its forward to its backward, as
 //! torch.distributed.pipelining does. Each graph hangs from its own copy of the stage whose
 //! parameters are fresh autodiff leaves over the same values: Burn 0.21's graph memory
@@ -26,20 +30,22 @@
 mod schedule;
 mod worker;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::optim::{GuardedOptimizer, OptimizerState, StateLayout};
 use burn::tensor::backend::AutodiffBackend;
 
 pub use schedule::{Action, Schedule, peak_live};
 
-use super::dispatch::{RankThreads, Shard, check_single_process, materialise, step_output};
+use super::launch::{Launch, ShardPlace};
+use super::ranks::{RankThreads, Shard, step_output};
 use super::{ConfigError, RankStats, StepOutput, Strategy, StrategyError};
 use crate::World;
-use crate::collective::MeshCollectives;
 use crate::data::{DataSource, ShardPolicy};
-use crate::stages::{PipelineModel, assemble, even_ranges};
+use crate::model::{PipelineModel, even_ranges};
+use crate::optim::{GuardedOptimizer, OptimizerState, StateLayout};
+use crate::stages::assemble;
 use crate::world::Mesh;
 use worker::{Place, Worker};
 
@@ -86,7 +92,7 @@ impl Default for PipelineConfig {
 }
 
 impl PipelineConfig {
-    fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if self.stages == 0 {
             return Err(ConfigError::ZeroStages);
         }
@@ -101,8 +107,30 @@ impl PipelineConfig {
         )
     }
 
-    fn timeout(&self) -> Duration {
+    pub(crate) fn timeout(&self) -> Duration {
         Duration::from_secs_f64(self.collective_timeout_s)
+    }
+
+    /// Checks that a global batch of `batch` samples over `replicas` replicas gives each
+    /// replica's shard at least one sample per micro-batch: asked by the plan before a run
+    /// starts, and by [`Pipeline::step`] of every batch it is given.
+    ///
+    /// # Errors
+    /// [`ConfigError::MicroBatchesExceedBatch`].
+    pub fn check_micro_batches(&self, batch: usize, replicas: usize) -> Result<(), ConfigError> {
+        let smallest = match self.shard_policy {
+            ShardPolicy::Uneven | ShardPolicy::Drop => batch / replicas.max(1),
+            ShardPolicy::Pad => batch.div_ceil(replicas.max(1)),
+        };
+        if self.micro_batches > smallest {
+            return Err(ConfigError::MicroBatchesExceedBatch {
+                micro_batches: self.micro_batches,
+                samples: smallest,
+                batch,
+                replicas,
+            });
+        }
+        Ok(())
     }
 
     /// The `dp × pp` mesh for `world_size` ranks: the world's own when it has a `pp` axis,
@@ -138,8 +166,9 @@ pub struct Pipeline<B: AutodiffBackend, M: PipelineModel<B>> {
     threads: RankThreads<M::Stage>,
     mesh: Mesh,
     config: PipelineConfig,
-    /// The whole model as given, into which [`Strategy::model`] puts the stages' parameters.
-    template: M,
+    /// The model each tensor-parallel shard started from (the one model without shards), into
+    /// which [`Strategy::model`] puts the stages' parameters.
+    templates: Vec<M>,
     device: B::Device,
     stats: Vec<RankStats>,
 }
@@ -163,38 +192,67 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
         I: Send + 'static,
     {
         config.validate()?;
-        check_single_process(world)?;
-        let world_size = world.world_size();
-        let mesh = config.mesh(world.mesh(), world_size)?;
-        let blocks = model.num_blocks();
-        if config.stages > blocks {
-            return Err(ConfigError::TooManyStages {
-                stages: config.stages,
-                blocks,
-            }
-            .into());
-        }
-        // Every stage and the template then hold the same values.
-        let device = world.devices()[0].clone();
-        let model = materialise(model, &device)?;
-        let stages = model.split(&even_ranges(blocks, config.stages));
+        let mesh = config.mesh(world.mesh(), world.world_size())?;
+        check_blocks(&model, config.stages)?;
+        let launch = Launch::whole(world, mesh, model, config.timeout())?;
+        Self::launch(launch, optim, data, config, "kiln-pipeline")
+    }
 
-        let groups = MeshCollectives::<B::InnerBackend>::in_process(&mesh, config.timeout());
+    /// Starts the ranks of `launch` (a `dp × pp` mesh, or `dp × pp × tp` with each rank's
+    /// shard), each with its stage of its model and a clone of `optim`, as threads named
+    /// `name-rank<r>`.
+    pub(crate) fn launch<O, I>(
+        launch: Launch<B, M>,
+        optim: O,
+        data: DataSource<B, I, <M as burn::train::TrainStep>::Input>,
+        config: PipelineConfig,
+        name: &str,
+    ) -> Result<Self, StrategyError>
+    where
+        O: GuardedOptimizer<M::Stage, B> + 'static,
+        I: Send + 'static,
+    {
+        config.validate()?;
+        let Launch {
+            mesh,
+            ranks,
+            shards,
+        } = launch;
+        let world_size = mesh.size();
+        let device = ranks[0].device.clone();
+        let blocks = ranks[0].model.num_blocks();
+        check_blocks(&ranks[0].model, config.stages)?;
+        let ranges = even_ranges(blocks, config.stages);
+        let templates = (0..mesh.degree(Mesh::TP))
+            .map(|t| ranks[mesh.rank_at(&[(Mesh::TP, t)])].model.clone())
+            .collect();
         let mut workers = Vec::with_capacity(world_size);
-        for (rank, groups) in groups.into_iter().enumerate() {
+        for (rank, start) in ranks.into_iter().enumerate() {
             let stage = mesh.coord(rank, Mesh::PP);
             let pool = super::threads::rank_pool(rank, world_size, config.threads_per_rank)?;
+            let shard = match (&shards, start.shard_group) {
+                (Some(shards), Some(group)) => Some(ShardPlace {
+                    shard: mesh.coord(rank, Mesh::TP),
+                    shards: shards.count,
+                    replicated: shards.replicated.clone(),
+                    group,
+                }),
+                _ => None,
+            };
+            let module = start.model.split(&ranges).swap_remove(stage);
             let worker = Worker::<B, M, O, I> {
                 place: Place {
                     stage,
                     stages: config.stages,
                     replicas: mesh.degree(Mesh::DP),
+                    shard,
+                    none: HashSet::new(),
                 },
-                device: world.devices()[rank].clone(),
-                module: Some(stages[stage].clone()),
+                device: start.device,
+                module: Some(module),
                 optim: optim.clone(),
                 data: data.clone(),
-                groups,
+                groups: start.groups,
                 config: config.clone(),
                 plan: None,
                 stats: RankStats {
@@ -204,11 +262,11 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
             };
             workers.push((worker, pool));
         }
-        let (threads, ready) = RankThreads::spawn("kiln-pipeline", workers, config.timeout())?;
+        let (threads, ready) = RankThreads::spawn(name, workers, config.timeout())?;
         let pipeline = Self {
             threads,
             config,
-            template: model,
+            templates,
             device,
             stats: ready.into_iter().map(|d| d.stats).collect(),
             mesh,
@@ -225,10 +283,49 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
         Ok(pipeline)
     }
 
-    /// The `dp × pp` mesh the ranks form.
+    /// The mesh the ranks form: `dp × pp`, or `dp × pp × tp`.
     pub fn mesh(&self) -> &Mesh {
         &self.mesh
     }
+
+    /// The model of every tensor-parallel shard of the first replica, stages assembled, in
+    /// shard order (the one model without shards).
+    pub(crate) fn shard_models(&self) -> Result<Vec<M>, StrategyError> {
+        (0..self.mesh.degree(Mesh::TP))
+            .map(|t| {
+                let stages = (0..self.config.stages)
+                    .map(|s| {
+                        let rank = self.mesh.rank_at(&[(Mesh::PP, s), (Mesh::TP, t)]);
+                        self.threads.hand(rank)
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(assemble(self.templates[t].clone(), &stages, &self.device))
+            })
+            .collect()
+    }
+
+    /// The layout of the optimizer state: one state per stage, or per stage and shard.
+    fn layout(&self) -> StateLayout {
+        match self.mesh.degree(Mesh::TP) {
+            1 => StateLayout::Stages(self.config.stages),
+            shards => StateLayout::Sharded {
+                stages: self.config.stages,
+                shards,
+            },
+        }
+    }
+}
+
+/// More stages than the model has blocks cannot work.
+fn check_blocks<B: AutodiffBackend, M: PipelineModel<B>>(
+    model: &M,
+    stages: usize,
+) -> Result<(), ConfigError> {
+    let blocks = model.num_blocks();
+    if stages > blocks {
+        return Err(ConfigError::TooManyStages { stages, blocks });
+    }
+    Ok(())
 }
 
 impl<B: AutodiffBackend, M: PipelineModel<B>> Strategy<B, M> for Pipeline<B, M> {
@@ -242,32 +339,19 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Strategy<B, M> for Pipeline<B, M> 
 
     fn step(&mut self, batch: &[usize], lr: f64) -> Result<StepOutput, StrategyError> {
         let replicas = self.mesh.degree(Mesh::DP);
+        self.config.check_micro_batches(batch.len(), replicas)?;
         let shards = self.config.shard_policy.shard(batch, replicas)?;
-        let smallest = shards.iter().map(Vec::len).min().unwrap_or(0);
-        if self.config.micro_batches > smallest {
-            return Err(ConfigError::MicroBatchesExceedBatch {
-                micro_batches: self.config.micro_batches,
-                samples: smallest,
-                batch: batch.len(),
-                replicas,
-            }
-            .into());
-        }
-        // Every stage of replica d trains on shard d.
+        // Every stage (and shard) of replica d trains on shard d.
         let shards = Shard::of_replicas(shards);
         let per_rank = (0..self.threads.len())
             .map(|rank| shards[self.mesh.coord(rank, Mesh::DP)].clone())
             .collect();
         let done = self.threads.step(per_rank, lr)?;
-        Ok(step_output(&mut self.stats, done))
+        Ok(step_output(&mut self.stats, done, &self.mesh))
     }
 
     fn model(&self) -> Result<M, StrategyError> {
-        let mut stages = Vec::with_capacity(self.config.stages);
-        for stage in 0..self.config.stages {
-            stages.push(self.threads.hand(self.mesh.rank(&[0, stage]))?);
-        }
-        Ok(assemble(self.template.clone(), &stages, &self.device))
+        Ok(self.shard_models()?.swap_remove(0))
     }
 
     fn stats(&self) -> Vec<RankStats> {
@@ -276,23 +360,32 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Strategy<B, M> for Pipeline<B, M> 
 
     fn optimizer_state(&self) -> Result<OptimizerState, StrategyError> {
         // The replicas of a stage hold the same state; the first replica's stands for all.
+        let shards = self.mesh.degree(Mesh::TP);
         let parts = (0..self.config.stages)
-            .map(|stage| self.threads.save_optimizer(self.mesh.rank(&[0, stage])))
+            .flat_map(|s| (0..shards).map(move |t| (s, t)))
+            .map(|(s, t)| {
+                let rank = self.mesh.rank_at(&[(Mesh::PP, s), (Mesh::TP, t)]);
+                self.threads.save_optimizer(rank)
+            })
             .collect::<Result<_, _>>()?;
-        Ok(OptimizerState::new(
-            StateLayout::Stages(self.config.stages),
-            parts,
-        ))
+        Ok(OptimizerState::new(self.layout(), parts))
     }
 
     fn load_optimizer_state(&mut self, state: &OptimizerState) -> Result<(), StrategyError> {
         let parts: Vec<Arc<[u8]>> = state
-            .parts(StateLayout::Stages(self.config.stages))?
+            .parts(self.layout())?
             .iter()
             .map(|p| p.as_slice().into())
             .collect();
+        let shards = self.mesh.degree(Mesh::TP);
         let per_rank = (0..self.threads.len())
-            .map(|rank| parts[self.mesh.coord(rank, Mesh::PP)].clone())
+            .map(|rank| {
+                let (s, t) = (
+                    self.mesh.coord(rank, Mesh::PP),
+                    self.mesh.coord(rank, Mesh::TP),
+                );
+                parts[s * shards + t].clone()
+            })
             .collect();
         self.threads.load_optimizer(per_rank)
     }

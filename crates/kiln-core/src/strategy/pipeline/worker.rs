@@ -2,12 +2,14 @@
 //!
 //! A step reads top-down: shard the global batch over the replicas → cut this replica's shard
 //! into flushes (gradient accumulation) of `m` micro-batches → run the schedule's actions,
-//! receiving activations from the previous stage and gradients from the next → all-reduce the
-//! stage's gradients over the `dp` axis → optimizer step.
+//! receiving activations from the previous stage and gradients from the next → the guarded
+//! step: all-reduce the stage's gradients over the `dp` axis, agree on the guard's facts over
+//! the world, step the optimizer.
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use burn::module::{AutodiffModule, Module, ModuleMapper, Param};
+use burn::module::{AutodiffModule, Module, ModuleMapper, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor};
@@ -15,24 +17,27 @@ use burn::tensor::{ElementConversion, Tensor};
 use super::PipelineConfig;
 use super::schedule::Action;
 use crate::collective::MeshCollectives;
-use crate::collective::ReduceOp;
 use crate::data::{DataSource, split_even};
-use crate::grads::{BucketPlan, ParamSelection, add_weighted, all_reduce_gradients};
-use crate::optim::{
-    Guard, GuardedOptimizer, Local, NonFinite, Settled, decode, encode, param_path, scale_grads,
-    total_squares,
-};
-use crate::stages::{Activation, PipelineModel};
-use crate::strategy::dispatch::{RankDone, RankWork, Shard};
+use crate::grads::{BucketPlan, ParamSelection, add_weighted};
+use crate::model::PipelineModel;
+use crate::optim::{GuardedOptimizer, decode, encode, tensor_bytes};
+use crate::params::param_bytes;
+use crate::stages::{Activation, recv_activation, send_activation};
 use crate::strategy::handover::sync_device;
+use crate::strategy::launch::ShardPlace;
+use crate::strategy::ranks::{RankDone, RankWork, Shard};
+use crate::strategy::step::{Findings, Split, Sync, guarded_step};
 use crate::strategy::{RankError, RankStats};
 use crate::world::Mesh;
 
-/// Where a stage sits.
+/// Where a stage sits: its stage, the replicas of it, and its tensor-parallel shard.
 pub(super) struct Place {
     pub stage: usize,
     pub stages: usize,
     pub replicas: usize,
+    pub shard: Option<ShardPlace>,
+    /// The empty set of replicated parameters of an unsharded stage.
+    pub none: HashSet<ParamId>,
 }
 
 impl Place {
@@ -136,6 +141,9 @@ where
 
     fn abort(&mut self, reason: &str) {
         self.groups.abort(reason);
+        if let Some(shard) = &self.place.shard {
+            shard.group.abort(reason);
+        }
     }
 }
 
@@ -154,6 +162,9 @@ where
             .fork(&self.device);
         let cap = (self.config.bucket_cap_mb * 1024.0 * 1024.0) as usize;
         self.plan = Some(BucketPlan::new(&module, cap, ParamSelection::Trainable));
+        let bytes = param_bytes(&module);
+        self.stats.param_bytes = bytes.params;
+        self.stats.grad_bytes = bytes.grads;
         self.module = Some(module);
         Ok(RankDone::new(
             (0.0, 0),
@@ -166,6 +177,7 @@ where
     fn step_rank(&mut self, shard: &Shard, lr: f64) -> Result<RankDone, RankError> {
         let global_samples = shard.global_samples;
         let shard = &shard.indices[..];
+        let shard_len = shard.len();
         let module = self.module.take().ok_or(RankError::Gone)?;
 
         let mut grads = GradientsParams::new();
@@ -183,111 +195,64 @@ where
             loss_sum += flush_loss;
         }
 
-        let guard = self.optim.guard().cloned();
-        let guard_start = Instant::now();
-        let inspected = guard
-            .as_ref()
-            .map(|g| g.inspect::<B, M::Stage>(&module, &grads, loss_sum.is_finite()));
-        times.compute += guard_start.elapsed();
-
-        let sync_start = Instant::now();
         let plan = self.plan.as_ref().expect("a started rank has a plan");
-        let summed = self.place.replicas > 1;
-        let grads = if summed {
-            let dp = self.groups.axis(Mesh::DP).expect("a pipeline mesh has dp");
-            all_reduce_gradients(&module, grads, plan, dp, &self.device, &[])?.0
-        } else {
-            grads
+        let (world, dp) = self
+            .groups
+            .world_and_axis(Mesh::DP)
+            .expect("a pipeline mesh has dp");
+        let first_replica = dp.rank() == 0;
+        let shard = self.place.shard.as_ref();
+        let sync = Sync {
+            dp: (self.place.replicas > 1).then_some((dp, plan)),
+            split: Some(Split {
+                world,
+                stage: self.place.stage,
+                shard: shard.map_or(0, |s| s.shard),
+                shards: shard.map_or(1, |s| s.shards),
+                first_replica,
+                replicated: shard.map_or(&self.place.none, |s| &s.replicated),
+            }),
+            device: &self.device,
         };
-        let mut communication = sync_start.elapsed();
-
-        let settled = match (&guard, inspected) {
-            (Some(guard), Some(local)) => {
-                let (settled, spent) =
-                    self.settle_across_stages(guard, &module, grads, local, summed)?;
-                communication += spent;
-                settled
-            }
-            _ => Settled::unguarded(grads),
+        let findings = Findings::Inspect {
+            loss_finite: loss_sum.is_finite(),
         };
+        let stepped = guarded_step(
+            &mut self.optim,
+            module,
+            grads,
+            findings,
+            sync,
+            lr,
+            self.stats.steps + 1,
+        )?;
+        self.module = Some(stepped.model);
+        times.compute += stepped.compute;
+        if self.stats.steps == 0 {
+            self.stats.optimizer_bytes = tensor_bytes(&encode(&self.optim)?);
+        }
 
-        let optim_start = Instant::now();
-        self.module = Some(match settled.grads {
-            Some(grads) => self.optim.step(lr, module, grads),
-            None => module,
-        });
-        times.compute += optim_start.elapsed();
-
-        let scored = if self.place.last() { shard.len() } else { 0 };
+        let scored = if self.place.last() { shard_len } else { 0 };
         self.stats.steps += 1;
         self.stats.samples += scored as u64;
         self.stats.compute += times.compute;
         self.stats.idle += times.idle;
-        self.stats.communication += communication;
-        self.stats.collective = self.groups.axis(Mesh::PP).expect("pp").counters();
+        self.stats.communication += stepped.communication;
+        self.record_traffic();
         Ok(RankDone::new(
             (loss_sum, scored),
-            (times.compute, communication),
+            (times.compute, stepped.communication),
             self.plan.as_ref(),
             &self.stats,
         )
-        .with_guard(guard.map(|_| settled.report)))
+        .with_guard(stepped.guard))
     }
 
-    /// The guard's decision for a stage: the stages' squared norms and every rank's findings
-    /// are summed over the world in one small all-reduce (the stages share no gradient
-    /// all-reduce it could ride in), then every rank settles from the same facts. Returns the
-    /// decision and the time the all-reduce took.
-    fn settle_across_stages(
-        &mut self,
-        guard: &Guard,
-        module: &M::Stage,
-        grads: GradientsParams,
-        local: Local,
-        summed: bool,
-    ) -> Result<(Settled, Duration), RankError> {
-        let squares = if summed {
-            total_squares::<B, M::Stage>(module, &grads)
-        } else {
-            local.squares
-        };
-        let dp_rank = self.groups.axis(Mesh::DP).expect("dp").rank();
-        let world = self.groups.world();
-        let (rank, world_size) = (world.rank(), world.world_size());
-        // Layout: each rank's finding code, each rank's stage, then the global Σ g², to which
-        // only the first replica of each stage adds (the replicas' sums are equal).
-        let mut facts = vec![0.0f32; 2 * world_size + 1];
-        facts[rank] = local.code;
-        facts[world_size + rank] = self.place.stage as f32;
-        if dp_rank == 0 {
-            facts[2 * world_size] = squares as f32;
+    fn record_traffic(&mut self) {
+        self.stats.collective = self.groups.counters();
+        if let Some(shard) = &self.place.shard {
+            self.stats.shard_traffic = shard.group.traffic();
         }
-        let start = Instant::now();
-        let facts = Tensor::<B::InnerBackend, 1>::from_floats(facts.as_slice(), &self.device);
-        let facts = world
-            .all_reduce(facts, ReduceOp::Sum)?
-            .into_data()
-            .convert::<f32>()
-            .to_vec::<f32>()
-            .expect("the facts convert to f32");
-        let spent = start.elapsed();
-        let (codes, stages) = facts[..2 * world_size].split_at(world_size);
-        let stage = self.place.stage;
-        let settled = guard
-            .settle(
-                grads,
-                codes,
-                f64::from(facts[2 * world_size]),
-                self.stats.steps + 1,
-                |culprit, ordinal| {
-                    (stages[culprit] as usize == stage)
-                        .then(|| param_path::<B, M::Stage>(module, ordinal))
-                        .flatten()
-                },
-                |grads, factor| scale_grads::<B, M::Stage>(module, grads, factor),
-            )
-            .map_err(|report: NonFinite| RankError::from(report))?;
-        Ok((settled, spent))
     }
 
     /// One flush of the pipeline over `micro`: the schedule's forwards and backwards, each
@@ -367,7 +332,12 @@ where
         let received = if self.place.first() {
             None
         } else {
-            Some(self.recv_activation(times)?)
+            let pp = self.groups.axis(Mesh::PP).expect("pp");
+            let wait = Instant::now();
+            let received =
+                recv_activation::<B, M::Activation>(pp, self.place.stage - 1, &self.device)?;
+            times.idle += wait.elapsed();
+            Some(received)
         };
         let start = Instant::now();
         // The batch is read once per micro-batch, by the stages that need it.
@@ -414,7 +384,8 @@ where
         };
         times.compute += start.elapsed();
         if let Root::Output(y) = &root {
-            self.send_activation(y)?;
+            let pp = self.groups.axis(Mesh::PP).expect("pp");
+            send_activation::<B, M::Activation>(pp, y, self.place.stage + 1)?;
         }
         let kept = if recompute {
             Kept::Checkpoint { input, target }
@@ -469,39 +440,6 @@ where
             pp.send(grad, self.place.stage - 1)?;
         }
         Ok(params)
-    }
-
-    fn send_activation(&mut self, y: &M::Activation) -> Result<(), RankError> {
-        let pp = self.groups.axis(Mesh::PP).expect("pp");
-        let dims: Vec<f32> = y.dims().iter().map(|&d| d as f32).collect();
-        let flat = y.to_flat();
-        let header = Tensor::<B::InnerBackend, 1>::from_floats(dims.as_slice(), &flat.device());
-        pp.send(header, self.place.stage + 1)?;
-        pp.send(flat, self.place.stage + 1)?;
-        Ok(())
-    }
-
-    /// The previous stage's output of the next micro-batch: its values, flat, and shape.
-    fn recv_activation(
-        &mut self,
-        times: &mut Times,
-    ) -> Result<(Tensor<B::InnerBackend, 1>, Vec<usize>), RankError> {
-        let device = self.device.clone();
-        let pp = self.groups.axis(Mesh::PP).expect("pp");
-        let from = self.place.stage - 1;
-        let wait = Instant::now();
-        let header = pp.recv(from, M::Activation::RANK, &device)?;
-        let dims: Vec<usize> = header
-            .into_data()
-            .convert::<f32>()
-            .to_vec::<f32>()
-            .expect("f32 header")
-            .into_iter()
-            .map(|d| d as usize)
-            .collect();
-        let flat = pp.recv(from, dims.iter().product(), &device)?;
-        times.idle += wait.elapsed();
-        Ok((flat, dims))
     }
 }
 

@@ -1,6 +1,7 @@
-//! Strategies whose ranks are worker threads (Ddp, Pipeline): each rank's loop ([`serve`]),
-//! and the caller's side ([`RankThreads`]) that sends commands and collects one report per
-//! rank, so that a failed or wedged rank can never hang the caller.
+//! The rank-thread runtime of the strategies whose ranks are worker threads (Ddp, Pipeline,
+//! Tensor): each rank's loop ([`serve`]), and the caller's side ([`RankThreads`]) that sends
+//! commands and collects one reply per rank, so that a failed or wedged rank can never hang
+//! the caller.
 
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -9,40 +10,11 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use burn::module::Module;
-use burn::tensor::backend::AutodiffBackend;
-
-use super::handover::{panic_message, sync_device};
+use super::handover::panic_error;
 use super::{ConfigError, RankError, RankFailure, RankStats, StepOutput, StrategyError};
-use crate::World;
 use crate::grads::BucketPlan;
 use crate::optim::GuardReport;
-
-/// Refuses a world that spans processes: these strategies connect ranks inside one process.
-pub(crate) fn check_single_process<D: Clone>(world: &World<D>) -> Result<(), ConfigError> {
-    if world.multi_process_enabled() {
-        return Err(ConfigError::MultiProcess {
-            processes: world.process().processes,
-        });
-    }
-    Ok(())
-}
-
-/// `model` with its parameters materialised on `device`, once, before rank threads copy it.
-///
-/// Burn initialises parameters lazily, on first use, from the backend's global RNG; done
-/// here, the values do not depend on how the rank threads interleave, and match what a
-/// single-device run draws from the same seed. The device is synchronised because the rank
-/// threads read these parameters next.
-pub(crate) fn materialise<B: AutodiffBackend, M: Module<B>>(
-    model: M,
-    device: &B::Device,
-) -> Result<M, StrategyError> {
-    let model = model.fork(device);
-    sync_device::<B>(device)
-        .map_err(|error| StrategyError::from_failures(vec![RankFailure { rank: 0, error }]))?;
-    Ok(model)
-}
+use crate::world::Mesh;
 
 /// A finished start-up or step of one rank.
 pub(crate) struct RankDone {
@@ -101,8 +73,9 @@ impl RankDone {
     }
 }
 
-/// One step's output from every rank's report; the ranks' totals replace `stats`.
-pub(crate) fn step_output(stats: &mut [RankStats], done: Vec<RankDone>) -> StepOutput {
+/// One step's output from every rank's report on `mesh`; the ranks' totals replace `stats`.
+/// The tensor-parallel shards of a replica score the same samples: only the first counts.
+pub(crate) fn step_output(stats: &mut [RankStats], done: Vec<RankDone>, mesh: &Mesh) -> StepOutput {
     let mut output = StepOutput {
         loss: 0.0,
         samples: 0,
@@ -111,9 +84,11 @@ pub(crate) fn step_output(stats: &mut [RankStats], done: Vec<RankDone>) -> StepO
         guard: done.first().and_then(|d| d.guard),
     };
     let mut loss_sum = 0.0;
-    for (stats, d) in stats.iter_mut().zip(done) {
-        loss_sum += d.loss_sum;
-        output.samples += d.samples;
+    for (rank, (stats, d)) in stats.iter_mut().zip(done).enumerate() {
+        if mesh.coord(rank, Mesh::TP) == 0 {
+            loss_sum += d.loss_sum;
+            output.samples += d.samples;
+        }
         output.compute = output.compute.max(d.compute);
         output.communication = output.communication.max(d.communication);
         *stats = d.stats;
@@ -122,8 +97,8 @@ pub(crate) fn step_output(stats: &mut [RankStats], done: Vec<RankDone>) -> StepO
     output
 }
 
-/// A rank's answer to one command.
-struct Report<D> {
+/// A rank's reply to one command.
+struct Reply<D> {
     /// The rank answering (an index into this process's ranks).
     pub rank: usize,
     /// What it did, or why it could not.
@@ -134,7 +109,7 @@ struct Report<D> {
 /// at most `grace` to report (their collectives time out before that), so the caller returns
 /// with every failure named.
 fn collect<D>(
-    reports: &Receiver<Report<D>>,
+    reports: &Receiver<Reply<D>>,
     ranks: usize,
     grace: Duration,
 ) -> Result<Vec<D>, StrategyError> {
@@ -148,7 +123,7 @@ fn collect<D>(
             reports.recv_timeout(grace)
         };
         match report {
-            Ok(Report { rank, result }) => {
+            Ok(Reply { rank, result }) => {
                 pending -= 1;
                 match result {
                     Ok(d) => done[rank] = Some(d),
@@ -248,7 +223,7 @@ fn guarded<W: RankWork>(
     f: impl FnOnce(&mut W) -> Result<RankDone, RankError>,
 ) -> Result<RankDone, RankError> {
     let result = catch_unwind(AssertUnwindSafe(|| f(work)))
-        .unwrap_or_else(|payload| Err(RankError::Panicked(panic_message(payload.as_ref()))));
+        .unwrap_or_else(|payload| Err(panic_error(payload)));
     if let Err(error) = &result {
         work.abort(&error.to_string());
     }
@@ -261,10 +236,10 @@ fn serve<W: RankWork>(
     mut work: W,
     rank: usize,
     inbox: Receiver<Command<W::Held>>,
-    reports: Sender<Report<RankDone>>,
+    reports: Sender<Reply<RankDone>>,
 ) {
     // A send fails only when the dispatcher is gone, and then there is nobody to serve.
-    let report = |result| reports.send(Report { rank, result }).is_ok();
+    let report = |result| reports.send(Reply { rank, result }).is_ok();
     let result = guarded(&mut work, W::start);
     let mut failed = result.is_err();
     if !report(result) {
@@ -315,7 +290,7 @@ struct RankHandle<R> {
 /// The dispatcher's side: one thread per rank, commands out, one report per rank back.
 pub(crate) struct RankThreads<R> {
     ranks: Vec<RankHandle<R>>,
-    reports: Receiver<Report<RankDone>>,
+    reports: Receiver<Reply<RankDone>>,
     grace: Duration,
     broken: Option<usize>,
 }

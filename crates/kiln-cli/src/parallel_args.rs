@@ -1,0 +1,95 @@
+//! The flags that shape the mesh, shared by `kiln train` and `kiln ad train`: `--dp`,
+//! `--stages`, `--tp` and the pipeline's schedule. Each overrides the same setting of
+//! `[parallel.*]`; a flag the chosen strategy does not read is refused, not ignored.
+
+use kiln_core::strategy::{Schedule, StrategyConfigs, StrategyKind};
+
+use crate::names::schedule_parser;
+
+/// `--dp`, `--stages`, `--tp`, `--micro-batches`, `--schedule`, `--recompute`.
+#[derive(clap::Args, Debug)]
+pub struct ParallelArgs {
+    /// Data-parallel replicas: with `pipeline` and `tensor` the world becomes
+    /// dp × stages × shards ranks [default: the world over the other degrees].
+    #[arg(long)]
+    dp: Option<usize>,
+    /// Pipeline stages of `pipeline`, or of each shard under `tensor` [default: 2 for
+    /// pipeline, 1 for tensor].
+    #[arg(long)]
+    stages: Option<usize>,
+    /// Tensor-parallel shards of every sharded layer (with `--strategy tensor`) [default: 2].
+    #[arg(long)]
+    tp: Option<usize>,
+    /// Pipeline micro-batches per flush [default: 4].
+    #[arg(long)]
+    micro_batches: Option<usize>,
+    /// Pipeline schedule [default: 1f1b].
+    #[arg(long, value_parser = schedule_parser())]
+    schedule: Option<Schedule>,
+    /// Pipeline activation checkpointing: each stage keeps only its micro-batches' inputs and
+    /// recomputes the forward in the backward (less memory, one more forward).
+    #[arg(long)]
+    recompute: bool,
+}
+
+/// A flag given with a strategy that does not read it.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{flag} applies to {applies}, but the strategy is {strategy}; drop it or choose one of those"
+)]
+pub struct FlagError {
+    flag: &'static str,
+    applies: &'static str,
+    strategy: StrategyKind,
+}
+
+impl ParallelArgs {
+    /// Writes the flags into `configs` for `strategy` and returns `--dp`.
+    ///
+    /// # Errors
+    /// [`FlagError`] for a flag `strategy` does not read (`--stages` with `ddp`, …).
+    pub fn apply(
+        &self,
+        configs: &mut StrategyConfigs,
+        strategy: StrategyKind,
+    ) -> Result<Option<usize>, FlagError> {
+        use StrategyKind::{Pipeline, Tensor};
+        let staged = matches!(strategy, Pipeline | Tensor);
+        let refuse = |flag, applies| FlagError {
+            flag,
+            applies,
+            strategy,
+        };
+        if let Some(stages) = self.stages {
+            match strategy {
+                Pipeline => configs.pipeline.stages = stages,
+                Tensor => configs.tensor.stages = stages,
+                _ => return Err(refuse("--stages", "pipeline and tensor")),
+            }
+        }
+        if let Some(tp) = self.tp {
+            if strategy != Tensor {
+                return Err(refuse("--tp", "tensor"));
+            }
+            configs.tensor.tp = tp;
+        }
+        let pipeline_flags = [
+            ("--micro-batches", self.micro_batches.is_some()),
+            ("--schedule", self.schedule.is_some()),
+            ("--recompute", self.recompute),
+        ];
+        if let Some((flag, _)) = pipeline_flags.iter().find(|(_, given)| *given && !staged) {
+            return Err(refuse(flag, "pipeline and tensor (with --stages)"));
+        }
+        if let Some(micro_batches) = self.micro_batches {
+            configs.pipeline.micro_batches = micro_batches;
+        }
+        if let Some(schedule) = self.schedule {
+            configs.pipeline.schedule = schedule;
+        }
+        if self.recompute {
+            configs.pipeline.recompute = true;
+        }
+        Ok(self.dp)
+    }
+}

@@ -1,0 +1,354 @@
+//! The resolved plan of a run: which strategy, on how many ranks, along which axes. Worked out
+//! and checked once, here, before anything starts, then passed down to the builder, the
+//! training loop and the reports, and printed.
+//!
+//! A run asks with a [`PlanRequest`]: the strategy by name (`auto` included), the ranks if the
+//! user named them, the data-parallel replicas if named, the strategies' settings and the
+//! global batch. [`Plan::resolve`] turns it into the mesh `dp × pp × tp` (torchtitan's
+//! `ParallelDims`): each strategy owns some axes (`ddp`: `dp`; `pipeline`: `dp × pp`;
+//! `tensor`: `dp × pp × tp`), and the world is their product.
+
+use std::fmt;
+
+use crate::strategy::{ConfigError, StrategyConfigs, StrategyKind};
+use crate::world::Mesh;
+
+/// What a run asks for, before it is resolved.
+#[derive(Debug, Clone)]
+pub struct PlanRequest {
+    /// The strategy by name; `auto` chooses.
+    pub strategy: StrategyKind,
+    /// Ranks the user named (`--world`, `--devices`, a config's `world`); `None` lets the plan
+    /// derive them from the degrees, or `auto` from the machine.
+    pub world: Option<usize>,
+    /// Data-parallel replicas the user named (`--dp`): with `pipeline` and `tensor`, the world
+    /// is then their product with the other degrees.
+    pub dp: Option<usize>,
+    /// Every strategy's settings: the stages (`[parallel.pipeline]`, `[parallel.tensor]`) and
+    /// shards (`[parallel.tensor]`) come from here.
+    pub configs: StrategyConfigs,
+    /// Samples per optimizer step over all ranks.
+    pub global_batch: usize,
+    /// When the ranks share a CPU: its cores, which `auto` makes ranks when nobody named a
+    /// world. `None` for devices that are not shared cores (GPUs).
+    pub cpu_cores: Option<usize>,
+}
+
+impl PlanRequest {
+    /// A request for `strategy` at `global_batch`, with every other field left to the plan.
+    pub fn new(strategy: StrategyKind, global_batch: usize) -> Self {
+        Self {
+            strategy,
+            world: None,
+            dp: None,
+            configs: StrategyConfigs::default(),
+            global_batch,
+            cpu_cores: None,
+        }
+    }
+
+    /// This request with `world` ranks named.
+    pub fn with_world(mut self, world: usize) -> Self {
+        self.world = Some(world);
+        self
+    }
+
+    /// This request with these strategy settings.
+    pub fn with_configs(mut self, configs: StrategyConfigs) -> Self {
+        self.configs = configs;
+        self
+    }
+}
+
+/// A run's resolved plan. See the [module docs](self).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    strategy: StrategyKind,
+    reason: String,
+    mesh: Mesh,
+    configs: StrategyConfigs,
+    global_batch: usize,
+}
+
+impl Plan {
+    /// Resolves and checks `request`: the concrete strategy (and why), the degrees and the
+    /// mesh, and the settings with the degrees written in (the pipeline's `stages` is `pp`).
+    ///
+    /// # Errors
+    /// [`ConfigError`] for a world the strategy cannot run on, degrees that do not multiply
+    /// to the world, zero of anything, settings that cannot work, or a batch too small for
+    /// the replicas or the micro-batches.
+    pub fn resolve(request: PlanRequest) -> Result<Plan, ConfigError> {
+        let PlanRequest {
+            strategy,
+            world,
+            dp,
+            mut configs,
+            global_batch,
+            cpu_cores,
+        } = request;
+        if world == Some(0) || dp == Some(0) {
+            return Err(ConfigError::NoDevices);
+        }
+        let (strategy, reason, world) = match strategy {
+            StrategyKind::Auto => auto(world.or(dp), cpu_cores, &configs, global_batch),
+            kind => (kind, "chosen by the user".to_string(), world),
+        };
+        let (dp, pp, tp) = match strategy {
+            StrategyKind::Single => match world.unwrap_or(1) {
+                1 => (1, 1, 1),
+                ranks => return Err(ConfigError::SingleWithMany { ranks }),
+            },
+            StrategyKind::DataParallel | StrategyKind::Ddp => (replicas(world, dp, 1)?, 1, 1),
+            StrategyKind::Pipeline => {
+                let pp = configs.pipeline.stages;
+                if pp == 0 {
+                    return Err(ConfigError::ZeroStages);
+                }
+                (replicas(world, dp, pp)?, pp, 1)
+            }
+            StrategyKind::Tensor => {
+                let (tp, pp) = (configs.tensor.tp, configs.tensor.stages);
+                if tp == 0 {
+                    return Err(ConfigError::ZeroShards);
+                }
+                if pp == 0 {
+                    return Err(ConfigError::ZeroStages);
+                }
+                (replicas(world, dp, pp * tp)?, pp, tp)
+            }
+            StrategyKind::Auto => unreachable!("auto resolves to a concrete strategy above"),
+        };
+        let mut axes = vec![(Mesh::DP, dp)];
+        if strategy == StrategyKind::Pipeline || pp > 1 {
+            axes.push((Mesh::PP, pp));
+        }
+        if strategy == StrategyKind::Tensor {
+            axes.push((Mesh::TP, tp));
+        }
+        let mesh = Mesh::new(&axes).expect("the degrees are positive and the names distinct");
+        if strategy == StrategyKind::Pipeline {
+            configs.pipeline.stages = pp;
+        }
+        configs.validate(strategy)?;
+        if global_batch < dp {
+            return Err(ConfigError::BatchSmallerThanReplicas {
+                batch: global_batch,
+                replicas: dp,
+            });
+        }
+        if pp > 1 {
+            configs.pipeline.check_micro_batches(global_batch, dp)?;
+        }
+        Ok(Plan {
+            strategy,
+            reason,
+            mesh,
+            configs,
+            global_batch,
+        })
+    }
+
+    /// The strategy that runs (never `auto`).
+    pub fn strategy(&self) -> StrategyKind {
+        self.strategy
+    }
+
+    /// Why it was chosen.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+
+    /// The ranks along the strategy's axes (`dp`, `pp`, `tp`).
+    pub fn mesh(&self) -> &Mesh {
+        &self.mesh
+    }
+
+    /// Ranks in all.
+    pub fn world_size(&self) -> usize {
+        self.mesh.size()
+    }
+
+    /// The degree of `axis` (1 for an axis the plan does not use).
+    pub fn degree(&self, axis: &str) -> usize {
+        self.mesh.degree(axis)
+    }
+
+    /// Every strategy's settings, the degrees written in.
+    pub fn configs(&self) -> &StrategyConfigs {
+        &self.configs
+    }
+
+    /// Samples per optimizer step over all ranks.
+    pub fn global_batch(&self) -> usize {
+        self.global_batch
+    }
+
+    /// Micro-batches per rank and step the strategy accumulates.
+    pub fn grad_accumulation(&self) -> usize {
+        self.configs.grad_accumulation(self.strategy)
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} on {} rank(s), mesh {}: {}",
+            self.strategy,
+            self.world_size(),
+            self.mesh,
+            self.reason
+        )
+    }
+}
+
+/// `auto`'s choice for `ranks` named ranks (or the CPU's cores, or one): the strategy, why,
+/// and the ranks it then runs on.
+fn auto(
+    ranks: Option<usize>,
+    cpu_cores: Option<usize>,
+    configs: &StrategyConfigs,
+    global_batch: usize,
+) -> (StrategyKind, String, Option<usize>) {
+    let from_cores = ranks.is_none() && cpu_cores.is_some();
+    let ranks = ranks.unwrap_or_else(|| match cpu_cores {
+        Some(cores) => {
+            let threads = configs.ddp.threads_per_rank.unwrap_or(1).max(1);
+            StrategyKind::auto_cpu_world(cores / threads, global_batch)
+        }
+        None => 1,
+    });
+    let (kind, reason) = if ranks == 1 {
+        (
+            StrategyKind::Single,
+            "one rank: nothing to parallelise".to_string(),
+        )
+    } else if from_cores {
+        (
+            StrategyKind::Ddp,
+            format!(
+                "the CPU's cores as {ranks} Ddp ranks, which train as one rank does up to \
+                 float rounding (--world 1 trains on one rank)"
+            ),
+        )
+    } else {
+        (
+            StrategyKind::Ddp,
+            format!(
+                "{ranks} ranks: a full replica per rank (memory-aware planning is not \
+                 implemented yet, so the model is assumed to fit on every device)"
+            ),
+        )
+    };
+    (kind, reason, Some(ranks))
+}
+
+/// The data-parallel replicas of a world of `world` ranks (if named), `dp` replicas (if
+/// named), each replica `model_parallel` ranks (its stages times its shards).
+fn replicas(
+    world: Option<usize>,
+    dp: Option<usize>,
+    model_parallel: usize,
+) -> Result<usize, ConfigError> {
+    match (world, dp) {
+        (Some(w), Some(d)) if w != d * model_parallel => Err(ConfigError::WorldNotMesh {
+            world: w,
+            dp: d,
+            model_parallel,
+        }),
+        (Some(w), None) if !w.is_multiple_of(model_parallel) => Err(ConfigError::WorldNotMesh {
+            world: w,
+            dp: 0,
+            model_parallel,
+        }),
+        (Some(w), _) => Ok(w / model_parallel),
+        (None, Some(d)) => Ok(d),
+        (None, None) => Ok(1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(
+        kind: StrategyKind,
+        world: Option<usize>,
+        dp: Option<usize>,
+    ) -> Result<Plan, ConfigError> {
+        let mut configs = StrategyConfigs::default();
+        configs.tensor.tp = 2;
+        Plan::resolve(PlanRequest {
+            world,
+            dp,
+            configs,
+            ..PlanRequest::new(kind, 64)
+        })
+    }
+
+    #[test]
+    fn degrees_multiply_to_the_world() {
+        let p = plan(StrategyKind::Tensor, Some(4), None).unwrap();
+        assert_eq!(p.mesh().to_string(), "dp=2 × tp=2");
+        let p = plan(StrategyKind::Pipeline, None, Some(3)).unwrap();
+        assert_eq!(p.mesh().to_string(), "dp=3 × pp=2");
+        assert_eq!(p.world_size(), 6);
+        let p = plan(StrategyKind::Ddp, Some(3), None).unwrap();
+        assert_eq!(p.mesh().to_string(), "dp=3");
+        assert_eq!(
+            plan(StrategyKind::Tensor, Some(3), None).unwrap_err(),
+            ConfigError::WorldNotMesh {
+                world: 3,
+                dp: 0,
+                model_parallel: 2
+            }
+        );
+        assert!(matches!(
+            plan(StrategyKind::Pipeline, Some(4), Some(3)),
+            Err(ConfigError::WorldNotMesh { .. })
+        ));
+        assert!(matches!(
+            plan(StrategyKind::Single, Some(2), None),
+            Err(ConfigError::SingleWithMany { ranks: 2 })
+        ));
+    }
+
+    #[test]
+    fn auto_takes_the_named_ranks_or_the_cores() {
+        let p = plan(StrategyKind::Auto, Some(1), None).unwrap();
+        assert_eq!(p.strategy(), StrategyKind::Single);
+        let p = plan(StrategyKind::Auto, Some(3), None).unwrap();
+        assert_eq!((p.strategy(), p.world_size()), (StrategyKind::Ddp, 3));
+        let cores = Plan::resolve(PlanRequest {
+            cpu_cores: Some(2),
+            ..PlanRequest::new(StrategyKind::Auto, 32)
+        })
+        .unwrap();
+        assert_eq!(
+            (cores.strategy(), cores.world_size()),
+            (StrategyKind::Ddp, 2)
+        );
+        assert!(cores.to_string().contains("CPU's cores"), "{cores}");
+    }
+
+    #[test]
+    fn batches_too_small_are_refused() {
+        let small = Plan::resolve(PlanRequest::new(StrategyKind::Ddp, 2).with_world(3));
+        assert!(matches!(
+            small,
+            Err(ConfigError::BatchSmallerThanReplicas { .. })
+        ));
+        let mut configs = StrategyConfigs::default();
+        configs.pipeline.micro_batches = 8;
+        let micro = Plan::resolve(
+            PlanRequest::new(StrategyKind::Pipeline, 12)
+                .with_world(4)
+                .with_configs(configs),
+        );
+        assert!(matches!(
+            micro,
+            Err(ConfigError::MicroBatchesExceedBatch { .. })
+        ));
+    }
+}

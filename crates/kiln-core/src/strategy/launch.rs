@@ -1,0 +1,120 @@
+//! How the ranks of a worker-thread strategy start: which world, which collectives each rank
+//! holds, and which model each rank trains (a copy of one model, or its tensor-parallel
+//! shard).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use burn::module::{Module, ParamId};
+use burn::tensor::backend::AutodiffBackend;
+
+use super::handover::sync_device;
+use super::{ConfigError, RankFailure, StrategyError};
+use crate::World;
+use crate::collective::MeshCollectives;
+use crate::tensor_parallel::GroupHandle;
+use crate::world::Mesh;
+
+/// Refuses a world that spans processes: these strategies connect ranks inside one process.
+pub(crate) fn check_single_process<D: Clone>(world: &World<D>) -> Result<(), ConfigError> {
+    if world.multi_process_enabled() {
+        return Err(ConfigError::MultiProcess {
+            processes: world.process().processes,
+        });
+    }
+    Ok(())
+}
+
+/// `model` with its parameters materialised on `device`, once, before rank threads copy it.
+///
+/// Burn initialises parameters lazily, on first use, from the backend's global RNG; done
+/// here, the values do not depend on how the rank threads interleave, and match what a
+/// single-device run draws from the same seed. The device is synchronised because the rank
+/// threads read these parameters next.
+pub(crate) fn materialise<B: AutodiffBackend, M: Module<B>>(
+    model: M,
+    device: &B::Device,
+) -> Result<M, StrategyError> {
+    let model = model.fork(device);
+    sync_device::<B>(device)
+        .map_err(|error| StrategyError::from_failures(vec![RankFailure { rank: 0, error }]))?;
+    Ok(model)
+}
+
+/// The ranks of one process, ready to start: a rank's device, collectives and model, in rank
+/// order.
+pub(crate) struct Launch<B: AutodiffBackend, M> {
+    /// How the world's ranks are arranged.
+    pub mesh: Mesh,
+    /// Each rank's start.
+    pub ranks: Vec<RankStart<B, M>>,
+    /// How the model is sharded, when it is.
+    pub shards: Option<Shards>,
+}
+
+/// What one rank starts with.
+pub(crate) struct RankStart<B: AutodiffBackend, M> {
+    /// Its device.
+    pub device: B::Device,
+    /// The model it trains: a copy of the whole, or its shard.
+    pub model: M,
+    /// Its groups: the world and every axis but the tensor-parallel one (which the model's
+    /// layers hold).
+    pub groups: MeshCollectives<B::InnerBackend>,
+    /// The rank's tensor-parallel group (its model's layers call it): the strategy fails it
+    /// when the rank fails, so that no shard waits for a failed one, and reads its traffic.
+    pub shard_group: Option<Box<dyn GroupHandle>>,
+}
+
+/// A model sharded over the `tp` axis.
+#[derive(Debug, Clone)]
+pub(crate) struct Shards {
+    /// Shards (the `tp` degree).
+    pub count: usize,
+    /// The parameters every shard holds whole: the guard counts them once, and Kiln reports
+    /// them once.
+    pub replicated: Arc<HashSet<ParamId>>,
+}
+
+/// A rank's tensor-parallel shard, as its worker keeps it: which shard of how many, the
+/// parameters every shard holds whole, and the group (to fail it and read its traffic).
+pub(crate) struct ShardPlace {
+    pub shard: usize,
+    pub shards: usize,
+    pub replicated: Arc<HashSet<ParamId>>,
+    pub group: Box<dyn GroupHandle>,
+}
+
+impl<B: AutodiffBackend, M: Module<B> + Clone> Launch<B, M> {
+    /// Every rank of `world` (arranged as `mesh`) starts from `model`, materialised once on
+    /// the first device; the ranks' collectives are in-process groups on `mesh` that time out
+    /// after `timeout`.
+    ///
+    /// # Errors
+    /// A multi-process world, or a device that fails to synchronise.
+    pub fn whole(
+        world: &World<B::Device>,
+        mesh: Mesh,
+        model: M,
+        timeout: Duration,
+    ) -> Result<Self, StrategyError> {
+        check_single_process(world)?;
+        let model = materialise(model, &world.devices()[0])?;
+        let ranks = MeshCollectives::in_process(&mesh, timeout)
+            .into_iter()
+            .zip(world.devices())
+            .map(|(groups, device)| RankStart {
+                device: device.clone(),
+                model: model.clone(),
+                groups,
+                shard_group: None,
+            })
+            .collect();
+        Ok(Self {
+            mesh,
+            ranks,
+            shards: None,
+        })
+    }
+}

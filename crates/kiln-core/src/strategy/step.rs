@@ -1,0 +1,237 @@
+//! The end of every strategy's step, written once: inspect the gradients → synchronise them →
+//! settle what the guard decides → step the optimizer.
+//!
+//! Strategies differ only in how gradients are synchronised and where the facts the guard
+//! needs (each rank's finding, the global norm) come together, which [`Sync`] says:
+//! - a whole model on every rank (Single, Ddp, DataParallel): each rank's finding code rides in
+//!   the data-parallel all-reduce's last bucket, and every rank computes the global norm from
+//!   the summed gradients it holds whole;
+//! - a model split over ranks (pipeline stages, tensor-parallel shards): no rank holds every
+//!   gradient, so one small all-reduce over the world sums every rank's code and place and the
+//!   ranks' squared norms, each parameter counted once: one replica contributes for all, and a
+//!   parameter that every tensor-parallel shard holds whole is counted by shard 0 alone.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use burn::module::{AutodiffModule, ParamId};
+use burn::optim::GradientsParams;
+use burn::tensor::Tensor;
+use burn::tensor::backend::AutodiffBackend;
+
+use super::RankError;
+use crate::collective::{Collective, ReduceOp};
+use crate::grads::{BucketPlan, all_reduce_gradients};
+use crate::optim::{
+    Guard, GuardReport, GuardedOptimizer, Local, NonFinite, Settled, param_path, scale_grads,
+    total_squares,
+};
+
+type Inner<B> = <B as AutodiffBackend>::InnerBackend;
+
+/// How a rank's gradients become the step's gradients.
+pub(crate) struct Sync<'a, B: AutodiffBackend> {
+    /// The data-parallel group and its bucket plan; `None` when the gradients are whole
+    /// already (one replica, or DataParallel's sum on its main device).
+    pub dp: Option<(&'a mut dyn Collective<Inner<B>>, &'a BucketPlan)>,
+    /// Where the guard's facts come together when the model is split over ranks; `None` when
+    /// every rank holds the whole model.
+    pub split: Option<Split<'a, B>>,
+    /// This rank's device.
+    pub device: &'a B::Device,
+}
+
+/// A rank's part of a model split over the world (see the [module docs](self)).
+pub(crate) struct Split<'a, B: AutodiffBackend> {
+    /// Every rank of the world.
+    pub world: &'a mut dyn Collective<Inner<B>>,
+    /// This rank's pipeline stage (0 without stages).
+    pub stage: usize,
+    /// This rank's tensor-parallel shard (0 without shards).
+    pub shard: usize,
+    /// Tensor-parallel shards (1 without).
+    pub shards: usize,
+    /// Whether this rank is the first replica of its part, which alone adds its squared norm.
+    pub first_replica: bool,
+    /// The parameters every shard holds whole, counted by shard 0 alone.
+    pub replicated: &'a HashSet<ParamId>,
+}
+
+/// What the guard knows of a rank's gradients before they are synchronised.
+pub(crate) enum Findings {
+    /// The gradients passed in are this rank's own: inspect them (and whether its loss was
+    /// finite).
+    Inspect {
+        /// Whether every micro-batch's loss was finite.
+        loss_finite: bool,
+    },
+    /// The gradients passed in are already summed from parts inspected before (DataParallel:
+    /// one finding code per device).
+    Given(Vec<f32>),
+}
+
+/// What one guarded step did.
+pub(crate) struct Stepped<M> {
+    /// The model after the optimizer step (unchanged when the step was skipped).
+    pub model: M,
+    /// The guard's decision; `None` without a guard.
+    pub guard: Option<GuardReport>,
+    /// Time in collectives.
+    pub communication: Duration,
+    /// Time inspecting, settling and stepping the optimizer.
+    pub compute: Duration,
+}
+
+/// Inspect → synchronise → settle → step, for one rank. See the [module docs](self).
+///
+/// # Errors
+/// A collective failure, or the guard's [`NonFinite`] report under `nan_policy = "halt"`
+/// (every rank returns the same one).
+pub(crate) fn guarded_step<B, M, O>(
+    optim: &mut O,
+    model: M,
+    grads: GradientsParams,
+    findings: Findings,
+    sync: Sync<'_, B>,
+    lr: f64,
+    step: u64,
+) -> Result<Stepped<M>, RankError>
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    O: GuardedOptimizer<M, B>,
+{
+    let Sync { dp, split, device } = sync;
+    let guard = optim.guard().cloned();
+    let start = Instant::now();
+    let (local, mut codes) = match (&guard, findings) {
+        (None, _) => (None, Vec::new()),
+        (Some(g), Findings::Inspect { loss_finite }) => (
+            Some(g.inspect::<B, M>(&model, &grads, loss_finite)),
+            Vec::new(),
+        ),
+        (Some(_), Findings::Given(codes)) => (None, codes),
+    };
+    let mut compute = start.elapsed();
+
+    let sync_start = Instant::now();
+    // A whole model's findings ride in its data-parallel all-reduce.
+    let riding = split.is_none();
+    let (grads, summed) = match dp {
+        Some((group, plan)) => {
+            let mine = match (&local, riding) {
+                (Some(l), true) => Guard::codes(l, group.rank(), group.world_size()),
+                _ => Vec::new(),
+            };
+            let (grads, facts) = all_reduce_gradients(&model, grads, plan, group, device, &mine)?;
+            if !mine.is_empty() {
+                codes = facts;
+            }
+            (grads, true)
+        }
+        None => {
+            if let (Some(l), true) = (&local, riding) {
+                codes = Guard::codes(l, 0, 1);
+            }
+            (grads, false)
+        }
+    };
+    let mut communication = sync_start.elapsed();
+
+    let settle_start = Instant::now();
+    let mut settle_communication = Duration::ZERO;
+    let settled = match (&guard, split) {
+        (None, _) => Settled::unguarded(grads),
+        (Some(g), None) => {
+            let local = if summed { None } else { local };
+            g.settle_replica::<B, M>(&model, grads, &codes, local, step)?
+        }
+        (Some(g), Some(split)) => {
+            let local = local.expect("a split model's ranks inspect their own gradients");
+            let (settled, spent) =
+                settle_split(g, &model, grads, local, summed, split, device, step)?;
+            settle_communication = spent;
+            settled
+        }
+    };
+    communication += settle_communication;
+    let model = match settled.grads {
+        Some(grads) => optim.step(lr, model, grads),
+        None => model,
+    };
+    compute += settle_start.elapsed().saturating_sub(settle_communication);
+    Ok(Stepped {
+        model,
+        guard: guard.map(|_| settled.report),
+        communication,
+        compute,
+    })
+}
+
+/// The guard's decision for a rank of a split model: every rank's code, stage and shard and
+/// the parts' squared norms, summed over the world in one all-reduce; then every rank settles
+/// from the same facts. Returns the decision and the time the all-reduce took.
+#[allow(clippy::too_many_arguments)]
+fn settle_split<B: AutodiffBackend, M: AutodiffModule<B>>(
+    guard: &Guard,
+    module: &M,
+    grads: GradientsParams,
+    local: Local,
+    summed: bool,
+    split: Split<'_, B>,
+    device: &B::Device,
+    step: u64,
+) -> Result<(Settled, Duration), RankError> {
+    let counts_replicated = split.shard == 0 || split.replicated.is_empty();
+    let squares = if summed || !counts_replicated {
+        let skip = (!counts_replicated).then_some(split.replicated);
+        total_squares::<B, M>(module, &grads, skip)
+    } else {
+        local.squares
+    };
+    let (rank, world_size) = (split.world.rank(), split.world.world_size());
+    // Layout: each rank's finding code, stage and shard, then the global Σ g², to which only
+    // the first replica of each part adds (the replicas' sums are equal).
+    let mut facts = vec![0.0f32; 3 * world_size + 1];
+    facts[rank] = local.code;
+    facts[world_size + rank] = split.stage as f32;
+    facts[2 * world_size + rank] = split.shard as f32;
+    if split.first_replica {
+        facts[3 * world_size] = squares as f32;
+    }
+    let start = Instant::now();
+    let facts = Tensor::<B::InnerBackend, 1>::from_floats(facts.as_slice(), device);
+    let facts = split
+        .world
+        .all_reduce(facts, ReduceOp::Sum)?
+        .into_data()
+        .convert::<f32>()
+        .to_vec::<f32>()
+        .expect("the facts convert to f32");
+    let spent = start.elapsed();
+    let codes = &facts[..world_size];
+    let stages = &facts[world_size..2 * world_size];
+    let shards = &facts[2 * world_size..3 * world_size];
+    let stage = split.stage;
+    let settled = guard
+        .settle(
+            grads,
+            codes,
+            f64::from(facts[3 * world_size]),
+            step,
+            // Every shard of a stage holds the same parameters, so any of them can name one.
+            |culprit, ordinal| {
+                (stages[culprit] as usize == stage)
+                    .then(|| param_path::<B, M>(module, ordinal))
+                    .flatten()
+            },
+            |grads, factor| scale_grads::<B, M>(module, grads, factor),
+        )
+        .map_err(|mut report: NonFinite| {
+            if split.shards > 1 {
+                report.shard = report.rank.map(|r| shards[r] as usize);
+            }
+            RankError::from(report)
+        })?;
+    Ok((settled, spent))
+}
