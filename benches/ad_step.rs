@@ -206,7 +206,7 @@ fn count_launches(config: &AdConfig, batches: &[Vec<usize>], steps: usize) {
     for guarded in [false, true] {
         let source = ad_source::<G>(config);
         let device = Default::default();
-        G::seed(&device, 1);
+        <G as burn::tensor::backend::Backend>::seed(&device, 1);
         let model = config.model.init::<G>(&config.env, &device);
         let single = SingleConfig {
             grad_accumulation: 1,

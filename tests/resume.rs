@@ -1,7 +1,7 @@
 //! Resume: `k` steps, a checkpoint on disk (the model's record and the strategy's optimizer
 //! state), then a new strategy built from both in a "new process" (a freshly initialised model
 //! loading the record) for `k` more steps ends with the parameters of `2k` uninterrupted steps,
-//! bit for bit, for every strategy. Checkpoints are in the model's own shape: one from Ddp
+//! bit for bit, for every strategy (`Tensor` too, on the model that shards). Checkpoints are in the model's own shape: one from Ddp
 //! resumes in Single. A state of another layout or optimizer is refused with a clear error.
 
 mod common;
@@ -27,6 +27,9 @@ fn configs(stages: usize) -> StrategyConfigs {
     configs.pipeline.collective_timeout_s = 60.0;
     configs.pipeline.stages = stages;
     configs.pipeline.micro_batches = 2;
+    // Tensor: tp = 2 (the default), with these stages.
+    configs.tensor.stages = stages;
+    configs.tensor.collective_timeout_s = 60.0;
     configs
 }
 
@@ -197,7 +200,14 @@ fn mlp_resumes_bit_for_bit_with_every_strategy() {
 #[test]
 fn ad_model_resumes_bit_for_bit_with_every_strategy() {
     let case = ad_case();
-    for (kind, world, stages) in every_strategy() {
+    // The MLP does not shard; the AD model does: tp = 2, dp × tp = 2 × 2, pp × tp = 2 × 2.
+    let tensor = [
+        same(StrategyKind::Tensor, 2, 1),
+        same(StrategyKind::Tensor, 4, 1),
+        same(StrategyKind::Tensor, 4, 2),
+    ]
+    .concat();
+    for (kind, world, stages) in [every_strategy(), tensor].concat() {
         let fresh = || ad_case().model;
         check_resume(
             "ad",

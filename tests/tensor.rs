@@ -20,7 +20,7 @@ use kiln::core::model::TensorParallelModel;
 use kiln::core::optim::PerformanceConfig;
 use kiln::core::params::param_bytes;
 use kiln::core::strategy::{
-    PerformanceSpec, Strategy, StrategyConfigs, StrategyKind, Tensor as Tp, build,
+    PerformanceSpec, Schedule, Strategy, StrategyConfigs, StrategyKind, Tensor as Tp, build,
 };
 use kiln::core::tensor_parallel::TpGroup;
 use kiln::nn::lora::{LoraConfig, LoraKind, QuantConfig};
@@ -38,6 +38,8 @@ struct Shape {
     pp: usize,
     tp: usize,
     accumulation: usize,
+    /// The schedule of the stages (with `pp > 1`).
+    schedule: Schedule,
 }
 
 const fn tp(tp: usize) -> Shape {
@@ -46,6 +48,7 @@ const fn tp(tp: usize) -> Shape {
         pp: 1,
         tp,
         accumulation: 1,
+        schedule: Schedule::OneFOneB,
     }
 }
 
@@ -63,6 +66,7 @@ impl Shape {
         configs.tensor.collective_timeout_s = 60.0;
         configs.tensor.check_replicas_every = (self.pp == 1).then_some(1);
         configs.pipeline.micro_batches = 2;
+        configs.pipeline.schedule = self.schedule;
         configs
     }
 }
@@ -216,11 +220,13 @@ fn the_transformer_shards_like_single_device_training() {
 
 #[test]
 fn the_transformer_trains_on_a_three_axis_mesh() {
+    // GPipe: a stage's ranks start each backward right after the last, the tightest
+    // interleaving of collectives inside backward passes.
     let shape = Shape {
         dp: 2,
         pp: 2,
-        tp: 2,
-        accumulation: 1,
+        schedule: Schedule::GPipe,
+        ..tp(2)
     };
     check("transformer", &transformer_case(), &[shape]);
 }

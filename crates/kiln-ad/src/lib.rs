@@ -15,7 +15,14 @@
 //!
 //! let config = AdConfig::default();
 //! let mut log = LogProgress::new(config.train.steps);
-//! let done = run::<Autodiff<Flex>>(&config, vec![Default::default()], RunOptions::default(), &mut log)?;
+//! let plan = config.plan(1)?; // one rank; `auto` would say which strategy and why
+//! let done = run::<Autodiff<Flex>>(
+//!     &config,
+//!     &plan,
+//!     vec![Default::default()],
+//!     RunOptions::default(),
+//!     &mut log,
+//! )?;
 //! println!("{:.1} ms per training step", done.train.ms_per_step);
 //! # Ok::<(), kiln_ad::AdError>(())
 //! ```

@@ -1,12 +1,14 @@
-//! The flags that shape the mesh, shared by `kiln train` and `kiln ad train`: `--dp`,
-//! `--stages`, `--tp` and the pipeline's schedule. Each overrides the same setting of
-//! `[parallel.*]`; a flag the chosen strategy does not read is refused, not ignored.
+//! The flags that shape the mesh and its communication, shared by `kiln train` and `kiln ad
+//! train`: `--dp`, `--stages`, `--tp`, the pipeline's schedule and the gradient buckets. Each
+//! overrides the same setting of `[parallel.*]`; a flag the chosen strategy does not read is
+//! refused, not ignored.
 
 use kiln_core::strategy::{Schedule, StrategyConfigs, StrategyKind};
 
 use crate::names::schedule_parser;
 
-/// `--dp`, `--stages`, `--tp`, `--micro-batches`, `--schedule`, `--recompute`.
+/// `--dp`, `--stages`, `--tp`, `--micro-batches`, `--schedule`, `--recompute`,
+/// `--bucket-cap-mb`.
 #[derive(clap::Args, Debug)]
 pub struct ParallelArgs {
     /// Data-parallel replicas: with `pipeline` and `tensor` the world becomes
@@ -30,6 +32,10 @@ pub struct ParallelArgs {
     /// recomputes the forward in the backward (less memory, one more forward).
     #[arg(long)]
     recompute: bool,
+    /// Largest gradient bucket of the data-parallel all-reduce, in MiB (ddp, pipeline,
+    /// tensor) [default: 25].
+    #[arg(long)]
+    bucket_cap_mb: Option<f64>,
 }
 
 /// A flag given with a strategy that does not read it.
@@ -53,13 +59,24 @@ impl ParallelArgs {
         configs: &mut StrategyConfigs,
         strategy: StrategyKind,
     ) -> Result<Option<usize>, FlagError> {
-        use StrategyKind::{Pipeline, Tensor};
-        let staged = matches!(strategy, Pipeline | Tensor);
+        use StrategyKind::{DataParallel, Pipeline, Single, Tensor};
         let refuse = |flag, applies| FlagError {
             flag,
             applies,
             strategy,
         };
+        if self.dp.is_some() && strategy == Single {
+            return Err(refuse(
+                "--dp",
+                "data_parallel, ddp, pipeline, tensor and auto",
+            ));
+        }
+        if let Some(mib) = self.bucket_cap_mb {
+            if matches!(strategy, Single | DataParallel) {
+                return Err(refuse("--bucket-cap-mb", "ddp, pipeline, tensor and auto"));
+            }
+            configs.set_bucket_cap_mb(mib);
+        }
         if let Some(stages) = self.stages {
             match strategy {
                 Pipeline => configs.pipeline.stages = stages,
@@ -78,6 +95,8 @@ impl ParallelArgs {
             ("--schedule", self.schedule.is_some()),
             ("--recompute", self.recompute),
         ];
+        // Tensor reads the pipeline's schedule only when it has stages.
+        let staged = strategy == Pipeline || (strategy == Tensor && configs.tensor.stages > 1);
         if let Some((flag, _)) = pipeline_flags.iter().find(|(_, given)| *given && !staged) {
             return Err(refuse(flag, "pipeline and tensor (with --stages)"));
         }

@@ -478,3 +478,26 @@ fn impossible_tensor_plans_fail_with_one_line() {
         "--stages applies to pipeline and tensor",
     );
 }
+
+/// A flag the run would not read is refused, naming the strategies that read it.
+#[test]
+fn flags_the_strategy_would_ignore_are_refused() {
+    assert_one_line_error(
+        &["train", "--strategy", "tensor", "--micro-batches", "4"],
+        "--micro-batches applies to pipeline and tensor (with --stages)",
+    );
+    assert_one_line_error(
+        &["train", "--strategy", "single", "--dp", "2"],
+        "--dp applies to data_parallel",
+    );
+    assert_one_line_error(
+        &[
+            "train",
+            "--strategy",
+            "data_parallel",
+            "--bucket-cap-mb",
+            "1",
+        ],
+        "--bucket-cap-mb applies to ddp, pipeline, tensor",
+    );
+}

@@ -61,6 +61,10 @@ pub struct RankTimes {
     /// Elements the rank sent into its tensor-parallel group per step.
     #[serde(default)]
     pub tp_elements: f64,
+    /// Milliseconds per step in those calls, waiting for peers included: part of
+    /// `compute_ms`, since they run inside the forward and backward.
+    #[serde(default)]
+    pub tp_ms: f64,
 }
 
 impl ScenarioResult {
@@ -92,6 +96,7 @@ impl ScenarioResult {
                     optimizer_bytes: s.optimizer_bytes,
                     tp_calls: s.shard_traffic.calls as f64 / steps as f64,
                     tp_elements: s.shard_traffic.elements as f64 / steps as f64,
+                    tp_ms: per_step(s.shard_traffic.time),
                 })
                 .collect(),
         }
@@ -107,12 +112,14 @@ impl ScenarioResult {
             .unwrap_or(0)
     }
 
-    /// The mean over ranks of (compute, communication, idle) per step.
-    fn mean_times(&self) -> (f64, f64, f64) {
+    /// The mean over ranks of (compute, tensor-parallel calls within it, communication,
+    /// idle) per step.
+    fn mean_times(&self) -> (f64, f64, f64, f64) {
         let n = self.ranks.len().max(1) as f64;
         let sum = |f: fn(&RankTimes) -> f64| self.ranks.iter().map(f).sum::<f64>() / n;
         (
             sum(|r| r.compute_ms),
+            sum(|r| r.tp_ms),
             sum(|r| r.communication_ms),
             sum(|r| r.idle_ms),
         )
@@ -136,24 +143,27 @@ pub fn markdown(report: &Report) -> String {
     let mut out = format!(
         "Strategies on {} ({:?} scale): {} warm-up + {} timed steps per round, {} round(s) in \
          rotating order, 1 intra-op thread per rank. Step time: median (min–max) over rounds; \
-         rank times: mean over ranks, per step, in the median round; held: the most bytes of \
-         parameters and optimizer state on one rank.\n\n",
+         rank times: mean over ranks, per step, in the median round (tp ms: the part of compute \
+         spent in tensor-parallel calls inside the forward and backward); held: the most bytes \
+         of parameters and optimizer state on one rank.\n\n",
         report.backend, m.scale, m.warmup, m.steps, m.rounds
     );
     out.push_str(
-        "| model | strategy | world | batch | step ms | samples/s | speed-up (ideal) | compute ms | comm ms | idle ms | held KiB |\n",
+        "| model | strategy | world | batch | step ms | samples/s | speed-up (ideal) | compute ms | tp ms | comm ms | idle ms | held KiB |\n",
     );
-    out.push_str("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    out.push_str(
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+    );
     for r in &report.results {
         let s = &r.scenario;
         let speedup = report
             .baseline(s)
             .map(|b| format!("{:.2}× ({})", r.samples_per_s / b.samples_per_s, s.world))
             .unwrap_or_else(|| "–".into());
-        let (compute, comm, idle) = r.mean_times();
+        let (compute, tp, comm, idle) = r.mean_times();
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {:.2} ({:.2}–{:.2}) | {:.0} | {speedup} | {compute:.2} | {comm:.2} | {idle:.2} | {:.0} |",
+            "| {} | {} | {} | {} | {:.2} ({:.2}–{:.2}) | {:.0} | {speedup} | {compute:.2} | {tp:.2} | {comm:.2} | {idle:.2} | {:.0} |",
             s.model,
             s.strategy,
             s.world,

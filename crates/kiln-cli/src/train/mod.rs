@@ -67,9 +67,6 @@ pub struct TrainArgs {
     /// Micro-batches per rank and step, gradient accumulation [default: 1].
     #[arg(long)]
     grad_accum: Option<usize>,
-    /// Ddp gradient bucket cap in MiB [default: 25].
-    #[arg(long)]
-    bucket_cap_mb: Option<f64>,
     #[command(flatten)]
     parallel: ParallelArgs,
     #[command(flatten)]
@@ -114,8 +111,7 @@ impl TrainArgs {
             )*};
         }
         set!(model => model, strategy => strategy, backend => backend,
-             steps => steps, batch => batch, seed => seed, lr => lr, samples => samples,
-             bucket_cap_mb => parallel.ddp.bucket_cap_mb);
+             steps => steps, batch => batch, seed => seed, lr => lr, samples => samples);
         if let Some(world) = self.world {
             c.world = Some(world);
         }

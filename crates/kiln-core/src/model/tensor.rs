@@ -52,6 +52,24 @@ pub enum ShardError {
         /// Why, and what to do instead.
         why: String,
     },
+    /// A shard's parameter that is neither the whole model's parameter of the same `ParamId`
+    /// nor a `1/tp` slice of it along one dimension: the strategy could not tell whether its
+    /// gradient is replicated over the shards or split, so clipping and the guards would be
+    /// wrong.
+    #[error(
+        "shard parameter {path} (shape {shard:?}) {why}; a shard keeps each parameter's \
+         ParamId, whole (same shape) or split along one dimension into tp = {tp} equal parts"
+    )]
+    Parameter {
+        /// The parameter's module path in the shard.
+        path: String,
+        /// Its shape in the shard.
+        shard: Vec<usize>,
+        /// What is wrong with it.
+        why: String,
+        /// Shards asked for.
+        tp: usize,
+    },
     /// More shards than the model has of something it splits whole (heads).
     #[error("tp = {tp} is larger than the {size} {what}; use at most {size}")]
     TooMany {

@@ -100,8 +100,9 @@ impl Guard {
         module: &M,
         grads: &GradientsParams,
         loss_finite: bool,
+        skip: Option<&std::collections::HashSet<burn::module::ParamId>>,
     ) -> Local {
-        let squares = total_squares::<B, M>(module, grads, None);
+        let squares = total_squares::<B, M>(module, grads, skip);
         let code = if !loss_finite {
             1.0
         } else if squares.is_finite() {

@@ -15,8 +15,8 @@
 //!   loaded so that a resumed run continues bit for bit.
 //!
 //! Per-rank findings ride in the gradient all-reduce's last bucket, so the guard adds no
-//! collective call to replicated strategies (the pipeline, whose stages share no all-reduce,
-//! adds one small call per step). See the book's page on the PerformanceOptimizer.
+//! collective call to replicated strategies. The pipeline and `Tensor`, whose ranks hold
+//! different parameters and share no all-reduce, add one small call over the world per step. See the book's page on the PerformanceOptimizer.
 
 mod config;
 mod guard;

@@ -68,7 +68,7 @@ pub enum StateError {
     /// A file could not be read or written.
     #[error("cannot {action} {path}: {reason}")]
     Io {
-        /// `read` or `write`.
+        /// `read`, `write` or `remove`.
         action: &'static str,
         /// The file.
         path: String,
@@ -93,6 +93,31 @@ pub enum StateError {
         expected: StateLayout,
         /// What the state holds.
         found: StateLayout,
+    },
+    /// A state with a number of parts its layout does not have (a record edited by hand, or
+    /// cut short).
+    #[error(
+        "the optimizer state is {layout} but holds {found} part(s) instead of {expected}; \
+         save it again with OptimizerState::save"
+    )]
+    Incomplete {
+        /// The state's layout.
+        layout: StateLayout,
+        /// Parts the layout has.
+        expected: usize,
+        /// Parts the state holds.
+        found: usize,
+    },
+    /// A folder holding the states of several layouts: which one to resume is unknown.
+    #[error(
+        "{dir} holds optimizer states of several layouts ({layouts}); remove the files of the \
+         one you do not resume from"
+    )]
+    Ambiguous {
+        /// The folder.
+        dir: String,
+        /// The layouts found, described.
+        layouts: String,
     },
     /// Bytes that are not the state of this optimizer.
     #[error("the optimizer state does not decode as this optimizer's state: {0}")]
@@ -136,7 +161,12 @@ impl OptimizerState {
         self.layout
     }
 
-    /// The encoded parts, one per stage (one in all for [`StateLayout::Replica`]).
+    /// The encoded parts in [`Self::file_names`]' order: one for [`StateLayout::Replica`],
+    /// one per stage, or one per shard of each stage.
+    ///
+    /// # Errors
+    /// [`StateError::Layout`] for a state of another layout than `expected`,
+    /// [`StateError::Incomplete`] for one with the wrong number of parts.
     pub(crate) fn parts(&self, expected: StateLayout) -> Result<&[Vec<u8>], StateError> {
         if self.layout != expected {
             return Err(StateError::Layout {
@@ -144,17 +174,35 @@ impl OptimizerState {
                 found: self.layout,
             });
         }
+        let parts = self.file_names().len();
+        if self.parts.len() != parts {
+            return Err(StateError::Incomplete {
+                layout: self.layout,
+                expected: parts,
+                found: self.parts.len(),
+            });
+        }
         Ok(&self.parts)
     }
 
-    /// Writes the state into `dir` (created if missing): `optimizer.mpk`, or one
-    /// `optimizer.stage-<s>-of-<n>.mpk` per stage.
+    /// Writes the state into `dir` (created if missing): `optimizer.mpk`, one
+    /// `optimizer.stage-<s>-of-<n>.mpk` per stage, or one
+    /// `optimizer.stage-<s>-of-<n>.shard-<t>-of-<k>.mpk` per shard of each stage. Optimizer
+    /// files of another layout left in `dir` by an earlier save are removed, so the folder
+    /// always reads back as this state.
     ///
     /// # Errors
-    /// [`StateError::Io`] when a file cannot be written.
+    /// [`StateError::Io`] when a file cannot be written or a stale one removed.
     pub fn save(&self, dir: &Path) -> Result<(), StateError> {
         std::fs::create_dir_all(dir).map_err(|e| io("write", dir, e))?;
-        for (name, part) in self.file_names().into_iter().zip(&self.parts) {
+        let names = self.file_names();
+        for name in optimizer_files(dir)? {
+            if !names.contains(&name) {
+                let path = dir.join(&name);
+                std::fs::remove_file(&path).map_err(|e| io("remove", &path, e))?;
+            }
+        }
+        for (name, part) in names.into_iter().zip(&self.parts) {
             let path = dir.join(name);
             std::fs::write(&path, part).map_err(|e| io("write", &path, e))?;
         }
@@ -164,32 +212,29 @@ impl OptimizerState {
     /// Reads a state written by [`Self::save`].
     ///
     /// # Errors
-    /// [`StateError::Missing`] when `dir` holds none, [`StateError::Io`] when a file cannot be
-    /// read.
+    /// [`StateError::Missing`] when `dir` holds none, [`StateError::Ambiguous`] when it holds
+    /// states of several layouts, [`StateError::Io`] when a file cannot be read.
     pub fn load(dir: &Path) -> Result<Self, StateError> {
-        let whole = dir.join("optimizer.mpk");
-        if whole.exists() {
-            let part = std::fs::read(&whole).map_err(|e| io("read", &whole, e))?;
-            return Ok(Self::new(StateLayout::Replica, vec![part]));
-        }
-        let names: Vec<String> = std::fs::read_dir(dir)
-            .map_err(|e| io("read", dir, e))?
-            .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
-            .collect();
-        let layout = names
+        let mut layouts: Vec<StateLayout> = optimizer_files(dir)?
             .iter()
-            .find_map(|name| {
-                let rest = name.strip_prefix("optimizer.stage-0-of-")?;
-                let rest = rest.strip_suffix(".mpk")?;
-                match rest.split_once(".shard-0-of-") {
-                    Some((stages, shards)) => Some(StateLayout::Sharded {
-                        stages: stages.parse().ok()?,
-                        shards: shards.parse().ok()?,
-                    }),
-                    None => Some(StateLayout::Stages(rest.parse().ok()?)),
-                }
-            })
-            .ok_or_else(|| StateError::Missing(dir.display().to_string()))?;
+            .filter_map(|name| layout_of(name))
+            .collect();
+        layouts.sort_by_key(|l| l.to_string());
+        layouts.dedup();
+        let layout = match layouts.as_slice() {
+            [] => return Err(StateError::Missing(dir.display().to_string())),
+            [one] => *one,
+            several => {
+                return Err(StateError::Ambiguous {
+                    dir: dir.display().to_string(),
+                    layouts: several
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                });
+            }
+        };
         let state = Self::new(layout, Vec::new());
         let parts = state
             .file_names()
@@ -239,6 +284,38 @@ impl OptimizerState {
                 .flat_map(|s| (0..shards).map(move |t| stage_file(s, stages, Some((t, shards)))))
                 .collect(),
         }
+    }
+}
+
+/// The names of the optimizer files in `dir` (none when `dir` does not exist).
+fn optimizer_files(dir: &Path) -> Result<Vec<String>, StateError> {
+    if !dir.exists() {
+        return Ok(Vec::new());
+    }
+    Ok(std::fs::read_dir(dir)
+        .map_err(|e| io("read", dir, e))?
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .filter(|name| name.starts_with("optimizer.") && name.ends_with(".mpk"))
+        .collect())
+}
+
+/// The layout a state's first file names: `optimizer.mpk`, `optimizer.stage-0-of-<n>.mpk` or
+/// `optimizer.stage-0-of-<n>.shard-0-of-<k>.mpk`; `None` for any other file. Zero stages or
+/// shards name no layout.
+fn layout_of(name: &str) -> Option<StateLayout> {
+    if name == "optimizer.mpk" {
+        return Some(StateLayout::Replica);
+    }
+    let rest = name
+        .strip_prefix("optimizer.stage-0-of-")?
+        .strip_suffix(".mpk")?;
+    let count = |n: &str| n.parse::<usize>().ok().filter(|&n| n > 0);
+    match rest.split_once(".shard-0-of-") {
+        Some((stages, shards)) => Some(StateLayout::Sharded {
+            stages: count(stages)?,
+            shards: count(shards)?,
+        }),
+        None => Some(StateLayout::Stages(count(rest)?)),
     }
 }
 
@@ -305,5 +382,96 @@ fn io(action: &'static str, path: &Path, error: std::io::Error) -> StateError {
         action,
         path: path.display().to_string(),
         reason: error.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(layout: StateLayout, parts: usize) -> OptimizerState {
+        OptimizerState::new(layout, (0..parts).map(|i| vec![i as u8; 3]).collect())
+    }
+
+    fn temp_dir(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("kiln-state-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn a_sharded_state_round_trips_through_a_folder() {
+        let dir = temp_dir("round-trip");
+        let saved = state(
+            StateLayout::Sharded {
+                stages: 2,
+                shards: 2,
+            },
+            4,
+        );
+        saved.save(&dir).unwrap();
+        let loaded = OptimizerState::load(&dir).unwrap();
+        assert_eq!(loaded.layout(), saved.layout());
+        assert_eq!(loaded.parts, saved.parts);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn saving_another_layout_removes_the_stale_files() {
+        let dir = temp_dir("stale");
+        state(StateLayout::Stages(3), 3).save(&dir).unwrap();
+        let saved = state(
+            StateLayout::Sharded {
+                stages: 1,
+                shards: 2,
+            },
+            2,
+        );
+        saved.save(&dir).unwrap();
+        let loaded = OptimizerState::load(&dir).unwrap();
+        assert_eq!(loaded.layout(), saved.layout());
+        assert_eq!(optimizer_files(&dir).unwrap().len(), 2);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_folder_with_two_layouts_is_refused() {
+        let dir = temp_dir("ambiguous");
+        state(StateLayout::Replica, 1).save(&dir).unwrap();
+        std::fs::write(dir.join("optimizer.stage-0-of-2.mpk"), [0u8]).unwrap();
+        std::fs::write(dir.join("optimizer.stage-1-of-2.mpk"), [0u8]).unwrap();
+        let err = OptimizerState::load(&dir).unwrap_err();
+        assert!(matches!(err, StateError::Ambiguous { .. }), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn zero_stages_or_shards_name_no_layout() {
+        assert_eq!(layout_of("optimizer.stage-0-of-0.mpk"), None);
+        assert_eq!(layout_of("optimizer.stage-0-of-1.shard-0-of-0.mpk"), None);
+        assert_eq!(
+            layout_of("optimizer.stage-0-of-1.shard-0-of-4.mpk"),
+            Some(StateLayout::Sharded {
+                stages: 1,
+                shards: 4
+            })
+        );
+    }
+
+    #[test]
+    fn a_state_missing_parts_is_an_error_not_a_panic() {
+        let layout = StateLayout::Sharded {
+            stages: 2,
+            shards: 2,
+        };
+        let err = state(layout, 3).parts(layout).unwrap_err();
+        assert_eq!(
+            err,
+            StateError::Incomplete {
+                layout,
+                expected: 4,
+                found: 3
+            }
+        );
     }
 }

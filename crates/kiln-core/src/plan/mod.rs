@@ -95,7 +95,7 @@ impl Plan {
             kind => (kind, "chosen by the user".to_string(), world),
         };
         let (dp, pp, tp) = match strategy {
-            StrategyKind::Single => match world.unwrap_or(1) {
+            StrategyKind::Single => match world.or(dp).unwrap_or(1) {
                 1 => (1, 1, 1),
                 ranks => return Err(ConfigError::SingleWithMany { ranks }),
             },
@@ -138,7 +138,12 @@ impl Plan {
             });
         }
         if pp > 1 {
-            configs.pipeline.check_micro_batches(global_batch, dp)?;
+            // The schedule the stages run with: Tensor's own settings over the pipeline's.
+            let pipeline = match strategy {
+                StrategyKind::Tensor => configs.tensor.pipeline(&configs.pipeline),
+                _ => configs.pipeline.clone(),
+            };
+            pipeline.check_micro_batches(global_batch, dp)?;
         }
         Ok(Plan {
             strategy,

@@ -44,6 +44,14 @@ impl StrategyConfigs {
         self.tensor.grad_accumulation = micro_batches;
     }
 
+    /// Sets the gradient bucket cap of every strategy that all-reduces in buckets (Ddp,
+    /// Pipeline and Tensor: `single` and `data_parallel` do not bucket).
+    pub fn set_bucket_cap_mb(&mut self, mib: f64) {
+        self.ddp.bucket_cap_mb = mib;
+        self.pipeline.bucket_cap_mb = mib;
+        self.tensor.bucket_cap_mb = mib;
+    }
+
     /// Sets the intra-op threads per rank of every strategy.
     pub fn set_threads_per_rank(&mut self, threads: usize) {
         self.single.threads_per_rank = Some(threads);

@@ -155,6 +155,7 @@ where
                                     &replica,
                                     &local.grads,
                                     local.loss_sum.is_finite(),
+                                    None,
                                 )
                                 .code
                             });

@@ -107,6 +107,16 @@ pub enum ConfigError {
         /// Replicas.
         replicas: usize,
     },
+    /// A setting that the configuration as a whole would ignore.
+    #[error("{setting} has no effect {when}; {fix}")]
+    Ignored {
+        /// The setting.
+        setting: &'static str,
+        /// In which configuration.
+        when: &'static str,
+        /// What to do instead.
+        fix: &'static str,
+    },
     /// A pipeline of zero stages.
     #[error("stages must be at least 1")]
     ZeroStages,

@@ -104,10 +104,16 @@ where
     let Sync { dp, split, device } = sync;
     let guard = optim.guard().cloned();
     let start = Instant::now();
+    // A shard other than the first leaves out the parameters shard 0 counts for every shard,
+    // unless its gradients are summed over `dp` first (then the sum is inspected again).
+    let skip = match (&split, &dp) {
+        (Some(s), None) if !counts_replicated(s) => Some(s.replicated),
+        _ => None,
+    };
     let (local, mut codes) = match (&guard, findings) {
         (None, _) => (None, Vec::new()),
         (Some(g), Findings::Inspect { loss_finite }) => (
-            Some(g.inspect::<B, M>(&model, &grads, loss_finite)),
+            Some(g.inspect::<B, M>(&model, &grads, loss_finite, skip)),
             Vec::new(),
         ),
         (Some(_), Findings::Given(codes)) => (None, codes),
@@ -168,6 +174,12 @@ where
     })
 }
 
+/// Whether `split`'s rank counts the parameters every shard holds whole in the norm: shard 0
+/// does, for every shard.
+fn counts_replicated<B: AutodiffBackend>(split: &Split<'_, B>) -> bool {
+    split.shard == 0 || split.replicated.is_empty()
+}
+
 /// The guard's decision for a rank of a split model: every rank's code, stage and shard and
 /// the parts' squared norms, summed over the world in one all-reduce; then every rank settles
 /// from the same facts. Returns the decision and the time the all-reduce took.
@@ -182,11 +194,11 @@ fn settle_split<B: AutodiffBackend, M: AutodiffModule<B>>(
     device: &B::Device,
     step: u64,
 ) -> Result<(Settled, Duration), RankError> {
-    let counts_replicated = split.shard == 0 || split.replicated.is_empty();
-    let squares = if summed || !counts_replicated {
-        let skip = (!counts_replicated).then_some(split.replicated);
+    let squares = if summed {
+        let skip = (!counts_replicated(&split)).then_some(split.replicated);
         total_squares::<B, M>(module, &grads, skip)
     } else {
+        // Inspected without the replicated parameters already where they are not counted.
         local.squares
     };
     let (rank, world_size) = (split.world.rank(), split.world.world_size());

@@ -3,6 +3,15 @@
 //!
 //! The nodes are compute-bound: a checkpointing strategy never recomputes them, since a
 //! recomputed collective would be a call the other ranks never make.
+//!
+//! A node's collective waits for the peers inside Burn's `backward()`, which holds the lock of
+//! this rank's autodiff graph meanwhile. That cannot deadlock the ranks, which are threads of
+//! one process sharing Burn's graph registry: a rank's graph shares no node with another
+//! rank's (every shard's parameters are fresh leaves, and tensors cross ranks only through
+//! collectives on the inner backend), so no other rank ever waits for this graph's lock; and
+//! the sweep that ends every backward skips a graph that another thread holds instead of
+//! waiting for it (the fix `vendor/burn-autodiff` backports). Tests run dp × tp and pp × tp
+//! with GPipe, whose ranks start one backward right after another.
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;

@@ -1,6 +1,7 @@
 //! [`TpGroup`]: a rank's handle on its tensor-parallel group, held by the layers that use it.
 
 use std::any::Any;
+use std::cell::Cell;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -129,11 +130,15 @@ impl<B: TpBackend> TpGroup<B> {
     /// The handle of the group, for the operators; `None` for a group of one.
     ///
     /// # Panics
-    /// For an unconnected group of several ranks, which only checks shapes.
+    /// For an unconnected group of several ranks: one made to check shapes, or a shard's
+    /// handed out of its run ([`disconnect`]).
     pub(crate) fn shared(&self) -> Option<&Shared<B::Wire>> {
         assert!(
             self.shared.is_some() || self.size == 1,
-            "an unconnected tensor-parallel group of {} ranks only checks shapes; it cannot run",
+            "shard {} of a tensor-parallel group of {} ranks is not connected to its peers (a \
+             shard handed out of its run, or one made to check shapes), so it cannot run its \
+             sharded layers; run the whole model (Strategy::model gathers it) instead",
+            self.rank,
             self.size
         );
         self.shared.as_ref().map(|s| {
@@ -152,6 +157,30 @@ impl<B: TpBackend> TpGroup<B> {
             backend: PhantomData,
         }
     }
+}
+
+thread_local! {
+    /// Set while [`disconnect`] maps a module: every group it meets comes out unconnected.
+    static DISCONNECTING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// `module` with every [`TpGroup`] inside it unconnected (same rank and size, no peers): what
+/// a strategy hands out of a run. Such a copy can be inspected, saved or gathered; running it
+/// panics with a clear message instead of calling collectives its peers never match (which
+/// would time out and fail the run), and it keeps no group alive after the ranks end.
+pub fn disconnect<B: Backend, M: Module<B>>(module: M) -> M {
+    struct Same;
+    impl<B: Backend> ModuleMapper<B> for Same {}
+    /// Clears the flag however the map ends.
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            DISCONNECTING.with(|d| d.set(false));
+        }
+    }
+    DISCONNECTING.with(|d| d.set(true));
+    let _reset = Reset;
+    module.map(&mut Same)
 }
 
 /// What a strategy keeps of a rank's tensor-parallel group, whatever the group's backend: a way
@@ -303,6 +332,12 @@ impl<B: TpBackend> Module<B> for TpGroup<B> {
     fn visit<V: ModuleVisitor<B>>(&self, _visitor: &mut V) {}
 
     fn map<M: ModuleMapper<B>>(self, _mapper: &mut M) -> Self {
+        if DISCONNECTING.with(Cell::get) {
+            return Self {
+                shared: None,
+                ..self
+            };
+        }
         self
     }
 

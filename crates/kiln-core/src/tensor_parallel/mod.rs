@@ -31,7 +31,7 @@ pub mod ops;
 
 pub use backend::TpBackend;
 pub(crate) use group::GroupHandle;
-pub use group::{TpGroup, TpTraffic};
+pub use group::{TpGroup, TpTraffic, disconnect};
 
 #[cfg(test)]
 mod tests;

@@ -6,8 +6,8 @@ use std::time::Duration;
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::{Distribution, Tensor};
 
-use super::TpGroup;
 use super::ops::{copy_to_tp, gather_from_tp, reduce_from_tp, scatter_to_tp};
+use super::{TpGroup, disconnect};
 use crate::collective::{CollectiveError, InProcess};
 
 type B = Autodiff<Flex>;
@@ -227,4 +227,30 @@ fn a_group_of_one_is_the_identity() {
         reduce_from_tp(x, &unconnected)
     }));
     assert!(refused.is_err(), "an unconnected group cannot run");
+}
+
+/// A group handed out of its run ([`disconnect`]) refuses to run at once, naming why, while the
+/// rank's own handle keeps working with its peer.
+#[test]
+fn a_disconnected_copy_refuses_to_run_and_the_rank_keeps_its_group() {
+    let sums = on_two(|group| {
+        let handed = disconnect::<B, _>(group.clone());
+        assert_eq!((handed.rank(), handed.size()), (group.rank(), 2));
+        let x = T::<2>::from_inner(values([2, 3], 5));
+        let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            reduce_from_tp(x.clone(), &handed)
+        }))
+        .expect_err("a disconnected group cannot run");
+        let message = refused
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default();
+        assert!(message.contains("not connected to its peers"), "{message}");
+        reduce_from_tp(x, &group).inner()
+    });
+    close(
+        sums[0].clone(),
+        values([2, 3], 5).mul_scalar(2.0),
+        "the rank's own group",
+    );
 }

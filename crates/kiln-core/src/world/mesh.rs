@@ -191,11 +191,18 @@ impl Mesh {
     }
 
     /// The rank at the given coordinates of named axes and 0 on every other axis; an axis
-    /// the mesh lacks is skipped (its only coordinate is 0).
+    /// the mesh lacks counts as an axis of degree 1 (its only coordinate is 0).
     ///
     /// # Panics
-    /// When a coordinate is not below its axis's degree.
+    /// When a coordinate is not below its axis's degree (a non-zero coordinate on an axis the
+    /// mesh lacks included).
     pub fn rank_at(&self, coords: &[(&str, usize)]) -> usize {
+        for &(name, c) in coords {
+            assert!(
+                c == 0 || self.axes.iter().any(|axis| axis.name == name),
+                "coordinate {c} on axis {name}, which mesh {self} lacks"
+            );
+        }
         let full: Vec<usize> = self
             .axes
             .iter()

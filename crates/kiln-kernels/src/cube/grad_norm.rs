@@ -1,6 +1,7 @@
 //! The global squared norm and non-finite count over many tensors in one pass: each tensor's
 //! cubes write `(Σ x², #non-finite)` partials into one buffer, then a single cube sums them.
-//! Shared-memory reductions only, and no float atomics (which WGSL lacks).
+//! Shared-memory reductions only, and no float atomics: not every runtime has them, and the
+//! order in which they add is not fixed, while replicas must compute the same norm.
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::CubeRuntime;

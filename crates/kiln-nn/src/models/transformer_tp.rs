@@ -65,6 +65,13 @@ impl<B: AutodiffBackend<InnerBackend: TpBackend> + TpBackend> TensorParallelMode
     type Sharded = TpTransformer<B>;
 
     fn shard(&self, group: TpGroup<B>) -> Result<TpTransformer<B>, ShardError> {
+        if self.blocks.layers.is_empty() {
+            // Nothing to split, and `gather` rebuilds the encoder from its first layer.
+            return Err(ShardError::Unsupported {
+                what: "a transformer with no layers".to_string(),
+                why: "it has no layer to split; train it with ddp".to_string(),
+            });
+        }
         Ok(TpTransformer {
             tokens: fresh(&self.tokens),
             positions: fresh(&self.positions),

@@ -12,8 +12,10 @@
 //!   whole quantisation blocks.
 //! - Blocks made of them: [`TpCausalSelfAttention`] (the heads split over the shards: query,
 //!   key and value column-parallel, the output row-parallel), [`TpPreNormBlock`] (kiln-nn's
-//!   block), [`TpEncoderLayer`] (Burn's `TransformerEncoderLayer`) and [`TpLoraBlock`]. Each
-//!   costs one all-reduce forward and one backward per attention and per feed-forward.
+//!   block), [`TpEncoderLayer`] (Burn's `TransformerEncoderLayer`) and [`TpLoraBlock`]. A dense
+//!   block costs one all-reduce forward and one backward per attention and per feed-forward;
+//!   [`TpLoraBlock`] one more backward all-reduce per column-parallel adapter (each `x·A`
+//!   enters through its own `f`).
 //!
 //! Every sharded layer is built from the ordinary layer (`shard`) and gathered back into one
 //! (`gather`), bit for bit, so a model trained with `Tensor` saves as, and loads into, the
@@ -135,15 +137,26 @@ pub(crate) fn slice<B: Backend, const D: usize>(
     let value = param.val();
     let trainable = value.is_require_grad();
     let len = range.len();
-    leaf(param.id, value.narrow(dim, range.start, len), trainable)
+    // Detached first: narrowing the tracked leaf would add a node to the whole model's graph
+    // for every shard, nodes no backward ever consumes.
+    leaf(
+        param.id,
+        value.detach().narrow(dim, range.start, len),
+        trainable,
+    )
 }
 
-/// The shards' parameters joined along `dim`, under the first shard's id, as a leaf like it.
+/// The shards' parameters joined along `dim` on the first shard's device (each shard lives on
+/// its rank's device), under the first shard's id, as a leaf like it.
 pub(crate) fn join<B: Backend, const D: usize>(
     parts: &[&Param<Tensor<B, D>>],
     dim: usize,
 ) -> Param<Tensor<B, D>> {
-    let trainable = parts[0].val().is_require_grad();
-    let values = parts.iter().map(|p| p.val().detach()).collect();
+    let first = parts[0].val();
+    let (trainable, device) = (first.is_require_grad(), first.device());
+    let values = parts
+        .iter()
+        .map(|p| p.val().detach().to_device(&device))
+        .collect();
     leaf(parts[0].id, Tensor::cat(values, dim), trainable)
 }

@@ -46,6 +46,7 @@ use crate::data::{DataSource, ShardPolicy};
 use crate::model::{PipelineModel, even_ranges};
 use crate::optim::{GuardedOptimizer, OptimizerState, StateLayout};
 use crate::stages::assemble;
+use crate::tensor_parallel::disconnect;
 use crate::world::Mesh;
 use worker::{Place, Worker};
 
@@ -223,8 +224,10 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
         let blocks = ranks[0].model.num_blocks();
         check_blocks(&ranks[0].model, config.stages)?;
         let ranges = even_ranges(blocks, config.stages);
+        // Disconnected: a template only receives the stages' parameters, and must not keep the
+        // ranks' tensor-parallel groups alive.
         let templates = (0..mesh.degree(Mesh::TP))
-            .map(|t| ranks[mesh.rank_at(&[(Mesh::TP, t)])].model.clone())
+            .map(|t| disconnect(ranks[mesh.rank_at(&[(Mesh::TP, t)])].model.clone()))
             .collect();
         let mut workers = Vec::with_capacity(world_size);
         for (rank, start) in ranks.into_iter().enumerate() {

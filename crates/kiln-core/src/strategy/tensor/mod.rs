@@ -35,7 +35,7 @@ use crate::World;
 use crate::data::{DataSource, ShardPolicy};
 use crate::model::{ParallelModel, PipelineSupport, TensorParallelModel};
 use crate::optim::OptimizerState;
-use crate::tensor_parallel::TpBackend;
+use crate::tensor_parallel::{TpBackend, disconnect};
 use crate::world::Mesh;
 
 /// Configuration of [`Tensor`] (`[parallel.tensor]`).
@@ -85,6 +85,14 @@ impl TensorConfig {
         }
         if self.stages == 0 {
             return Err(ConfigError::ZeroStages);
+        }
+        if self.stages > 1 && self.check_replicas_every.is_some() {
+            // The pipeline's ranks have no replica check.
+            return Err(ConfigError::Ignored {
+                setting: "check_replicas_every",
+                when: "with pipeline stages",
+                fix: "leave it unset, or use stages = 1",
+            });
         }
         super::error::check_shared_settings(
             self.grad_accumulation,
@@ -228,8 +236,17 @@ where
     ///
     /// # Errors
     /// When a rank holding one has failed.
+    ///
+    /// The shards are disconnected from their ranks' groups (see
+    /// [`disconnect`](crate::tensor_parallel::disconnect)): they can be inspected and saved,
+    /// not run.
     pub fn shards(&self) -> Result<Vec<M::Sharded>, StrategyError> {
-        self.engine.shard_models()
+        Ok(self
+            .engine
+            .shard_models()?
+            .into_iter()
+            .map(disconnect)
+            .collect())
     }
 }
 

@@ -10,7 +10,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 
 use crate::World;
 use crate::collective::{InProcess, MeshCollectives};
-use crate::model::TensorParallelModel;
+use crate::model::{ShardError, TensorParallelModel};
 use crate::strategy::launch::{Launch, RankStart, Shards};
 use crate::strategy::{ConfigError, StrategyError};
 use crate::tensor_parallel::{TpBackend, TpGroup};
@@ -52,9 +52,10 @@ where
             .shard(group.clone())
             .map_err(ConfigError::from)?
             .fork(device);
-        if replicated.is_none() {
-            replicated = Some(unchanged(model, &shard));
-        }
+        // Every shard is checked: each is cut by its own rank's slice.
+        let found = classify::<B, M, M::Sharded>(model, &shard, mesh.degree(Mesh::TP))
+            .map_err(ConfigError::from)?;
+        replicated.get_or_insert(found);
         ranks.push(RankStart {
             device: device.clone(),
             model: shard,
@@ -72,25 +73,128 @@ where
     })
 }
 
-/// The parameters `shard` holds whole: those of `model`'s that kept their shape (a sharded
-/// parameter is a slice, smaller than the whole).
-fn unchanged<B: Backend, M: Module<B>, S: Module<B>>(model: &M, shard: &S) -> HashSet<ParamId> {
-    let whole = shapes::<B, M>(model);
-    shapes::<B, S>(shard)
+/// The parameters `shard` holds whole (replicated: their gradients are the same on every
+/// shard), checking that every other one is a `1/tp` slice of the whole model's parameter of
+/// the same id along one dimension, so the guards count each gradient element once.
+fn classify<B: Backend, M: Module<B>, S: Module<B>>(
+    model: &M,
+    shard: &S,
+    tp: usize,
+) -> Result<HashSet<ParamId>, ShardError> {
+    let whole: HashMap<ParamId, (String, Vec<usize>)> = shapes::<B, M>(model)
         .into_iter()
-        .filter(|(id, shape)| whole.get(id) == Some(shape))
-        .map(|(id, _)| id)
-        .collect()
-}
-
-fn shapes<B: Backend, M: Module<B>>(module: &M) -> HashMap<ParamId, Vec<usize>> {
-    struct Shapes<B>(HashMap<ParamId, Vec<usize>>, std::marker::PhantomData<B>);
-    impl<B: Backend> ModuleVisitor<B> for Shapes<B> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            self.0.insert(param.id, param.val().dims().to_vec());
+        .map(|(id, path, shape)| (id, (path, shape)))
+        .collect();
+    let mut replicated = HashSet::new();
+    for (id, path, shape) in shapes::<B, S>(shard) {
+        let refuse = |why: String| ShardError::Parameter {
+            path: path.clone(),
+            shard: shape.clone(),
+            why,
+            tp,
+        };
+        let Some((_, full)) = whole.get(&id) else {
+            return Err(refuse(
+                "has a ParamId the whole model does not have".to_string(),
+            ));
+        };
+        if *full == shape {
+            replicated.insert(id);
+            continue;
+        }
+        let differing: Vec<usize> = (0..shape.len().min(full.len()))
+            .filter(|&d| shape[d] != full[d])
+            .collect();
+        let sliced = full.len() == shape.len()
+            && matches!(differing.as_slice(), [d] if shape[*d] * tp == full[*d]);
+        if !sliced {
+            return Err(refuse(format!(
+                "is neither the whole parameter (shape {full:?}) nor a 1/{tp} slice of it"
+            )));
         }
     }
-    let mut shapes = Shapes::<B>(HashMap::new(), std::marker::PhantomData);
+    Ok(replicated)
+}
+
+/// Every float parameter of `module`: its id, module path and shape (a tied parameter once).
+fn shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<(ParamId, String, Vec<usize>)> {
+    struct Shapes<B> {
+        path: Vec<String>,
+        seen: HashSet<ParamId>,
+        found: Vec<(ParamId, String, Vec<usize>)>,
+        backend: std::marker::PhantomData<B>,
+    }
+    impl<B: Backend> ModuleVisitor<B> for Shapes<B> {
+        fn enter_module(&mut self, name: &str, _container_type: &str) {
+            self.path.push(name.to_string());
+        }
+        fn exit_module(&mut self, _name: &str, _container_type: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if self.seen.insert(param.id) {
+                let shape = param.val().dims().to_vec();
+                self.found.push((param.id, self.path.join("."), shape));
+            }
+        }
+    }
+    let mut shapes = Shapes::<B> {
+        path: Vec::new(),
+        seen: HashSet::new(),
+        found: Vec::new(),
+        backend: std::marker::PhantomData,
+    };
     module.visit(&mut shapes);
-    shapes.0
+    shapes.found
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::Flex;
+    use burn::module::Param;
+    use burn::nn::{Linear, LinearConfig};
+
+    use super::*;
+
+    fn whole() -> Linear<Flex> {
+        LinearConfig::new(4, 8).init(&Default::default())
+    }
+
+    /// `linear`'s weight as `cols` columns under the same id, the bias as it is.
+    fn with_columns(linear: &Linear<Flex>, cols: usize) -> Linear<Flex> {
+        let weight = linear.weight.val().narrow(1, 0, cols);
+        Linear {
+            weight: Param::initialized(linear.weight.id, weight),
+            bias: linear.bias.clone(),
+        }
+    }
+
+    #[test]
+    fn whole_parameters_are_replicated_and_halves_are_split() {
+        let model = whole();
+        let shard = with_columns(&model, 4);
+        let found = classify::<Flex, _, _>(&model, &shard, 2).unwrap();
+        let bias = model.bias.as_ref().unwrap().id;
+        assert_eq!(found, HashSet::from([bias]));
+        let copy = classify::<Flex, _, _>(&model, &model.clone(), 2).unwrap();
+        assert_eq!(copy, HashSet::from([model.weight.id, bias]));
+    }
+
+    #[test]
+    fn a_shard_parameter_of_another_width_or_id_is_refused_by_path() {
+        let model = whole();
+        let error = classify::<Flex, _, _>(&model, &with_columns(&model, 3), 2).unwrap_err();
+        assert!(
+            matches!(&error, ShardError::Parameter { path, .. } if path == "weight"),
+            "{error}"
+        );
+        assert!(error.to_string().contains("nor a 1/2 slice"), "{error}");
+        let error = classify::<Flex, _, _>(&model, &whole(), 2).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("has a ParamId the whole model does not have"),
+            "{error}"
+        );
+    }
 }
