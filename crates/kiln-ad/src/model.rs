@@ -1,7 +1,7 @@
 //! The AD transformer: one token per step, a causal pre-norm transformer, and the source's
 //! next action as the target at every position.
 
-use burn::module::{Module, Param};
+use burn::module::{AutodiffModule, Module, Param};
 use burn::nn::activation::ActivationConfig;
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -10,7 +10,8 @@ use burn::train::{SequenceOutput, TrainOutput, TrainStep};
 use kiln_core::model::LowPrecisionStep;
 use kiln_kernels::{KernelBackend, ops};
 use kiln_nn::layers::{
-    KvCache, LayerNorm, LayerNormConfig, PreNormBlock, PreNormBlockConfig, linear_rows,
+    KvCache, LayerNorm, LayerNormConfig, PreNormBlock, PreNormBlockConfig, SequenceBlock,
+    linear_rows, run_blocks,
 };
 use serde::{Deserialize, Serialize};
 
@@ -103,30 +104,46 @@ impl AdModelConfig {
 ///
 /// # Shapes
 /// Input `[batch, seq, feature_width]` with `seq ≤ context`; output `[batch, seq, ACTIONS]`.
+pub type AdTransformer<B> = AdModel<B, PreNormBlock<B>>;
+
+/// The AD transformer over blocks `L`: [`PreNormBlock`]s for the whole model
+/// ([`AdTransformer`]), a tensor-parallel shard's blocks for one shard of it
+/// ([`TpAdTransformer`](crate::sharded::TpAdTransformer)). Both run the same forward, step and
+/// pipeline stages.
 #[derive(Module, Debug)]
-pub struct AdTransformer<B: Backend> {
+pub struct AdModel<B: Backend, L: Module<B>> {
     pub(crate) embed: Linear<B>,
     pub(crate) positions: Param<Tensor<B, 2>>,
-    pub(crate) blocks: Vec<PreNormBlock<B>>,
+    pub(crate) blocks: Vec<L>,
     pub(crate) norm: LayerNorm<B>,
     pub(crate) head: Linear<B>,
 }
 
-impl<B: KernelBackend> AdTransformer<B> {
+impl<B: KernelBackend, L: SequenceBlock<B>> AdModel<B, L> {
     /// The longest window the model reads.
     pub fn context(&self) -> usize {
         self.positions.dims()[0]
     }
 
-    /// Action logits at every position.
+    /// Action logits at every position (the same on every shard).
     ///
     /// # Panics
     /// When `seq` exceeds the context the model was built for (a caller's bug: the evaluator
     /// and the data set never pass longer windows).
     pub fn forward(&self, features: Tensor<B, 3>) -> Tensor<B, 3> {
-        self.forward_cached(features, &mut self.cache())
+        let x = embed(&self.embed, &self.positions, features);
+        linear_rows(&self.head, self.norm.forward(run_blocks(&self.blocks, x)))
     }
 
+    /// Logits and the mean cross-entropy of the source's actions over every position.
+    pub fn forward_loss(&self, batch: AdBatch<B>) -> SequenceOutput<B> {
+        let logits = self.forward(batch.features);
+        let loss = action_loss(logits.clone(), batch.targets.clone());
+        SequenceOutput::new(loss, logits, None, batch.targets)
+    }
+}
+
+impl<B: KernelBackend> AdTransformer<B> {
     /// An empty cache for [`Self::forward_cached`].
     pub fn cache(&self) -> AdCache<B> {
         AdCache {
@@ -137,7 +154,7 @@ impl<B: KernelBackend> AdTransformer<B> {
     /// Action logits `[batch, new, ACTIONS]` of `new` steps that follow the steps in `cache`
     /// (at the window positions after them), which the attention reads and extends: a decoder
     /// appends one step at a time and computes each step's keys and values once. With an
-    /// empty cache it is [`Self::forward`], the same operations in the same order.
+    /// empty cache it is [`AdModel::forward`], the same operations in the same order.
     ///
     /// # Panics
     /// When the cached and new steps together exceed the context (a caller's bug).
@@ -150,13 +167,6 @@ impl<B: KernelBackend> AdTransformer<B> {
             .zip(&mut cache.layers)
             .fold(x, |x, (block, cache)| block.forward_cached(x, cache));
         linear_rows(&self.head, self.norm.forward(x))
-    }
-
-    /// Logits and the mean cross-entropy of the source's actions over every position.
-    pub fn forward_loss(&self, batch: AdBatch<B>) -> SequenceOutput<B> {
-        let logits = self.forward(batch.features);
-        let loss = action_loss(logits.clone(), batch.targets.clone());
-        SequenceOutput::new(loss, logits, None, batch.targets)
     }
 }
 
@@ -240,7 +250,12 @@ impl<B: AutodiffBackend + KernelBackend> LowPrecisionStep<B> for AdTransformer<B
     }
 }
 
-impl<B: AutodiffBackend + KernelBackend> TrainStep for AdTransformer<B> {
+impl<B, L> TrainStep for AdModel<B, L>
+where
+    B: AutodiffBackend + KernelBackend,
+    L: SequenceBlock<B>,
+    Self: AutodiffModule<B>,
+{
     type Input = AdBatch<B>;
     type Output = SequenceOutput<B>;
 

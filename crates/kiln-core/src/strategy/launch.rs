@@ -86,6 +86,25 @@ pub(crate) struct ShardPlace {
     pub group: Box<dyn GroupHandle>,
 }
 
+impl ShardPlace {
+    /// Where `rank` of `mesh` sits among `shards`, holding `group`; `None` for an unsharded
+    /// model.
+    pub fn of(
+        shards: Option<&Shards>,
+        group: Option<Box<dyn GroupHandle>>,
+        mesh: &Mesh,
+        rank: usize,
+    ) -> Option<Self> {
+        let (shards, group) = (shards?, group?);
+        Some(Self {
+            shard: mesh.coord(rank, Mesh::TP),
+            shards: shards.count,
+            replicated: shards.replicated.clone(),
+            group,
+        })
+    }
+}
+
 impl<B: AutodiffBackend, M: Module<B> + Clone> Launch<B, M> {
     /// Every rank of `world` (arranged as `mesh`) starts from `model`, materialised once on
     /// the first device; the ranks' collectives are in-process groups on `mesh` that time out

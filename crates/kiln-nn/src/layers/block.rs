@@ -55,6 +55,12 @@ pub struct PreNormBlock<B: Backend> {
     pub(crate) activation: Activation<B>,
 }
 
+impl<B: KernelBackend> super::SequenceBlock<B> for PreNormBlock<B> {
+    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        PreNormBlock::forward(self, x)
+    }
+}
+
 impl<B: KernelBackend> PreNormBlock<B> {
     /// Applies the block.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {

@@ -147,6 +147,12 @@ impl LoraBlockConfig {
     }
 }
 
+impl<B: KernelBackend> crate::layers::SequenceBlock<B> for LoraBlock<B> {
+    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        LoraBlock::forward(self, x)
+    }
+}
+
 impl<B: KernelBackend> LoraBlock<B> {
     /// `[batch, seq, d_model]` → same shape, causally.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {

@@ -3,14 +3,15 @@
 //! (QLoRA matmul, RMSNorm, SwiGLU, cross-entropy).
 
 use burn::config::Config;
-use burn::module::Module;
+use burn::module::{AutodiffModule, Module};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor};
 use burn::train::{SequenceOutput, TrainOutput, TrainStep};
 use kiln_kernels::{KernelBackend, ops};
 
 use super::transformer::embed;
+use crate::layers::{SequenceBlock, run_blocks};
 use crate::lora::{LoraBlock, LoraBlockConfig, LoraConfig, LoraKind};
 use crate::tasks::SequenceBatch;
 
@@ -62,23 +63,29 @@ impl LoraTransformerConfig {
     }
 }
 
-/// Token and position embeddings, [`LoraBlock`]s, a linear head; trained with the fused
-/// softmax cross-entropy.
+/// The LoRA transformer: token and position embeddings, [`LoraBlock`]s, a linear head; trained
+/// with the fused softmax cross-entropy.
+pub type LoraTransformer<B> = LoraModel<B, LoraBlock<B>>;
+
+/// Token and position embeddings, a stack of blocks `L`, a linear head: the whole model with
+/// [`LoraBlock`]s ([`LoraTransformer`]), or a tensor-parallel shard of it with
+/// [`TpLoraBlock`](crate::tensor_parallel::TpLoraBlock)s
+/// ([`TpLoraTransformer`](super::TpLoraTransformer)). Both run the same forward, step and
+/// pipeline stages.
 #[derive(Module, Debug)]
-pub struct LoraTransformer<B: KernelBackend> {
+pub struct LoraModel<B: Backend, L: Module<B>> {
     pub(super) tokens: Embedding<B>,
     pub(super) positions: Embedding<B>,
     /// The blocks, for their adapters.
-    pub blocks: Vec<LoraBlock<B>>,
+    pub blocks: Vec<L>,
     pub(super) head: Linear<B>,
 }
 
-impl<B: KernelBackend> LoraTransformer<B> {
-    /// Logits `[batch, seq, vocab]`.
+impl<B: KernelBackend, L: SequenceBlock<B>> LoraModel<B, L> {
+    /// Logits `[batch, seq, vocab]` (the same on every shard).
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
         let x = embed(&self.tokens, &self.positions, tokens);
-        let x = self.blocks.iter().fold(x, |x, block| block.forward(x));
-        self.head.forward(x)
+        self.head.forward(run_blocks(&self.blocks, x))
     }
 
     /// Mean next-token cross-entropy over every position.
@@ -101,8 +108,11 @@ pub(super) fn fused_sequence_loss<B: KernelBackend>(
         .mean()
 }
 
-impl<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend> TrainStep
-    for LoraTransformer<B>
+impl<B, L> TrainStep for LoraModel<B, L>
+where
+    B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend,
+    L: SequenceBlock<B>,
+    Self: AutodiffModule<B>,
 {
     type Input = SequenceBatch<B>;
     type Output = SequenceOutput<B>;

@@ -10,8 +10,8 @@ mod transformer;
 mod transformer_stages;
 mod transformer_tp;
 
-pub use lora_transformer::{LoraTransformer, LoraTransformerConfig};
-pub use lora_transformer_stages::LoraTransformerStage;
+pub use lora_transformer::{LoraModel, LoraTransformer, LoraTransformerConfig};
+pub use lora_transformer_stages::{LoraStage, LoraTransformerStage};
 pub use lora_transformer_tp::{TpLoraTransformer, TpLoraTransformerStage};
 pub use mlp::{Mlp, MlpConfig};
 pub use mlp_stages::MlpStage;

@@ -24,6 +24,12 @@ pub struct TpPreNormBlock<B: ShardedBackend> {
     activation: Activation<B>,
 }
 
+impl<B: ShardedBackend> crate::layers::SequenceBlock<B> for TpPreNormBlock<B> {
+    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        TpPreNormBlock::forward(self, x)
+    }
+}
+
 impl<B: ShardedBackend> TpPreNormBlock<B> {
     /// Shard `tp.rank()` of `block`.
     ///

@@ -32,6 +32,12 @@ pub struct TpLoraBlock<B: ShardedBackend> {
     tp: TpGroup<B>,
 }
 
+impl<B: ShardedBackend> crate::layers::SequenceBlock<B> for TpLoraBlock<B> {
+    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        TpLoraBlock::forward(self, x)
+    }
+}
+
 impl<B: ShardedBackend> TpLoraBlock<B> {
     /// Shard `tp.rank()` of `block`.
     ///

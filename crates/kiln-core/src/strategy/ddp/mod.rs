@@ -148,15 +148,7 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
         let mut workers = Vec::with_capacity(world_size);
         for (rank, start) in ranks.into_iter().enumerate() {
             let pool = super::threads::rank_pool(rank, world_size, config.threads_per_rank)?;
-            let shard = match (&shards, start.shard_group) {
-                (Some(shards), Some(group)) => Some(ShardPlace {
-                    shard: mesh.coord(rank, Mesh::TP),
-                    shards: shards.count,
-                    replicated: shards.replicated.clone(),
-                    group,
-                }),
-                _ => None,
-            };
+            let shard = ShardPlace::of(shards.as_ref(), start.shard_group, &mesh, rank);
             let worker = Worker {
                 replicas: mesh.degree(Mesh::DP),
                 device: start.device,

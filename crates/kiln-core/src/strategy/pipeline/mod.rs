@@ -233,15 +233,7 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
         for (rank, start) in ranks.into_iter().enumerate() {
             let stage = mesh.coord(rank, Mesh::PP);
             let pool = super::threads::rank_pool(rank, world_size, config.threads_per_rank)?;
-            let shard = match (&shards, start.shard_group) {
-                (Some(shards), Some(group)) => Some(ShardPlace {
-                    shard: mesh.coord(rank, Mesh::TP),
-                    shards: shards.count,
-                    replicated: shards.replicated.clone(),
-                    group,
-                }),
-                _ => None,
-            };
+            let shard = ShardPlace::of(shards.as_ref(), start.shard_group, &mesh, rank);
             let module = start.model.split(&ranges).swap_remove(stage);
             let worker = Worker::<B, M, O, I> {
                 place: Place {
