@@ -129,7 +129,7 @@ impl AdConfig {
             ..self.plan_request()
         })
         .map_err(kiln_core::StrategyError::from)?;
-        self.optimizer.check_strategy(plan.strategy())?;
+        self.optimizer.check_plan(&plan)?;
         Ok(plan)
     }
 

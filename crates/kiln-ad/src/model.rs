@@ -239,7 +239,12 @@ pub(crate) fn action_loss<B: KernelBackend>(
         .mean()
 }
 
-impl<B: AutodiffBackend + KernelBackend> LowPrecisionStep<B> for AdTransformer<B> {
+impl<B, L> LowPrecisionStep<B> for AdModel<B, L>
+where
+    B: AutodiffBackend + KernelBackend,
+    L: SequenceBlock<B>,
+    Self: AutodiffModule<B>,
+{
     fn forward_in(&self, batch: AdBatch<B>, dtype: FloatDType) -> SequenceOutput<B> {
         // The loss (a softmax and a mean over every position) is computed in f32.
         let logits = self

@@ -74,5 +74,5 @@ where
 {
     type Pipeline = Supported;
     type Tensor = Unsupported;
-    type LowPrecision = Unsupported;
+    type LowPrecision = Supported;
 }

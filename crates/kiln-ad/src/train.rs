@@ -110,7 +110,7 @@ pub fn train<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
     on_step: &mut dyn FnMut(usize, f64),
 ) -> Result<(AdTransformer<B>, TrainSummary), AdError> {
     config.validate()?;
-    config.optimizer.check_strategy(plan.strategy())?;
+    config.optimizer.check_plan(plan)?;
     let t = &config.train;
     let device = devices
         .first()

@@ -440,6 +440,21 @@ fn tensor_trains_like_single_and_reports_each_rank_s_bytes() {
             assert!(rank["tp_calls"].as_u64().unwrap() > 0, "{name}: {rank}");
         }
     }
+    // Mixed precision shards too: each shard computes in bf16 with f32 master weights.
+    let bf16 = train_json(
+        "t-tp2-bf16",
+        &[
+            &["--strategy", "tensor", "--tp", "2", "--precision", "bf16"][..],
+            &transformer,
+        ]
+        .concat(),
+    );
+    assert_eq!(bf16["mesh"], "dp=1 × tp=2");
+    let (first, last) = (
+        bf16["first_loss"].as_f64().unwrap(),
+        bf16["final_loss"].as_f64().unwrap(),
+    );
+    assert!(last < first, "bf16 under tensor: loss {first} -> {last}");
 }
 
 #[test]
@@ -462,8 +477,8 @@ fn impossible_tensor_plans_fail_with_one_line() {
     );
     tensor(&["--tp", "2", "--world", "3"], "not dp × (stages × shards)");
     tensor(
-        &["--tp", "2", "--precision", "bf16"],
-        "does not run under tensor",
+        &["--tp", "2", "--stages", "2", "--precision", "bf16"],
+        "does not run under tensor with pipeline stages",
     );
     assert_one_line_error(
         &["train", "--strategy", "tensor", "--model", "mlp"],

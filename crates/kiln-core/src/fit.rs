@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use burn::module::{AutodiffModule, ModuleDisplay};
 use burn::tensor::backend::AutodiffBackend;
+use burn::train::TrainStep;
 
 use crate::data::{DataSource, EpochSampler};
 use crate::model::{
@@ -186,6 +187,7 @@ where
     B: AutodiffBackend + TpBackend,
     M: TrainModel<B> + LowPrecisionStep<B> + ModuleDisplay,
     <M as AutodiffModule<B>>::InnerModule: ModuleDisplay,
+    MixedPrecision<B, M>: ParallelModel<B> + TrainStep<Input = M::Input, Output = M::Output>,
 {
     fn fit_low<S: OptimizerSpec<B>, I: Send + 'static>(
         run: Run<'_, '_, B, S>,
@@ -221,17 +223,4 @@ where
         }
         .into())
     }
-}
-
-// A model in mixed precision trains whole: its stages and shards are not wrapped (the plan
-// refuses bf16 and f16 under `pipeline` and `tensor` before anything starts).
-impl<B, M> ParallelModel<B> for MixedPrecision<B, M>
-where
-    B: AutodiffBackend + TpBackend,
-    M: TrainModel<B> + LowPrecisionStep<B> + ModuleDisplay,
-    <M as AutodiffModule<B>>::InnerModule: ModuleDisplay,
-{
-    type Pipeline = Unsupported;
-    type Tensor = Unsupported;
-    type LowPrecision = Unsupported;
 }

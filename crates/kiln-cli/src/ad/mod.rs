@@ -163,7 +163,7 @@ impl TrainArgs {
             cpu_cores: self.backend.cpu_cores(),
             ..c.plan_request()
         })?;
-        c.optimizer.check_strategy(plan.strategy())?;
+        c.optimizer.check_plan(&plan)?;
         Ok((c, plan))
     }
 }

@@ -127,7 +127,7 @@ impl TrainConfig {
             global_batch: self.batch,
             cpu_cores: self.backend.cpu_cores(),
         })?;
-        self.optimizer.check_strategy(plan.strategy())?;
+        self.optimizer.check_plan(&plan)?;
         Ok(plan)
     }
 

@@ -115,18 +115,19 @@ impl PerformanceConfig {
         self
     }
 
-    /// Checks that these settings can run under the strategy `kind` (resolved): bf16 and f16
-    /// do not run under the pipeline or tensor parallelism yet, whose stages and shards are
-    /// not wrapped.
+    /// Checks that these settings can run as `plan` says: bf16 and f16 do not run with
+    /// pipeline stages yet (under `pipeline`, or `tensor` with stages), whose stages are not
+    /// wrapped. A whole model and a tensor-parallel shard are.
     ///
     /// # Errors
     /// [`GuardConfigError::PrecisionUnsupported`].
-    pub fn check_strategy(&self, kind: StrategyKind) -> Result<(), GuardConfigError> {
-        let split = matches!(kind, StrategyKind::Pipeline | StrategyKind::Tensor);
-        if self.precision != Precision::F32 && split {
+    pub fn check_plan(&self, plan: &crate::plan::Plan) -> Result<(), GuardConfigError> {
+        let staged = plan.mesh().degree(crate::world::Mesh::PP) > 1
+            || plan.strategy() == StrategyKind::Pipeline;
+        if self.precision != Precision::F32 && staged {
             return Err(GuardConfigError::PrecisionUnsupported {
                 precision: self.precision,
-                strategy: kind,
+                strategy: plan.strategy(),
             });
         }
         Ok(())
@@ -151,9 +152,9 @@ impl PerformanceConfig {
 pub enum GuardConfigError {
     /// Mixed precision asked of a strategy that splits the model.
     #[error(
-        "precision {precision} does not run under {strategy} yet (MixedPrecision wraps a whole \
-         model's step, not a {strategy} rank's stage or shard); use single, data_parallel or \
-         ddp, or f32"
+        "precision {precision} does not run under {strategy} with pipeline stages yet \
+         (MixedPrecision wraps a whole model's or a tensor-parallel shard's step, not a \
+         pipeline stage's); use single, data_parallel, ddp or tensor without stages, or f32"
     )]
     PrecisionUnsupported {
         /// The precision asked for.

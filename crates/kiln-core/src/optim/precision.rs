@@ -123,6 +123,17 @@ impl<B: Backend, Model: Module<B>> MixedPrecision<B, Model> {
     pub fn precision(&self) -> Precision {
         self.precision
     }
+
+    /// `model` in this model's precision, with its loss scale: a shard of this model, or the
+    /// whole model gathered from a shard.
+    pub(crate) fn around<N: Module<B>>(&self, model: N) -> MixedPrecision<B, N> {
+        MixedPrecision {
+            model,
+            precision: self.precision,
+            loss_scale: self.loss_scale.clone(),
+            backend: std::marker::PhantomData,
+        }
+    }
 }
 
 impl<B, M> TrainStep for MixedPrecision<B, M>

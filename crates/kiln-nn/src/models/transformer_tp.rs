@@ -8,10 +8,11 @@ use burn::nn::attention::generate_autoregressive_mask;
 use burn::nn::transformer::TransformerEncoder;
 use burn::nn::{Embedding, Linear};
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{FloatDType, Int, Tensor};
 use burn::train::{SequenceOutput, TrainOutput, TrainStep};
 use kiln_core::model::{
-    ParallelModel, PipelineModel, ShardError, Supported, TensorParallelModel, Unsupported,
+    LowPrecisionStep, ParallelModel, PipelineModel, ShardError, Supported, TensorParallelModel,
+    Unsupported,
 };
 use kiln_core::tensor_parallel::{TpBackend, TpGroup};
 
@@ -56,6 +57,17 @@ impl<B: AutodiffBackend<InnerBackend: TpBackend> + TpBackend> TrainStep for TpTr
         let loss = sequence_loss(logits.clone(), batch.targets.clone());
         let output = SequenceOutput::new(loss, logits, None, batch.targets);
         TrainOutput::new(self, output.loss.backward(), output)
+    }
+}
+
+impl<B: AutodiffBackend<InnerBackend: TpBackend> + TpBackend> LowPrecisionStep<B>
+    for TpTransformer<B>
+{
+    fn forward_in(&self, batch: SequenceBatch<B>, _dtype: FloatDType) -> SequenceOutput<B> {
+        // As the whole model's: the cast parameters carry the dtype, the loss is in f32.
+        let logits = self.forward(batch.inputs).cast(FloatDType::F32);
+        let loss = sequence_loss(logits.clone(), batch.targets.clone());
+        SequenceOutput::new(loss, logits, None, batch.targets)
     }
 }
 
@@ -125,7 +137,7 @@ impl<B: AutodiffBackend<InnerBackend: TpBackend> + TpBackend> ParallelModel<B>
 {
     type Pipeline = Supported;
     type Tensor = Unsupported;
-    type LowPrecision = Unsupported;
+    type LowPrecision = Supported;
 }
 
 /// A contiguous run of a [`TpTransformer`]'s layers; the first stage also holds the
