@@ -1,66 +1,179 @@
-//! A trained run on disk: its config (TOML, so the model can be rebuilt and the run repeated)
-//! and its parameters (Burn's named MessagePack recorder, full precision).
+//! A run on disk. `kiln ad train --out DIR` saves into `DIR/checkpoints/step-<N>/` (Kiln's
+//! verified checkpoints: the parameters, the optimizer state, and this job's `config.toml`,
+//! so a step can be evaluated or resumed on its own), and writes `DIR/config.toml` to read
+//! and to pass back with `--config`.
 
 use std::path::{Path, PathBuf};
 
-use burn::module::Module;
-use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 use burn::tensor::backend::Backend;
+use kiln_core::checkpoint::{Checkpoint, CheckpointFolder, RunInfo, Saver};
+use kiln_core::fit::Resume;
+use kiln_core::plan::Plan;
 
 use crate::config::AdConfig;
 use crate::error::AdError;
 use crate::model::AdTransformer;
 
-const CONFIG: &str = "config.toml";
-const MODEL: &str = "model";
+/// The config's file, in the run folder and in every checkpoint step.
+pub const CONFIG: &str = "config.toml";
+/// The checkpoint folder inside a run folder.
+pub const CHECKPOINTS: &str = "checkpoints";
+/// The model's name in checkpoint manifests.
+pub const KIND: &str = "ad";
 
-fn recorder() -> NamedMpkFileRecorder<FullPrecisionSettings> {
-    NamedMpkFileRecorder::new()
+/// The checkpoint folder of the run folder `dir`.
+pub fn checkpoints(dir: &Path) -> PathBuf {
+    dir.join(CHECKPOINTS)
 }
 
-fn failed(path: &Path, reason: impl ToString) -> AdError {
-    AdError::Checkpoint {
-        path: path.display().to_string(),
-        reason: reason.to_string(),
+/// The config as its TOML file holds it.
+///
+/// # Errors
+/// When it cannot be serialised.
+pub fn config_text(config: &AdConfig) -> Result<String, AdError> {
+    toml::to_string_pretty(config).map_err(|e| AdError::BadConfig {
+        path: CONFIG.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+/// A saver of `config`'s run by `plan` into the checkpoint folder `folder`.
+///
+/// # Errors
+/// When the config cannot be serialised.
+pub fn saver(folder: CheckpointFolder, config: &AdConfig, plan: &Plan) -> Result<Saver, AdError> {
+    let run = RunInfo::of(plan, "adamw", config.optimizer.precision);
+    Ok(Saver::new(folder, KIND, run).with_file(CONFIG, config_text(config)?.into_bytes()))
+}
+
+/// Opens and verifies a checkpoint: `path` is a run folder (its newest step), a checkpoint
+/// folder, or one `step-<N>` folder.
+///
+/// # Errors
+/// A path without a checkpoint, or a damaged one.
+pub fn open(path: &Path) -> Result<Checkpoint, AdError> {
+    let inner = checkpoints(path);
+    let path = if inner.is_dir() { &inner } else { path };
+    Ok(Checkpoint::open(path)?)
+}
+
+/// The config a checkpoint was trained with.
+///
+/// # Errors
+/// A checkpoint without one, or one that does not parse or validate.
+pub fn config_of(checkpoint: &Checkpoint) -> Result<AdConfig, AdError> {
+    let path = checkpoint.dir().join(CONFIG).display().to_string();
+    let text = std::str::from_utf8(checkpoint.file(CONFIG)?).map_err(|e| AdError::BadConfig {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    let config: AdConfig = toml::from_str(text).map_err(|e| AdError::BadConfig {
+        path,
+        reason: e.message().trim().to_string(),
+    })?;
+    config.validate()?;
+    Ok(config)
+}
+
+/// Reads a run for evaluation: the newest step of the run folder `path` (or the step or
+/// checkpoint folder `path`), its config and its model on `device`.
+///
+/// # Errors
+/// A path without a checkpoint, a damaged one, or one of another model.
+pub fn load<B: Backend>(
+    path: &Path,
+    device: &B::Device,
+) -> Result<(AdConfig, AdTransformer<B>), AdError> {
+    let checkpoint = open(path)?;
+    let config = config_of(&checkpoint)?;
+    let model = config.model.init::<B>(&config.env, device);
+    let model = checkpoint.model(KIND, model, device)?;
+    Ok((config, model))
+}
+
+/// Checks that `config` trains what `checkpoint` was trained with: every setting but the
+/// ones a resumed run may change (`train.steps`, where it trains: `train.world`,
+/// `train.strategy` and `parallel`, which the plan's check covers, and `checkpoint`, `eval`).
+///
+/// Returns the saved run's `train.steps`.
+///
+/// # Errors
+/// [`AdError::OtherConfig`] naming the settings that differ.
+pub fn check_config(checkpoint: &Checkpoint, config: &AdConfig) -> Result<usize, AdError> {
+    let saved = config_of(checkpoint)?;
+    let comparable = |c: &AdConfig| -> Result<toml::Value, AdError> {
+        let mut c = c.clone();
+        c.train.steps = 0;
+        // Where the run trains may change; the plan's own check covers the optimizer state.
+        c.train.world = None;
+        c.train.strategy = Default::default();
+        c.parallel = Default::default();
+        c.checkpoint = Default::default();
+        c.eval = Default::default();
+        toml::Value::try_from(&c).map_err(|e| AdError::BadConfig {
+            path: CONFIG.to_string(),
+            reason: e.to_string(),
+        })
+    };
+    let mut fields = Vec::new();
+    differences("", &comparable(&saved)?, &comparable(config)?, &mut fields);
+    if fields.is_empty() {
+        return Ok(saved.train.steps);
+    }
+    Err(AdError::OtherConfig {
+        path: checkpoint.dir().join(CONFIG).display().to_string(),
+        fields: fields.join(", "),
+    })
+}
+
+/// The dotted names of the settings where `a` and `b` differ.
+fn differences(prefix: &str, a: &toml::Value, b: &toml::Value, out: &mut Vec<String>) {
+    match (a, b) {
+        (toml::Value::Table(a), toml::Value::Table(b)) => {
+            let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            for key in keys {
+                let name = if prefix.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{prefix}.{key}")
+                };
+                match (a.get(key), b.get(key)) {
+                    (Some(x), Some(y)) => differences(&name, x, y, out),
+                    _ => out.push(name),
+                }
+            }
+        }
+        _ if a != b => out.push(prefix.to_string()),
+        _ => {}
     }
 }
 
-/// Writes `config` and `model` into `dir` (created if missing).
+/// The model and where to resume, from `checkpoint` of a run of `config` by `plan`.
 ///
 /// # Errors
-/// When the folder or a file cannot be written.
-pub fn save<B: Backend>(
-    dir: &Path,
+/// Another config, model or strategy than the checkpoint's.
+pub fn resume<B: Backend>(
+    checkpoint: &Checkpoint,
     config: &AdConfig,
+    plan: &Plan,
     model: AdTransformer<B>,
-) -> Result<(), AdError> {
-    std::fs::create_dir_all(dir).map_err(|e| failed(dir, e))?;
-    let text = toml::to_string_pretty(config).map_err(|e| failed(dir, e))?;
-    let path = dir.join(CONFIG);
-    std::fs::write(&path, text).map_err(|e| failed(&path, e))?;
-    let path = dir.join(MODEL);
-    model
-        .save_file(path.clone(), &recorder())
-        .map_err(|e| failed(&path, e))
-}
-
-/// Reads a run written by [`save`].
-///
-/// # Errors
-/// When a file is missing or does not match the config's model.
-pub fn load<B: Backend>(
-    dir: &Path,
     device: &B::Device,
-) -> Result<(AdConfig, AdTransformer<B>), AdError> {
-    let path = dir.join(CONFIG);
-    let text = std::fs::read_to_string(&path).map_err(|e| failed(&path, e))?;
-    let config: AdConfig = toml::from_str(&text).map_err(|e| failed(&path, e))?;
-    config.validate()?;
-    let path: PathBuf = dir.join(MODEL);
-    let model = config
-        .model
-        .init::<B>(&config.env, device)
-        .load_file(path.clone(), &recorder(), device)
-        .map_err(|e| failed(&path, e))?;
-    Ok((config, model))
+) -> Result<(AdTransformer<B>, Resume), AdError> {
+    let saved_steps = check_config(checkpoint, config)?;
+    if saved_steps != config.train.steps {
+        tracing::warn!(
+            "the saved run was to train {saved_steps} steps and this one trains {}: the \
+             learning-rate schedule spans train.steps, so the steps left train at other rates \
+             than the saved run's would have",
+            config.train.steps
+        );
+    }
+    let model = checkpoint.model(KIND, model, device)?;
+    let resume = Resume {
+        step: checkpoint.step(),
+        optimizer: checkpoint.optimizer(plan)?,
+    };
+    Ok((model, resume))
 }

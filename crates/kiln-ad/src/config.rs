@@ -3,6 +3,7 @@
 //! The defaults are the run `kiln ad train` makes with no flags, and the one the acceptance test
 //! (`crates/kiln-ad/tests/run.rs`) checks.
 
+use kiln_core::checkpoint::CheckpointConfig;
 use kiln_core::optim::PerformanceConfig;
 use kiln_core::plan::{Plan, PlanRequest};
 use kiln_core::strategy::{StrategyConfigs, StrategyKind};
@@ -89,6 +90,8 @@ pub struct AdConfig {
     pub optimizer: PerformanceConfig,
     /// Evaluation.
     pub eval: EvalConfig,
+    /// How often a run saves into `<out>/checkpoints`, and how many saves it keeps.
+    pub checkpoint: CheckpointConfig,
 }
 
 impl Default for AdConfig {
@@ -100,6 +103,7 @@ impl Default for AdConfig {
             source: QLearningConfig::default(),
             model: AdModelConfig::default(),
             train: AdTrainConfig::default(),
+            checkpoint: CheckpointConfig::default(),
             parallel: StrategyConfigs::default(),
             optimizer: PerformanceConfig::default(),
             eval: EvalConfig::default(),
@@ -174,6 +178,7 @@ impl AdConfig {
             });
         }
         self.optimizer.validate()?;
+        self.checkpoint.validate()?;
         let positive = |field, value: f64| {
             if value > 0.0 && value.is_finite() {
                 Ok(())

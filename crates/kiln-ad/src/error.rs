@@ -76,12 +76,26 @@ pub enum AdError {
         /// What went wrong.
         reason: String,
     },
-    /// A checkpoint could not be written or read.
-    #[error("checkpoint {path}: {reason}")]
-    Checkpoint {
-        /// The file or folder.
+    /// A checkpoint could not be written, read or trusted.
+    #[error(transparent)]
+    Checkpoint(#[from] kiln_core::checkpoint::CheckpointError),
+    /// A checkpoint's config.toml that is not this run's config.
+    #[error(
+        "the checkpoint {path} was trained with another config ({fields} differ); resume with \
+         the config that saved it (only train.steps, where it trains, checkpoint and eval may change)"
+    )]
+    OtherConfig {
+        /// The checkpoint's config.toml.
         path: String,
-        /// What went wrong.
+        /// The settings that differ, dotted (`model.d_model`).
+        fields: String,
+    },
+    /// A checkpoint's config.toml that does not parse.
+    #[error("the checkpoint's {path} is not an AD config: {reason}")]
+    BadConfig {
+        /// The file.
+        path: String,
+        /// The parser's message.
         reason: String,
     },
 }

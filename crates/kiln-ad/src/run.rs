@@ -11,6 +11,7 @@ use burn::module::AutodiffModule;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use serde::Serialize;
 
+use kiln_core::checkpoint::{Checkpoint, CheckpointFolder};
 use kiln_core::plan::Plan;
 use kiln_core::strategy::ConfigError;
 use kiln_nn::tensor_parallel::ShardedBackend;
@@ -21,7 +22,7 @@ use crate::error::AdError;
 use crate::goals::GoalSplit;
 use crate::model::AdTransformer;
 use crate::report::{EvalReport, evaluate};
-use crate::train::{Data, TrainSummary, generate, train};
+use crate::train::{Data, Session, TrainSummary, generate, train};
 
 /// What a caller shows while a run goes. Every hook does nothing unless overridden.
 pub trait Observer {
@@ -67,10 +68,16 @@ impl Observer for LogProgress {
 }
 
 /// What the run does besides training.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Clone, Copy, Default)]
 pub struct RunOptions<'a> {
-    /// Save the config and the trained model here as soon as training ends.
+    /// The run folder: checkpoints go to `<dir>/checkpoints` (every `checkpoint.every` steps,
+    /// and at the end of training, before the evaluation), the config to `<dir>/config.toml`.
     pub save_to: Option<&'a Path>,
+    /// The verified checkpoint to resume from ([`checkpoint::open`]).
+    pub resume: Option<&'a Checkpoint>,
+    /// Asked after every training step: `true` stops training there, saves, and skips the
+    /// evaluation ([`TrainSummary::stopped`]).
+    pub stop: Option<&'a (dyn Fn() -> bool + Sync)>,
     /// Skip the evaluation.
     pub no_eval: bool,
 }
@@ -119,17 +126,29 @@ pub fn run<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
         .first()
         .cloned()
         .ok_or(kiln_core::StrategyError::from(ConfigError::NoDevices))?;
+    let save_to = match options.save_to {
+        Some(dir) => {
+            let folder =
+                CheckpointFolder::new(checkpoint::checkpoints(dir), config.checkpoint.keep);
+            folder.prepare(options.resume.map_or(0, Checkpoint::step), false)?;
+            write_config(dir, config)?;
+            Some(folder)
+        }
+        None => None,
+    };
     let data = generate(config)?;
     observer.data(&data);
-    let (model, summary) = train::<B>(config, plan, &data, devices, &mut |step, loss| {
+    let session = Session {
+        resume: options.resume,
+        save_to,
+        stop: options.stop,
+    };
+    let (model, summary) = train::<B>(config, plan, &data, devices, session, &mut |step, loss| {
         observer.step(step, loss)
     })?;
     observer.trained(&summary);
     let model = model.valid();
-    if let Some(dir) = options.save_to {
-        checkpoint::save(dir, config, model.clone())?;
-    }
-    let (eval, eval_s) = if options.no_eval {
+    let (eval, eval_s) = if options.no_eval || summary.stopped {
         (None, 0.0)
     } else {
         let (report, seconds) = evaluate_held_out(&model, config, &data.goals, &device, observer);
@@ -168,4 +187,25 @@ pub fn evaluate_held_out<B: KernelBackend>(
     );
     observer.evaluated(&report);
     (report, start.elapsed().as_secs_f64())
+}
+
+/// Writes `config` to `<dir>/config.toml`, whole or not at all (a temporary file renamed into
+/// place).
+fn write_config(dir: &Path, config: &AdConfig) -> Result<(), AdError> {
+    let io = |path: &Path, e: std::io::Error| {
+        AdError::Checkpoint(kiln_core::checkpoint::CheckpointError::Io {
+            action: "write",
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })
+    };
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    let path = dir.join(checkpoint::CONFIG);
+    let partial = dir.join(format!(
+        ".{}.partial-{}",
+        checkpoint::CONFIG,
+        std::process::id()
+    ));
+    std::fs::write(&partial, checkpoint::config_text(config)?).map_err(|e| io(&partial, e))?;
+    std::fs::rename(&partial, &path).map_err(|e| io(&path, e))
 }

@@ -6,8 +6,9 @@ use std::time::Instant;
 
 use burn::optim::AdamWConfig;
 use burn::tensor::backend::AutodiffBackend;
+use kiln_core::checkpoint::{Checkpoint, CheckpointFolder};
 use kiln_core::data::DataSource;
-use kiln_core::fit::{Training, fit};
+use kiln_core::fit::{SaveHooks, Training, fit};
 use kiln_core::plan::Plan;
 use kiln_core::strategy::{ConfigError, PerformanceSpec, RankReport, StepOutput};
 use kiln_nn::tensor_parallel::ShardedBackend;
@@ -74,8 +75,20 @@ pub struct TrainSummary {
     pub mesh: String,
     /// Ranks.
     pub world: usize,
-    /// Optimizer steps.
+    /// Optimizer steps this run trained.
     pub steps: usize,
+    /// The checkpoint step this run resumed from; absent for a fresh run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_from: Option<usize>,
+    /// The step the run ended at (`resumed_from + steps`).
+    #[serde(default)]
+    pub last_step: usize,
+    /// Whether a stop request (SIGINT, SIGTERM) ended the run before its last step.
+    #[serde(default)]
+    pub stopped: bool,
+    /// The checkpoint saved at the end, when the run saves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saved: Option<String>,
     /// Windows per step.
     pub batch: usize,
     /// Windows in the data set.
@@ -97,16 +110,31 @@ pub struct TrainSummary {
     pub ranks: Vec<RankReport>,
 }
 
-/// Trains a fresh [`AdTransformer`] on `data` as `plan` says, over `devices` (one per rank of
-/// the plan), calling `on_step(step, loss)` after every step.
+/// How a training run resumes, saves and stops.
+#[derive(Default)]
+pub struct Session<'a> {
+    /// The verified checkpoint to resume from (of this config and plan).
+    pub resume: Option<&'a Checkpoint>,
+    /// The checkpoint folder to save into: every `checkpoint.every` steps, at the end, and
+    /// when stopped.
+    pub save_to: Option<CheckpointFolder>,
+    /// Asked after every step; `true` ends training there (it is saved, and the summary says
+    /// [`TrainSummary::stopped`]).
+    pub stop: Option<&'a (dyn Fn() -> bool + Sync)>,
+}
+
+/// Trains an [`AdTransformer`] on `data` as `plan` says, over `devices` (one per rank of the
+/// plan): a fresh one, or the one `session` resumes. Calls `on_step(step, loss)` after every
+/// step, and saves as `session` says.
 ///
 /// # Errors
-/// An invalid config, or a strategy failure.
+/// An invalid config, a checkpoint of another run, a strategy failure, or a save that failed.
 pub fn train<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
     config: &AdConfig,
     plan: &Plan,
     data: &Data,
     devices: Vec<B::Device>,
+    session: Session<'_>,
     on_step: &mut dyn FnMut(usize, f64),
 ) -> Result<(AdTransformer<B>, TrainSummary), AdError> {
     config.validate()?;
@@ -117,6 +145,18 @@ pub fn train<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
         .ok_or(kiln_core::StrategyError::from(ConfigError::NoDevices))?;
     B::seed(device, config.seed);
     let model = config.model.init::<B>(&config.env, device);
+    let (model, resume) = match session.resume {
+        Some(checkpoint) => {
+            let (model, resume) =
+                crate::checkpoint::resume(checkpoint, config, plan, model, device)?;
+            (model, Some(resume))
+        }
+        None => (model, None),
+    };
+    let mut saver = session
+        .save_to
+        .map(|folder| crate::checkpoint::saver(folder, config, plan))
+        .transpose()?;
     let context = config.model.context;
     let source = DataSource::new(
         WindowDataset::new(data.histories.clone(), context)?,
@@ -127,30 +167,32 @@ pub fn train<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
         steps: t.steps,
         seed: config.seed,
         lr: &|step| t.lr_at(step),
-        resume: None,
-        keep_optimizer_state: false,
+        resume: resume.as_ref(),
+        keep_optimizer_state: saver.is_some(),
+        save_every: config.checkpoint.every,
+        stop: session.stop,
     };
     let optim = PerformanceSpec::new(
         AdamWConfig::new().with_weight_decay(t.weight_decay as f32),
         config.optimizer.clone(),
     )?;
-    let mut on_step = |step, out: &StepOutput| on_step(step, out.loss);
-    let (model, record) = fit(
-        plan,
-        &training,
-        devices,
-        model,
-        &optim,
-        source,
-        &mut on_step,
-    )?;
+    let on_step = |step, out: &StepOutput| on_step(step, out.loss);
+    let mut hooks = SaveHooks::<B, _>::new(on_step, saver.as_mut());
+    let (model, record) = fit(plan, &training, devices, model, &optim, source, &mut hooks)?;
+    let saved = match (saver.as_mut(), record.optimizer.as_ref()) {
+        (Some(saver), Some(optimizer)) if record.saved_step != Some(record.last_step) => {
+            Some(saver.save::<B, _>(record.last_step, model.clone(), optimizer)?)
+        }
+        (Some(saver), _) => saver.last().map(|(_, dir)| dir.clone()),
+        _ => None,
+    };
     let every = (t.steps / 100).max(1);
     let loss_curve = record
         .losses
         .iter()
         .enumerate()
         .filter(|(step, _)| step % every == 0 || step + 1 == record.losses.len())
-        .map(|(step, &loss)| (step, loss))
+        .map(|(step, &loss)| (record.first_step + step, loss))
         .collect();
     let summary = TrainSummary {
         strategy: record.plan.strategy().to_string(),
@@ -158,6 +200,10 @@ pub fn train<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
         mesh: record.plan.mesh().to_string(),
         world: record.plan.world_size(),
         steps: record.losses.len(),
+        resumed_from: resume.as_ref().map(|r| r.step),
+        last_step: record.last_step,
+        stopped: record.stopped,
+        saved: saved.map(|dir| dir.display().to_string()),
         batch: t.batch,
         windows,
         first_loss: record.losses.first().copied().unwrap_or(f64::NAN),

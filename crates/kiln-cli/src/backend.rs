@@ -4,6 +4,7 @@ use std::fmt;
 
 use burn::backend::Autodiff;
 use burn::tensor::backend::AutodiffBackend;
+use kiln_core::optim::Precision;
 use kiln_nn::tensor_parallel::ShardedBackend;
 
 /// A Burn backend selectable on the command line.
@@ -42,6 +43,47 @@ impl BackendKind {
     pub fn cpu_cores(self) -> Option<usize> {
         self.is_cpu()
             .then(|| std::thread::available_parallelism().map_or(1, usize::from))
+    }
+}
+
+/// A training precision the backend has no tensors for.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "precision {precision} does not run on the {backend} backend, which has no {precision} \
+     tensors; use --precision f32, or a backend that has them ({supported})"
+)]
+pub struct PrecisionUnsupported {
+    backend: BackendKind,
+    precision: Precision,
+    supported: &'static str,
+}
+
+impl BackendKind {
+    /// Checks that the backend computes in `precision`, before any rank starts.
+    ///
+    /// # Errors
+    /// [`PrecisionUnsupported`]: NdArray has f32 tensors only, and wgpu's shaders have no
+    /// bf16.
+    pub fn check_precision(self, precision: Precision) -> Result<(), PrecisionUnsupported> {
+        let supported = match precision {
+            Precision::F32 => return Ok(()),
+            Precision::Bf16 => "flex, cuda",
+            Precision::F16 => "flex, wgpu, cuda",
+        };
+        let runs = match self {
+            BackendKind::Flex | BackendKind::Cuda => true,
+            BackendKind::Ndarray => false,
+            BackendKind::Wgpu => precision == Precision::F16,
+        };
+        if runs {
+            Ok(())
+        } else {
+            Err(PrecisionUnsupported {
+                backend: self,
+                precision,
+                supported,
+            })
+        }
     }
 }
 

@@ -3,12 +3,16 @@
 mod ad;
 mod backend;
 mod bench;
+mod checkpoint_args;
 mod config_file;
 mod names;
 mod optimizer_args;
+mod outputs;
 mod parallel_args;
+mod signals;
 mod train;
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -36,7 +40,9 @@ enum Command {
     /// Algorithm Distillation on Dark Room: train and evaluate in-context RL.
     #[command(subcommand)]
     Ad(ad::AdCommand),
-    /// Benchmarks: `kiln bench kernels` times the CubeCL kernels against Burn's composites.
+    /// Benchmarks: `kiln bench strategies` trains every strategy side by side; `kiln bench
+    /// kernels` times the CubeCL kernels against Burn's composites (a build with the `wgpu`
+    /// or `cuda` feature).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
 }
@@ -57,6 +63,8 @@ fn main() -> ExitCode {
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .with_target(false)
+        // Colour only for a person at a terminal who has not asked for none (no-color.org).
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .init();
 
     let result = match cli.command {
@@ -66,9 +74,17 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
+        // A run the user stopped is not an error: it says where it saved, and exits as a
+        // process ended by the signal does (130, 143), so that scripts see the interruption.
+        Err(e) => match e.downcast_ref::<signals::Interrupted>() {
+            Some(interrupted) => {
+                eprintln!("{interrupted}");
+                ExitCode::from(interrupted.exit_code())
+            }
+            None => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }

@@ -72,7 +72,7 @@ fn train_then_eval_write_metrics_plot_and_checkpoint() {
         extra_json.to_str().unwrap(),
     ]);
     assert!(stdout.contains("trained with ddp on 2 rank(s)"), "{stdout}");
-    for file in ["config.toml", "model.mpk", "metrics.json", "returns.svg"] {
+    for file in ["config.toml", "checkpoints", "metrics.json", "returns.svg"] {
         assert!(out.join(file).exists(), "{file} missing");
     }
     let m = metrics(&out);
@@ -215,7 +215,62 @@ fn bad_settings_fail_with_one_line() {
     );
     assert_one_line_error(
         &["ad", "eval", "--run", dir.join("none").to_str().unwrap()],
-        "config.toml",
+        "none: no such file or folder",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn ad_runs_save_periodically_resume_and_refuse_another_config() {
+    fn joined<'a>(common: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        [common, extra].concat()
+    }
+    let dir = scratch("resume");
+    let config = dir.join("tiny.toml");
+    std::fs::write(&config, TINY).unwrap();
+    let config = config.to_str().unwrap();
+    let (full, resumed, straight) = (dir.join("full"), dir.join("resumed"), dir.join("straight"));
+    let common = [
+        "ad",
+        "train",
+        "--config",
+        config,
+        "--world",
+        "1",
+        "--no-eval",
+    ];
+    let full_s = full.to_str().unwrap();
+    succeed(&joined(&common, &["--save-every", "2", "--out", full_s]));
+    let mut saved: Vec<String> = std::fs::read_dir(full.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    saved.sort();
+    assert_eq!(saved, ["step-00000002", "step-00000004"]);
+
+    // Step 2's checkpoint, resumed into another folder, trains steps 3 and 4 again.
+    let step_2 = full.join("checkpoints").join("step-00000002");
+    let step_2 = step_2.to_str().unwrap();
+    let out = resumed.to_str().unwrap();
+    let stdout = succeed(&joined(&common, &["--out", out, "--resume", step_2]));
+    assert!(stdout.contains("(resumed at step 2)"), "{stdout}");
+    succeed(&joined(&common, &["--out", straight.to_str().unwrap()]));
+    let train = |d: &Path| metrics(d)["train"].clone();
+    assert_eq!(train(&resumed)["resumed_from"], 2);
+    assert_eq!(train(&resumed)["last_step"], 4);
+    // The resumed run's steps 3 and 4 are the straight run's, loss for loss.
+    let curve = |d: &Path| train(d)["loss_curve"].as_array().unwrap().clone();
+    assert_eq!(curve(&resumed)[..], curve(&straight)[2..]);
+
+    // Another learning rate is refused before any data is generated, naming the setting.
+    let other = dir.join("other");
+    let other = other.to_str().unwrap();
+    assert_one_line_error(
+        &joined(
+            &common,
+            &["--out", other, "--resume", step_2, "--lr", "0.5"],
+        ),
+        "train.lr differ",
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -330,7 +330,7 @@ fn a_saved_run_resumes_bit_for_bit() {
     );
     assert_one_line_error(
         &["train", "--resume", "/nonexistent/kiln-checkpoint"],
-        "checkpoint /nonexistent/kiln-checkpoint",
+        "cannot read /nonexistent/kiln-checkpoint",
     );
 }
 

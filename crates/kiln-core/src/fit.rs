@@ -7,10 +7,12 @@
 use std::marker::PhantomData;
 use std::time::Instant;
 
-use burn::module::{AutodiffModule, ModuleDisplay};
+use burn::module::{AutodiffModule, Module, ModuleDisplay};
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::Backend;
 use burn::train::TrainStep;
 
+use crate::checkpoint::{CheckpointError, Saver};
 use crate::data::{DataSource, EpochSampler};
 use crate::model::{
     LowPrecisionStep, ParallelModel, PrecisionSupport, Supported, TrainModel, Unsupported,
@@ -34,6 +36,84 @@ pub struct Training<'a> {
     /// ([`FitRecord::optimizer`]): only a run that checkpoints needs it, and it costs an
     /// encoding of every optimizer buffer.
     pub keep_optimizer_state: bool,
+    /// Call [`FitHooks::save`] after every this many steps (not after the last step, whose
+    /// model and state [`fit`] returns); `None` never.
+    pub save_every: Option<usize>,
+    /// Asked after every step: `true` ends the run there, as if it had been its last step
+    /// (how SIGINT and SIGTERM stop a run without losing it). `None` runs to the end.
+    pub stop: Option<&'a (dyn Fn() -> bool + Sync)>,
+}
+
+impl Training<'_> {
+    /// The step this run starts from: the resumed one, or 0.
+    pub fn first_step(&self) -> usize {
+        self.resume.map_or(0, |r| r.step)
+    }
+}
+
+/// What [`fit`] calls back while it trains. A closure `FnMut(usize, &StepOutput)` is the
+/// hooks of a run that only watches its steps.
+pub trait FitHooks<M> {
+    /// Step `step` (1-based) ended with `out`.
+    fn step(&mut self, step: usize, out: &StepOutput);
+
+    /// A periodic save is due ([`Training::save_every`]): `model` and `optimizer` are the
+    /// whole model and the strategy's optimizer state after `step` steps.
+    ///
+    /// # Errors
+    /// A save that failed; the run stops with it.
+    fn save(
+        &mut self,
+        step: usize,
+        model: M,
+        optimizer: &OptimizerState,
+    ) -> Result<(), CheckpointError> {
+        let _ = (step, model, optimizer);
+        Ok(())
+    }
+}
+
+impl<M, F: FnMut(usize, &StepOutput)> FitHooks<M> for F {
+    fn step(&mut self, step: usize, out: &StepOutput) {
+        self(step, out);
+    }
+}
+
+/// Hooks that hand every step to a closure and every periodic save to a [`Saver`] (none: the
+/// saves are skipped).
+pub struct SaveHooks<'a, B, F> {
+    on_step: F,
+    saver: Option<&'a mut Saver>,
+    backend: PhantomData<B>,
+}
+
+impl<'a, B, F: FnMut(usize, &StepOutput)> SaveHooks<'a, B, F> {
+    /// Hooks calling `on_step` after every step and `saver` for every save.
+    pub fn new(on_step: F, saver: Option<&'a mut Saver>) -> Self {
+        Self {
+            on_step,
+            saver,
+            backend: PhantomData,
+        }
+    }
+}
+
+impl<B: Backend, M: Module<B>, F: FnMut(usize, &StepOutput)> FitHooks<M> for SaveHooks<'_, B, F> {
+    fn step(&mut self, step: usize, out: &StepOutput) {
+        (self.on_step)(step, out);
+    }
+
+    fn save(
+        &mut self,
+        step: usize,
+        model: M,
+        optimizer: &OptimizerState,
+    ) -> Result<(), CheckpointError> {
+        match self.saver.as_deref_mut() {
+            Some(saver) => saver.save::<B, M>(step, model, optimizer).map(drop),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Where a resumed [`fit`] starts: the steps already trained (the sampler skips their batches)
@@ -54,6 +134,14 @@ pub struct FitRecord {
     pub plan: Plan,
     /// The loss of every step this run trained (from the resumed step on).
     pub losses: Vec<f64>,
+    /// The step the run started from (0, or the resumed step).
+    pub first_step: usize,
+    /// The last step trained: `first_step + losses.len()`.
+    pub last_step: usize,
+    /// Whether [`Training::stop`] ended the run before its last step.
+    pub stopped: bool,
+    /// The last step [`FitHooks::save`] was called for, if any.
+    pub saved_step: Option<usize>,
     /// Steps the NaN guard skipped (`nan_policy = "skip"`).
     pub skipped_steps: usize,
     /// The optimizer state at the end, to checkpoint next to the model, when asked for
@@ -80,8 +168,8 @@ impl FitRecord {
 
 /// Trains `model` on `data` as `plan` says, over `devices` (one per rank of the plan), in the
 /// precision `optim`'s configuration names (bf16 and f16 wrap the model in
-/// [`MixedPrecision`]), calling `on_step(step, output)` after every step (1-based); returns
-/// the trained whole model.
+/// [`MixedPrecision`]), calling `hooks` after every step (1-based) and every
+/// [`Training::save_every`] steps; returns the trained whole model.
 ///
 /// # Errors
 /// A plan the model cannot run (refused from its [`ParallelModel`] declaration), a global
@@ -93,7 +181,7 @@ pub fn fit<B, M, S, I>(
     model: M,
     optim: &S,
     data: DataSource<B, I, M::Input>,
-    on_step: &mut dyn FnMut(usize, &StepOutput),
+    hooks: &mut dyn FitHooks<M>,
 ) -> Result<(M, FitRecord), StrategyError>
 where
     B: AutodiffBackend + TpBackend,
@@ -106,7 +194,7 @@ where
         plan,
         training,
         optim,
-        on_step,
+        hooks,
         backend: PhantomData,
     };
     match optim.precision() {
@@ -115,18 +203,18 @@ where
     }
 }
 
-/// A run's plan, schedule, optimizer and step callback, as [`fit`] hands them on.
-pub(crate) struct Run<'a, 'b, B, S> {
+/// A run's plan, schedule, optimizer and hooks, as [`fit`] hands them on.
+pub(crate) struct Run<'a, 'b, B, S, M> {
     plan: &'a Plan,
     training: &'a Training<'a>,
     optim: &'a S,
-    on_step: &'b mut dyn FnMut(usize, &StepOutput),
+    hooks: &'b mut dyn FitHooks<M>,
     backend: PhantomData<B>,
 }
 
 /// [`fit`] of `model` as it is, in f32.
 fn fit_as_is<B, M, S, I>(
-    run: Run<'_, '_, B, S>,
+    run: Run<'_, '_, B, S, M>,
     devices: Vec<B::Device>,
     model: M,
     data: DataSource<B, I, M::Input>,
@@ -141,18 +229,20 @@ where
         plan,
         training,
         optim,
-        on_step,
+        hooks,
         ..
     } = run;
     let sampler = EpochSampler::new(data.len(), plan.global_batch(), training.seed)?;
     let mut strategy = build(plan, devices, model, optim, data)?;
-    let first = training.resume.map_or(0, |r| r.step);
+    let first = training.first_step();
     if let Some(resume) = training.resume {
         strategy.load_optimizer_state(&resume.optimizer)?;
         tracing::info!("resuming at step {first} of {}", training.steps);
     }
-    let mut losses = Vec::with_capacity(training.steps.saturating_sub(first));
+    // Capped: `steps` is what a user typed, and the losses grow as the steps do.
+    let mut losses = Vec::with_capacity(training.steps.saturating_sub(first).min(1 << 16));
     let mut skipped_steps = 0;
+    let (mut stopped, mut saved_step) = (false, None);
     let start = Instant::now();
     let batches = sampler
         .batches()
@@ -163,11 +253,28 @@ where
         let out = strategy.step(&batch, (training.lr)(step))?;
         losses.push(out.loss);
         skipped_steps += usize::from(out.guard.is_some_and(|g| g.skipped));
-        on_step(step + 1, &out);
+        let done = step + 1;
+        hooks.step(done, &out);
+        if done == training.steps {
+            break;
+        }
+        if training.stop.is_some_and(|stop| stop()) {
+            stopped = true;
+            tracing::info!("stopping after step {done} of {}", training.steps);
+            break;
+        }
+        if training.save_every.is_some_and(|n| done.is_multiple_of(n)) {
+            hooks.save(done, strategy.model()?, &strategy.optimizer_state()?)?;
+            saved_step = Some(done);
+        }
     }
     let wall_s = start.elapsed().as_secs_f64();
     let record = FitRecord {
         plan: plan.clone(),
+        first_step: first,
+        last_step: first + losses.len(),
+        stopped,
+        saved_step,
         losses,
         skipped_steps,
         wall_s,
@@ -190,7 +297,7 @@ where
     MixedPrecision<B, M>: ParallelModel<B> + TrainStep<Input = M::Input, Output = M::Output>,
 {
     fn fit_low<S: OptimizerSpec<B>, I: Send + 'static>(
-        run: Run<'_, '_, B, S>,
+        run: Run<'_, '_, B, S, M>,
         devices: Vec<B::Device>,
         model: M,
         data: DataSource<B, I, M::Input>,
@@ -199,6 +306,21 @@ where
         if let Some(scale) = run.optim.loss_scale() {
             wrapped = wrapped.with_loss_scale(scale.clone());
         }
+        let Run {
+            plan,
+            training,
+            optim,
+            hooks,
+            backend,
+        } = run;
+        let mut unwrapped = Unwrapped(hooks);
+        let run = Run {
+            plan,
+            training,
+            optim,
+            hooks: &mut unwrapped,
+            backend,
+        };
         let (trained, record) = fit_as_is(run, devices, wrapped, data)?;
         Ok((trained.model, record))
     }
@@ -211,7 +333,7 @@ where
     M: TrainModel<B>,
 {
     fn fit_low<S: OptimizerSpec<B>, I: Send + 'static>(
-        run: Run<'_, '_, B, S>,
+        run: Run<'_, '_, B, S, M>,
         _: Vec<B::Device>,
         _: M,
         _: DataSource<B, I, M::Input>,
@@ -222,5 +344,24 @@ where
             capability: "LowPrecision",
         }
         .into())
+    }
+}
+
+/// The hooks of a model, called with that model wrapped in [`MixedPrecision`]: a save gets
+/// the f32 model inside, as a run in f32 would have saved it.
+struct Unwrapped<'h, M>(&'h mut dyn FitHooks<M>);
+
+impl<B: AutodiffBackend, M: TrainModel<B>> FitHooks<MixedPrecision<B, M>> for Unwrapped<'_, M> {
+    fn step(&mut self, step: usize, out: &StepOutput) {
+        self.0.step(step, out);
+    }
+
+    fn save(
+        &mut self,
+        step: usize,
+        model: MixedPrecision<B, M>,
+        optimizer: &OptimizerState,
+    ) -> Result<(), CheckpointError> {
+        self.0.save(step, model.model, optimizer)
     }
 }

@@ -29,6 +29,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod checkpoint;
 pub mod collective;
 pub mod data;
 pub mod fit;

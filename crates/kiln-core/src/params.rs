@@ -230,3 +230,71 @@ mod tests {
         assert_eq!(floats_to_hashes(&floats), hashes);
     }
 }
+
+/// What identifies a model's parameters without their values: see [`signature`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelSignature {
+    /// Parameter tensors (float, integer and bool).
+    pub tensors: usize,
+    /// Parameter values.
+    pub parameters: u64,
+    /// The first 16 hex digits of the SHA-256 of every parameter's path, shape and dtype, in
+    /// the module's order.
+    pub digest: String,
+}
+
+/// The [`ModelSignature`] of `module`: two models of one architecture and size share it, and
+/// a checkpoint of another model is told apart before any value is read.
+pub fn signature<B: Backend, M: Module<B>>(module: &M) -> ModelSignature {
+    use sha2::{Digest, Sha256};
+
+    struct Layout<B> {
+        path: Vec<String>,
+        hasher: Sha256,
+        tensors: usize,
+        parameters: u64,
+        backend: PhantomData<B>,
+    }
+    impl<B: Backend> Layout<B> {
+        fn add(&mut self, kind: &str, dims: &[usize], dtype: burn::tensor::DType) {
+            let line = format!("{} {kind} {dims:?} {dtype:?}\n", self.path.join("."));
+            self.hasher.update(line.as_bytes());
+            self.tensors += 1;
+            self.parameters += dims.iter().product::<usize>() as u64;
+        }
+    }
+    impl<B: Backend> ModuleVisitor<B> for Layout<B> {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.path.push(name.to_string());
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let t = param.val();
+            self.add("float", &t.dims(), t.dtype());
+        }
+        fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, burn::tensor::Int>>) {
+            let t = param.val();
+            self.add("int", &t.dims(), t.dtype());
+        }
+        fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<B, D, burn::tensor::Bool>>) {
+            let t = param.val();
+            self.add("bool", &t.dims(), t.dtype());
+        }
+    }
+    let mut layout = Layout::<B> {
+        path: Vec::new(),
+        hasher: Sha256::new(),
+        tensors: 0,
+        parameters: 0,
+        backend: PhantomData,
+    };
+    module.visit(&mut layout);
+    let digest = layout.hasher.finalize();
+    ModelSignature {
+        tensors: layout.tensors,
+        parameters: layout.parameters,
+        digest: digest[..8].iter().map(|b| format!("{b:02x}")).collect(),
+    }
+}

@@ -17,10 +17,13 @@ use kiln_core::strategy::StrategyKind;
 use kiln_nn::tensor_parallel::ShardedBackend;
 
 use crate::backend::{BackendKind, DeviceList, Job, Placement, dispatch, parse_devices};
+use crate::checkpoint_args::{CheckpointArgs, RunCheckpoints};
 use crate::config_file;
 use crate::names::strategy_parser;
 use crate::optimizer_args::OptimizerArgs;
+use crate::outputs;
 use crate::parallel_args::ParallelArgs;
+use crate::signals::{Interrupted, Signals};
 use metrics::{DataSummary, Metrics, write_outputs};
 use progress::Bars;
 
@@ -65,7 +68,7 @@ pub struct TrainArgs {
     #[arg(long)]
     batch: Option<usize>,
     /// Peak learning rate [default: 0.001].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     lr: Option<f64>,
     /// Seed of data, model, sample order and evaluation [default: 42].
     #[arg(long)]
@@ -73,9 +76,12 @@ pub struct TrainArgs {
     /// Intra-op threads per rank (default: cores shared evenly).
     #[arg(long)]
     threads_per_rank: Option<usize>,
-    /// Folder for the run: config.toml, model.mpk, metrics.json, returns.svg.
+    /// Folder for the run: config.toml, checkpoints/step-<N>/ (model, optimizer state and
+    /// config of each save), metrics.json, returns.svg.
     #[arg(long, default_value = "runs/ad")]
     out: PathBuf,
+    #[command(flatten)]
+    checkpoint: CheckpointArgs,
     /// Also write the metrics JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -121,7 +127,42 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
             let (config, plan) = args.config()?;
             let devices = args.devices.as_ref().map(|DeviceList(d)| d.as_slice());
             let placement = Placement::new(plan.world_size(), devices)?;
-            let job = TrainJob { args, config, plan };
+            args.backend.check_precision(config.optimizer.precision)?;
+            // Everything the run writes is checked before the data is even generated.
+            outputs::check_folder("--out", &args.out)?;
+            if let Some(json) = &args.json {
+                outputs::check_file("--json", json)?;
+            }
+            if let Some(svg) = &args.svg {
+                outputs::check_file("--svg", svg)?;
+            }
+            let resume = args.checkpoint.resume.as_deref().map(|path| {
+                let inner = checkpoint::checkpoints(path);
+                if inner.is_dir() {
+                    inner
+                } else {
+                    path.to_path_buf()
+                }
+            });
+            let checkpoints = RunCheckpoints::prepare(
+                resume.as_deref(),
+                Some(("--out", &checkpoint::checkpoints(&args.out))),
+                &config.checkpoint,
+                args.checkpoint.overwrite,
+                &plan,
+                config.train.steps,
+            )?;
+            if let Some(resumed) = &checkpoints.resume {
+                checkpoint::check_config(resumed, &config)?;
+            }
+            let signals = Signals::install()?;
+            let job = TrainJob {
+                args,
+                config,
+                plan,
+                checkpoints,
+                signals,
+            };
             dispatch(job.args.backend, &placement, job)
         }
         AdCommand::Eval(args) => dispatch(args.backend, &Placement::Ranks(1), EvalJob(args)),
@@ -150,6 +191,7 @@ impl TrainArgs {
             c.train.world = Some(self.world.unwrap_or(devices.len()));
         }
         self.optimizer.apply(&mut c.optimizer);
+        self.checkpoint.apply(&mut c.checkpoint);
         if let Some(t) = self.threads_per_rank {
             c.parallel.set_threads_per_rank(t);
         }
@@ -172,6 +214,8 @@ struct TrainJob {
     args: TrainArgs,
     config: AdConfig,
     plan: Plan,
+    checkpoints: RunCheckpoints,
+    signals: Signals,
 }
 
 impl Job for TrainJob {
@@ -182,12 +226,27 @@ impl Job for TrainJob {
         devices: Vec<B::Device>,
     ) -> Result<(), Box<dyn std::error::Error>> {
         let (args, config, plan) = (self.args, self.config, self.plan);
+        let signals = self.signals;
+        let stop = || signals.stop_requested();
         let options = RunOptions {
             save_to: Some(&args.out),
+            resume: self.checkpoints.resume.as_ref(),
+            stop: Some(&stop),
             no_eval: args.no_eval,
         };
+        let first = self.checkpoints.resume.as_ref().map_or(0, |c| c.step());
         let mut bars = Bars::new(config.train.steps);
+        bars.start_at(first);
         let done = kiln_ad::run::run::<B>(&config, &plan, devices, options, &mut bars)?;
+        if done.train.stopped {
+            drop(bars);
+            return Err(Box::new(Interrupted {
+                signal: signals.signal().unwrap_or(signal_hook::consts::SIGINT),
+                step: done.train.last_step,
+                steps: config.train.steps,
+                saved: done.train.saved.map(|dir| (dir.into(), args.out.clone())),
+            }));
+        }
         let metrics = Metrics {
             config: &config,
             backend: args.backend.to_string(),

@@ -30,6 +30,11 @@ impl Bars {
             eval: None,
         }
     }
+
+    /// Starts the training bar at `step`, the step a resumed run continues from.
+    pub fn start_at(&mut self, step: usize) {
+        self.train.set_position(step as u64);
+    }
 }
 
 impl Observer for Bars {
@@ -44,8 +49,13 @@ impl Observer for Bars {
 
     fn trained(&mut self, summary: &TrainSummary) {
         self.train.finish_and_clear();
+        let resumed = summary
+            .resumed_from
+            .map(|step| format!(" (resumed at step {step})"))
+            .unwrap_or_default();
         println!(
-            "trained with {} on {} rank(s): {} steps of {} windows, loss {:.4} -> {:.4}, {:.1} ms/step",
+            "trained with {} on {} rank(s): {} steps of {} windows{resumed}, loss {:.4} -> {:.4}, \
+             {:.1} ms/step",
             summary.strategy,
             summary.world,
             summary.steps,
@@ -54,6 +64,9 @@ impl Observer for Bars {
             summary.final_loss,
             summary.ms_per_step
         );
+        if let Some(dir) = &summary.saved {
+            println!("saved {dir}");
+        }
     }
 
     fn eval_step(&mut self, done: usize, total: usize) {

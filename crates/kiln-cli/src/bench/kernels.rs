@@ -40,6 +40,9 @@ pub struct KernelArgs {
 
 /// Runs `kiln bench kernels`.
 pub fn run(args: KernelArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(path) = &args.json {
+        crate::outputs::check_file("--json", path)?;
+    }
     let sizes = if args.full {
         Sizes::full()
     } else {

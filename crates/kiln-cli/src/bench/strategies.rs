@@ -105,6 +105,7 @@ impl StrategyArgs {
 /// An unreadable `--compare` file, an invalid matrix, a failing scenario, or an unwritable
 /// output folder.
 pub fn run(args: StrategyArgs) -> Result<(), Box<dyn std::error::Error>> {
+    crate::outputs::check_folder("--out", &args.out)?;
     // Read the earlier report first: a bad path should not cost a whole run.
     let old: Option<Report> = match &args.compare {
         Some(path) => {

@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use kiln_core::checkpoint::CheckpointConfig;
 use kiln_core::optim::{GuardConfigError, PerformanceConfig};
 use kiln_core::plan::{Plan, PlanRequest};
 use kiln_core::strategy::{StrategyConfigs, StrategyKind};
@@ -64,6 +65,9 @@ pub struct TrainConfig {
     /// What runs between the gradient synchronisation and AdamW (`[optimizer]`: `clip_norm`,
     /// `nan_policy`).
     pub optimizer: PerformanceConfig,
+    /// How often `--save` saves, and how many saves it keeps (`[checkpoint]`: `every`,
+    /// `keep`).
+    pub checkpoint: CheckpointConfig,
 }
 
 impl Default for TrainConfig {
@@ -81,6 +85,7 @@ impl Default for TrainConfig {
             samples: 8192,
             parallel: StrategyConfigs::default(),
             optimizer: PerformanceConfig::default(),
+            checkpoint: CheckpointConfig::default(),
         }
     }
 }
@@ -106,12 +111,40 @@ pub enum ConfigError {
     /// The `[optimizer]` settings cannot work.
     #[error(transparent)]
     Optimizer(#[from] GuardConfigError),
+    /// A count outside what the run can hold.
+    #[error("--{flag} must be between {min} and {max}, got {value}")]
+    OutOfRange {
+        /// The flag (and config field).
+        flag: &'static str,
+        /// The value given.
+        value: usize,
+        /// The least allowed.
+        min: usize,
+        /// The most allowed.
+        max: usize,
+    },
+    /// A checkpoint setting that cannot work.
+    #[error(transparent)]
+    Checkpoint(#[from] kiln_core::checkpoint::CheckpointError),
     /// A learning rate that cannot train.
     #[error("--lr must be a positive finite number, got {0}")]
     LearningRate(f64),
 }
 
+impl ModelKind {
+    /// The model's name in checkpoints and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelKind::Mlp => "mlp",
+            ModelKind::Transformer => "transformer",
+        }
+    }
+}
+
 impl TrainConfig {
+    /// The most samples the synthetic data sets hold.
+    pub const MAX_SAMPLES: usize = 1 << 22;
+
     /// The run's plan: the strategy, its ranks and mesh, resolved from this config, the
     /// replicas `dp` named on the command line, and the machine's cores when the ranks share
     /// the CPU; checked with the optimizer's settings.
@@ -155,6 +188,22 @@ impl TrainConfig {
         if self.world == Some(0) {
             return Err(ConfigError::ZeroWorld);
         }
+        // The synthetic data set is built in memory; 2^22 samples is 512 MiB of MLP features.
+        for (flag, value, min, max) in [
+            ("steps", self.steps, 1, usize::MAX),
+            ("batch", self.batch, 1, Self::MAX_SAMPLES),
+            ("samples", self.samples, 1, Self::MAX_SAMPLES),
+        ] {
+            if !(min..=max).contains(&value) {
+                return Err(ConfigError::OutOfRange {
+                    flag,
+                    value,
+                    min,
+                    max,
+                });
+            }
+        }
+        self.checkpoint.validate()?;
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return Err(ConfigError::LearningRate(self.lr));
         }

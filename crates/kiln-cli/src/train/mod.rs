@@ -1,6 +1,5 @@
 //! `kiln train`: a built-in model on built-in synthetic data, through any strategy.
 
-mod checkpoint;
 mod config;
 mod report;
 
@@ -9,8 +8,9 @@ use std::path::PathBuf;
 use burn::optim::AdamWConfig;
 use burn::tensor::backend::AutodiffBackend;
 use indicatif::{ProgressBar, ProgressStyle};
+use kiln_core::checkpoint::{RunInfo, Saver};
 use kiln_core::data::DataSource;
-use kiln_core::fit::{Training, fit};
+use kiln_core::fit::{Resume, SaveHooks, Training, fit};
 use kiln_core::model::ParallelModel;
 use kiln_core::params::checksum;
 use kiln_core::plan::Plan;
@@ -23,9 +23,11 @@ pub use config::{ModelKind, TrainConfig};
 use report::TrainReport;
 
 use crate::backend::{BackendKind, DeviceList, Job, dispatch, parse_devices};
+use crate::checkpoint_args::{CheckpointArgs, RunCheckpoints};
 use crate::names::strategy_parser;
 use crate::optimizer_args::OptimizerArgs;
 use crate::parallel_args::ParallelArgs;
+use crate::signals::{Interrupted, Signals};
 
 /// Flags of `kiln train`; each overrides the same field of `--config`.
 #[derive(clap::Args, Debug)]
@@ -62,7 +64,7 @@ pub struct TrainArgs {
     #[arg(long)]
     seed: Option<u64>,
     /// Learning rate of AdamW [default: 0.003].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     lr: Option<f64>,
     /// Micro-batches per rank and step, gradient accumulation [default: 1].
     #[arg(long)]
@@ -80,20 +82,20 @@ pub struct TrainArgs {
     /// Write a JSON summary here.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Save the trained model, the optimizer state and the step count into this folder.
-    #[arg(long)]
+    /// Save checkpoints (model, optimizer state, step) into this folder: at the end, every
+    /// --save-every steps, and on SIGINT / SIGTERM. Each save is a complete, verified
+    /// `step-<N>` folder.
+    #[arg(long, value_name = "DIR")]
     save: Option<PathBuf>,
-    /// Resume from a folder written by --save (same config and flags): training continues
-    /// from its step count up to --steps, bit for bit as if it had not stopped.
-    #[arg(long)]
-    resume: Option<PathBuf>,
+    #[command(flatten)]
+    checkpoint: CheckpointArgs,
 }
 
-/// Where `kiln train` saves to and resumes from.
+/// Where `kiln train` saves to and resumes from, as the flags name them.
 #[derive(Debug, Clone, Default)]
 struct Checkpoints {
     save: Option<PathBuf>,
-    resume: Option<PathBuf>,
+    args: CheckpointArgs,
 }
 
 impl TrainArgs {
@@ -131,9 +133,10 @@ impl TrainArgs {
         c.validate()?;
         let plan = c.plan(dp)?;
         c.placement(&plan)?;
+        self.checkpoint.apply(&mut c.checkpoint);
         let checkpoints = Checkpoints {
             save: self.save,
-            resume: self.resume,
+            args: self.checkpoint,
         };
         Ok((c, plan, self.json, checkpoints))
     }
@@ -145,10 +148,35 @@ impl TrainArgs {
 /// Invalid flags or config, or a failure while training.
 pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let (config, plan, json, checkpoints) = args.into_config()?;
-    let job = TrainJob(&config, &plan, &checkpoints);
-    let report = dispatch(config.backend, &config.placement(&plan)?, job)?;
+    let placement = config.placement(&plan)?;
+    config.backend.check_precision(config.optimizer.precision)?;
+    // Everything the run writes is checked before it trains a step.
+    if let Some(path) = &json {
+        crate::outputs::check_file("--json", path)?;
+    }
+    let prepared = RunCheckpoints::prepare(
+        checkpoints.args.resume.as_deref(),
+        checkpoints.save.as_deref().map(|dir| ("--save", dir)),
+        &config.checkpoint,
+        checkpoints.args.overwrite,
+        &plan,
+        config.steps,
+    )?;
+    let signals = Signals::install()?;
+    let job = TrainJob {
+        config: &config,
+        plan: &plan,
+        checkpoints: prepared,
+        signals: &signals,
+    };
+    let report = dispatch(config.backend, &placement, job)?;
+    let resumed = report
+        .resumed_from
+        .map(|step| format!(" (resumed at step {step})"))
+        .unwrap_or_default();
     println!(
-        "trained {} with {} on {} rank(s): {} steps of {} samples, loss {} -> {}, {:.0} samples/s",
+        "trained {} with {} on {} rank(s): {} steps of {} samples{resumed}, loss {} -> {}, \
+         {:.0} samples/s",
         report.model,
         report.strategy,
         report.world,
@@ -158,9 +186,12 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         fmt_loss(report.final_loss),
         report.samples_per_s
     );
+    if let Some(dir) = &report.saved {
+        println!("saved {dir}");
+    }
     if let Some(path) = json {
         std::fs::write(&path, serde_json::to_string_pretty(&report)?)
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            .map_err(|e| format!("--json {}: cannot be written: {e}", path.display()))?;
     }
     Ok(())
 }
@@ -170,7 +201,12 @@ fn fmt_loss(loss: Option<f64>) -> String {
 }
 
 /// `kiln train` on whichever backend was chosen.
-struct TrainJob<'a>(&'a TrainConfig, &'a Plan, &'a Checkpoints);
+struct TrainJob<'a> {
+    config: &'a TrainConfig,
+    plan: &'a Plan,
+    checkpoints: RunCheckpoints,
+    signals: &'a Signals,
+}
 
 impl Job for TrainJob<'_> {
     type Output = TrainReport;
@@ -179,16 +215,15 @@ impl Job for TrainJob<'_> {
         self,
         devices: Vec<B::Device>,
     ) -> Result<TrainReport, Box<dyn std::error::Error>> {
-        train_on_devices::<B>(self.0, self.1, self.2, devices)
+        train_on_devices::<B>(self, devices)
     }
 }
 
 fn train_on_devices<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
-    config: &TrainConfig,
-    plan: &Plan,
-    checkpoints: &Checkpoints,
+    job: TrainJob<'_>,
     devices: Vec<B::Device>,
 ) -> Result<TrainReport, Box<dyn std::error::Error>> {
+    let config = job.config;
     B::seed(&devices[0], config.seed);
     match config.model {
         ModelKind::Mlp => {
@@ -200,7 +235,7 @@ fn train_on_devices<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBa
                 seed: config.seed,
             };
             let data = DataSource::new(task.dataset(), ClassificationBatcher);
-            train_model(config, plan, checkpoints, devices, model, data)
+            train_model(job, devices, model, data)
         }
         ModelKind::Transformer => {
             let model = TransformerConfig::new().init::<B>(&devices[0]);
@@ -211,15 +246,13 @@ fn train_on_devices<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBa
                 seed: config.seed,
             };
             let data = DataSource::new(task.dataset(), SequenceBatcher);
-            train_model(config, plan, checkpoints, devices, model, data)
+            train_model(job, devices, model, data)
         }
     }
 }
 
 fn train_model<B, M, I>(
-    config: &TrainConfig,
-    plan: &Plan,
-    checkpoints: &Checkpoints,
+    job: TrainJob<'_>,
     devices: Vec<B::Device>,
     model: M,
     data: DataSource<B, I, M::Input>,
@@ -229,33 +262,66 @@ where
     M: ParallelModel<B>,
     I: Send + 'static,
 {
+    let TrainJob {
+        config,
+        plan,
+        checkpoints,
+        signals,
+    } = job;
+    let kind = config.model.name();
     let (model, resume) = match &checkpoints.resume {
-        Some(dir) => {
-            let (model, resume) = checkpoint::load(dir, model, &devices[0])?;
+        Some(checkpoint) => {
+            let model = checkpoint.model(kind, model, &devices[0])?;
+            let resume = Resume {
+                step: checkpoint.step(),
+                optimizer: checkpoint.optimizer(plan)?,
+            };
+            tracing::info!("resuming from {}", checkpoint.dir().display());
             (model, Some(resume))
         }
         None => (model, None),
     };
+    let mut saver = checkpoints.save.map(|folder| {
+        let run = RunInfo::of(plan, "adamw", config.optimizer.precision);
+        Saver::new(folder, kind, run)
+    });
+    let stop = || signals.stop_requested();
     let training = Training {
         steps: config.steps,
         seed: config.seed,
         lr: &|_| config.lr,
         resume: resume.as_ref(),
-        keep_optimizer_state: checkpoints.save.is_some(),
+        keep_optimizer_state: saver.is_some(),
+        save_every: checkpoints.every,
+        stop: Some(&stop),
     };
     let bar = ProgressBar::new(config.steps as u64).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} steps  {msg}  [{elapsed}<{eta}]")
             .expect("valid template"),
     );
     let spec = PerformanceSpec::new(AdamWConfig::new(), config.optimizer.clone())?;
-    let mut on_step = |_, out: &StepOutput| {
+    bar.set_position(training.first_step() as u64);
+    let on_step = |_, out: &StepOutput| {
         bar.set_message(format!("loss {:.4}", out.loss));
         bar.inc(1);
     };
-    let (trained, record) = fit(plan, &training, devices, model, &spec, data, &mut on_step)?;
+    let mut hooks = SaveHooks::<B, _>::new(on_step, saver.as_mut());
+    let (trained, record) = fit(plan, &training, devices, model, &spec, data, &mut hooks)?;
     bar.finish_and_clear();
-    if let Some((dir, optimizer)) = checkpoints.save.as_ref().zip(record.optimizer.as_ref()) {
-        checkpoint::save(dir, trained.clone(), optimizer, config.steps)?;
+    let saved = match (saver.as_mut(), record.optimizer.as_ref()) {
+        (Some(saver), Some(optimizer)) if record.saved_step != Some(record.last_step) => {
+            Some(saver.save::<B, M>(record.last_step, trained.clone(), optimizer)?)
+        }
+        (Some(saver), _) => saver.last().map(|(_, dir)| dir.clone()),
+        _ => None,
+    };
+    if record.stopped {
+        return Err(Box::new(Interrupted {
+            signal: signals.signal().unwrap_or(signal_hook::consts::SIGINT),
+            step: record.last_step,
+            steps: config.steps,
+            saved: saved.zip(saver.as_ref().map(|s| s.folder().root().to_path_buf())),
+        }));
     }
 
     let checksum = checksum(&trained);
@@ -263,10 +329,13 @@ where
         strategy: plan.strategy().to_string(),
         strategy_reason: plan.reason().to_string(),
         mesh: plan.mesh().to_string(),
-        model: format!("{:?}", config.model).to_lowercase(),
+        model: kind.to_string(),
         backend: config.backend.to_string(),
         world: plan.world_size(),
         steps: record.losses.len(),
+        resumed_from: resume.as_ref().map(|r| r.step),
+        last_step: record.last_step,
+        saved: saved.as_deref().map(|dir| dir.display().to_string()),
         global_batch: config.batch,
         grad_accumulation: plan.grad_accumulation(),
         seed: config.seed,

@@ -17,8 +17,16 @@ pub struct TrainReport {
     pub backend: String,
     /// Ranks.
     pub world: usize,
-    /// Optimizer steps.
+    /// Optimizer steps this run trained.
     pub steps: usize,
+    /// The checkpoint's step this run resumed from; absent for a fresh run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resumed_from: Option<usize>,
+    /// The step the run ended at (`resumed_from + steps`).
+    pub last_step: usize,
+    /// The checkpoint saved at the end, when the run saves.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub saved: Option<String>,
     /// Samples per step over all ranks.
     pub global_batch: usize,
     /// Micro-batches per rank and step.

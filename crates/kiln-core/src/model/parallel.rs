@@ -92,7 +92,7 @@ pub trait PrecisionSupport<B: AutodiffBackend + TpBackend, M: TrainModel<B>>:
     /// Runs `run` with `model` wrapped in mixed precision; returns it unwrapped.
     #[doc(hidden)]
     fn fit_low<S: OptimizerSpec<B>, I: Send + 'static>(
-        run: Run<'_, '_, B, S>,
+        run: Run<'_, '_, B, S, M>,
         devices: Vec<B::Device>,
         model: M,
         data: DataSource<B, I, M::Input>,

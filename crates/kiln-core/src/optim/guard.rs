@@ -6,6 +6,9 @@
 //! after the sum every rank knows which ranks saw what, with no extra collective → every rank
 //! settles the same way from the same facts: skip, halt, or clip by the global norm and step.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
@@ -66,6 +69,9 @@ impl Settled {
 pub struct Guard {
     config: PerformanceConfig,
     scale: Option<LossScale>,
+    /// One past the last step a skip was logged for, shared by the clones every rank holds:
+    /// every rank settles the same skip, and the log says it once.
+    logged: Arc<AtomicU64>,
 }
 
 impl Guard {
@@ -73,6 +79,7 @@ impl Guard {
         Self {
             config,
             scale: None,
+            logged: Arc::default(),
         }
     }
 
@@ -202,7 +209,9 @@ impl Guard {
             return match self.config.nan_policy {
                 NanPolicy::Halt => Err(report),
                 NanPolicy::Skip => {
-                    tracing::warn!("skipped the step: {report}");
+                    if self.logged.fetch_max(step + 1, Ordering::Relaxed) <= step {
+                        tracing::warn!("skipped the step: {report}");
+                    }
                     Ok(Settled {
                         grads: None,
                         report: GuardReport {

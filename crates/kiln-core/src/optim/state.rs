@@ -27,6 +27,34 @@ pub enum StateLayout {
     },
 }
 
+impl StateLayout {
+    /// A short machine-readable name: `replica`, `stages:<n>`, `sharded:<stages>x<shards>`.
+    pub fn key(&self) -> String {
+        match self {
+            StateLayout::Replica => "replica".to_string(),
+            StateLayout::Stages(n) => format!("stages:{n}"),
+            StateLayout::Sharded { stages, shards } => format!("sharded:{stages}x{shards}"),
+        }
+    }
+
+    /// The layout [`Self::key`] names; `None` for any other text.
+    pub fn from_key(key: &str) -> Option<Self> {
+        Some(match key {
+            "replica" => StateLayout::Replica,
+            other => match other.strip_prefix("sharded:") {
+                Some(grid) => {
+                    let (stages, shards) = grid.split_once('x')?;
+                    StateLayout::Sharded {
+                        stages: stages.parse().ok()?,
+                        shards: shards.parse().ok()?,
+                    }
+                }
+                None => StateLayout::Stages(other.strip_prefix("stages:")?.parse().ok()?),
+            },
+        })
+    }
+}
+
 impl std::fmt::Display for StateLayout {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -247,33 +275,41 @@ impl OptimizerState {
         Ok(Self { parts, ..state })
     }
 
-    /// The state as a Burn record: the layout's name (`replica`, `stages:<n>`) and the parts.
+    /// The state as a Burn record: the layout's [key](StateLayout::key) and the parts.
     pub(crate) fn into_record(self) -> (String, Vec<Vec<u8>>) {
-        let layout = match self.layout {
-            StateLayout::Replica => "replica".to_string(),
-            StateLayout::Stages(n) => format!("stages:{n}"),
-            StateLayout::Sharded { stages, shards } => format!("sharded:{stages}x{shards}"),
-        };
-        (layout, self.parts)
+        (self.layout.key(), self.parts)
     }
 
     /// A state from [`Self::into_record`]'s record; `None` for an empty record (an optimizer
     /// that had no state yet) or an unknown layout name.
     pub(crate) fn from_record((layout, parts): (String, Vec<Vec<u8>>)) -> Option<Self> {
-        let layout = match layout.as_str() {
-            "replica" => StateLayout::Replica,
-            other => match other.strip_prefix("sharded:") {
-                Some(grid) => {
-                    let (stages, shards) = grid.split_once('x')?;
-                    StateLayout::Sharded {
-                        stages: stages.parse().ok()?,
-                        shards: shards.parse().ok()?,
-                    }
-                }
-                None => StateLayout::Stages(other.strip_prefix("stages:")?.parse().ok()?),
-            },
-        };
-        Some(Self::new(layout, parts))
+        Some(Self::new(StateLayout::from_key(&layout)?, parts))
+    }
+
+    /// The state as files: each part under the name [`Self::save`] gives it.
+    pub fn files(&self) -> Vec<(String, &[u8])> {
+        self.file_names()
+            .into_iter()
+            .zip(self.parts.iter().map(Vec::as_slice))
+            .collect()
+    }
+
+    /// A state of `layout` from its files, read by `read(name)` for every name
+    /// [`Self::files`] gives that layout.
+    ///
+    /// # Errors
+    /// What `read` returns.
+    pub fn from_files<E>(
+        layout: StateLayout,
+        mut read: impl FnMut(&str) -> Result<Vec<u8>, E>,
+    ) -> Result<Self, E> {
+        let state = Self::new(layout, Vec::new());
+        let parts = state
+            .file_names()
+            .iter()
+            .map(|name| read(name))
+            .collect::<Result<_, _>>()?;
+        Ok(Self { parts, ..state })
     }
 
     fn file_names(&self) -> Vec<String> {

@@ -10,6 +10,7 @@
 
 use std::fmt;
 
+use crate::optim::StateLayout;
 use crate::strategy::{ConfigError, StrategyConfigs, StrategyKind};
 use crate::world::Mesh;
 
@@ -71,6 +72,9 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The most ranks one process drives: each is a thread with its own device handle.
+    pub const MAX_RANKS: usize = 1024;
+
     /// Resolves and checks `request`: the concrete strategy (and why), the degrees and the
     /// mesh, and the settings with the degrees written in (the pipeline's `stages` is `pp`).
     ///
@@ -87,8 +91,11 @@ impl Plan {
             global_batch,
             cpu_cores,
         } = request;
-        if world == Some(0) || dp == Some(0) {
+        if world == Some(0) {
             return Err(ConfigError::NoDevices);
+        }
+        if dp == Some(0) {
+            return Err(ConfigError::ZeroReplicas);
         }
         let (strategy, reason, world) = match strategy {
             StrategyKind::Auto => auto(world.or(dp), cpu_cores, &configs, global_batch),
@@ -115,10 +122,21 @@ impl Plan {
                 if pp == 0 {
                     return Err(ConfigError::ZeroStages);
                 }
-                (replicas(world, dp, pp * tp)?, pp, tp)
+                let model_parallel = pp.checked_mul(tp).ok_or(ConfigError::TooManyRanks {
+                    ranks: "stages × tp overflows".to_string(),
+                })?;
+                (replicas(world, dp, model_parallel)?, pp, tp)
             }
             StrategyKind::Auto => unreachable!("auto resolves to a concrete strategy above"),
         };
+        let ranks = [dp, pp, tp]
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .filter(|&n| n <= Self::MAX_RANKS)
+            .ok_or_else(|| ConfigError::TooManyRanks {
+                ranks: format!("dp {dp} × pp {pp} × tp {tp}"),
+            })?;
+        debug_assert!(ranks >= 1);
         let mut axes = vec![(Mesh::DP, dp)];
         if strategy == StrategyKind::Pipeline || pp > 1 {
             axes.push((Mesh::PP, pp));
@@ -131,6 +149,13 @@ impl Plan {
             configs.pipeline.stages = pp;
         }
         configs.validate(strategy)?;
+        let accumulation = configs.grad_accumulation(strategy);
+        if accumulation > global_batch {
+            return Err(ConfigError::AccumulationExceedsBatch {
+                micro_batches: accumulation,
+                batch: global_batch,
+            });
+        }
         if global_batch < dp {
             return Err(ConfigError::BatchSmallerThanReplicas {
                 batch: global_batch,
@@ -187,6 +212,22 @@ impl Plan {
     /// Samples per optimizer step over all ranks.
     pub fn global_batch(&self) -> usize {
         self.global_batch
+    }
+
+    /// How the strategy cuts its optimizer state: what a checkpoint of this plan holds, and
+    /// what a resumed run of this plan can load.
+    pub fn state_layout(&self) -> StateLayout {
+        let (pp, tp) = (self.degree(Mesh::PP), self.degree(Mesh::TP));
+        // Staged plans run on the pipeline's engine, the others on Ddp's (as `build` says).
+        let staged = self.strategy == StrategyKind::Pipeline || pp > 1;
+        match (staged, tp) {
+            (_, 2..) => StateLayout::Sharded {
+                stages: pp,
+                shards: tp,
+            },
+            (true, _) => StateLayout::Stages(pp),
+            (false, _) => StateLayout::Replica,
+        }
     }
 
     /// Micro-batches per rank and step the strategy accumulates.
@@ -257,11 +298,13 @@ fn replicas(
     model_parallel: usize,
 ) -> Result<usize, ConfigError> {
     match (world, dp) {
-        (Some(w), Some(d)) if w != d * model_parallel => Err(ConfigError::WorldNotMesh {
-            world: w,
-            dp: d,
-            model_parallel,
-        }),
+        (Some(w), Some(d)) if d.checked_mul(model_parallel) != Some(w) => {
+            Err(ConfigError::WorldNotMesh {
+                world: w,
+                dp: d,
+                model_parallel,
+            })
+        }
         (Some(w), None) if !w.is_multiple_of(model_parallel) => Err(ConfigError::WorldNotMesh {
             world: w,
             dp: 0,

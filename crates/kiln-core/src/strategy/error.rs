@@ -71,6 +71,30 @@ pub enum ConfigError {
     /// A model that cannot be sharded as asked.
     #[error(transparent)]
     Shard(#[from] crate::model::ShardError),
+    /// More accumulation micro-batches than samples in a step.
+    #[error(
+        "grad_accumulation of {micro_batches} micro-batches exceeds the global batch of {batch} \
+         samples; accumulate at most {batch}"
+    )]
+    AccumulationExceedsBatch {
+        /// Micro-batches asked for.
+        micro_batches: usize,
+        /// The global batch.
+        batch: usize,
+    },
+    /// Zero data-parallel replicas.
+    #[error("dp must be at least 1 (the number of data-parallel replicas)")]
+    ZeroReplicas,
+    /// A mesh beyond what one process drives (or beyond counting).
+    #[error(
+        "{ranks} ranks is more than the {} one process drives; lower --dp, --stages, --tp or \
+         --world",
+        crate::plan::Plan::MAX_RANKS
+    )]
+    TooManyRanks {
+        /// The degrees, described.
+        ranks: String,
+    },
     /// Tensor parallelism of zero shards.
     #[error("tp must be at least 1")]
     ZeroShards,
@@ -249,6 +273,9 @@ pub enum StrategyError {
     /// An optimizer state that does not fit this strategy.
     #[error(transparent)]
     State(#[from] StateError),
+    /// A checkpoint could not be saved during training (boxed: it is rare, and large).
+    #[error(transparent)]
+    Checkpoint(Box<crate::checkpoint::CheckpointError>),
     /// One or more ranks failed; `culprit` is the rank whose failure caused the others.
     #[error("rank {culprit} failed; {}", list(failures))]
     Failed {
@@ -340,4 +367,10 @@ pub(super) fn check_shared_settings(
         return Err(ConfigError::ZeroThreads);
     }
     Ok(())
+}
+
+impl From<crate::checkpoint::CheckpointError> for StrategyError {
+    fn from(e: crate::checkpoint::CheckpointError) -> Self {
+        StrategyError::Checkpoint(Box::new(e))
+    }
 }

@@ -1,0 +1,108 @@
+//! The checkpoint flags of `kiln train` and `kiln ad train` (`--save-every`, `--keep`,
+//! `--resume`, `--overwrite`), and the checks they get before the first step.
+
+use std::path::{Path, PathBuf};
+
+use kiln_core::checkpoint::{Checkpoint, CheckpointConfig, CheckpointError, CheckpointFolder};
+use kiln_core::plan::Plan;
+
+/// `--save-every`, `--keep`, `--resume`, `--overwrite`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct CheckpointArgs {
+    /// Also save a checkpoint every N optimizer steps (a run always saves at its end, and on
+    /// SIGINT / SIGTERM after the current step) [default: only then].
+    #[arg(long, value_name = "N")]
+    save_every: Option<usize>,
+    /// Checkpoints kept in the folder, the newest; older ones are removed once a newer one is
+    /// complete [default: 2].
+    #[arg(long, value_name = "K")]
+    keep: Option<usize>,
+    /// Resume from a checkpoint: a folder a run saved into (its newest step) or one of its
+    /// `step-<N>` folders. Training continues from its step up to --steps, bit for bit as if
+    /// it had not stopped; the model, strategy and config must be those that saved it.
+    #[arg(long, value_name = "PATH")]
+    pub resume: Option<PathBuf>,
+    /// Remove the checkpoints in the save folder that this run does not continue (a folder
+    /// holding them is refused otherwise).
+    #[arg(long)]
+    pub overwrite: bool,
+}
+
+impl CheckpointArgs {
+    /// Writes `--save-every` and `--keep` into `config`.
+    pub fn apply(&self, config: &mut CheckpointConfig) {
+        if let Some(every) = self.save_every {
+            config.every = Some(every);
+        }
+        if let Some(keep) = self.keep {
+            config.keep = keep;
+        }
+    }
+}
+
+/// A run's checkpoints, checked and ready before its first step.
+#[derive(Debug, Default)]
+pub struct RunCheckpoints {
+    /// The verified checkpoint the run resumes from.
+    pub resume: Option<Checkpoint>,
+    /// The folder the run saves into, prepared.
+    pub save: Option<CheckpointFolder>,
+    /// Save every this many steps.
+    pub every: Option<usize>,
+}
+
+impl RunCheckpoints {
+    /// Opens and verifies `resume` (a checkpoint of `plan`'s strategy with steps left before
+    /// `steps`), and readies the folder `save` (named by the flag `save_flag`) for the steps
+    /// after it.
+    ///
+    /// # Errors
+    /// A damaged, foreign or finished checkpoint, periodic saves without a folder, or a save
+    /// folder that cannot be written or holds another run's later steps.
+    pub fn prepare(
+        resume: Option<&Path>,
+        save: Option<(&'static str, &Path)>,
+        config: &CheckpointConfig,
+        overwrite: bool,
+        plan: &Plan,
+        steps: usize,
+    ) -> Result<Self, Box<dyn std::error::Error>> {
+        config.validate()?;
+        let resume = resume.map(Checkpoint::open).transpose()?;
+        let from = match &resume {
+            Some(checkpoint) => {
+                checkpoint.check_plan(plan)?;
+                if steps <= checkpoint.step() {
+                    return Err(CheckpointError::NothingToTrain {
+                        path: checkpoint.dir().display().to_string(),
+                        step: checkpoint.step(),
+                        steps,
+                    }
+                    .into());
+                }
+                checkpoint.step()
+            }
+            None => 0,
+        };
+        let save = match save {
+            Some((flag, dir)) => {
+                crate::outputs::check_folder(flag, dir)?;
+                let folder = CheckpointFolder::new(dir, config.keep);
+                folder.prepare(from, overwrite)?;
+                Some(folder)
+            }
+            None if config.every.is_some() => {
+                return Err(CheckpointError::NoFolder("--save-every", "--save DIR").into());
+            }
+            None if overwrite => {
+                return Err(CheckpointError::NoFolder("--overwrite", "--save DIR").into());
+            }
+            None => None,
+        };
+        Ok(Self {
+            resume,
+            save,
+            every: config.every,
+        })
+    }
+}

@@ -1,0 +1,85 @@
+//! SIGINT and SIGTERM: the first asks the run to stop after its current step (and save, when
+//! it saves); a second exits at once, as a user pressing Ctrl-C twice expects.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use signal_hook::consts::{SIGINT, SIGTERM};
+
+/// The stop request of a run, set by SIGINT or SIGTERM.
+#[derive(Debug, Clone)]
+pub struct Signals {
+    stopping: Arc<AtomicBool>,
+    signal: Arc<AtomicUsize>,
+}
+
+/// A run stopped by a signal, after its step `step` (and saved to `saved`, when it saves).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "stopped by {} after step {step} of {steps}: {}",
+    signal_name(*signal),
+    saved.as_ref().map_or_else(
+        || "nothing saved (no checkpoint folder was given)".to_string(),
+        |(dir, root)| format!(
+            "saved {}; resume with --resume {}", dir.display(), root.display()
+        ),
+    )
+)]
+pub struct Interrupted {
+    /// The signal's number.
+    pub signal: i32,
+    /// The last step trained.
+    pub step: usize,
+    /// The run's last step.
+    pub steps: usize,
+    /// The step's checkpoint and the folder to resume from.
+    pub saved: Option<(std::path::PathBuf, std::path::PathBuf)>,
+}
+
+impl Interrupted {
+    /// The exit status of a process ended by the signal: 128 + its number (130, 143).
+    pub fn exit_code(&self) -> u8 {
+        u8::try_from(128 + self.signal).unwrap_or(1)
+    }
+}
+
+fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        SIGINT => "SIGINT",
+        SIGTERM => "SIGTERM",
+        _ => "a signal",
+    }
+}
+
+impl Signals {
+    /// Installs the handlers.
+    ///
+    /// # Errors
+    /// When the system refuses a handler.
+    pub fn install() -> std::io::Result<Self> {
+        let stopping = Arc::new(AtomicBool::new(false));
+        let signal = Arc::new(AtomicUsize::new(0));
+        for sig in [SIGINT, SIGTERM] {
+            // Registered first, so it sees the flag as the previous signal left it: set means
+            // this is the second signal.
+            let code = 128 + sig;
+            signal_hook::flag::register_conditional_shutdown(sig, code, stopping.clone())?;
+            signal_hook::flag::register(sig, stopping.clone())?;
+            signal_hook::flag::register_usize(sig, signal.clone(), sig as usize)?;
+        }
+        Ok(Self { stopping, signal })
+    }
+
+    /// Whether a signal asked the run to stop.
+    pub fn stop_requested(&self) -> bool {
+        self.stopping.load(Ordering::Relaxed)
+    }
+
+    /// The signal that asked, if one did.
+    pub fn signal(&self) -> Option<i32> {
+        match self.signal.load(Ordering::Relaxed) {
+            0 => None,
+            sig => i32::try_from(sig).ok(),
+        }
+    }
+}

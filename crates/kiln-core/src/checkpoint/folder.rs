@@ -1,0 +1,270 @@
+//! Writing checkpoint steps into a folder: staged, synced, renamed into place, pruned.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use burn::module::Module;
+use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
+use burn::tensor::backend::Backend;
+
+use super::manifest::{FORMAT, FileDigest, Manifest, ModelInfo, RunInfo};
+use super::{CheckpointError, MANIFEST, MODEL};
+use crate::optim::OptimizerState;
+
+/// A folder of checkpoint steps (`step-<N>/`), the newest `keep` of them kept. See the
+/// [module docs](super).
+#[derive(Debug, Clone)]
+pub struct CheckpointFolder {
+    root: PathBuf,
+    keep: usize,
+}
+
+/// The folder name of step `step`: zero-padded so that names sort as steps do.
+pub(crate) fn step_name(step: usize) -> String {
+    format!("step-{step:08}")
+}
+
+/// The step a folder name names; `None` for any other name.
+pub(crate) fn parse_step(name: &str) -> Option<usize> {
+    let digits = name.strip_prefix("step-")?;
+    digits
+        .bytes()
+        .all(|b| b.is_ascii_digit())
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
+/// The `step-<N>` folders of `root`, oldest first (none when `root` does not exist).
+pub(crate) fn steps_in(root: &Path) -> Result<Vec<(usize, PathBuf)>, CheckpointError> {
+    if !root.exists() {
+        return Ok(Vec::new());
+    }
+    let entries = fs::read_dir(root).map_err(|e| CheckpointError::io("read", root, e))?;
+    let mut steps: Vec<(usize, PathBuf)> = entries
+        .filter_map(Result::ok)
+        .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|entry| {
+            let step = parse_step(entry.file_name().to_str()?)?;
+            Some((step, entry.path()))
+        })
+        .collect();
+    steps.sort();
+    Ok(steps)
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    let mut file = File::create(path).map_err(|e| CheckpointError::io("create", path, e))?;
+    file.write_all(bytes)
+        .map_err(|e| CheckpointError::io("write", path, e))?;
+    file.sync_all()
+        .map_err(|e| CheckpointError::io("sync", path, e))
+}
+
+/// Makes a folder's entries (a new file, a rename) durable. Folders cannot be opened for
+/// syncing on every platform; where they cannot, the rename is as durable as the system makes
+/// it.
+fn sync_folder(path: &Path) -> Result<(), CheckpointError> {
+    #[cfg(unix)]
+    File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| CheckpointError::io("sync", path, e))?;
+    #[cfg(not(unix))]
+    let _ = path;
+    Ok(())
+}
+
+/// Removes a folder by renaming it aside first, so that no `step-<N>` is ever half removed.
+fn remove_step(root: &Path, dir: &Path) -> Result<(), CheckpointError> {
+    let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("step");
+    let aside = root.join(format!(".{name}.removing-{}", std::process::id()));
+    fs::rename(dir, &aside).map_err(|e| CheckpointError::io("rename", dir, e))?;
+    fs::remove_dir_all(&aside).map_err(|e| CheckpointError::io("remove", &aside, e))
+}
+
+impl CheckpointFolder {
+    /// The folder `root`, keeping the newest `keep` steps.
+    pub fn new(root: impl Into<PathBuf>, keep: usize) -> Self {
+        Self {
+            root: root.into(),
+            keep: keep.max(1),
+        }
+    }
+
+    /// The folder.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The steps saved, oldest first.
+    ///
+    /// # Errors
+    /// When the folder cannot be read.
+    pub fn steps(&self) -> Result<Vec<(usize, PathBuf)>, CheckpointError> {
+        steps_in(&self.root)
+    }
+
+    /// Readies the folder for a run that continues from step `from` (0 for a fresh run),
+    /// before that run trains a step: creates it, checks that it is a writable folder, sweeps
+    /// away what crashed saves left, and refuses steps beyond `from` (they belong to another
+    /// run, or to a later point of this one) unless `overwrite`, which removes them.
+    ///
+    /// # Errors
+    /// [`CheckpointError::NotAFolder`], [`CheckpointError::Io`] for a folder that cannot be
+    /// created or written, [`CheckpointError::InUse`].
+    pub fn prepare(&self, from: usize, overwrite: bool) -> Result<(), CheckpointError> {
+        let root = &self.root;
+        if root.exists() && !root.is_dir() {
+            return Err(CheckpointError::NotAFolder {
+                path: root.display().to_string(),
+            });
+        }
+        fs::create_dir_all(root).map_err(|e| CheckpointError::io("create", root, e))?;
+        let probe = root.join(format!(".probe-{}", std::process::id()));
+        write_synced(&probe, b"")?;
+        fs::remove_file(&probe).map_err(|e| CheckpointError::io("remove", &probe, e))?;
+        self.sweep()?;
+        let later: Vec<_> = self
+            .steps()?
+            .into_iter()
+            .filter(|(step, _)| *step > from)
+            .collect();
+        if let Some((newest, _)) = later.last() {
+            if !overwrite {
+                return Err(CheckpointError::InUse {
+                    path: root.display().to_string(),
+                    newest: *newest,
+                    why: if from == 0 {
+                        "and this run starts from step 0".to_string()
+                    } else {
+                        format!("beyond step {from} that this run continues from")
+                    },
+                });
+            }
+            for (_, dir) in &later {
+                remove_step(root, dir)?;
+            }
+            tracing::warn!(
+                "--overwrite: removed {} checkpoint(s) after step {from} from {}",
+                later.len(),
+                root.display()
+            );
+        }
+        Ok(())
+    }
+
+    /// Removes the staging and removal folders that an interrupted save left behind.
+    fn sweep(&self) -> Result<(), CheckpointError> {
+        let entries =
+            fs::read_dir(&self.root).map_err(|e| CheckpointError::io("read", &self.root, e))?;
+        for entry in entries.filter_map(Result::ok) {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with(".step-") && entry.file_type().is_ok_and(|t| t.is_dir()) {
+                let path = entry.path();
+                fs::remove_dir_all(&path).map_err(|e| CheckpointError::io("remove", &path, e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Saves `model` and `optimizer` as step `step`, with the job's own `files` beside them
+    /// (`("config.toml", bytes)`), and prunes the folder to its newest steps. Returns the
+    /// step's folder.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Io`] when a file cannot be written; the earlier steps are then
+    /// untouched.
+    pub fn save<B: Backend, M: Module<B>>(
+        &self,
+        step: usize,
+        kind: &str,
+        model: M,
+        optimizer: &OptimizerState,
+        run: RunInfo,
+        files: &[(&str, &[u8])],
+    ) -> Result<PathBuf, CheckpointError> {
+        let info = ModelInfo::of(kind, &model);
+        let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
+        let bytes = Recorder::<B>::record(&recorder, model.into_record(), ())
+            .map_err(|e| CheckpointError::io("encode", &self.root.join(MODEL), e))?;
+        let mut all: Vec<(&str, &[u8])> = vec![(MODEL, &bytes)];
+        let state = optimizer.files();
+        all.extend(state.iter().map(|(name, part)| (name.as_str(), *part)));
+        all.extend_from_slice(files);
+        self.save_files(step, info, run, &all)
+    }
+
+    /// Saves `files` as step `step` of a run of `model` by `run`: each is written and synced
+    /// in a staging folder, then the manifest, then the folder is renamed to `step-<N>`.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Io`] when a file cannot be written.
+    pub fn save_files(
+        &self,
+        step: usize,
+        model: ModelInfo,
+        run: RunInfo,
+        files: &[(&str, &[u8])],
+    ) -> Result<PathBuf, CheckpointError> {
+        let root = &self.root;
+        fs::create_dir_all(root).map_err(|e| CheckpointError::io("create", root, e))?;
+        let name = step_name(step);
+        let staging = root.join(format!(".{name}.partial-{}", std::process::id()));
+        if staging.exists() {
+            fs::remove_dir_all(&staging).map_err(|e| CheckpointError::io("remove", &staging, e))?;
+        }
+        fs::create_dir(&staging).map_err(|e| CheckpointError::io("create", &staging, e))?;
+        let mut digests = std::collections::BTreeMap::new();
+        for (file, bytes) in files {
+            write_synced(&staging.join(file), bytes)?;
+            digests.insert((*file).to_string(), FileDigest::of(bytes));
+        }
+        let manifest = Manifest {
+            format: FORMAT,
+            kiln_version: env!("CARGO_PKG_VERSION").to_string(),
+            step,
+            model,
+            run,
+            files: digests,
+        };
+        let text = toml::to_string_pretty(&manifest)
+            .map_err(|e| CheckpointError::io("encode", &staging.join(MANIFEST), e))?;
+        write_synced(&staging.join(MANIFEST), text.as_bytes())?;
+        sync_folder(&staging)?;
+        let target = root.join(&name);
+        if target.exists() {
+            // The same step saved again (a run resumed from it that stopped at once): the old
+            // copy goes aside only now that the new one is complete.
+            remove_step(root, &target)?;
+        }
+        fs::rename(&staging, &target).map_err(|e| CheckpointError::io("rename", &staging, e))?;
+        sync_folder(root)?;
+        self.prune()?;
+        Ok(target)
+    }
+
+    /// Removes all but the newest `keep` steps.
+    fn prune(&self) -> Result<(), CheckpointError> {
+        let steps = self.steps()?;
+        let old = steps.len().saturating_sub(self.keep);
+        for (_, dir) in &steps[..old] {
+            remove_step(&self.root, dir)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_names_sort_as_steps_and_parse_back() {
+        assert_eq!(step_name(42), "step-00000042");
+        assert_eq!(parse_step(&step_name(123_456_789)), Some(123_456_789));
+        assert_eq!(parse_step("step-"), None);
+        assert_eq!(parse_step("step-1a"), None);
+        assert_eq!(parse_step(".step-00000001.partial-3"), None);
+    }
+}

@@ -1,0 +1,131 @@
+//! `manifest.toml`: what wrote a checkpoint, and the size and digest of every file in it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use burn::module::Module;
+use burn::tensor::backend::Backend;
+use sha2::{Digest, Sha256};
+
+use crate::params::{ModelSignature, signature};
+use crate::plan::Plan;
+
+/// The manifest's format; a reader refuses others.
+pub(crate) const FORMAT: u32 = 1;
+
+/// What a checkpoint step holds and what wrote it. Written last into the step's folder, so a
+/// folder with a manifest is complete.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// The manifest format (1).
+    pub format: u32,
+    /// The Kiln version that wrote it.
+    pub kiln_version: String,
+    /// Optimizer steps trained when it was saved.
+    pub step: usize,
+    /// The model saved.
+    pub model: ModelInfo,
+    /// The run that saved it.
+    pub run: RunInfo,
+    /// Every file of the step but the manifest, by name.
+    pub files: BTreeMap<String, FileDigest>,
+}
+
+/// A model, as a checkpoint identifies it: the job's name for it and its parameters' layout.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelInfo {
+    /// The job's name for the model (`mlp`, `transformer`, `ad`).
+    pub kind: String,
+    /// Parameter tensors.
+    pub tensors: usize,
+    /// Parameter values.
+    pub parameters: u64,
+    /// A digest of every parameter's path, shape and dtype ([`signature`]).
+    pub signature: String,
+}
+
+impl ModelInfo {
+    /// `model` under the job's name `kind`.
+    pub fn of<B: Backend, M: Module<B>>(kind: &str, model: &M) -> Self {
+        let ModelSignature {
+            tensors,
+            parameters,
+            digest,
+        } = signature(model);
+        Self {
+            kind: kind.to_string(),
+            tensors,
+            parameters,
+            signature: digest,
+        }
+    }
+}
+
+impl fmt::Display for ModelInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "a model '{}' of {} parameters in {} tensors (layout {})",
+            self.kind, self.parameters, self.tensors, self.signature
+        )
+    }
+}
+
+/// The run that saved a checkpoint: what decides whether its optimizer state loads.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunInfo {
+    /// The strategy (`ddp`).
+    pub strategy: String,
+    /// Its mesh (`dp=2 × pp=2`).
+    pub mesh: String,
+    /// How its optimizer state is cut ([`StateLayout::key`](crate::optim::StateLayout::key)).
+    pub layout: String,
+    /// The optimizer (`adamw`).
+    pub optimizer: String,
+    /// The training precision (`f32`, `bf16`, `f16`).
+    pub precision: String,
+}
+
+impl RunInfo {
+    /// The run of `plan` with `optimizer` in `precision`.
+    pub fn of(plan: &Plan, optimizer: &str, precision: impl fmt::Display) -> Self {
+        Self {
+            strategy: plan.strategy().to_string(),
+            mesh: plan.mesh().to_string(),
+            layout: plan.state_layout().key(),
+            optimizer: optimizer.to_string(),
+            precision: precision.to_string(),
+        }
+    }
+}
+
+/// A file's size and SHA-256, as written.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileDigest {
+    /// Bytes.
+    pub bytes: u64,
+    /// SHA-256, lowercase hex.
+    pub sha256: String,
+}
+
+impl FileDigest {
+    /// The digest of `bytes`.
+    pub fn of(bytes: &[u8]) -> Self {
+        Self {
+            bytes: bytes.len() as u64,
+            sha256: sha256_hex(bytes),
+        }
+    }
+}
+
+/// SHA-256 of `bytes`, lowercase hex.
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}

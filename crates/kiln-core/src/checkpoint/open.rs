@@ -1,0 +1,217 @@
+//! Reading a checkpoint step back, every file checked before anything is decoded.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use burn::module::Module;
+use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
+use burn::tensor::backend::Backend;
+
+use super::folder::steps_in;
+use super::manifest::{FORMAT, Manifest, ModelInfo, sha256_hex};
+use super::{CheckpointError, MANIFEST, MODEL};
+use crate::optim::{OptimizerState, StateLayout};
+use crate::plan::Plan;
+
+/// A checkpoint step read from disk and verified: every file its manifest lists is present,
+/// of the size written, and of the digest written.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    dir: PathBuf,
+    manifest: Manifest,
+    files: BTreeMap<String, Vec<u8>>,
+}
+
+fn display(path: &Path) -> String {
+    path.display().to_string()
+}
+
+impl Checkpoint {
+    /// Opens `path`: a step folder (`DIR/step-<N>`, holding a `manifest.toml`), or a
+    /// checkpoint folder, whose newest step is opened. Reads and verifies every file.
+    ///
+    /// # Errors
+    /// [`CheckpointError::NotFound`] for a path without a checkpoint,
+    /// [`CheckpointError::Manifest`], [`CheckpointError::Missing`],
+    /// [`CheckpointError::Size`] or [`CheckpointError::Digest`] for a damaged one.
+    pub fn open(path: &Path) -> Result<Self, CheckpointError> {
+        let dir = if path.join(MANIFEST).exists() {
+            path.to_path_buf()
+        } else {
+            match steps_in(path)?.pop() {
+                Some((_, newest)) => newest,
+                None if path.exists() => {
+                    return Err(CheckpointError::NotFound {
+                        path: display(path),
+                    });
+                }
+                None => {
+                    return Err(CheckpointError::io("read", path, "no such file or folder"));
+                }
+            }
+        };
+        let manifest_path = dir.join(MANIFEST);
+        let manifest = Self::read_manifest(&manifest_path)?;
+        let mut files = BTreeMap::new();
+        for (name, digest) in &manifest.files {
+            let path = dir.join(name);
+            let bytes = match fs::read(&path) {
+                Ok(bytes) => bytes,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(CheckpointError::Missing {
+                        path: display(&path),
+                    });
+                }
+                Err(e) => return Err(CheckpointError::io("read", &path, e)),
+            };
+            if bytes.len() as u64 != digest.bytes {
+                return Err(CheckpointError::Size {
+                    path: display(&path),
+                    expected: digest.bytes,
+                    found: bytes.len() as u64,
+                });
+            }
+            let found = sha256_hex(&bytes);
+            if found != digest.sha256 {
+                return Err(CheckpointError::Digest {
+                    path: display(&path),
+                    expected: digest.sha256.clone(),
+                    found,
+                });
+            }
+            files.insert(name.clone(), bytes);
+        }
+        Ok(Self {
+            dir,
+            manifest,
+            files,
+        })
+    }
+
+    fn read_manifest(path: &Path) -> Result<Manifest, CheckpointError> {
+        let unreadable = |reason: String| CheckpointError::Manifest {
+            path: display(path),
+            reason,
+        };
+        let text = fs::read_to_string(path).map_err(|e| unreadable(e.to_string()))?;
+        let manifest: Manifest =
+            toml::from_str(&text).map_err(|e| unreadable(e.message().trim().to_string()))?;
+        if manifest.format != FORMAT {
+            return Err(unreadable(format!(
+                "format {} (kiln {}), but this kiln reads format {FORMAT}",
+                manifest.format, manifest.kiln_version
+            )));
+        }
+        Ok(manifest)
+    }
+
+    /// The step's folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// What the step holds and what wrote it.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Optimizer steps trained when it was saved.
+    pub fn step(&self) -> usize {
+        self.manifest.step
+    }
+
+    /// The verified bytes of the job's file `name` (`config.toml`).
+    ///
+    /// # Errors
+    /// [`CheckpointError::NoFile`] when the step has no such file.
+    pub fn file(&self, name: &str) -> Result<&[u8], CheckpointError> {
+        self.files
+            .get(name)
+            .map(Vec::as_slice)
+            .ok_or_else(|| CheckpointError::NoFile {
+                path: display(&self.dir),
+                file: name.to_string(),
+            })
+    }
+
+    /// Checks that the step holds a model like `model`, named `kind` by its job.
+    ///
+    /// # Errors
+    /// [`CheckpointError::OtherModel`].
+    pub fn check_model<B: Backend, M: Module<B>>(
+        &self,
+        kind: &str,
+        model: &M,
+    ) -> Result<(), CheckpointError> {
+        let expected = ModelInfo::of(kind, model);
+        let found = &self.manifest.model;
+        if found.kind != expected.kind || found.signature != expected.signature {
+            return Err(CheckpointError::OtherModel {
+                path: display(&self.dir.join(MANIFEST)),
+                expected: expected.to_string(),
+                found: found.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// `model` (named `kind` by its job) with the step's parameters, on `device`.
+    ///
+    /// # Errors
+    /// [`CheckpointError::OtherModel`] for a checkpoint of another model,
+    /// [`CheckpointError::Decode`] for parameters that do not decode.
+    pub fn model<B: Backend, M: Module<B>>(
+        &self,
+        kind: &str,
+        model: M,
+        device: &B::Device,
+    ) -> Result<M, CheckpointError> {
+        self.check_model(kind, &model)?;
+        let bytes = self.file(MODEL)?.to_vec();
+        let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
+        let record =
+            Recorder::<B>::load(&recorder, bytes, device).map_err(|e| CheckpointError::Decode {
+                path: display(&self.dir.join(MODEL)),
+                reason: first_line(&e.to_string()),
+            })?;
+        Ok(model.load_record(record))
+    }
+
+    /// Checks that `plan` cuts its optimizer state as the run that saved the step did.
+    ///
+    /// # Errors
+    /// [`CheckpointError::OtherStrategy`].
+    pub fn check_plan(&self, plan: &Plan) -> Result<(), CheckpointError> {
+        let run = &self.manifest.run;
+        let expected = plan.state_layout();
+        if run.layout != expected.key() {
+            let found = StateLayout::from_key(&run.layout)
+                .map_or_else(|| run.layout.clone(), |l| l.to_string());
+            return Err(CheckpointError::OtherStrategy {
+                path: display(&self.dir.join(MANIFEST)),
+                found_strategy: format!("{} (mesh {})", run.strategy, run.mesh),
+                found_layout: found,
+                expected_strategy: format!("{} (mesh {})", plan.strategy(), plan.mesh()),
+                expected_layout: expected.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The optimizer state saved, checked against `plan` first.
+    ///
+    /// # Errors
+    /// [`CheckpointError::OtherStrategy`], or [`CheckpointError::NoFile`] for a state file
+    /// the manifest does not list.
+    pub fn optimizer(&self, plan: &Plan) -> Result<OptimizerState, CheckpointError> {
+        self.check_plan(plan)?;
+        OptimizerState::from_files(plan.state_layout(), |name| {
+            self.file(name).map(<[u8]>::to_vec)
+        })
+    }
+}
+
+fn first_line(text: &str) -> String {
+    text.lines().next().unwrap_or(text).trim().to_string()
+}
