@@ -6,6 +6,7 @@
 //! ([`tasks`]), all plain Burn modules and data sets.
 
 pub mod layers;
+pub mod llm;
 pub mod lora;
 pub mod models;
 pub mod tasks;

@@ -1,0 +1,82 @@
+//! Why a model folder could not be loaded: one line each, naming the file or tensor.
+
+/// A model folder, config or weight file that cannot be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LlmError {
+    /// The folder has no `config.json`.
+    #[error(
+        "{dir} has no config.json; give a Hugging Face model folder (config.json and model.safetensors)"
+    )]
+    NoConfig {
+        /// The folder.
+        dir: String,
+    },
+    /// A file that cannot be read.
+    #[error("cannot read {path}: {reason}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The system's message.
+        reason: String,
+    },
+    /// A `config.json` that does not parse, or lacks a field.
+    #[error("{path}: {reason}")]
+    Config {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An architecture Kiln does not build.
+    #[error(
+        "model_type '{0}' is not supported; Kiln loads llama, mistral and qwen2 (LLaMA-family \
+         decoders)"
+    )]
+    Architecture(String),
+    /// A rotary scaling Kiln does not implement.
+    #[error(
+        "rope scaling '{0}' is not supported; Kiln implements the plain rotary embedding and \
+         LLaMA 3's ('llama3')"
+    )]
+    RopeScaling(String),
+    /// A sliding attention window shorter than the positions the model may see.
+    #[error(
+        "this {model_type} attends within a sliding window of {window} tokens, which Kiln does \
+         not implement; it loads only when the window covers max_position_embeddings ({positions})"
+    )]
+    SlidingWindow {
+        /// The architecture.
+        model_type: String,
+        /// The window.
+        window: usize,
+        /// The positions the model may see.
+        positions: usize,
+    },
+    /// The folder has no weights.
+    #[error(
+        "{dir} has no weights: expected model.safetensors or model.safetensors.index.json \
+         (PyTorch .bin files are not read; convert them to safetensors)"
+    )]
+    NoWeights {
+        /// The folder.
+        dir: String,
+    },
+    /// A tensor the model needs is in no weight file.
+    #[error("{tensor} is missing from the weights in {dir} ({count} tensor(s) missing in all)")]
+    MissingTensor {
+        /// The first missing tensor, by its Hugging Face name.
+        tensor: String,
+        /// The folder.
+        dir: String,
+        /// How many are missing.
+        count: usize,
+    },
+    /// A tensor of another shape than the config says.
+    #[error("{file}: {reason}")]
+    Tensor {
+        /// The weight file.
+        file: String,
+        /// The store's message, naming the tensor and its shapes.
+        reason: String,
+    },
+}

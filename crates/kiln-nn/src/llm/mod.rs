@@ -1,0 +1,20 @@
+//! Pretrained causal language models of the LLaMA family, loaded from a Hugging Face model
+//! folder: `config.json` ([`LlmConfig`]), `model.safetensors` or its sharded index
+//! ([`load`]), into [`CausalLm`].
+//!
+//! The architecture is LLaMA's: token embedding → pre-norm blocks (RMSNorm, grouped-query
+//! attention with rotary position embeddings, SwiGLU) → final RMSNorm → LM head, tied to the
+//! embedding or not. `model_type` `llama`, `mistral` and `qwen2` (biases on q, k, v) load;
+//! others are refused in one line ([`LlmError`]).
+
+mod config;
+mod error;
+mod load;
+mod model;
+mod rope;
+
+pub use config::{LlmConfig, ModelType, RopeScaling};
+pub use error::LlmError;
+pub use load::{load, load_config};
+pub use model::{Attention, CausalLm, Decoder, DecoderLayer, Mlp};
+pub use rope::Rope;

@@ -1,0 +1,181 @@
+//! The LLaMA-family decoder: field names follow Hugging Face's (`model.layers.0.self_attn.q_proj`),
+//! so checkpoints load by name.
+
+use burn::module::Module;
+use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
+use burn::tensor::{Int, Tensor};
+use kiln_kernels::{KernelBackend, ops};
+
+use super::{LlmConfig, Rope};
+
+/// Grouped-query self-attention with rotary positions.
+#[derive(Module, Debug)]
+pub struct Attention<B: KernelBackend> {
+    /// Queries: `hidden → heads × head_dim`.
+    pub q_proj: Linear<B>,
+    /// Keys: `hidden → kv_heads × head_dim`.
+    pub k_proj: Linear<B>,
+    /// Values: `hidden → kv_heads × head_dim`.
+    pub v_proj: Linear<B>,
+    /// Output: `heads × head_dim → hidden`.
+    pub o_proj: Linear<B>,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+impl<B: KernelBackend> Attention<B> {
+    fn forward(&self, x: Tensor<B, 3>, rope: &Rope) -> Tensor<B, 3> {
+        let [batch, seq, _] = x.dims();
+        let (h, kv, d) = (self.heads, self.kv_heads, self.head_dim);
+        let q = self.q_proj.forward(x.clone()).reshape([batch, seq, h, d]);
+        let k = self.k_proj.forward(x.clone()).reshape([batch, seq, kv, d]);
+        let v = self.v_proj.forward(x).reshape([batch, seq, kv, d]);
+        let (q, k) = (rope.apply(q, 0), rope.apply(k, 0));
+        // Each key/value head serves heads / kv_heads query heads, in order.
+        let repeat = |t: Tensor<B, 4>| {
+            if kv == h {
+                t
+            } else {
+                t.unsqueeze_dim::<5>(3)
+                    .expand([batch, seq, kv, h / kv, d])
+                    .reshape([batch, seq, h, d])
+            }
+        };
+        let flat = |t: Tensor<B, 4>| t.reshape([batch, seq, h * d]);
+        let context = ops::causal_attention(flat(q), flat(repeat(k)), flat(repeat(v)), h)
+            .unwrap_or_else(|e| panic!("{e}"));
+        self.o_proj.forward(context)
+    }
+}
+
+/// The SwiGLU feed-forward: `down(silu(gate(x)) · up(x))`.
+#[derive(Module, Debug)]
+pub struct Mlp<B: KernelBackend> {
+    /// `hidden → intermediate`, through SiLU.
+    pub gate_proj: Linear<B>,
+    /// `hidden → intermediate`.
+    pub up_proj: Linear<B>,
+    /// `intermediate → hidden`.
+    pub down_proj: Linear<B>,
+}
+
+impl<B: KernelBackend> Mlp<B> {
+    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let hidden = ops::swiglu(self.gate_proj.forward(x.clone()), self.up_proj.forward(x))
+            .unwrap_or_else(|e| panic!("{e}"));
+        self.down_proj.forward(hidden)
+    }
+}
+
+/// One pre-norm decoder layer.
+#[derive(Module, Debug)]
+pub struct DecoderLayer<B: KernelBackend> {
+    /// The norm before attention.
+    pub input_layernorm: RmsNorm<B>,
+    /// Self-attention.
+    pub self_attn: Attention<B>,
+    /// The norm before the feed-forward.
+    pub post_attention_layernorm: RmsNorm<B>,
+    /// The feed-forward.
+    pub mlp: Mlp<B>,
+}
+
+impl<B: KernelBackend> DecoderLayer<B> {
+    /// `[batch, seq, hidden]` → same shape, causally.
+    pub fn forward(&self, x: Tensor<B, 3>, rope: &Rope) -> Tensor<B, 3> {
+        let h = x.clone()
+            + self
+                .self_attn
+                .forward(self.input_layernorm.forward(x), rope);
+        h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h))
+    }
+}
+
+/// The embedding, the layers and the final norm (Hugging Face's `model`).
+#[derive(Module, Debug)]
+pub struct Decoder<B: KernelBackend> {
+    /// Token embedding `[vocab, hidden]`.
+    pub embed_tokens: Embedding<B>,
+    /// The decoder layers.
+    pub layers: Vec<DecoderLayer<B>>,
+    /// The final norm.
+    pub norm: RmsNorm<B>,
+    #[module(skip)]
+    rope: Rope,
+}
+
+/// A causal language model: [`Decoder`] and the LM head (`None`: tied to the embedding).
+#[derive(Module, Debug)]
+pub struct CausalLm<B: KernelBackend> {
+    /// The decoder.
+    pub model: Decoder<B>,
+    /// `hidden → vocab`; `None` when tied to the embedding.
+    pub lm_head: Option<Linear<B>>,
+}
+
+impl LlmConfig {
+    /// A model of these sizes with freshly initialised weights (what [`super::load`] fills).
+    pub fn init<B: KernelBackend>(&self, device: &B::Device) -> CausalLm<B> {
+        let (d, f) = (self.hidden_size, self.intermediate_size);
+        let (q, kv) = (
+            self.num_attention_heads * self.head_dim,
+            self.num_key_value_heads * self.head_dim,
+        );
+        let linear = |i, o, bias| LinearConfig::new(i, o).with_bias(bias).init::<B>(device);
+        let norm = || {
+            RmsNormConfig::new(d)
+                .with_epsilon(self.rms_norm_eps)
+                .init::<B>(device)
+        };
+        let layers = (0..self.num_hidden_layers)
+            .map(|_| DecoderLayer {
+                input_layernorm: norm(),
+                self_attn: Attention {
+                    q_proj: linear(d, q, self.qkv_bias),
+                    k_proj: linear(d, kv, self.qkv_bias),
+                    v_proj: linear(d, kv, self.qkv_bias),
+                    o_proj: linear(q, d, self.o_bias),
+                    heads: self.num_attention_heads,
+                    kv_heads: self.num_key_value_heads,
+                    head_dim: self.head_dim,
+                },
+                post_attention_layernorm: norm(),
+                mlp: Mlp {
+                    gate_proj: linear(d, f, false),
+                    up_proj: linear(d, f, false),
+                    down_proj: linear(f, d, false),
+                },
+            })
+            .collect();
+        CausalLm {
+            model: Decoder {
+                embed_tokens: EmbeddingConfig::new(self.vocab_size, d).init(device),
+                layers,
+                norm: norm(),
+                rope: Rope::new(self),
+            },
+            lm_head: (!self.tie_word_embeddings).then(|| linear(d, self.vocab_size, false)),
+        }
+    }
+}
+
+impl<B: KernelBackend> CausalLm<B> {
+    /// Logits `[batch, seq, vocab]` of the tokens `[batch, seq]`, each position seeing itself
+    /// and the ones before.
+    pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        let decoder = &self.model;
+        let mut x = decoder.embed_tokens.forward(tokens);
+        for layer in &decoder.layers {
+            x = layer.forward(x, &decoder.rope);
+        }
+        let x = decoder.norm.forward(x);
+        match &self.lm_head {
+            Some(head) => head.forward(x),
+            None => {
+                let embedding = decoder.embed_tokens.weight.val();
+                x.matmul(embedding.transpose().unsqueeze_dim(0))
+            }
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! Pretrained LLaMA-family models from Hugging Face folders: Kiln's logits against the
+//! `transformers` logits of the same checkpoints (tests/fixtures/llm, made by
+//! `.ci/llm-fixtures`), from single and sharded safetensors, f32 and bf16; and one-line errors.
+
+use std::path::{Path, PathBuf};
+
+use burn::backend::Flex;
+use burn::tensor::{Int, Tensor, TensorData, activation::log_softmax};
+use kiln_nn::llm::{LlmError, load};
+
+type B = Flex;
+
+fn fixture(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/llm")
+        .join(path)
+}
+
+/// The reference tensors of a fixture: tokens `[2, 12]`, and the named f32 tensor.
+fn expected(model: &str, name: &str) -> (Vec<i64>, Vec<f32>, Vec<usize>) {
+    let bytes = std::fs::read(fixture(model).join("expected.safetensors")).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let tokens = file.tensor("tokens").unwrap();
+    let tokens = tokens
+        .data()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let values = file.tensor(name).unwrap();
+    let shape = values.shape().to_vec();
+    let values = values
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    (tokens, values, shape)
+}
+
+/// Kiln's logits of the fixture's tokens, loading the folder `folder`.
+fn logits(folder: &str, tokens: &[i64]) -> Tensor<B, 3> {
+    let device = Default::default();
+    let (_, model) = load::<B>(&fixture(folder), &device).unwrap();
+    let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(tokens.to_vec(), [2, 12]), &device);
+    model.forward(tokens)
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// Mean next-token cross-entropy of `logits` over `tokens`, as `transformers` computes `loss`.
+fn loss(logits: Tensor<B, 3>, tokens: &[i64]) -> f32 {
+    let [batch, seq, vocab] = logits.dims();
+    let logp = log_softmax(logits.narrow(1, 0, seq - 1), 2)
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap();
+    let mut total = 0.0;
+    for b in 0..batch {
+        for s in 0..seq - 1 {
+            let target = tokens[b * seq + s + 1] as usize;
+            total -= logp[(b * (seq - 1) + s) * vocab + target];
+        }
+    }
+    total / (batch * (seq - 1)) as f32
+}
+
+fn check(model: &str) {
+    let (tokens, reference, shape) = expected(model, "logits");
+    for folder in [model.to_string(), format!("{model}/sharded")] {
+        let ours = logits(&folder, &tokens);
+        assert_eq!(ours.dims().to_vec(), shape);
+        let ours_loss = loss(ours.clone(), &tokens);
+        let ours = ours.into_data().to_vec::<f32>().unwrap();
+        let diff = max_abs_diff(&ours, &reference);
+        assert!(
+            diff < 1e-4,
+            "{folder}: logits differ from transformers' by {diff}"
+        );
+        let (_, reference_loss, _) = expected(model, "loss");
+        assert!(
+            (ours_loss - reference_loss[0]).abs() < 1e-4,
+            "{folder}: loss {ours_loss} vs {}",
+            reference_loss[0]
+        );
+    }
+    // bf16 weights, computed in f32 by both.
+    let (_, reference, _) = expected(model, "logits_bf16");
+    let ours = logits(&format!("{model}/bf16"), &tokens)
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap();
+    let diff = max_abs_diff(&ours, &reference);
+    assert!(
+        diff < 1e-4,
+        "{model}/bf16: logits differ from transformers' by {diff}"
+    );
+}
+
+#[test]
+fn llama_with_gqa_and_llama3_rope_matches_transformers() {
+    check("llama");
+}
+
+#[test]
+fn qwen2_with_qkv_biases_and_tied_embeddings_matches_transformers() {
+    check("qwen2");
+}
+
+/// A scratch copy of the llama fixture's f32 folder, `config.json` edited by `edit`.
+fn edited(name: &str, edit: impl Fn(&mut serde_json::Value)) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kiln-llm-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(
+        fixture("llama/model.safetensors"),
+        dir.join("model.safetensors"),
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(fixture("llama/config.json")).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
+    edit(&mut config);
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    dir
+}
+
+fn load_error(dir: &Path) -> LlmError {
+    load::<B>(dir, &Default::default()).map(|_| ()).unwrap_err()
+}
+
+#[test]
+fn bad_folders_are_refused_in_one_line_naming_what_is_wrong() {
+    let empty = std::env::temp_dir().join(format!("kiln-llm-{}-empty", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    assert!(matches!(load_error(&empty), LlmError::NoConfig { .. }));
+    std::fs::copy(fixture("llama/config.json"), empty.join("config.json")).unwrap();
+    let no_weights = load_error(&empty).to_string();
+    assert!(no_weights.contains("has no weights"), "{no_weights}");
+
+    let deeper = edited("deeper", |c| c["num_hidden_layers"] = 3.into());
+    let missing = load_error(&deeper).to_string();
+    assert!(missing.contains("model.layers.2."), "{missing}");
+    assert!(missing.contains("missing"), "{missing}");
+
+    let wider = edited("wider", |c| c["intermediate_size"] = 48.into());
+    let shape = load_error(&wider).to_string();
+    assert!(shape.contains("mlp"), "{shape}");
+
+    let gpt2 = edited("gpt2", |c| c["model_type"] = "gpt2".into());
+    assert!(matches!(load_error(&gpt2), LlmError::Architecture(a) if a == "gpt2"));
+    for dir in [empty, deeper, wider, gpt2] {
+        std::fs::remove_dir_all(dir).ok();
+    }
+}
