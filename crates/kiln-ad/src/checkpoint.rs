@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::Backend;
-use kiln_core::checkpoint::{Checkpoint, CheckpointFolder, RunInfo, Saver};
+use kiln_core::checkpoint::{Checkpoint, CheckpointFolder, RunInfo, Saver, config_differences};
 use kiln_core::fit::Resume;
 use kiln_core::plan::Plan;
 
@@ -115,8 +115,7 @@ pub fn check_config(checkpoint: &Checkpoint, config: &AdConfig) -> Result<usize,
             reason: e.to_string(),
         })
     };
-    let mut fields = Vec::new();
-    differences("", &comparable(&saved)?, &comparable(config)?, &mut fields);
+    let fields = config_differences(&comparable(&saved)?, &comparable(config)?);
     if fields.is_empty() {
         return Ok(saved.train.steps);
     }
@@ -124,30 +123,6 @@ pub fn check_config(checkpoint: &Checkpoint, config: &AdConfig) -> Result<usize,
         path: checkpoint.dir().join(CONFIG).display().to_string(),
         fields: fields.join(", "),
     })
-}
-
-/// The dotted names of the settings where `a` and `b` differ.
-fn differences(prefix: &str, a: &toml::Value, b: &toml::Value, out: &mut Vec<String>) {
-    match (a, b) {
-        (toml::Value::Table(a), toml::Value::Table(b)) => {
-            let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
-            keys.sort();
-            keys.dedup();
-            for key in keys {
-                let name = if prefix.is_empty() {
-                    key.clone()
-                } else {
-                    format!("{prefix}.{key}")
-                };
-                match (a.get(key), b.get(key)) {
-                    (Some(x), Some(y)) => differences(&name, x, y, out),
-                    _ => out.push(name),
-                }
-            }
-        }
-        _ if a != b => out.push(prefix.to_string()),
-        _ => {}
-    }
 }
 
 /// The model and where to resume, from `checkpoint` of a run of `config` by `plan`.

@@ -78,6 +78,9 @@ pub struct RunOptions<'a> {
     /// Asked after every training step: `true` stops training there, saves, and skips the
     /// evaluation ([`TrainSummary::stopped`]).
     pub stop: Option<&'a (dyn Fn() -> bool + Sync)>,
+    /// Remove the checkpoints of `save_to` after the step this run starts from, once its
+    /// first save is in place (refused otherwise).
+    pub overwrite: bool,
     /// Skip the evaluation.
     pub no_eval: bool,
 }
@@ -128,9 +131,12 @@ pub fn run<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
         .ok_or(kiln_core::StrategyError::from(ConfigError::NoDevices))?;
     let save_to = match options.save_to {
         Some(dir) => {
-            let folder =
+            let mut folder =
                 CheckpointFolder::new(checkpoint::checkpoints(dir), config.checkpoint.keep);
-            folder.prepare(options.resume.map_or(0, Checkpoint::step), false)?;
+            folder.prepare(
+                options.resume.map_or(0, Checkpoint::step),
+                options.overwrite,
+            )?;
             write_config(dir, config)?;
             Some(folder)
         }

@@ -52,21 +52,22 @@ pub struct RunCheckpoints {
 }
 
 impl RunCheckpoints {
-    /// Opens and verifies `resume` (a checkpoint of `plan`'s strategy with steps left before
-    /// `steps`), and readies the folder `save` (named by the flag `save_flag`) for the steps
-    /// after it.
+    /// Opens and verifies `resume` (`args`' `--resume`, resolved by the job: a checkpoint of
+    /// `plan`'s strategy with steps left before `steps`), and readies the folder `save` (named
+    /// by its flag) for the steps after it.
     ///
     /// # Errors
     /// A damaged, foreign or finished checkpoint, periodic saves without a folder, or a save
     /// folder that cannot be written or holds another run's later steps.
     pub fn prepare(
+        args: &CheckpointArgs,
         resume: Option<&Path>,
         save: Option<(&'static str, &Path)>,
         config: &CheckpointConfig,
-        overwrite: bool,
         plan: &Plan,
         steps: usize,
     ) -> Result<Self, Box<dyn std::error::Error>> {
+        let overwrite = args.overwrite;
         config.validate()?;
         let resume = resume.map(Checkpoint::open).transpose()?;
         let from = match &resume {
@@ -87,7 +88,7 @@ impl RunCheckpoints {
         let save = match save {
             Some((flag, dir)) => {
                 crate::outputs::check_folder(flag, dir)?;
-                let folder = CheckpointFolder::new(dir, config.keep);
+                let mut folder = CheckpointFolder::new(dir, config.keep);
                 folder.prepare(from, overwrite)?;
                 Some(folder)
             }
@@ -96,6 +97,9 @@ impl RunCheckpoints {
             }
             None if overwrite => {
                 return Err(CheckpointError::NoFolder("--overwrite", "--save DIR").into());
+            }
+            None if args.keep.is_some() => {
+                return Err(CheckpointError::NoFolder("--keep", "--save DIR").into());
             }
             None => None,
         };

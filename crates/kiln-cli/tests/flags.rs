@@ -58,6 +58,11 @@ fn run(args: &[&str]) -> (Option<i32>, String) {
     // passed every check, which is all this test asks.
     let code = loop {
         if let Some(status) = child.try_wait().unwrap() {
+            // Ended by a signal of its own (an abort, the OOM killer): a crash.
+            assert!(
+                std::os::unix::process::ExitStatusExt::signal(&status).is_none(),
+                "{args:?} died of {status}"
+            );
             break status.code();
         }
         if start.elapsed() > Duration::from_secs(15) {
@@ -115,7 +120,7 @@ fn zero_huge_and_negative_numbers_get_their_own_errors() {
         ),
         (
             vec!["train", "--strategy", "ddp", "--dp", "18446744073709551615"],
-            "more than the 1024 one process drives",
+            "is more than the 1024 ranks one process drives",
         ),
         (
             vec![
@@ -127,9 +132,9 @@ fn zero_huge_and_negative_numbers_get_their_own_errors() {
                 "--stages",
                 "4294967296",
             ],
-            "stages × tp overflows",
+            "pp 4294967296 × tp 4294967296, which overflows",
         ),
-        (vec!["train", "--world", "5000"], "more than the 1024"),
+        (vec!["train", "--world", "5000"], "more than the 1024 ranks"),
         (
             vec!["train", "--samples", "18446744073709551615"],
             "--samples must be between 1 and",

@@ -144,18 +144,18 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
                     path.to_path_buf()
                 }
             });
+            let signals = Signals::install()?;
             let checkpoints = RunCheckpoints::prepare(
+                &args.checkpoint,
                 resume.as_deref(),
                 Some(("--out", &checkpoint::checkpoints(&args.out))),
                 &config.checkpoint,
-                args.checkpoint.overwrite,
                 &plan,
                 config.train.steps,
             )?;
             if let Some(resumed) = &checkpoints.resume {
                 checkpoint::check_config(resumed, &config)?;
             }
-            let signals = Signals::install()?;
             let job = TrainJob {
                 args,
                 config,
@@ -232,6 +232,7 @@ impl Job for TrainJob {
             save_to: Some(&args.out),
             resume: self.checkpoints.resume.as_ref(),
             stop: Some(&stop),
+            overwrite: args.checkpoint.overwrite,
             no_eval: args.no_eval,
         };
         let first = self.checkpoints.resume.as_ref().map_or(0, |c| c.step());

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use kiln_core::checkpoint::CheckpointConfig;
+use kiln_core::checkpoint::{Checkpoint, CheckpointConfig, config_differences};
 use kiln_core::optim::{GuardConfigError, PerformanceConfig};
 use kiln_core::plan::{Plan, PlanRequest};
 use kiln_core::strategy::{StrategyConfigs, StrategyKind};
@@ -123,6 +123,18 @@ pub enum ConfigError {
         /// The most allowed.
         max: usize,
     },
+    /// A resumed run whose config is not the checkpoint's.
+    #[error(
+        "the checkpoint {path} was trained with another config ({fields}); resume with the \
+         config and flags that saved it (only --steps, where it trains and the checkpoint \
+         settings may change)"
+    )]
+    OtherConfig {
+        /// The checkpoint's config file.
+        path: String,
+        /// What differs.
+        fields: String,
+    },
     /// A checkpoint setting that cannot work.
     #[error(transparent)]
     Checkpoint(#[from] kiln_core::checkpoint::CheckpointError),
@@ -141,7 +153,49 @@ impl ModelKind {
     }
 }
 
+/// The config's file in every checkpoint step `kiln train` saves.
+pub const CONFIG_FILE: &str = "config.toml";
+
 impl TrainConfig {
+    /// Checks that this config trains what `checkpoint` was trained with: every setting but
+    /// those a resumed run may change (`steps`, where it trains: `world`, `devices`,
+    /// `strategy`, `backend` and `parallel`, which the plan's check covers, and `checkpoint`).
+    ///
+    /// # Errors
+    /// [`ConfigError::OtherConfig`] naming the settings that differ; a checkpoint without the
+    /// config or with one that does not parse.
+    pub fn check_resumed(&self, checkpoint: &Checkpoint) -> Result<(), ConfigError> {
+        let path = checkpoint.dir().join(CONFIG_FILE).display().to_string();
+        let unreadable = |reason: String| ConfigError::OtherConfig {
+            path: path.clone(),
+            fields: format!("unreadable: {reason}"),
+        };
+        let text = std::str::from_utf8(checkpoint.file(CONFIG_FILE)?)
+            .map_err(|e| unreadable(e.to_string()))?;
+        let saved: TrainConfig = toml::from_str(text).map_err(|e| unreadable(e.to_string()))?;
+        let comparable = |c: &TrainConfig| {
+            let c = TrainConfig {
+                steps: 0,
+                world: None,
+                devices: None,
+                strategy: StrategyKind::Auto,
+                backend: BackendKind::Flex,
+                parallel: StrategyConfigs::default(),
+                checkpoint: CheckpointConfig::default(),
+                ..c.clone()
+            };
+            toml::Value::try_from(c).map_err(|e| unreadable(e.to_string()))
+        };
+        let fields = config_differences(&comparable(&saved)?, &comparable(self)?);
+        if fields.is_empty() {
+            return Ok(());
+        }
+        Err(ConfigError::OtherConfig {
+            path,
+            fields: format!("{} differ", fields.join(", ")),
+        })
+    }
+
     /// The most samples the synthetic data sets hold.
     pub const MAX_SAMPLES: usize = 1 << 22;
 

@@ -154,15 +154,19 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(path) = &json {
         crate::outputs::check_file("--json", path)?;
     }
+    // Installed before anything is written, so a signal from then on stops the run cleanly.
+    let signals = Signals::install()?;
     let prepared = RunCheckpoints::prepare(
+        &checkpoints.args,
         checkpoints.args.resume.as_deref(),
         checkpoints.save.as_deref().map(|dir| ("--save", dir)),
         &config.checkpoint,
-        checkpoints.args.overwrite,
         &plan,
         config.steps,
     )?;
-    let signals = Signals::install()?;
+    if let Some(resumed) = &prepared.resume {
+        config.check_resumed(resumed)?;
+    }
     let job = TrainJob {
         config: &config,
         plan: &plan,
@@ -281,10 +285,14 @@ where
         }
         None => (model, None),
     };
-    let mut saver = checkpoints.save.map(|folder| {
-        let run = RunInfo::of(plan, "adamw", config.optimizer.precision);
-        Saver::new(folder, kind, run)
-    });
+    let mut saver = match checkpoints.save {
+        Some(folder) => {
+            let run = RunInfo::of(plan, "adamw", config.optimizer.precision);
+            let text = toml::to_string_pretty(config)?;
+            Some(Saver::new(folder, kind, run).with_file(config::CONFIG_FILE, text.into_bytes()))
+        }
+        None => None,
+    };
     let stop = || signals.stop_requested();
     let training = Training {
         steps: config.steps,

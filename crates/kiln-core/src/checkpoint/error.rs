@@ -25,14 +25,15 @@ pub enum CheckpointError {
     /// A folder without a checkpoint.
     #[error(
         "{path} holds no checkpoint: neither a manifest.toml nor step-<N> folders; give a \
-         folder written by --save (or one of its step-<N> folders)"
+         folder a run saved into (kiln train --save, kiln ad train --out) or one of its \
+         step-<N> folders"
     )]
     NotFound {
         /// The folder.
         path: String,
     },
     /// A manifest that does not parse.
-    #[error("checkpoint {path} is unreadable: {reason}; resume from another step")]
+    #[error("checkpoint {path} is unreadable: {reason}; use another step")]
     Manifest {
         /// The manifest file.
         path: String,
@@ -40,9 +41,7 @@ pub enum CheckpointError {
         reason: String,
     },
     /// A file the manifest lists is not there.
-    #[error(
-        "checkpoint file {path} is missing; the checkpoint is incomplete, resume from another step"
-    )]
+    #[error("checkpoint file {path} is missing; the checkpoint is incomplete, use another step")]
     Missing {
         /// The file.
         path: String,
@@ -50,7 +49,7 @@ pub enum CheckpointError {
     /// A file of another size than the one written.
     #[error(
         "checkpoint file {path} has {found} bytes but {expected} were written (truncated or \
-         overwritten); resume from another step"
+         overwritten); use another step"
     )]
     Size {
         /// The file.
@@ -63,7 +62,7 @@ pub enum CheckpointError {
     /// A file whose bytes changed since they were written.
     #[error(
         "checkpoint file {path} is corrupted: its SHA-256 is {found}, not the {expected} written; \
-         resume from another step"
+         use another step"
     )]
     Digest {
         /// The file.

@@ -18,6 +18,9 @@ use crate::optim::OptimizerState;
 pub struct CheckpointFolder {
     root: PathBuf,
     keep: usize,
+    /// Steps after this one are another run's, to remove once this run's first save is in
+    /// place (`--overwrite`): until then they stay, in case the run fails to start.
+    discard_after: Option<usize>,
 }
 
 /// The folder name of step `step`: zero-padded so that names sort as steps do.
@@ -74,11 +77,13 @@ fn sync_folder(path: &Path) -> Result<(), CheckpointError> {
     Ok(())
 }
 
-/// Removes a folder by renaming it aside first, so that no `step-<N>` is ever half removed.
+/// Removes a folder by renaming it aside first (and making the rename durable), so that no
+/// `step-<N>` is ever half removed.
 fn remove_step(root: &Path, dir: &Path) -> Result<(), CheckpointError> {
     let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("step");
     let aside = root.join(format!(".{name}.removing-{}", std::process::id()));
     fs::rename(dir, &aside).map_err(|e| CheckpointError::io("rename", dir, e))?;
+    sync_folder(root)?;
     fs::remove_dir_all(&aside).map_err(|e| CheckpointError::io("remove", &aside, e))
 }
 
@@ -88,6 +93,7 @@ impl CheckpointFolder {
         Self {
             root: root.into(),
             keep: keep.max(1),
+            discard_after: None,
         }
     }
 
@@ -106,13 +112,14 @@ impl CheckpointFolder {
 
     /// Readies the folder for a run that continues from step `from` (0 for a fresh run),
     /// before that run trains a step: creates it, checks that it is a writable folder, sweeps
-    /// away what crashed saves left, and refuses steps beyond `from` (they belong to another
-    /// run, or to a later point of this one) unless `overwrite`, which removes them.
+    /// away what crashed saves left, prunes it to `keep`, and refuses steps beyond `from`
+    /// (they belong to another run, or to a later point of this one) unless `overwrite`: then
+    /// they are removed once this run's first save is in place.
     ///
     /// # Errors
     /// [`CheckpointError::NotAFolder`], [`CheckpointError::Io`] for a folder that cannot be
     /// created or written, [`CheckpointError::InUse`].
-    pub fn prepare(&self, from: usize, overwrite: bool) -> Result<(), CheckpointError> {
+    pub fn prepare(&mut self, from: usize, overwrite: bool) -> Result<(), CheckpointError> {
         let root = &self.root;
         if root.exists() && !root.is_dir() {
             return Err(CheckpointError::NotAFolder {
@@ -120,6 +127,10 @@ impl CheckpointFolder {
             });
         }
         fs::create_dir_all(root).map_err(|e| CheckpointError::io("create", root, e))?;
+        if let Some(parent) = root.parent().filter(|p| !p.as_os_str().is_empty()) {
+            // The folder's own entry, should it be new.
+            sync_folder(parent)?;
+        }
         let probe = root.join(format!(".probe-{}", std::process::id()));
         write_synced(&probe, b"")?;
         fs::remove_file(&probe).map_err(|e| CheckpointError::io("remove", &probe, e))?;
@@ -129,10 +140,10 @@ impl CheckpointFolder {
             .into_iter()
             .filter(|(step, _)| *step > from)
             .collect();
-        if let Some((newest, _)) = later.last() {
-            if !overwrite {
+        match later.last() {
+            Some((newest, _)) if !overwrite => {
                 return Err(CheckpointError::InUse {
-                    path: root.display().to_string(),
+                    path: self.root.display().to_string(),
                     newest: *newest,
                     why: if from == 0 {
                         "and this run starts from step 0".to_string()
@@ -141,31 +152,37 @@ impl CheckpointFolder {
                     },
                 });
             }
-            for (_, dir) in &later {
-                remove_step(root, dir)?;
+            Some(_) => {
+                self.discard_after = Some(from);
             }
-            tracing::warn!(
-                "--overwrite: removed {} checkpoint(s) after step {from} from {}",
-                later.len(),
-                root.display()
-            );
+            None => self.prune()?,
         }
         Ok(())
     }
 
-    /// Removes the staging and removal folders that an interrupted save left behind.
+    /// Removes the staging and removal folders that an interrupted save left behind, and
+    /// puts back a step that was set aside to be replaced when its replacement never landed.
     fn sweep(&self) -> Result<(), CheckpointError> {
-        let entries =
-            fs::read_dir(&self.root).map_err(|e| CheckpointError::io("read", &self.root, e))?;
+        let root = &self.root;
+        let entries = fs::read_dir(root).map_err(|e| CheckpointError::io("read", root, e))?;
         for entry in entries.filter_map(Result::ok) {
             let name = entry.file_name();
             let name = name.to_string_lossy();
-            if name.starts_with(".step-") && entry.file_type().is_ok_and(|t| t.is_dir()) {
-                let path = entry.path();
-                fs::remove_dir_all(&path).map_err(|e| CheckpointError::io("remove", &path, e))?;
+            if !(name.starts_with(".step-") && entry.file_type().is_ok_and(|t| t.is_dir())) {
+                continue;
             }
+            let path = entry.path();
+            if let Some((step, _)) = name[1..].split_once(".replaced-") {
+                let target = root.join(step);
+                if !target.exists() {
+                    fs::rename(&path, &target)
+                        .map_err(|e| CheckpointError::io("rename", &path, e))?;
+                    continue;
+                }
+            }
+            fs::remove_dir_all(&path).map_err(|e| CheckpointError::io("remove", &path, e))?;
         }
-        Ok(())
+        sync_folder(root)
     }
 
     /// Saves `model` and `optimizer` as step `step`, with the job's own `files` beside them
@@ -176,7 +193,7 @@ impl CheckpointFolder {
     /// [`CheckpointError::Io`] when a file cannot be written; the earlier steps are then
     /// untouched.
     pub fn save<B: Backend, M: Module<B>>(
-        &self,
+        &mut self,
         step: usize,
         kind: &str,
         model: M,
@@ -201,7 +218,7 @@ impl CheckpointFolder {
     /// # Errors
     /// [`CheckpointError::Io`] when a file cannot be written.
     pub fn save_files(
-        &self,
+        &mut self,
         step: usize,
         model: ModelInfo,
         run: RunInfo,
@@ -233,13 +250,31 @@ impl CheckpointFolder {
         write_synced(&staging.join(MANIFEST), text.as_bytes())?;
         sync_folder(&staging)?;
         let target = root.join(&name);
-        if target.exists() {
-            // The same step saved again (a run resumed from it that stopped at once): the old
-            // copy goes aside only now that the new one is complete.
-            remove_step(root, &target)?;
+        // The same step saved again: the old copy goes aside (and comes back, should the
+        // rename below never happen) and is removed only once the new one is in place.
+        let aside = root.join(format!(".{name}.replaced-{}", std::process::id()));
+        let replaced = target.exists();
+        if replaced {
+            fs::rename(&target, &aside).map_err(|e| CheckpointError::io("rename", &target, e))?;
         }
         fs::rename(&staging, &target).map_err(|e| CheckpointError::io("rename", &staging, e))?;
         sync_folder(root)?;
+        if replaced {
+            fs::remove_dir_all(&aside).map_err(|e| CheckpointError::io("remove", &aside, e))?;
+        }
+        if let Some(from) = self.discard_after.take() {
+            let mut removed = 0;
+            for (old, dir) in self.steps()? {
+                if old > from && old != step {
+                    remove_step(root, &dir)?;
+                    removed += 1;
+                }
+            }
+            tracing::warn!(
+                "--overwrite: removed the {removed} checkpoint(s) after step {from} that {} held",
+                root.display()
+            );
+        }
         self.prune()?;
         Ok(target)
     }

@@ -24,6 +24,7 @@
 //! [`CheckpointConfig::every`] steps, and the program saves what it wants with
 //! [`CheckpointFolder::save`].
 
+mod compare;
 mod config;
 mod error;
 mod folder;
@@ -31,6 +32,7 @@ mod manifest;
 mod open;
 mod saver;
 
+pub use compare::config_differences;
 pub use config::CheckpointConfig;
 pub use error::CheckpointError;
 pub use folder::CheckpointFolder;

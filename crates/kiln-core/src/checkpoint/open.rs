@@ -95,14 +95,25 @@ impl Checkpoint {
             reason,
         };
         let text = fs::read_to_string(path).map_err(|e| unreadable(e.to_string()))?;
-        let manifest: Manifest =
+        let value: toml::Value =
             toml::from_str(&text).map_err(|e| unreadable(e.message().trim().to_string()))?;
-        if manifest.format != FORMAT {
-            return Err(unreadable(format!(
-                "format {} (kiln {}), but this kiln reads format {FORMAT}",
-                manifest.format, manifest.kiln_version
-            )));
+        // The format first: a later format's new fields must not read as "unknown field".
+        let format = value.get("format").and_then(toml::Value::as_integer);
+        if format != Some(i64::from(FORMAT)) {
+            let writer = value
+                .get("kiln_version")
+                .and_then(toml::Value::as_str)
+                .unwrap_or("unknown");
+            return Err(unreadable(match format {
+                Some(f) => format!(
+                    "format {f} (written by kiln {writer}), but this kiln reads format {FORMAT}"
+                ),
+                None => "no format field".to_string(),
+            }));
         }
+        let manifest: Manifest = value
+            .try_into()
+            .map_err(|e: toml::de::Error| unreadable(e.message().trim().to_string()))?;
         Ok(manifest)
     }
 

@@ -146,12 +146,14 @@ impl LossScale {
         (state.scale, state.clean_steps, state.last_step)
     }
 
-    /// Restores a state from [`Self::to_record`].
-    pub(crate) fn load_record(&self, (scale, clean_steps, last_step): (f64, u64, u64)) {
+    /// Restores a state from [`Self::to_record`]. The step count starts again: the strategy
+    /// that loads it numbers its steps from 1, and a saved count would make every step up to
+    /// it look decided already (the scale would freeze for as many steps as were saved).
+    pub(crate) fn load_record(&self, (scale, clean_steps, _saved_step): (f64, u64, u64)) {
         *self.state() = State {
             scale,
             clean_steps,
-            last_step,
+            last_step: 0,
             scale_of_last_step: scale,
         };
     }

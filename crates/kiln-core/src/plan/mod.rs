@@ -123,7 +123,7 @@ impl Plan {
                     return Err(ConfigError::ZeroStages);
                 }
                 let model_parallel = pp.checked_mul(tp).ok_or(ConfigError::TooManyRanks {
-                    ranks: "stages × tp overflows".to_string(),
+                    ranks: format!("pp {pp} × tp {tp}, which overflows"),
                 })?;
                 (replicas(world, dp, model_parallel)?, pp, tp)
             }

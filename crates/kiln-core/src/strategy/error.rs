@@ -87,8 +87,8 @@ pub enum ConfigError {
     ZeroReplicas,
     /// A mesh beyond what one process drives (or beyond counting).
     #[error(
-        "{ranks} ranks is more than the {} one process drives; lower --dp, --stages, --tp or \
-         --world",
+        "the mesh ({ranks}) is more than the {} ranks one process drives; lower --dp, \
+         --stages, --tp or --world",
         crate::plan::Plan::MAX_RANKS
     )]
     TooManyRanks {
