@@ -155,3 +155,67 @@ fn bad_folders_are_refused_in_one_line_naming_what_is_wrong() {
         std::fs::remove_dir_all(dir).ok();
     }
 }
+
+#[test]
+fn a_peft_adapter_loads_and_gives_peft_s_logits_and_saves_back_identically() {
+    let device = Default::default();
+    let (_, base) = load::<B>(&fixture("llama"), &device).unwrap();
+    let (model, spec) = base.load_peft(&fixture("llama-peft")).unwrap();
+    assert_eq!((spec.rank, spec.alpha), (4, 8.0));
+    let (tokens, reference, _) = expected("llama-peft", "logits");
+    let input = Tensor::<B, 2, Int>::from_data(TensorData::new(tokens.clone(), [2, 12]), &device);
+    let ours = model
+        .forward(input.clone())
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap();
+    let diff = max_abs_diff(&ours, &reference);
+    assert!(diff < 1e-4, "logits differ from peft's by {diff}");
+    // The adapter changes the logits: the comparison above is not the base model's.
+    let (_, base_logits, _) = expected("llama", "logits");
+    assert!(max_abs_diff(&base_logits, &reference) > 1e-2);
+
+    // Saved by Kiln, loaded again: the same logits exactly. (KILN_PEFT_OUT keeps the folder,
+    // for `PeftModel.from_pretrained` to read.)
+    let dir = std::env::var_os("KILN_PEFT_OUT").map_or_else(
+        || std::env::temp_dir().join(format!("kiln-llm-{}-peft", std::process::id())),
+        std::path::PathBuf::from,
+    );
+    model.save_peft(&dir, &spec, "llama").unwrap();
+    let (_, base) = load::<B>(&fixture("llama"), &device).unwrap();
+    let (again, _) = base.load_peft(&dir).unwrap();
+    let twice = again.forward(input).into_data().to_vec::<f32>().unwrap();
+    assert_eq!(ours, twice);
+    if std::env::var_os("KILN_PEFT_OUT").is_none() {
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
+
+#[test]
+fn lora_targets_must_exist_and_leave_the_base_frozen() {
+    use kiln_nn::llm::LoraSpec;
+    // On an autodiff backend, where "frozen" means something.
+    let device = Default::default();
+    let (_, base) = load::<burn::backend::Autodiff<B>>(&fixture("llama"), &device).unwrap();
+    let spec = |targets: &[&str]| LoraSpec {
+        rank: 2,
+        alpha: 4.0,
+        target_modules: targets.iter().map(ToString::to_string).collect(),
+        use_rslora: false,
+    };
+    let err = base
+        .clone()
+        .with_lora(&spec(&["q_proj", "qkv_proj"]))
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("target module 'qkv_proj' does not exist"),
+        "{err}"
+    );
+    let model = base.with_lora(&spec(&["q_proj", "down_proj"])).unwrap();
+    let layer = &model.model.layers[0];
+    assert!(layer.self_attn.q_proj.lora.is_some() && layer.self_attn.k_proj.lora.is_none());
+    assert!(!layer.self_attn.q_proj.base.weight.is_require_grad());
+    let adapter = layer.mlp.down_proj.lora.as_ref().unwrap();
+    assert!(adapter.a.is_require_grad() && adapter.b.is_require_grad());
+}

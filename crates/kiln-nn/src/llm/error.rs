@@ -71,6 +71,9 @@ pub enum LlmError {
         /// How many are missing.
         count: usize,
     },
+    /// LoRA settings or an adapter that cannot be applied.
+    #[error("{0}")]
+    Adapter(String),
     /// A tensor of another shape than the config says.
     #[error("{file}: {reason}")]
     Tensor {

@@ -56,6 +56,8 @@ pub fn load<B: KernelBackend>(
             .with_from_adapter(ChainAdapter::new(PyTorchToBurnAdapter, ToF32))
             // burn-store renames `weight` to `gamma` for Layer/BatchNorm, not for RmsNorm.
             .with_key_remapping(r"^(.*norm)\.weight$", "$1.gamma")
+            // A layer's projections hold the pretrained Linear as `base`, beside an adapter.
+            .with_key_remapping(r"^(.*_proj)\.(weight|bias)$", "$1.base.$2")
             // Each shard holds part of the model; the union is checked below.
             .allow_partial(true);
         let tensor_error = |reason: String| LlmError::Tensor {
@@ -83,8 +85,9 @@ pub fn load<B: KernelBackend>(
 
 /// A parameter's Hugging Face name from its Burn path.
 fn hf_name(path: &str) -> String {
+    let path = path.replace("_proj.base.", "_proj.");
     path.strip_suffix(".gamma")
-        .map_or_else(|| path.to_string(), |p| format!("{p}.weight"))
+        .map_or_else(|| path.clone(), |p| format!("{p}.weight"))
 }
 
 /// The safetensors files of `dir`: the shards its index names, or its single file.

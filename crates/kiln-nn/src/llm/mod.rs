@@ -6,15 +6,21 @@
 //! attention with rotary position embeddings, SwiGLU) → final RMSNorm → LM head, tied to the
 //! embedding or not. `model_type` `llama`, `mistral` and `qwen2` (biases on q, k, v) load;
 //! others are refused in one line ([`LlmError`]).
+//!
+//! LoRA adapters attach to any of the seven projections of every layer
+//! ([`CausalLm::with_lora`], the base frozen), and are saved and loaded in PEFT's layout
+//! ([`CausalLm::save_peft`], [`CausalLm::load_peft`]).
 
 mod config;
 mod error;
 mod load;
 mod model;
+mod peft;
 mod rope;
 
 pub use config::{LlmConfig, ModelType, RopeScaling};
 pub use error::LlmError;
 pub use load::{load, load_config};
-pub use model::{Attention, CausalLm, Decoder, DecoderLayer, Mlp};
+pub use model::{Attention, CausalLm, Decoder, DecoderLayer, Mlp, Proj};
+pub use peft::{LoraSpec, TARGET_MODULES};
 pub use rope::Rope;

@@ -7,18 +7,54 @@ use burn::tensor::{Int, Tensor};
 use kiln_kernels::{KernelBackend, ops};
 
 use super::{LlmConfig, Rope};
+use crate::lora::LoraAdapter;
+
+/// A projection of a decoder layer: the pretrained `base`, and a LoRA adapter when one is
+/// attached (`y = base(x) + scale · x·A·B`).
+#[derive(Module, Debug)]
+pub struct Proj<B: KernelBackend> {
+    /// The pretrained weight (and bias).
+    pub base: Linear<B>,
+    /// The adapter, when attached.
+    pub lora: Option<LoraAdapter<B>>,
+    #[module(skip)]
+    pub(crate) scale: f32,
+}
+
+impl<B: KernelBackend> Proj<B> {
+    fn new(base: Linear<B>) -> Self {
+        Self {
+            base,
+            lora: None,
+            scale: 0.0,
+        }
+    }
+
+    /// `[.., in]` → `[.., out]`.
+    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let y = self.base.forward(x.clone());
+        match &self.lora {
+            Some(adapter) => {
+                let a = adapter.a.val().unsqueeze::<3>();
+                let b = adapter.b.val().unsqueeze::<3>();
+                y + x.matmul(a).matmul(b).mul_scalar(self.scale)
+            }
+            None => y,
+        }
+    }
+}
 
 /// Grouped-query self-attention with rotary positions.
 #[derive(Module, Debug)]
 pub struct Attention<B: KernelBackend> {
     /// Queries: `hidden → heads × head_dim`.
-    pub q_proj: Linear<B>,
+    pub q_proj: Proj<B>,
     /// Keys: `hidden → kv_heads × head_dim`.
-    pub k_proj: Linear<B>,
+    pub k_proj: Proj<B>,
     /// Values: `hidden → kv_heads × head_dim`.
-    pub v_proj: Linear<B>,
+    pub v_proj: Proj<B>,
     /// Output: `heads × head_dim → hidden`.
-    pub o_proj: Linear<B>,
+    pub o_proj: Proj<B>,
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
@@ -53,11 +89,11 @@ impl<B: KernelBackend> Attention<B> {
 #[derive(Module, Debug)]
 pub struct Mlp<B: KernelBackend> {
     /// `hidden → intermediate`, through SiLU.
-    pub gate_proj: Linear<B>,
+    pub gate_proj: Proj<B>,
     /// `hidden → intermediate`.
-    pub up_proj: Linear<B>,
+    pub up_proj: Proj<B>,
     /// `intermediate → hidden`.
-    pub down_proj: Linear<B>,
+    pub down_proj: Proj<B>,
 }
 
 impl<B: KernelBackend> Mlp<B> {
@@ -123,6 +159,7 @@ impl LlmConfig {
             self.num_key_value_heads * self.head_dim,
         );
         let linear = |i, o, bias| LinearConfig::new(i, o).with_bias(bias).init::<B>(device);
+        let proj = |i, o, bias| Proj::new(linear(i, o, bias));
         let norm = || {
             RmsNormConfig::new(d)
                 .with_epsilon(self.rms_norm_eps)
@@ -132,19 +169,19 @@ impl LlmConfig {
             .map(|_| DecoderLayer {
                 input_layernorm: norm(),
                 self_attn: Attention {
-                    q_proj: linear(d, q, self.qkv_bias),
-                    k_proj: linear(d, kv, self.qkv_bias),
-                    v_proj: linear(d, kv, self.qkv_bias),
-                    o_proj: linear(q, d, self.o_bias),
+                    q_proj: proj(d, q, self.qkv_bias),
+                    k_proj: proj(d, kv, self.qkv_bias),
+                    v_proj: proj(d, kv, self.qkv_bias),
+                    o_proj: proj(q, d, self.o_bias),
                     heads: self.num_attention_heads,
                     kv_heads: self.num_key_value_heads,
                     head_dim: self.head_dim,
                 },
                 post_attention_layernorm: norm(),
                 mlp: Mlp {
-                    gate_proj: linear(d, f, false),
-                    up_proj: linear(d, f, false),
-                    down_proj: linear(f, d, false),
+                    gate_proj: proj(d, f, false),
+                    up_proj: proj(d, f, false),
+                    down_proj: proj(f, d, false),
                 },
             })
             .collect();

@@ -1,0 +1,321 @@
+//! LoRA adapters on a [`CausalLm`], in PEFT's layout: `adapter_config.json` and
+//! `adapter_model.safetensors` with PEFT's tensor names
+//! (`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`, `A` as `[r, in]`, `B` as
+//! `[out, r]`), so `PeftModel.from_pretrained` reads what Kiln saves and Kiln reads what PEFT
+//! saves.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use burn::module::{Module, Param};
+use burn::tensor::{DType, Tensor, TensorData};
+use kiln_kernels::KernelBackend;
+use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+
+use super::{CausalLm, LlmError, Proj};
+use crate::lora::LoraAdapter;
+
+const CONFIG: &str = "adapter_config.json";
+const WEIGHTS: &str = "adapter_model.safetensors";
+
+/// The projections an adapter may target, by their Hugging Face names.
+pub const TARGET_MODULES: [&str; 7] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
+
+/// LoRA's settings, as PEFT's `adapter_config.json` holds them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraSpec {
+    /// The rank `r`.
+    pub rank: usize,
+    /// `lora_alpha`.
+    pub alpha: f32,
+    /// The projections adapted (`q_proj`, …), in every layer.
+    pub target_modules: Vec<String>,
+    /// rsLoRA's scale `α/√r` instead of `α/r`.
+    pub use_rslora: bool,
+}
+
+impl LoraSpec {
+    /// The factor the adapter's output is multiplied by.
+    pub fn scale(&self) -> f32 {
+        if self.use_rslora {
+            self.alpha / (self.rank as f32).sqrt()
+        } else {
+            self.alpha / self.rank as f32
+        }
+    }
+
+    /// Checks the rank and the target modules.
+    ///
+    /// # Errors
+    /// [`LlmError::Adapter`] naming the problem.
+    pub fn validate(&self) -> Result<(), LlmError> {
+        if self.rank == 0 {
+            return Err(LlmError::Adapter("the LoRA rank must be at least 1".into()));
+        }
+        if self.target_modules.is_empty() {
+            return Err(LlmError::Adapter("no target module given".into()));
+        }
+        if let Some(bad) = self
+            .target_modules
+            .iter()
+            .find(|t| !TARGET_MODULES.contains(&t.as_str()))
+        {
+            return Err(LlmError::Adapter(format!(
+                "target module '{bad}' does not exist in this model; the modules are {}",
+                TARGET_MODULES.join(", ")
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl<B: KernelBackend> CausalLm<B> {
+    /// Every projection of every layer with its Hugging Face path
+    /// (`model.layers.0.self_attn.q_proj`) and module name (`q_proj`).
+    fn projections_mut(&mut self) -> Vec<(String, &'static str, &mut Proj<B>)> {
+        let mut all = Vec::new();
+        for (i, layer) in self.model.layers.iter_mut().enumerate() {
+            let attn = format!("model.layers.{i}.self_attn");
+            let mlp = format!("model.layers.{i}.mlp");
+            let a = &mut layer.self_attn;
+            let m = &mut layer.mlp;
+            for (name, proj) in [
+                ("q_proj", &mut a.q_proj),
+                ("k_proj", &mut a.k_proj),
+                ("v_proj", &mut a.v_proj),
+                ("o_proj", &mut a.o_proj),
+            ] {
+                all.push((format!("{attn}.{name}"), name, proj));
+            }
+            for (name, proj) in [
+                ("gate_proj", &mut m.gate_proj),
+                ("up_proj", &mut m.up_proj),
+                ("down_proj", &mut m.down_proj),
+            ] {
+                all.push((format!("{mlp}.{name}"), name, proj));
+            }
+        }
+        all
+    }
+
+    /// This model with its every weight frozen and fresh adapters (PEFT's start: `A`
+    /// Kaiming-uniform, `B` zero, so the output is unchanged) on the projections `spec`
+    /// targets: what LoRA fine-tuning trains.
+    ///
+    /// # Errors
+    /// [`LlmError::Adapter`] for a zero rank or a target module the model does not have.
+    pub fn with_lora(self, spec: &LoraSpec) -> Result<Self, LlmError> {
+        spec.validate()?;
+        let mut model = self.no_grad();
+        for (_, name, proj) in model.projections_mut() {
+            if spec.target_modules.iter().any(|t| t == name) {
+                let [d_in, d_out] = proj.base.weight.dims();
+                let device = proj.base.weight.device();
+                proj.lora = Some(LoraAdapter::new(d_in, d_out, spec.rank, &device));
+                proj.scale = spec.scale();
+            }
+        }
+        Ok(model)
+    }
+
+    /// Writes the adapters into `dir` in PEFT's layout; `base_model` is recorded as
+    /// `base_model_name_or_path`.
+    ///
+    /// # Errors
+    /// [`LlmError::Adapter`] when the model has no adapter; [`LlmError::Io`] when a file
+    /// cannot be written.
+    pub fn save_peft(&self, dir: &Path, spec: &LoraSpec, base_model: &str) -> Result<(), LlmError> {
+        let io = |path: &Path, e: &dyn std::fmt::Display| LlmError::Io {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        };
+        let mut model = self.clone();
+        let mut tensors: Vec<(String, Vec<u8>, Vec<usize>)> = Vec::new();
+        for (path, _, proj) in model.projections_mut() {
+            if let Some(adapter) = &proj.lora {
+                // PEFT's A is [r, in] and B [out, r]: Kiln's transposed.
+                for (which, t) in [("lora_A", adapter.a.val()), ("lora_B", adapter.b.val())] {
+                    let t = t.transpose();
+                    let shape = t.dims().to_vec();
+                    let data = t.into_data().convert::<f32>();
+                    let name = format!("base_model.model.{path}.{which}.weight");
+                    tensors.push((name, data.as_bytes().to_vec(), shape));
+                }
+            }
+        }
+        if tensors.is_empty() {
+            return Err(LlmError::Adapter("the model has no adapter to save".into()));
+        }
+        std::fs::create_dir_all(dir).map_err(|e| io(dir, &e))?;
+        let views = tensors
+            .iter()
+            .map(|(name, bytes, shape)| {
+                TensorView::new(Dtype::F32, shape.clone(), bytes).map(|v| (name.clone(), v))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| io(&dir.join(WEIGHTS), &e))?;
+        let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+        let path = dir.join(WEIGHTS);
+        safetensors::serialize_to_file(views, Some(metadata), &path).map_err(|e| io(&path, &e))?;
+        let config = serde_json::json!({
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "base_model_name_or_path": base_model,
+            "r": spec.rank,
+            "lora_alpha": spec.alpha,
+            "lora_dropout": 0.0,
+            "target_modules": spec.target_modules,
+            "use_rslora": spec.use_rslora,
+            "use_dora": false,
+            "bias": "none",
+            "fan_in_fan_out": false,
+            "inference_mode": true,
+            "modules_to_save": null,
+            "layers_to_transform": null,
+        });
+        let path = dir.join(CONFIG);
+        let text = serde_json::to_string_pretty(&config).map_err(|e| io(&path, &e))?;
+        std::fs::write(&path, text).map_err(|e| io(&path, &e))
+    }
+
+    /// This model with the adapters of the PEFT folder `dir` attached (and every base weight
+    /// frozen).
+    ///
+    /// # Errors
+    /// A folder without `adapter_config.json` or `adapter_model.safetensors`, PEFT settings
+    /// Kiln does not apply (DoRA, per-layer ranks, bias training, modules to save), or a
+    /// tensor missing or of another shape (named).
+    pub fn load_peft(self, dir: &Path) -> Result<(Self, LoraSpec), LlmError> {
+        let spec = read_spec(&dir.join(CONFIG))?;
+        let mut model = self.with_lora(&spec)?;
+        let path = dir.join(WEIGHTS);
+        let bytes = std::fs::read(&path).map_err(|e| LlmError::Io {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        let tensor_error = |reason: String| LlmError::Tensor {
+            file: path.display().to_string(),
+            reason,
+        };
+        let file = SafeTensors::deserialize(&bytes).map_err(|e| tensor_error(e.to_string()))?;
+        let mut used = 0;
+        for (hf_path, _, proj) in model.projections_mut() {
+            let Some(adapter) = proj.lora.as_mut() else {
+                continue;
+            };
+            let device = adapter.a.device();
+            for (which, param) in [("lora_A", &mut adapter.a), ("lora_B", &mut adapter.b)] {
+                let name = format!("base_model.model.{hf_path}.{which}.weight");
+                let view = file
+                    .tensor(&name)
+                    .map_err(|_| tensor_error(format!("{name} is missing")))?;
+                let dtype = match view.dtype() {
+                    Dtype::F32 => DType::F32,
+                    Dtype::BF16 => DType::BF16,
+                    Dtype::F16 => DType::F16,
+                    other => return Err(tensor_error(format!("{name} is {other:?}"))),
+                };
+                let [rows, cols] = param.dims();
+                // Kiln's shape transposed is PEFT's.
+                if view.shape() != [cols, rows] {
+                    return Err(tensor_error(format!(
+                        "{name} is {:?}, but this model's adapter needs {:?}",
+                        view.shape(),
+                        [cols, rows]
+                    )));
+                }
+                let data = TensorData::from_bytes_vec(view.data().to_vec(), [cols, rows], dtype)
+                    .convert_dtype(DType::F32);
+                let t = Tensor::<B, 2>::from_data(data, &device).transpose();
+                *param = Param::initialized(param.id, t.require_grad());
+                used += 1;
+            }
+        }
+        let lora_tensors = file.names().iter().filter(|n| n.contains("lora_")).count();
+        if lora_tensors != used {
+            return Err(tensor_error(format!(
+                "holds {lora_tensors} LoRA tensors but its config targets {used} in this model"
+            )));
+        }
+        Ok((model, spec))
+    }
+}
+
+/// PEFT's `adapter_config.json`, refusing what Kiln does not apply.
+fn read_spec(path: &Path) -> Result<LoraSpec, LlmError> {
+    let bad = |reason: String| LlmError::Config {
+        path: path.display().to_string(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| LlmError::Io {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    if let Some(kind) = json
+        .get("peft_type")
+        .and_then(|v| v.as_str())
+        .filter(|k| *k != "LORA")
+    {
+        return Err(bad(format!("peft_type '{kind}' is not LoRA")));
+    }
+    let truthy = |key: &str| json.get(key).is_some_and(|v| v.as_bool() == Some(true));
+    let present = |key: &str| {
+        json.get(key)
+            .is_some_and(|v| !(v.is_null() || v.as_object().is_some_and(|o| o.is_empty())))
+    };
+    for key in ["use_dora", "lora_bias"] {
+        if truthy(key) {
+            return Err(bad(format!("{key} = true is not supported")));
+        }
+    }
+    for key in [
+        "rank_pattern",
+        "alpha_pattern",
+        "layers_to_transform",
+        "modules_to_save",
+    ] {
+        if present(key) {
+            return Err(bad(format!("{key} is not supported")));
+        }
+    }
+    if let Some(bias) = json
+        .get("bias")
+        .and_then(|v| v.as_str())
+        .filter(|b| *b != "none")
+    {
+        return Err(bad(format!("bias '{bias}' is not supported (only 'none')")));
+    }
+    let targets = match json.get("target_modules") {
+        Some(serde_json::Value::Array(list)) => list
+            .iter()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| bad("target_modules must be names".into()))?,
+        _ => return Err(bad("target_modules must be a list of module names".into())),
+    };
+    let rank = json
+        .get("r")
+        .and_then(serde_json::Value::as_u64)
+        .ok_or_else(|| bad("r is missing".into()))?;
+    let alpha = json
+        .get("lora_alpha")
+        .and_then(serde_json::Value::as_f64)
+        .ok_or_else(|| bad("lora_alpha is missing".into()))?;
+    let spec = LoraSpec {
+        rank: rank as usize,
+        alpha: alpha as f32,
+        target_modules: targets,
+        use_rslora: truthy("use_rslora"),
+    };
+    spec.validate()?;
+    Ok(spec)
+}
