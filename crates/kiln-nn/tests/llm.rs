@@ -333,3 +333,33 @@ fn lora_fine_tuning_through_single_and_ddp_trains_the_same_adapters_and_leaves_t
         assert_ne!(trained, initial);
     }
 }
+
+#[test]
+fn merged_adapters_save_as_a_plain_checkpoint_that_loads_to_the_same_logits() {
+    let device = Default::default();
+    let (_, base) = load::<B>(&fixture("llama"), &device).unwrap();
+    let (model, _) = base.load_peft(&fixture("llama-peft")).unwrap();
+    let (tokens, reference, _) = expected("llama-peft", "logits");
+    let input = Tensor::<B, 2, Int>::from_data(TensorData::new(tokens, [2, 12]), &device);
+    let merged = model.clone().merge_lora();
+    assert!(merged.model.layers[0].self_attn.q_proj.lora.is_none());
+    let ours = merged
+        .forward(input.clone())
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap();
+    assert!(max_abs_diff(&ours, &reference) < 1e-4);
+
+    let dir = std::env::var_os("KILN_MERGED_OUT").map_or_else(
+        || std::env::temp_dir().join(format!("kiln-llm-{}-merged", std::process::id())),
+        PathBuf::from,
+    );
+    model.save_pretrained(&dir, &fixture("llama")).unwrap();
+    let (_, loaded) = load::<B>(&dir, &device).unwrap();
+    let again = loaded.forward(input).into_data().to_vec::<f32>().unwrap();
+    assert!(max_abs_diff(&again, &reference) < 1e-4);
+    assert_eq!(again, ours, "the saved merged model is the merged model");
+    if std::env::var_os("KILN_MERGED_OUT").is_none() {
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

@@ -17,6 +17,7 @@ mod load;
 mod model;
 mod peft;
 mod rope;
+mod save;
 mod train;
 
 pub use config::{LlmConfig, ModelType, RopeScaling};

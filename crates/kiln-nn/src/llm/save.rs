@@ -1,0 +1,55 @@
+//! A fine-tuned model out as a Hugging Face folder: the adapters merged into the base
+//! weights ([`CausalLm::merge_lora`]) and the whole model written as `model.safetensors` under
+//! Hugging Face's names, beside the base folder's `config.json` ([`CausalLm::save_pretrained`]),
+//! so `from_pretrained` loads it without PEFT.
+
+use std::path::Path;
+
+use burn::module::Param;
+use burn_store::{BurnToPyTorchAdapter, ModuleSnapshot, SafetensorsStore};
+use kiln_kernels::KernelBackend;
+
+use super::{CausalLm, LlmError};
+
+impl<B: KernelBackend> CausalLm<B> {
+    /// This model with every adapter folded into its base weight (`W + scale·A·B`) and
+    /// removed: one matmul per projection again, and a plain checkpoint to save.
+    pub fn merge_lora(mut self) -> Self {
+        for (_, _, proj) in self.projections_mut() {
+            if let Some(adapter) = proj.lora.take() {
+                let delta = adapter.delta(proj.scale);
+                let weight = &mut proj.base.weight;
+                let merged = weight.val().detach() + delta;
+                *weight = Param::initialized(weight.id, merged);
+            }
+        }
+        self
+    }
+
+    /// Writes the model into `dir` as a Hugging Face folder: `model.safetensors` (f32, Hugging
+    /// Face's names and layouts, `format: pt`) and the `config.json` of `base_dir`, the folder
+    /// the base was loaded from. Adapters are written merged; call [`Self::save_peft`] to keep
+    /// them apart instead.
+    ///
+    /// # Errors
+    /// [`LlmError::Io`] when a file cannot be written or the base's config read.
+    pub fn save_pretrained(&self, dir: &Path, base_dir: &Path) -> Result<(), LlmError> {
+        let io = |path: &Path, e: &dyn std::fmt::Display| LlmError::Io {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        };
+        std::fs::create_dir_all(dir).map_err(|e| io(dir, &e))?;
+        let merged = self.clone().merge_lora();
+        let path = dir.join("model.safetensors");
+        let mut store = SafetensorsStore::from_file(path.clone())
+            .with_to_adapter(BurnToPyTorchAdapter)
+            .with_key_remapping(r"^(.*norm)\.gamma$", "$1.weight")
+            .with_key_remapping(r"^(.*_proj)\.base\.(weight|bias)$", "$1.$2")
+            .metadata("format", "pt")
+            .overwrite(true);
+        merged.save_into(&mut store).map_err(|e| io(&path, &e))?;
+        let config = base_dir.join("config.json");
+        std::fs::copy(&config, dir.join("config.json")).map_err(|e| io(&config, &e))?;
+        Ok(())
+    }
+}
