@@ -65,6 +65,8 @@ fn listing(dir: &Path) -> (Vec<usize>, Vec<String>) {
         let name = entry.file_name().into_string().unwrap();
         match name.strip_prefix("step-").and_then(|n| n.parse().ok()) {
             Some(step) => steps.push(step),
+            // The lock a saving run holds; the file stays, unlocked, after it.
+            None if name == ".lock" => {}
             None => other.push(name),
         }
     }

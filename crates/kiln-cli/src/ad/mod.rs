@@ -145,7 +145,7 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
                 }
             });
             let signals = Signals::install()?;
-            let checkpoints = RunCheckpoints::prepare(
+            let mut checkpoints = RunCheckpoints::prepare(
                 &args.checkpoint,
                 resume.as_deref(),
                 Some(("--out", &checkpoint::checkpoints(&args.out))),
@@ -156,6 +156,8 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
             if let Some(resumed) = &checkpoints.resume {
                 checkpoint::check_config(resumed, &config)?;
             }
+            // The run readies (and locks) its folder itself: this handle lets go of it first.
+            checkpoints.save = None;
             let job = TrainJob {
                 args,
                 config,

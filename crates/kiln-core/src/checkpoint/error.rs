@@ -136,6 +136,15 @@ pub enum CheckpointError {
     /// A checkpoint setting of a run that saves nowhere.
     #[error("{0} needs a checkpoint folder, but none is given; add {1}")]
     NoFolder(&'static str, &'static str),
+    /// Another run is saving into the folder.
+    #[error(
+        "another run is saving into {path} (it holds {path}/.lock); wait for it to end, or save \
+         into another folder"
+    )]
+    Locked {
+        /// The folder.
+        path: String,
+    },
     /// A save folder that already holds later steps of some run.
     #[error(
         "{path} already holds checkpoints up to step {newest}, {why}; save into another \

@@ -3,6 +3,7 @@
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use burn::module::Module;
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
@@ -21,7 +22,13 @@ pub struct CheckpointFolder {
     /// Steps after this one are another run's, to remove once this run's first save is in
     /// place (`--overwrite`): until then they stay, in case the run fails to start.
     discard_after: Option<usize>,
+    /// `.lock`, held from [`Self::prepare`] on: one run saves into a folder at a time (the
+    /// system releases it when the process ends, however it ends).
+    lock: Option<Arc<File>>,
 }
+
+/// The lock file of a checkpoint folder.
+const LOCK: &str = ".lock";
 
 /// The folder name of step `step`: zero-padded so that names sort as steps do.
 pub(crate) fn step_name(step: usize) -> String {
@@ -94,6 +101,7 @@ impl CheckpointFolder {
             root: root.into(),
             keep: keep.max(1),
             discard_after: None,
+            lock: None,
         }
     }
 
@@ -131,6 +139,22 @@ impl CheckpointFolder {
             // The folder's own entry, should it be new.
             sync_folder(parent)?;
         }
+        if self.lock.is_none() {
+            let path = root.join(LOCK);
+            let file = File::create(&path).map_err(|e| CheckpointError::io("create", &path, e))?;
+            match file.try_lock() {
+                Ok(()) => self.lock = Some(Arc::new(file)),
+                Err(fs::TryLockError::WouldBlock) => {
+                    return Err(CheckpointError::Locked {
+                        path: root.display().to_string(),
+                    });
+                }
+                Err(fs::TryLockError::Error(e)) => {
+                    return Err(CheckpointError::io("lock", &path, e));
+                }
+            }
+        }
+        let root = &self.root;
         let probe = root.join(format!(".probe-{}", std::process::id()));
         write_synced(&probe, b"")?;
         fs::remove_file(&probe).map_err(|e| CheckpointError::io("remove", &probe, e))?;
@@ -293,6 +317,19 @@ impl CheckpointFolder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_run_at_a_time_saves_into_a_folder() {
+        let dir = std::env::temp_dir().join(format!("kiln-lock-{}", std::process::id()));
+        let mut first = CheckpointFolder::new(&dir, 2);
+        first.prepare(0, false).unwrap();
+        let mut second = CheckpointFolder::new(&dir, 2);
+        let err = second.prepare(0, false).unwrap_err();
+        assert!(matches!(err, CheckpointError::Locked { .. }), "{err}");
+        drop(first);
+        second.prepare(0, false).unwrap();
+        std::fs::remove_dir_all(&dir).ok();
+    }
 
     #[test]
     fn step_names_sort_as_steps_and_parse_back() {
