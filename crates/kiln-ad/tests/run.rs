@@ -156,8 +156,14 @@ fn a_run_resumed_from_its_checkpoint_ends_where_an_uninterrupted_one_does() {
     .unwrap();
 
     // Stopped after step 3 of 6 (as SIGINT does): saved there, not evaluated.
-    let stop_at_3 =
-        || std::fs::read_dir(checkpoint::checkpoints(&dir)).is_ok_and(|d| d.count() > 0);
+    // Asked after every step: true once a step is saved (the folder also holds its lock).
+    let stop_at_3 = || {
+        std::fs::read_dir(checkpoint::checkpoints(&dir)).is_ok_and(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .any(|e| e.file_name().to_string_lossy().starts_with("step-"))
+        })
+    };
     let stopped = run::<B>(
         &config,
         &plan,
