@@ -179,12 +179,9 @@ pub fn train<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
     let on_step = |step, out: &StepOutput| on_step(step, out.loss);
     let mut hooks = SaveHooks::<B, _>::new(on_step, saver.as_mut());
     let (model, record) = fit(plan, &training, devices, model, &optim, source, &mut hooks)?;
-    let saved = match (saver.as_mut(), record.optimizer.as_ref()) {
-        (Some(saver), Some(optimizer)) if record.saved_step != Some(record.last_step) => {
-            Some(saver.save::<B, _>(record.last_step, model.clone(), optimizer)?)
-        }
-        (Some(saver), _) => saver.last().map(|(_, dir)| dir.clone()),
-        _ => None,
+    let saved = match saver.as_mut() {
+        Some(saver) => saver.save_end::<B, _>(&record, model.clone())?,
+        None => None,
     };
     let every = (t.steps / 100).max(1);
     let loss_curve = record

@@ -316,12 +316,9 @@ where
     let mut hooks = SaveHooks::<B, _>::new(on_step, saver.as_mut());
     let (trained, record) = fit(plan, &training, devices, model, &spec, data, &mut hooks)?;
     bar.finish_and_clear();
-    let saved = match (saver.as_mut(), record.optimizer.as_ref()) {
-        (Some(saver), Some(optimizer)) if record.saved_step != Some(record.last_step) => {
-            Some(saver.save::<B, M>(record.last_step, trained.clone(), optimizer)?)
-        }
-        (Some(saver), _) => saver.last().map(|(_, dir)| dir.clone()),
-        _ => None,
+    let saved = match saver.as_mut() {
+        Some(saver) => saver.save_end::<B, M>(&record, trained.clone())?,
+        None => None,
     };
     if record.stopped {
         return Err(Box::new(Interrupted {
