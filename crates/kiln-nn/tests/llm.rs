@@ -10,31 +10,8 @@ use kiln_nn::llm::{LlmError, load};
 
 type B = Flex;
 
-fn fixture(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/llm")
-        .join(path)
-}
-
-/// The reference tensors of a fixture: tokens `[2, 12]`, and the named f32 tensor.
-fn expected(model: &str, name: &str) -> (Vec<i64>, Vec<f32>, Vec<usize>) {
-    let bytes = std::fs::read(fixture(model).join("expected.safetensors")).unwrap();
-    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let tokens = file.tensor("tokens").unwrap();
-    let tokens = tokens
-        .data()
-        .chunks_exact(8)
-        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    let values = file.tensor(name).unwrap();
-    let shape = values.shape().to_vec();
-    let values = values
-        .data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    (tokens, values, shape)
-}
+mod common;
+use common::{expected, fixture, max_abs_diff};
 
 /// Kiln's logits of the fixture's tokens, loading the folder `folder`.
 fn logits(folder: &str, tokens: &[i64]) -> Tensor<B, 3> {
@@ -42,14 +19,6 @@ fn logits(folder: &str, tokens: &[i64]) -> Tensor<B, 3> {
     let (_, model) = load::<B>(&fixture(folder), &device).unwrap();
     let tokens = Tensor::<B, 2, Int>::from_data(TensorData::new(tokens.to_vec(), [2, 12]), &device);
     model.forward(tokens)
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 /// Mean next-token cross-entropy of `logits` over `tokens`, as `transformers` computes `loss`.
@@ -215,7 +184,7 @@ fn lora_targets_must_exist_and_leave_the_base_frozen() {
     let model = base.with_lora(&spec(&["q_proj", "down_proj"])).unwrap();
     let layer = &model.model.layers[0];
     assert!(layer.self_attn.q_proj.lora.is_some() && layer.self_attn.k_proj.lora.is_none());
-    assert!(!layer.self_attn.q_proj.base.weight.is_require_grad());
+    assert!(!layer.self_attn.q_proj.base.as_ref().unwrap().weight.is_require_grad());
     let adapter = layer.mlp.down_proj.lora.as_ref().unwrap();
     assert!(adapter.a.is_require_grad() && adapter.b.is_require_grad());
 }
@@ -304,8 +273,8 @@ fn lora_fine_tuning_through_single_and_ddp_trains_the_same_adapters_and_leaves_t
     for model in [&single, &ddp] {
         let (a, b) = (&before.model.layers[1], &model.model.layers[1]);
         assert_eq!(
-            a.self_attn.q_proj.base.weight.val().into_data(),
-            b.self_attn.q_proj.base.weight.val().into_data()
+            a.self_attn.q_proj.base.as_ref().unwrap().weight.val().into_data(),
+            b.self_attn.q_proj.base.as_ref().unwrap().weight.val().into_data()
         );
         assert_eq!(
             before.model.embed_tokens.weight.val().into_data(),

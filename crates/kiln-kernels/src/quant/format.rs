@@ -136,6 +136,36 @@ impl HostQuantized {
             "a [{k}, {n}] weight has {} values",
             k * n
         );
+        Self::quantize_with(k, n, format, scale, |r, col| weight[r * n + col])
+    }
+
+    /// Quantises the `[k, n]` weight whose transpose is the row-major `[n, k]` slice
+    /// `weight_t`: PyTorch's `nn.Linear` layout (`[out, in]`), as checkpoints store it, read
+    /// without a transposed copy.
+    pub fn quantize_transposed(
+        weight_t: &[f32],
+        k: usize,
+        n: usize,
+        format: QuantFormat,
+        scale: ScaleDtype,
+    ) -> Self {
+        assert_eq!(
+            weight_t.len(),
+            k * n,
+            "an [{n}, {k}] weight has {} values",
+            k * n
+        );
+        Self::quantize_with(k, n, format, scale, |r, col| weight_t[col * k + r])
+    }
+
+    /// Quantises the `[k, n]` weight whose element `(row, col)` is `at(row, col)`.
+    fn quantize_with(
+        k: usize,
+        n: usize,
+        format: QuantFormat,
+        scale: ScaleDtype,
+        at: impl Fn(usize, usize) -> f32,
+    ) -> Self {
         let words = words_per_column(k);
         let nblocks = blocks(k);
         // Padding codes (rows past `k`) decode to exactly zero.
@@ -148,7 +178,7 @@ impl HostQuantized {
                 let rows = block * BLOCK..((block + 1) * BLOCK).min(k);
                 let absmax = rows
                     .clone()
-                    .map(|r| weight[r * n + col].abs())
+                    .map(|r| at(r, col).abs())
                     .fold(0.0f32, f32::max);
                 let absmax = match scale {
                     ScaleDtype::F32 => absmax,
@@ -157,7 +187,7 @@ impl HostQuantized {
                 scales[col * nblocks + block] = absmax;
                 let inv = if absmax > 0.0 { 1.0 / absmax } else { 0.0 };
                 for r in rows {
-                    let code = format.encode(weight[r * n + col] * inv) as u32;
+                    let code = format.encode(at(r, col) * inv) as u32;
                     let word = &mut packed[col * words + r / CODES_PER_WORD];
                     let shift = 4 * (r % CODES_PER_WORD);
                     *word = (*word & !(0xF << shift)) | (code << shift);

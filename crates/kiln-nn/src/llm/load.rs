@@ -2,18 +2,21 @@
 //! `model.safetensors` or of every shard its `model.safetensors.index.json` names, through
 //! burn-store, converted to f32 whatever the file's float type.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use burn::tensor::DType;
+use burn::module::Param;
+use burn::tensor::{DType, Tensor, TensorData};
 use burn_store::{
-    ChainAdapter, ModuleAdapter, ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore,
-    TensorSnapshot,
+    ChainAdapter, ModuleAdapter, ModuleSnapshot, ModuleStore, PyTorchToBurnAdapter,
+    SafetensorsStore, TensorSnapshot,
 };
 use kiln_kernels::KernelBackend;
+use kiln_kernels::quant::{HostQuantized, QuantizedWeight};
 
-use super::{CausalLm, LlmConfig, LlmError};
+use super::{CausalLm, LlmConfig, LlmError, Proj, QuantizedBase};
+use crate::lora::QuantConfig;
 
 const CONFIG: &str = "config.json";
 const SINGLE: &str = "model.safetensors";
@@ -44,31 +47,78 @@ pub fn load<B: KernelBackend>(
     device: &B::Device,
 ) -> Result<(LlmConfig, CausalLm<B>), LlmError> {
     let config = load_config(dir)?;
+    let files = weight_files(dir)?;
     let mut model = config.init::<B>(device);
+    fill(&mut model, dir, &files)?;
+    Ok((config, model))
+}
+
+/// The model of the folder `dir` on `device` with every projection of every layer held in 4
+/// bits (`quant`'s format, Kiln's blocks of 64), QLoRA's frozen base. Each projection is
+/// read, converted to f32, quantised and dropped before the next is read, so the host holds
+/// the 4-bit model plus one projection in f32 (and the memory-mapped file pages the kernel
+/// may reclaim), never the whole model in f32. The embedding, the norms and the head stay in
+/// f32.
+///
+/// # Errors
+/// As [`load`].
+pub fn load_4bit<B: KernelBackend>(
+    dir: &Path,
+    device: &B::Device,
+    quant: &QuantConfig,
+) -> Result<(LlmConfig, CausalLm<B>), LlmError> {
+    let config = load_config(dir)?;
+    let files = weight_files(dir)?;
+    let mut model = {
+        let mut shards = Shards::open(&files)?;
+        config.build(device, &mut |path, d_in, d_out, bias| {
+            // Checkpoints hold `nn.Linear` weights as [out, in].
+            let weight = shards.read(&format!("{path}.base.weight"), &[d_out, d_in])?;
+            let host =
+                HostQuantized::quantize_transposed(&weight, d_in, d_out, quant.format, quant.scales);
+            drop(weight);
+            let bias = match bias {
+                true => {
+                    let values = shards.read(&format!("{path}.base.bias"), &[d_out])?;
+                    let tensor = Tensor::from_data(TensorData::new(values, [d_out]), device);
+                    Some(Param::from_tensor(tensor).set_require_grad(false))
+                }
+                false => None,
+            };
+            Ok(Proj::quantized(QuantizedBase {
+                weight: QuantizedWeight::from_host(&host, quant.scales, device),
+                bias,
+            }))
+        })?
+    };
+    fill(&mut model, dir, &files)?;
+    Ok((config, model))
+}
+
+/// Loads every full-precision parameter of `model` from `files` (the 4-bit projections are
+/// already filled), and checks that every one was found.
+fn fill<B: KernelBackend>(
+    model: &mut CausalLm<B>,
+    dir: &Path,
+    files: &[PathBuf],
+) -> Result<(), LlmError> {
     let expected: BTreeSet<String> = model
         .collect(None, None, false)
         .iter()
         .map(TensorSnapshot::full_path)
+        .filter(|path| !path.contains(".quantized."))
         .collect();
     let mut applied = HashSet::new();
-    for file in weight_files(dir)? {
-        let mut store = SafetensorsStore::from_file(file.clone())
+    for file in files {
+        let mut store = open(file)
             .with_from_adapter(ChainAdapter::new(PyTorchToBurnAdapter, ToF32))
-            // burn-store renames `weight` to `gamma` for Layer/BatchNorm, not for RmsNorm.
-            .with_key_remapping(r"^(.*norm)\.weight$", "$1.gamma")
-            // A layer's projections hold the pretrained Linear as `base`, beside an adapter.
-            .with_key_remapping(r"^(.*_proj)\.(weight|bias)$", "$1.base.$2")
             // Each shard holds part of the model; the union is checked below.
             .allow_partial(true);
-        let tensor_error = |reason: String| LlmError::Tensor {
-            file: file.display().to_string(),
-            reason,
-        };
         let result = model
             .load_from(&mut store)
-            .map_err(|e| tensor_error(e.to_string()))?;
+            .map_err(|e| tensor_error(file, e))?;
         if let Some(error) = result.errors.first() {
-            return Err(tensor_error(error.to_string()));
+            return Err(tensor_error(file, error));
         }
         applied.extend(result.applied);
     }
@@ -80,7 +130,80 @@ pub fn load<B: KernelBackend>(
             count: missing.len(),
         });
     }
-    Ok((config, model))
+    Ok(())
+}
+
+/// A weight file's store, its names mapped to the model's paths.
+fn open(file: &Path) -> SafetensorsStore {
+    SafetensorsStore::from_file(file)
+        // burn-store renames `weight` to `gamma` for Layer/BatchNorm, not for RmsNorm.
+        .with_key_remapping(r"^(.*norm)\.weight$", "$1.gamma")
+        // A layer's projections hold the pretrained Linear as `base`, beside an adapter.
+        .with_key_remapping(r"^(.*_proj)\.(weight|bias)$", "$1.base.$2")
+}
+
+fn tensor_error(file: &Path, reason: impl std::fmt::Display) -> LlmError {
+    LlmError::Tensor {
+        file: file.display().to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// The weight files of a folder, read one tensor at a time by the model's path.
+struct Shards {
+    files: Vec<(PathBuf, SafetensorsStore)>,
+    owner: HashMap<String, usize>,
+}
+
+impl Shards {
+    fn open(files: &[PathBuf]) -> Result<Self, LlmError> {
+        let mut owner = HashMap::new();
+        let mut opened = Vec::with_capacity(files.len());
+        for (i, file) in files.iter().enumerate() {
+            let mut store = open(file);
+            for key in store.keys().map_err(|e| tensor_error(file, e))? {
+                owner.insert(key, i);
+            }
+            opened.push((file.clone(), store));
+        }
+        Ok(Self {
+            files: opened,
+            owner,
+        })
+    }
+
+    /// The tensor at the model path `path`, checked to be of `shape`, as f32 values.
+    fn read(&mut self, path: &str, shape: &[usize]) -> Result<Vec<f32>, LlmError> {
+        let Some(&i) = self.owner.get(path) else {
+            return Err(LlmError::MissingTensor {
+                tensor: hf_name(path),
+                dir: self.files[0]
+                    .0
+                    .parent()
+                    .map_or_else(String::new, |d| d.display().to_string()),
+                count: 1,
+            });
+        };
+        let (file, store) = &mut self.files[i];
+        let snapshot = store
+            .get_snapshot(path)
+            .map_err(|e| tensor_error(file, e))?
+            .ok_or_else(|| tensor_error(file, format!("{} vanished", hf_name(path))))?;
+        if snapshot.shape.as_slice() != shape {
+            return Err(tensor_error(
+                file,
+                format!(
+                    "{} is {:?}, but the config makes it {shape:?}",
+                    hf_name(path),
+                    snapshot.shape.as_slice()
+                ),
+            ));
+        }
+        let data = snapshot.to_data().map_err(|e| tensor_error(file, e))?;
+        data.convert_dtype(DType::F32)
+            .into_vec::<f32>()
+            .map_err(|e| tensor_error(file, format!("{}: {e:?}", hf_name(path))))
+    }
 }
 
 /// A parameter's Hugging Face name from its Burn path.

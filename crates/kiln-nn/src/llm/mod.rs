@@ -16,13 +16,15 @@ mod error;
 mod load;
 mod model;
 mod peft;
+mod proj;
 mod rope;
 mod save;
 mod train;
 
 pub use config::{LlmConfig, ModelType, RopeScaling};
 pub use error::LlmError;
-pub use load::{load, load_config};
-pub use model::{Attention, CausalLm, Decoder, DecoderLayer, Mlp, Proj};
+pub use load::{load, load_4bit, load_config};
+pub use model::{Attention, CausalLm, Decoder, DecoderLayer, Mlp};
+pub use proj::{Proj, QuantizedBase};
 pub use peft::{LoraSpec, TARGET_MODULES};
 pub use rope::Rope;

@@ -6,43 +6,7 @@ use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNor
 use burn::tensor::{Int, Tensor};
 use kiln_kernels::{KernelBackend, ops};
 
-use super::{LlmConfig, Rope};
-use crate::lora::LoraAdapter;
-
-/// A projection of a decoder layer: the pretrained `base`, and a LoRA adapter when one is
-/// attached (`y = base(x) + scale · x·A·B`).
-#[derive(Module, Debug)]
-pub struct Proj<B: KernelBackend> {
-    /// The pretrained weight (and bias).
-    pub base: Linear<B>,
-    /// The adapter, when attached.
-    pub lora: Option<LoraAdapter<B>>,
-    #[module(skip)]
-    pub(crate) scale: f32,
-}
-
-impl<B: KernelBackend> Proj<B> {
-    fn new(base: Linear<B>) -> Self {
-        Self {
-            base,
-            lora: None,
-            scale: 0.0,
-        }
-    }
-
-    /// `[.., in]` → `[.., out]`.
-    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let y = self.base.forward(x.clone());
-        match &self.lora {
-            Some(adapter) => {
-                let a = adapter.a.val().unsqueeze::<3>();
-                let b = adapter.b.val().unsqueeze::<3>();
-                y + x.matmul(a).matmul(b).mul_scalar(self.scale)
-            }
-            None => y,
-        }
-    }
-}
+use super::{LlmConfig, Proj, Rope};
 
 /// Grouped-query self-attention with rotary positions.
 #[derive(Module, Debug)]
@@ -153,47 +117,72 @@ pub struct CausalLm<B: KernelBackend> {
 impl LlmConfig {
     /// A model of these sizes with freshly initialised weights (what [`super::load`] fills).
     pub fn init<B: KernelBackend>(&self, device: &B::Device) -> CausalLm<B> {
+        let linear = |i, o, bias| LinearConfig::new(i, o).with_bias(bias).init::<B>(device);
+        let built = self.build(device, &mut |_, d_in, d_out, bias| {
+            Ok::<_, std::convert::Infallible>(Proj::dense(linear(d_in, d_out, bias)))
+        });
+        let Ok(model) = built;
+        model
+    }
+
+    /// A model of these sizes whose seven projections per layer come from `proj`, called
+    /// layer by layer with each projection's Hugging Face path
+    /// (`model.layers.0.self_attn.q_proj`), `in`, `out` and whether it has a bias; the
+    /// embedding, the norms and the head are freshly initialised.
+    ///
+    /// # Errors
+    /// The first error `proj` returns.
+    pub fn build<B: KernelBackend, E>(
+        &self,
+        device: &B::Device,
+        proj: &mut dyn FnMut(&str, usize, usize, bool) -> Result<Proj<B>, E>,
+    ) -> Result<CausalLm<B>, E> {
         let (d, f) = (self.hidden_size, self.intermediate_size);
         let (q, kv) = (
             self.num_attention_heads * self.head_dim,
             self.num_key_value_heads * self.head_dim,
         );
-        let linear = |i, o, bias| LinearConfig::new(i, o).with_bias(bias).init::<B>(device);
-        let proj = |i, o, bias| Proj::new(linear(i, o, bias));
         let norm = || {
             RmsNormConfig::new(d)
                 .with_epsilon(self.rms_norm_eps)
                 .init::<B>(device)
         };
-        let layers = (0..self.num_hidden_layers)
-            .map(|_| DecoderLayer {
+        let mut layers = Vec::with_capacity(self.num_hidden_layers);
+        for i in 0..self.num_hidden_layers {
+            let attn = format!("model.layers.{i}.self_attn");
+            let mlp = format!("model.layers.{i}.mlp");
+            layers.push(DecoderLayer {
                 input_layernorm: norm(),
                 self_attn: Attention {
-                    q_proj: proj(d, q, self.qkv_bias),
-                    k_proj: proj(d, kv, self.qkv_bias),
-                    v_proj: proj(d, kv, self.qkv_bias),
-                    o_proj: proj(q, d, self.o_bias),
+                    q_proj: proj(&format!("{attn}.q_proj"), d, q, self.qkv_bias)?,
+                    k_proj: proj(&format!("{attn}.k_proj"), d, kv, self.qkv_bias)?,
+                    v_proj: proj(&format!("{attn}.v_proj"), d, kv, self.qkv_bias)?,
+                    o_proj: proj(&format!("{attn}.o_proj"), q, d, self.o_bias)?,
                     heads: self.num_attention_heads,
                     kv_heads: self.num_key_value_heads,
                     head_dim: self.head_dim,
                 },
                 post_attention_layernorm: norm(),
                 mlp: Mlp {
-                    gate_proj: proj(d, f, false),
-                    up_proj: proj(d, f, false),
-                    down_proj: proj(f, d, false),
+                    gate_proj: proj(&format!("{mlp}.gate_proj"), d, f, false)?,
+                    up_proj: proj(&format!("{mlp}.up_proj"), d, f, false)?,
+                    down_proj: proj(&format!("{mlp}.down_proj"), f, d, false)?,
                 },
-            })
-            .collect();
-        CausalLm {
+            });
+        }
+        Ok(CausalLm {
             model: Decoder {
                 embed_tokens: EmbeddingConfig::new(self.vocab_size, d).init(device),
                 layers,
                 norm: norm(),
                 rope: Rope::new(self),
             },
-            lm_head: (!self.tie_word_embeddings).then(|| linear(d, self.vocab_size, false)),
-        }
+            lm_head: (!self.tie_word_embeddings).then(|| {
+                LinearConfig::new(d, self.vocab_size)
+                    .with_bias(false)
+                    .init::<B>(device)
+            }),
+        })
     }
 }
 

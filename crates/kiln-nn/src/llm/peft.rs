@@ -117,8 +117,8 @@ impl<B: KernelBackend> CausalLm<B> {
         let mut model = self.no_grad();
         for (_, name, proj) in model.projections_mut() {
             if spec.target_modules.iter().any(|t| t == name) {
-                let [d_in, d_out] = proj.base.weight.dims();
-                let device = proj.base.weight.device();
+                let [d_in, d_out] = proj.dims();
+                let device = proj.device();
                 proj.lora = Some(LoraAdapter::new(d_in, d_out, spec.rank, &device));
                 proj.scale = spec.scale();
             }

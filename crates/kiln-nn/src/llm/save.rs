@@ -5,7 +5,6 @@
 
 use std::path::Path;
 
-use burn::module::Param;
 use burn_store::{BurnToPyTorchAdapter, ModuleSnapshot, SafetensorsStore};
 use kiln_kernels::KernelBackend;
 
@@ -13,15 +12,11 @@ use super::{CausalLm, LlmError};
 
 impl<B: KernelBackend> CausalLm<B> {
     /// This model with every adapter folded into its base weight (`W + scale·A·B`) and
-    /// removed: one matmul per projection again, and a plain checkpoint to save.
+    /// removed: one matmul per projection again, and a plain checkpoint to save. A 4-bit base
+    /// is decoded to f32 first, so the result is a full-precision model.
     pub fn merge_lora(mut self) -> Self {
         for (_, _, proj) in self.projections_mut() {
-            if let Some(adapter) = proj.lora.take() {
-                let delta = adapter.delta(proj.scale);
-                let weight = &mut proj.base.weight;
-                let merged = weight.val().detach() + delta;
-                *weight = Param::initialized(weight.id, merged);
-            }
+            proj.merge();
         }
         self
     }

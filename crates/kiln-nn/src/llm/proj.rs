@@ -1,0 +1,135 @@
+//! A projection of a decoder layer: the pretrained base, in full precision or in 4 bits, and a
+//! LoRA adapter when one is attached.
+
+use burn::module::{Module, Param};
+use burn::nn::Linear;
+use burn::tensor::Tensor;
+use kiln_kernels::quant::QuantizedWeight;
+use kiln_kernels::{KernelBackend, ops, reference};
+
+use crate::lora::LoraAdapter;
+
+/// A frozen 4-bit base: the weight's codes and scales (Kiln's block format) and the original
+/// bias in f32.
+#[derive(Module, Debug)]
+pub struct QuantizedBase<B: KernelBackend> {
+    /// `[in, out]` in 4 bits.
+    pub weight: QuantizedWeight<B>,
+    /// The bias (Qwen2's q/k/v), frozen.
+    pub bias: Option<Param<Tensor<B, 1>>>,
+}
+
+/// `y = base(x) + scale · x·A·B`: the pretrained projection and its adapter.
+///
+/// Exactly one of `base` and `quantized` holds the pretrained weight; the two are fields
+/// rather than an enum so that a full-precision base keeps Hugging Face's path
+/// (`q_proj.base.weight`) whatever Burn does with enum variants in record paths.
+#[derive(Module, Debug)]
+pub struct Proj<B: KernelBackend> {
+    /// The pretrained weight (and bias) in full precision; `None` when loaded in 4 bits.
+    pub base: Option<Linear<B>>,
+    /// The pretrained weight in 4 bits ([`super::load_4bit`]); `None` in full precision.
+    pub quantized: Option<QuantizedBase<B>>,
+    /// The adapter, when attached.
+    pub lora: Option<LoraAdapter<B>>,
+    #[module(skip)]
+    pub(crate) scale: f32,
+}
+
+impl<B: KernelBackend> Proj<B> {
+    /// A full-precision projection without an adapter.
+    pub fn dense(base: Linear<B>) -> Self {
+        Self {
+            base: Some(base),
+            quantized: None,
+            lora: None,
+            scale: 0.0,
+        }
+    }
+
+    /// A 4-bit projection without an adapter.
+    pub fn quantized(base: QuantizedBase<B>) -> Self {
+        Self {
+            base: None,
+            quantized: Some(base),
+            lora: None,
+            scale: 0.0,
+        }
+    }
+
+    /// `[in, out]`.
+    pub fn dims(&self) -> [usize; 2] {
+        match (&self.base, &self.quantized) {
+            (Some(linear), _) => linear.weight.dims(),
+            (None, Some(q)) => [q.weight.k, q.weight.n],
+            (None, None) => unreachable!("a Proj is built with a base"),
+        }
+    }
+
+    /// The device the base lives on.
+    pub fn device(&self) -> B::Device {
+        match (&self.base, &self.quantized) {
+            (Some(linear), _) => linear.weight.device(),
+            (None, Some(q)) => q.weight.scales.device(),
+            (None, None) => unreachable!("a Proj is built with a base"),
+        }
+    }
+
+    /// Whether the base is held in 4 bits.
+    pub fn is_quantized(&self) -> bool {
+        self.quantized.is_some()
+    }
+
+    /// `[.., in]` → `[.., out]`.
+    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        if let Some(linear) = &self.base {
+            let y = linear.forward(x.clone());
+            return match &self.lora {
+                Some(adapter) => {
+                    let a = adapter.a.val().unsqueeze::<3>();
+                    let b = adapter.b.val().unsqueeze::<3>();
+                    y + x.matmul(a).matmul(b).mul_scalar(self.scale)
+                }
+                None => y,
+            };
+        }
+        let q = self.quantized.as_ref().expect("a Proj is built with a base");
+        // The adapter's term rides in the 4-bit matmul's epilogue (one kernel on CubeCL).
+        let y = match &self.lora {
+            Some(adapter) => {
+                let t = x.clone().matmul(adapter.a.val().unsqueeze::<3>());
+                ops::qlora_matmul(x, &q.weight, t, adapter.b.val(), self.scale)
+            }
+            None => ops::quantized_matmul(x, &q.weight),
+        }
+        .unwrap_or_else(|e| panic!("{e}"));
+        match &q.bias {
+            Some(bias) => y + bias.val().unsqueeze::<3>(),
+            None => y,
+        }
+    }
+
+    /// Folds the adapter into a full-precision base (`W + scale·A·B`) and drops it: a 4-bit
+    /// base is decoded first, as PEFT's `merge_and_unload` does.
+    pub fn merge(&mut self) {
+        let delta = self.lora.take().map(|a| a.delta(self.scale));
+        let linear = match (self.base.take(), self.quantized.take()) {
+            (Some(linear), _) => linear,
+            (None, Some(q)) => Linear {
+                weight: Param::from_tensor(
+                    reference::qlora::dequantize(&q.weight.primitive()).detach(),
+                )
+                .set_require_grad(false),
+                bias: q.bias,
+            },
+            (None, None) => unreachable!("a Proj is built with a base"),
+        };
+        self.base = Some(match delta {
+            Some(delta) => Linear {
+                weight: Param::initialized(linear.weight.id, linear.weight.val().detach() + delta),
+                bias: linear.bias,
+            },
+            None => linear,
+        });
+    }
+}
