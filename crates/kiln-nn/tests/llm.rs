@@ -199,12 +199,13 @@ fn lora_fine_tuning_through_single_and_ddp_trains_the_same_adapters_and_leaves_t
     use kiln_core::params::checksum;
     use kiln_core::plan::{Plan, PlanRequest};
     use kiln_core::strategy::{PerformanceSpec, StepOutput, StrategyKind};
-    use kiln_nn::llm::{CausalLm, LoraSpec};
-    use kiln_nn::tasks::{FibonacciTask, SequenceBatcher};
+    use burn::data::dataset::InMemDataset;
+    use kiln_nn::llm::{CausalLm, LlmTokenizer, LmBatcher, LoraSpec, Packing, read_jsonl, tokenize};
 
     type A = burn::backend::Autodiff<B>;
     let device = Default::default();
-    let (_, base) = load::<A>(&fixture("llama"), &device).unwrap();
+    let dir = fixture("llama");
+    let (config, base) = load::<A>(&dir, &device).unwrap();
     let spec = LoraSpec {
         rank: 4,
         alpha: 8.0,
@@ -213,16 +214,14 @@ fn lora_fine_tuning_through_single_and_ddp_trains_the_same_adapters_and_leaves_t
     };
     // One initialisation of the adapters for every run.
     let start = base.with_lora(&spec).unwrap();
+    let tokenizer = LlmTokenizer::from_dir(&dir, &config).unwrap();
+    let path = fixture("chat.jsonl");
+    let examples = read_jsonl(&path).unwrap();
+    let items = tokenize(&examples, &tokenizer, 24, Packing::Pad, &path)
+        .unwrap()
+        .items;
     let train = |strategy, world: usize, steps: usize| -> (CausalLm<B>, Vec<f64>) {
-        let task = FibonacciTask {
-            samples: 64,
-            len: 12,
-            // Sequences over 8 of the 96 tokens: what adapters on a random base can learn
-            // in a test's time is to put the mass on them.
-            vocab: 8,
-            seed: 3,
-        };
-        let data = DataSource::new(task.dataset(), SequenceBatcher);
+        let data = DataSource::new(InMemDataset::new(items.clone()), LmBatcher);
         let plan = Plan::resolve(PlanRequest::new(strategy, 16).with_world(world)).unwrap();
         let training = Training {
             steps,
@@ -251,11 +250,12 @@ fn lora_fine_tuning_through_single_and_ddp_trains_the_same_adapters_and_leaves_t
     let (_, losses) = train(StrategyKind::Single, 1, 60);
     let mean = |l: &[f64]| l.iter().sum::<f64>() / l.len() as f64;
     let (head, tail) = (mean(&losses[..10]), mean(&losses[losses.len() - 10..]));
-    // Measured 4.357 -> 4.303: the random base's small weights (std 0.02, its head included)
-    // bound how far adapters alone can move the logits.
+    // Measured 4.300 -> 4.117 on the chat data's responses: the random base's small weights
+    // (std 0.02, its head included) bound how far adapters alone can move the logits.
     assert!(
-        tail < head - 0.03,
+        tail < head - 0.1,
         "the loss did not fall: {head} -> {tail}"
+
     );
     // ... and a few steps through Ddp over 2 ranks train what Single trains. (Over many steps
     // Adam's sign-like updates of near-zero gradients amplify float rounding.)

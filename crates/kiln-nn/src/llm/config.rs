@@ -81,6 +81,8 @@ pub struct LlmConfig {
     pub qkv_bias: bool,
     /// Whether the output projection has a bias.
     pub o_bias: bool,
+    /// The end-of-sequence tokens (`eos_token_id`, one id or a list); empty when not given.
+    pub eos_token_ids: Vec<u32>,
 }
 
 /// `config.json` as written, every field Kiln reads optional so that a missing one is named.
@@ -105,6 +107,7 @@ struct Raw {
     hidden_act: Option<String>,
     sliding_window: Option<usize>,
     use_sliding_window: Option<bool>,
+    eos_token_id: Option<serde_json::Value>,
 }
 
 impl LlmConfig {
@@ -216,6 +219,19 @@ impl LlmConfig {
                 (bias, bias)
             }
         };
+        let eos_token_ids = match &raw.eos_token_id {
+            None | Some(serde_json::Value::Null) => Vec::new(),
+            Some(serde_json::Value::Array(ids)) => ids
+                .iter()
+                .map(|id| id.as_u64().map(|id| id as u32))
+                .collect::<Option<_>>()
+                .ok_or_else(|| bad("eos_token_id must be token ids".to_string()))?,
+            Some(id) => vec![
+                id.as_u64()
+                    .ok_or_else(|| bad("eos_token_id must be a token id".to_string()))?
+                    as u32,
+            ],
+        };
         Ok(Self {
             model_type,
             vocab_size: need("vocab_size", raw.vocab_size)?,
@@ -232,6 +248,7 @@ impl LlmConfig {
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
             qkv_bias,
             o_bias,
+            eos_token_ids,
         })
     }
 

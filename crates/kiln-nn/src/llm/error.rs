@@ -82,4 +82,22 @@ pub enum LlmError {
         /// The store's message, naming the tensor and its shapes.
         reason: String,
     },
+    /// A tokenizer that cannot be read or does not fit the model.
+    #[error("{path}: {reason}")]
+    Tokenizer {
+        /// The tokenizer file.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A line of a data file that cannot be used.
+    #[error("{path}:{line}: {reason}")]
+    Data {
+        /// The data file.
+        path: String,
+        /// The line, from 1.
+        line: usize,
+        /// What is wrong and what to do.
+        reason: String,
+    },
 }

@@ -11,7 +11,9 @@
 //! ([`CausalLm::with_lora`], the base frozen), and are saved and loaded in PEFT's layout
 //! ([`CausalLm::save_peft`], [`CausalLm::load_peft`]).
 
+mod batch;
 mod config;
+mod data;
 mod error;
 mod load;
 mod model;
@@ -19,12 +21,16 @@ mod peft;
 mod proj;
 mod rope;
 mod save;
+mod tokenizer;
 mod train;
 
+pub use batch::{LmBatch, LmBatcher, LmItem};
 pub use config::{LlmConfig, ModelType, RopeScaling};
+pub use data::{Example, Packing, Tokenized, read_jsonl, tokenize};
 pub use error::LlmError;
 pub use load::{load, load_4bit, load_config};
 pub use model::{Attention, CausalLm, Decoder, DecoderLayer, Mlp};
 pub use proj::{Proj, QuantizedBase};
 pub use peft::{LoraSpec, TARGET_MODULES};
 pub use rope::Rope;
+pub use tokenizer::LlmTokenizer;
