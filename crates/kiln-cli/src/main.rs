@@ -5,6 +5,8 @@ mod backend;
 mod bench;
 mod checkpoint_args;
 mod config_file;
+mod finetune;
+mod memory;
 mod names;
 mod optimizer_args;
 mod outputs;
@@ -37,6 +39,9 @@ struct Cli {
 enum Command {
     /// Train a built-in model on built-in synthetic data.
     Train(train::TrainArgs),
+    /// Fine-tune a Hugging Face model folder with LoRA adapters (QLoRA with --load-in-4bit)
+    /// on a JSONL file; the adapters are written in PEFT's layout.
+    Finetune(Box<finetune::FinetuneArgs>),
     /// Algorithm Distillation on Dark Room: train and evaluate in-context RL.
     #[command(subcommand)]
     Ad(ad::AdCommand),
@@ -69,6 +74,7 @@ fn main() -> ExitCode {
 
     let result = match cli.command {
         Command::Train(args) => train::run(args),
+        Command::Finetune(args) => finetune::run(*args),
         Command::Ad(command) => ad::run(command),
         Command::Bench(command) => bench::run(command),
     };

@@ -13,16 +13,14 @@ pub struct Signals {
     signal: Arc<AtomicUsize>,
 }
 
-/// A run stopped by a signal, after its step `step` (and saved to `saved`, when it saves).
+/// A run stopped by a signal, after its step `step` (and what it saved, when it saves).
 #[derive(Debug, thiserror::Error)]
 #[error(
     "stopped by {} after step {step} of {steps}: {}",
     signal_name(*signal),
     saved.as_ref().map_or_else(
         || "nothing saved (no checkpoint folder was given)".to_string(),
-        |(dir, root)| format!(
-            "saved {}; resume with --resume {}", dir.display(), root.display()
-        ),
+        Saved::to_string,
     )
 )]
 pub struct Interrupted {
@@ -32,8 +30,31 @@ pub struct Interrupted {
     pub step: usize,
     /// The run's last step.
     pub steps: usize,
-    /// The step's checkpoint and the folder to resume from.
-    pub saved: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// What the run saved before it stopped.
+    pub saved: Option<Saved>,
+}
+
+/// What a stopped run saved.
+#[derive(Debug)]
+pub enum Saved {
+    /// A checkpoint step folder, and the folder to resume from.
+    Checkpoint(std::path::PathBuf, std::path::PathBuf),
+    /// Fine-tuned adapters of the last step.
+    Adapters(std::path::PathBuf),
+}
+
+impl std::fmt::Display for Saved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Saved::Checkpoint(dir, root) => write!(
+                f,
+                "saved {}; resume with --resume {}",
+                dir.display(),
+                root.display()
+            ),
+            Saved::Adapters(dir) => write!(f, "that step's adapters are saved in {}", dir.display()),
+        }
+    }
 }
 
 impl Interrupted {

@@ -23,7 +23,7 @@ use crate::names::strategy_parser;
 use crate::optimizer_args::OptimizerArgs;
 use crate::outputs;
 use crate::parallel_args::ParallelArgs;
-use crate::signals::{Interrupted, Signals};
+use crate::signals::{Interrupted, Saved, Signals};
 use metrics::{DataSummary, Metrics, write_outputs};
 use progress::Bars;
 
@@ -247,7 +247,10 @@ impl Job for TrainJob {
                 signal: signals.signal().unwrap_or(signal_hook::consts::SIGINT),
                 step: done.train.last_step,
                 steps: config.train.steps,
-                saved: done.train.saved.map(|dir| (dir.into(), args.out.clone())),
+                saved: done
+                    .train
+                    .saved
+                    .map(|dir| Saved::Checkpoint(dir.into(), args.out.clone())),
             }));
         }
         let metrics = Metrics {

@@ -2,6 +2,7 @@
 
 mod config;
 mod report;
+mod run_args;
 
 use std::path::PathBuf;
 
@@ -14,20 +15,18 @@ use kiln_core::fit::{Resume, SaveHooks, Training, fit};
 use kiln_core::model::ParallelModel;
 use kiln_core::params::checksum;
 use kiln_core::plan::Plan;
-use kiln_core::strategy::{PerformanceSpec, StepOutput, StrategyKind};
+use kiln_core::strategy::{PerformanceSpec, StepOutput};
 use kiln_nn::models::{MlpConfig, TransformerConfig};
 use kiln_nn::tasks::{ClassificationBatcher, FibonacciTask, SequenceBatcher, TeacherTask};
 use kiln_nn::tensor_parallel::ShardedBackend;
 
-pub use config::{ModelKind, TrainConfig};
+pub use config::{ConfigError, ModelKind, TrainConfig};
+pub use run_args::RunArgs;
 use report::TrainReport;
 
-use crate::backend::{BackendKind, DeviceList, Job, dispatch, parse_devices};
+use crate::backend::{Job, dispatch};
 use crate::checkpoint_args::{CheckpointArgs, RunCheckpoints};
-use crate::names::strategy_parser;
-use crate::optimizer_args::OptimizerArgs;
-use crate::parallel_args::ParallelArgs;
-use crate::signals::{Interrupted, Signals};
+use crate::signals::{Interrupted, Saved, Signals};
 
 /// Flags of `kiln train`; each overrides the same field of `--config`.
 #[derive(clap::Args, Debug)]
@@ -40,45 +39,12 @@ pub struct TrainArgs {
     /// Built-in model [default: mlp].
     #[arg(long, value_enum)]
     model: Option<ModelKind>,
-    /// Parallelism strategy [default: auto].
-    #[arg(long, value_parser = strategy_parser())]
-    strategy: Option<StrategyKind>,
-    /// Backend [default: flex].
-    #[arg(long, value_enum)]
-    backend: Option<BackendKind>,
-    /// Ranks (devices; CPU ranks share the CPU) [default: the length of --devices, or the
-    /// product of --dp, --stages and --tp; for auto on the CPU its cores].
-    #[arg(long)]
-    world: Option<usize>,
-    /// Device of each rank, e.g. `0,0` for two ranks on GPU 0 or `0,1` for two GPUs
-    /// [default: CPU ranks share the CPU, CUDA ranks take GPUs 0..world].
-    #[arg(long, value_parser = parse_devices)]
-    devices: Option<DeviceList>,
-    /// Optimizer steps [default: 300].
-    #[arg(long)]
-    steps: Option<usize>,
-    /// Global batch size, all ranks together [default: 64].
-    #[arg(long)]
-    batch: Option<usize>,
-    /// Seed of model, data and sample order [default: 42].
-    #[arg(long)]
-    seed: Option<u64>,
-    /// Learning rate of AdamW [default: 0.003].
-    #[arg(long, allow_negative_numbers = true)]
-    lr: Option<f64>,
-    /// Micro-batches per rank and step, gradient accumulation [default: 1].
-    #[arg(long)]
-    grad_accum: Option<usize>,
     #[command(flatten)]
-    parallel: ParallelArgs,
-    #[command(flatten)]
-    optimizer: OptimizerArgs,
+    run: RunArgs,
     /// Samples in the synthetic data set [default: 8192].
     #[arg(long)]
     samples: Option<usize>,
     /// Intra-op threads per rank (default: cores shared evenly).
-    #[arg(long)]
-    threads_per_rank: Option<usize>,
     /// Write a JSON summary here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -107,29 +73,13 @@ impl TrainArgs {
             Some(path) => TrainConfig::load(path)?,
             None => TrainConfig::default(),
         };
-        macro_rules! set {
-            ($($flag:ident => $($field:ident).+),* $(,)?) => {$(
-                if let Some(v) = self.$flag { c.$($field).+ = v.clone(); }
-            )*};
+        if let Some(model) = self.model {
+            c.model = model;
         }
-        set!(model => model, strategy => strategy, backend => backend,
-             steps => steps, batch => batch, seed => seed, lr => lr, samples => samples);
-        if let Some(world) = self.world {
-            c.world = Some(world);
+        if let Some(samples) = self.samples {
+            c.samples = samples;
         }
-        if let Some(DeviceList(devices)) = self.devices {
-            // The list names the ranks; an explicit --world must agree (checked by Placement).
-            c.world = Some(self.world.unwrap_or(devices.len()));
-            c.devices = Some(devices);
-        }
-        self.optimizer.apply(&mut c.optimizer);
-        if let Some(micro_batches) = self.grad_accum {
-            c.parallel.set_grad_accumulation(micro_batches);
-        }
-        if let Some(t) = self.threads_per_rank {
-            c.parallel.set_threads_per_rank(t);
-        }
-        let dp = self.parallel.apply(&mut c.parallel, c.strategy)?;
+        let dp = self.run.apply(&mut c)?;
         c.validate()?;
         let plan = c.plan(dp)?;
         c.placement(&plan)?;
@@ -325,7 +275,9 @@ where
             signal: signals.signal().unwrap_or(signal_hook::consts::SIGINT),
             step: record.last_step,
             steps: config.steps,
-            saved: saved.zip(saver.as_ref().map(|s| s.folder().root().to_path_buf())),
+            saved: saved
+                .zip(saver.as_ref().map(|s| s.folder().root().to_path_buf()))
+                .map(|(dir, root)| Saved::Checkpoint(dir, root)),
         }));
     }
 

@@ -1,0 +1,203 @@
+//! The `kiln finetune` job as a config: TOML-loadable, every field defaulted but the model
+//! folder and the data file; flags override.
+
+use std::path::{Path, PathBuf};
+
+use kiln_nn::llm::{LlmConfig, LoraSpec, Packing, TARGET_MODULES};
+use kiln_nn::lora::QuantConfig;
+
+use crate::config_file;
+use crate::train::{ConfigError, TrainConfig};
+
+/// The adapters' settings (`[lora]`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoraSettings {
+    /// The rank `r`.
+    pub rank: usize,
+    /// `lora_alpha`: the adapter's output is scaled by `alpha / rank`.
+    pub alpha: f32,
+    /// The projections adapted in every layer.
+    pub target_modules: Vec<String>,
+    /// rsLoRA's scale `alpha / √rank`.
+    pub use_rslora: bool,
+}
+
+impl Default for LoraSettings {
+    fn default() -> Self {
+        // QLoRA's and Unsloth's usual start: every projection, r = 16, alpha = 16.
+        Self {
+            rank: 16,
+            alpha: 16.0,
+            target_modules: TARGET_MODULES.map(String::from).to_vec(),
+            use_rslora: false,
+        }
+    }
+}
+
+impl LoraSettings {
+    /// PEFT's form of these settings.
+    pub fn spec(&self) -> LoraSpec {
+        LoraSpec {
+            rank: self.rank,
+            alpha: self.alpha,
+            target_modules: self.target_modules.clone(),
+            use_rslora: self.use_rslora,
+        }
+    }
+}
+
+/// Everything `kiln finetune` needs.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FinetuneConfig {
+    /// The Hugging Face model folder (`config.json`, safetensors, `tokenizer.json`).
+    pub model: Option<PathBuf>,
+    /// The JSONL data file.
+    pub data: Option<PathBuf>,
+    /// Where the adapters are written, in PEFT's layout.
+    pub output: PathBuf,
+    /// Where the model with the adapters merged is written as a Hugging Face folder, if
+    /// anywhere.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub merged: Option<PathBuf>,
+    /// QLoRA: every projection quantised to 4 bits as it is loaded.
+    pub load_in_4bit: bool,
+    /// The 4-bit code book and scale precision (`[quant]`).
+    pub quant: QuantConfig,
+    /// Tokens per sequence.
+    pub seq_len: usize,
+    /// Padding one example per sequence, or packing examples into full sequences.
+    pub packing: Packing,
+    /// The adapters.
+    pub lora: LoraSettings,
+    /// Strategy, devices, steps, batch (sequences per step), learning rate and optimizer
+    /// (`[train]`, as `kiln train`'s config; its `model`, `samples` and `checkpoint` are
+    /// not used here).
+    pub train: TrainConfig,
+}
+
+impl Default for FinetuneConfig {
+    fn default() -> Self {
+        Self {
+            model: None,
+            data: None,
+            output: PathBuf::from("finetuned"),
+            merged: None,
+            load_in_4bit: false,
+            quant: QuantConfig::new(),
+            seq_len: 256,
+            packing: Packing::Pad,
+            lora: LoraSettings::default(),
+            train: TrainConfig {
+                steps: 100,
+                batch: 8,
+                lr: 2e-4,
+                ..TrainConfig::default()
+            },
+        }
+    }
+}
+
+/// A fine-tuning config that cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum FinetuneConfigError {
+    /// A setting of the training run.
+    #[error(transparent)]
+    Train(#[from] ConfigError),
+    /// The file could not be used.
+    #[error(transparent)]
+    File(#[from] config_file::ConfigFileError),
+    /// A required input is not given.
+    #[error("--{0} is required (or `{0} = ...` in --config)")]
+    Missing(&'static str),
+    /// A `[train]` setting that belongs to `kiln train`.
+    #[error(
+        "[train] {0} is kiln train's setting; kiln finetune trains the model folder of --model \
+         on --data"
+    )]
+    NotHere(&'static str),
+    /// Bad adapter settings.
+    #[error(transparent)]
+    Lora(#[from] kiln_nn::llm::LlmError),
+    /// A sequence length the model cannot take.
+    #[error(
+        "--seq-len must be between 1 and the model's max_position_embeddings ({max}), got {value}"
+    )]
+    SeqLen {
+        /// The value given.
+        value: usize,
+        /// The model's limit.
+        max: usize,
+    },
+}
+
+impl FinetuneConfig {
+    /// Reads a TOML config; missing fields take their defaults.
+    ///
+    /// # Errors
+    /// When the file cannot be read or parsed (unknown fields included).
+    pub fn load(path: &Path) -> Result<Self, FinetuneConfigError> {
+        Ok(config_file::load(path)?)
+    }
+
+    /// The model folder.
+    ///
+    /// # Errors
+    /// When none is given.
+    pub fn model_dir(&self) -> Result<&Path, FinetuneConfigError> {
+        self.model
+            .as_deref()
+            .ok_or(FinetuneConfigError::Missing("model"))
+    }
+
+    /// The data file.
+    ///
+    /// # Errors
+    /// When none is given.
+    pub fn data_file(&self) -> Result<&Path, FinetuneConfigError> {
+        self.data.as_deref().ok_or(FinetuneConfigError::Missing("data"))
+    }
+
+    /// Checks what can be checked before the model folder is read.
+    ///
+    /// # Errors
+    /// The first problem found.
+    pub fn validate(&self) -> Result<(), FinetuneConfigError> {
+        self.model_dir()?;
+        self.data_file()?;
+        let defaults = TrainConfig::default();
+        if self.train.model != defaults.model {
+            return Err(FinetuneConfigError::NotHere("model"));
+        }
+        if self.train.samples != defaults.samples {
+            return Err(FinetuneConfigError::NotHere("samples"));
+        }
+        if self.train.checkpoint != defaults.checkpoint {
+            return Err(FinetuneConfigError::NotHere("checkpoint"));
+        }
+        self.train.validate()?;
+        self.lora.spec().validate()?;
+        if self.seq_len == 0 {
+            return Err(FinetuneConfigError::SeqLen {
+                value: 0,
+                max: usize::MAX,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks the settings against the model's config.
+    ///
+    /// # Errors
+    /// A sequence longer than the model's positions.
+    pub fn check_model(&self, model: &LlmConfig) -> Result<(), FinetuneConfigError> {
+        if self.seq_len > model.max_position_embeddings {
+            return Err(FinetuneConfigError::SeqLen {
+                value: self.seq_len,
+                max: model.max_position_embeddings,
+            });
+        }
+        Ok(())
+    }
+}

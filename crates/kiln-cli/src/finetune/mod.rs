@@ -1,0 +1,312 @@
+//! `kiln finetune`: LoRA or QLoRA fine-tuning of a Hugging Face model folder on a JSONL file,
+//! through any replicating strategy, the adapters written in PEFT's layout.
+
+mod config;
+mod report;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use burn::data::dataset::InMemDataset;
+use burn::module::AutodiffModule;
+use burn::optim::AdamWConfig;
+use burn::tensor::backend::AutodiffBackend;
+use indicatif::{ProgressBar, ProgressStyle};
+use kiln_core::data::DataSource;
+use kiln_core::fit::{Training, fit};
+use kiln_core::plan::Plan;
+use kiln_core::strategy::{PerformanceSpec, StepOutput};
+use kiln_nn::llm::{
+    LlmTokenizer, LmBatcher, Packing, load, load_4bit, load_config, read_jsonl, tokenize,
+};
+use kiln_nn::tensor_parallel::ShardedBackend;
+
+pub use config::{FinetuneConfig, FinetuneConfigError};
+use report::FinetuneReport;
+
+use crate::backend::{Job, dispatch};
+use crate::signals::{Interrupted, Saved, Signals};
+use crate::train::RunArgs;
+
+/// Flags of `kiln finetune`; each overrides the same field of `--config`.
+#[derive(clap::Args, Debug)]
+pub struct FinetuneArgs {
+    /// TOML config to start from (`model`, `data`, `output`, `seq_len`, `packing`,
+    /// `load_in_4bit`, `[lora]`, `[quant]`, and `[train]` as in kiln train's config).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The Hugging Face model folder: config.json, model.safetensors (or a sharded index) and
+    /// tokenizer.json.
+    #[arg(long, value_name = "DIR")]
+    model: Option<PathBuf>,
+    /// JSONL data: one `{"prompt": .., "response": ..}` or `{"text": ..}` object per line.
+    #[arg(long, value_name = "FILE")]
+    data: Option<PathBuf>,
+    /// Where to write the adapters (PEFT's adapter_config.json and
+    /// adapter_model.safetensors) [default: finetuned].
+    #[arg(long, value_name = "DIR")]
+    output: Option<PathBuf>,
+    /// Also write the model with the adapters merged, as a Hugging Face folder.
+    #[arg(long, value_name = "DIR")]
+    merged: Option<PathBuf>,
+    /// QLoRA: quantise every projection to 4 bits (NF4) as it is loaded.
+    #[arg(long)]
+    load_in_4bit: bool,
+    /// LoRA rank [default: 16].
+    #[arg(long)]
+    lora_rank: Option<usize>,
+    /// LoRA alpha: the adapters' output is scaled by alpha / rank [default: 16].
+    #[arg(long)]
+    lora_alpha: Option<f32>,
+    /// Projections to adapt, comma-separated [default: all seven:
+    /// q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj].
+    #[arg(long, value_delimiter = ',')]
+    target_modules: Option<Vec<String>>,
+    /// Tokens per sequence [default: 256]. With padding, a longer example's end is cut (with
+    /// a warning) and one whose prompt fills it is refused.
+    #[arg(long)]
+    seq_len: Option<usize>,
+    /// One example per sequence, padded, or examples packed into full sequences
+    /// [default: pad].
+    #[arg(long, value_enum)]
+    packing: Option<PackingArg>,
+    #[command(flatten)]
+    run: RunArgs,
+    /// Write a JSON summary here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// `--packing`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum PackingArg {
+    Pad,
+    Pack,
+}
+
+impl FinetuneArgs {
+    fn into_config(self) -> Result<(FinetuneConfig, Plan, Option<PathBuf>), FinetuneConfigError> {
+        let mut c = match &self.config {
+            Some(path) => FinetuneConfig::load(path)?,
+            None => FinetuneConfig::default(),
+        };
+        if let Some(model) = self.model {
+            c.model = Some(model);
+        }
+        if let Some(data) = self.data {
+            c.data = Some(data);
+        }
+        if let Some(output) = self.output {
+            c.output = output;
+        }
+        if let Some(merged) = self.merged {
+            c.merged = Some(merged);
+        }
+        c.load_in_4bit |= self.load_in_4bit;
+        if let Some(rank) = self.lora_rank {
+            c.lora.rank = rank;
+        }
+        if let Some(alpha) = self.lora_alpha {
+            c.lora.alpha = alpha;
+        }
+        if let Some(targets) = self.target_modules {
+            c.lora.target_modules = targets;
+        }
+        if let Some(seq_len) = self.seq_len {
+            c.seq_len = seq_len;
+        }
+        if let Some(packing) = self.packing {
+            c.packing = match packing {
+                PackingArg::Pad => Packing::Pad,
+                PackingArg::Pack => Packing::Pack,
+            };
+        }
+        let dp = self.run.apply(&mut c.train)?;
+        c.validate()?;
+        let plan = c.train.plan(dp)?;
+        c.train.placement(&plan).map_err(crate::train::ConfigError::from)?;
+        Ok((c, plan, self.json))
+    }
+}
+
+/// Runs `kiln finetune`.
+///
+/// # Errors
+/// Invalid flags, config, model folder or data, or a failure while training.
+pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let (config, plan, json) = args.into_config()?;
+    let placement = config.train.placement(&plan)?;
+    config
+        .train
+        .backend
+        .check_precision(config.train.optimizer.precision)?;
+    // Everything the run reads and writes is checked before the model loads.
+    let dir = config.model_dir()?;
+    let llm = load_config(dir)?;
+    config.check_model(&llm)?;
+    if let Some(path) = &json {
+        crate::outputs::check_file("--json", path)?;
+    }
+    crate::outputs::check_folder("--output", &config.output)?;
+    if let Some(merged) = &config.merged {
+        crate::outputs::check_folder("--merged", merged)?;
+    }
+    let tokenizer = LlmTokenizer::from_dir(dir, &llm)?;
+    let data = config.data_file()?;
+    let examples = read_jsonl(data)?;
+    let tokenized = tokenize(&examples, &tokenizer, config.seq_len, config.packing, data)?;
+    if tokenized.truncated > 0 {
+        tracing::warn!(
+            "{} of {} examples are longer than --seq-len {} and were cut; raise --seq-len to \
+             train their ends",
+            tokenized.truncated,
+            examples.len(),
+            config.seq_len
+        );
+    }
+    tracing::info!(
+        "{} examples -> {} sequences of {} tokens, {} tokens trained",
+        examples.len(),
+        tokenized.items.len(),
+        config.seq_len,
+        tokenized.trained_tokens
+    );
+    let signals = Signals::install()?;
+    let job = FinetuneJob {
+        config: &config,
+        plan: &plan,
+        items: tokenized.items,
+        signals: &signals,
+    };
+    let report = dispatch(config.train.backend, &placement, job)?;
+    println!(
+        "fine-tuned {} with {} on {} rank(s): {} steps of {} sequences, loss {:.4} -> {:.4}, \
+         {:.0} tokens/s, peak host memory {}",
+        report.model,
+        report.strategy,
+        report.world,
+        report.steps,
+        report.global_batch,
+        report.first_loss,
+        report.final_loss,
+        report.tokens_per_s,
+        report
+            .peak_host_bytes
+            .map_or_else(|| "unknown".into(), |b| format!("{:.0} MiB", b as f64 / 1048576.0)),
+    );
+    println!("adapters saved in {} (PEFT layout)", report.adapters);
+    if let Some(merged) = &report.merged {
+        println!("merged model saved in {merged}");
+    }
+    if let Some(path) = json {
+        std::fs::write(&path, serde_json::to_string_pretty(&report)?)
+            .map_err(|e| format!("--json {}: cannot be written: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `kiln finetune` on whichever backend was chosen.
+struct FinetuneJob<'a> {
+    config: &'a FinetuneConfig,
+    plan: &'a Plan,
+    items: Vec<kiln_nn::llm::LmItem>,
+    signals: &'a Signals,
+}
+
+impl Job for FinetuneJob<'_> {
+    type Output = FinetuneReport;
+
+    fn run<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
+        self,
+        devices: Vec<B::Device>,
+    ) -> Result<FinetuneReport, Box<dyn std::error::Error>> {
+        let FinetuneJob {
+            config,
+            plan,
+            items,
+            signals,
+        } = self;
+        let train = &config.train;
+        let dir = config.model_dir()?;
+        B::seed(&devices[0], train.seed);
+        let loading = Instant::now();
+        let (llm, base) = if config.load_in_4bit {
+            load_4bit::<B>(dir, &devices[0], &config.quant)?
+        } else {
+            load::<B>(dir, &devices[0])?
+        };
+        let spec = config.lora.spec();
+        let model = base.with_lora(&spec)?;
+        tracing::info!(
+            "loaded {} ({} parameters{}) in {:.1} s",
+            dir.display(),
+            llm.parameters(),
+            if config.load_in_4bit { ", projections in 4 bits" } else { "" },
+            loading.elapsed().as_secs_f64()
+        );
+        let stop = || signals.stop_requested();
+        let training = Training {
+            steps: train.steps,
+            seed: train.seed,
+            lr: &|_| train.lr,
+            resume: None,
+            keep_optimizer_state: false,
+            save_every: None,
+            stop: Some(&stop),
+        };
+        let tokens_per_step = (train.batch * config.seq_len) as f64;
+        let bar = ProgressBar::new(train.steps as u64).with_style(
+            ProgressStyle::with_template("{bar:40} {pos}/{len} steps  {msg}  [{elapsed}<{eta}]")
+                .expect("valid template"),
+        );
+        let started = Instant::now();
+        let on_step = |step: usize, out: &StepOutput| {
+            let rate = tokens_per_step * step as f64 / started.elapsed().as_secs_f64();
+            bar.set_message(format!("loss {:.4}  {rate:.0} tokens/s", out.loss));
+            bar.inc(1);
+            tracing::debug!("step {step}: loss {:.6}", out.loss);
+        };
+        let mut hooks = on_step;
+        let spec_optim = PerformanceSpec::new(AdamWConfig::new(), train.optimizer.clone())?;
+        let data = DataSource::new(InMemDataset::new(items), LmBatcher);
+        let (trained, record) = fit(plan, &training, devices, model, &spec_optim, data, &mut hooks)?;
+        bar.finish_and_clear();
+        let trained = trained.valid();
+        let base_name = dir.display().to_string();
+        trained.save_peft(&config.output, &spec, &base_name)?;
+        if record.stopped {
+            return Err(Box::new(Interrupted {
+                signal: signals.signal().unwrap_or(signal_hook::consts::SIGINT),
+                step: record.last_step,
+                steps: train.steps,
+                saved: Some(Saved::Adapters(config.output.clone())),
+            }));
+        }
+        if let Some(merged) = &config.merged {
+            trained.save_pretrained(merged, dir)?;
+            // The tokenizer travels with the merged model, so the folder is complete.
+            let tokenizer = dir.join("tokenizer.json");
+            std::fs::copy(&tokenizer, merged.join("tokenizer.json"))
+                .map_err(|e| format!("{}: {e}", tokenizer.display()))?;
+        }
+        let steps = record.losses.len();
+        Ok(FinetuneReport {
+            model: base_name,
+            strategy: plan.strategy().to_string(),
+            world: plan.world_size(),
+            backend: train.backend.to_string(),
+            load_in_4bit: config.load_in_4bit,
+            steps,
+            global_batch: train.batch,
+            seq_len: config.seq_len,
+            first_loss: record.losses.first().copied().unwrap_or(f64::NAN),
+            final_loss: record.losses.last().copied().unwrap_or(f64::NAN),
+            losses: record.losses.clone(),
+            wall_s: record.wall_s,
+            tokens_per_s: tokens_per_step * steps as f64 / record.wall_s.max(f64::MIN_POSITIVE),
+            peak_host_bytes: crate::memory::peak_host_bytes(),
+            adapters: config.output.display().to_string(),
+            merged: config.merged.as_ref().map(|m| m.display().to_string()),
+        })
+    }
+}

@@ -1,0 +1,38 @@
+//! The JSON summary of a fine-tuning run (`--json`).
+
+/// One fine-tuning run's results.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FinetuneReport {
+    /// The model folder.
+    pub model: String,
+    /// The strategy that ran (`auto` resolved).
+    pub strategy: String,
+    /// Ranks.
+    pub world: usize,
+    /// The backend.
+    pub backend: String,
+    /// Whether the base was held in 4 bits.
+    pub load_in_4bit: bool,
+    /// Optimizer steps trained.
+    pub steps: usize,
+    /// Sequences per step, all ranks together.
+    pub global_batch: usize,
+    /// Tokens per sequence.
+    pub seq_len: usize,
+    /// The first step's loss.
+    pub first_loss: f64,
+    /// The last step's loss.
+    pub final_loss: f64,
+    /// Every step's loss.
+    pub losses: Vec<f64>,
+    /// Seconds spent training.
+    pub wall_s: f64,
+    /// Sequence positions (padding included) per second of training.
+    pub tokens_per_s: f64,
+    /// The process's peak resident memory, every rank of it together (Linux), in bytes.
+    pub peak_host_bytes: Option<u64>,
+    /// The adapters' folder.
+    pub adapters: String,
+    /// The merged model's folder, if written.
+    pub merged: Option<String>,
+}
