@@ -184,123 +184,18 @@ fn lora_targets_must_exist_and_leave_the_base_frozen() {
     let model = base.with_lora(&spec(&["q_proj", "down_proj"])).unwrap();
     let layer = &model.model.layers[0];
     assert!(layer.self_attn.q_proj.lora.is_some() && layer.self_attn.k_proj.lora.is_none());
-    assert!(!layer.self_attn.q_proj.base.as_ref().unwrap().weight.is_require_grad());
+    assert!(
+        !layer
+            .self_attn
+            .q_proj
+            .base
+            .as_ref()
+            .unwrap()
+            .weight
+            .is_require_grad()
+    );
     let adapter = layer.mlp.down_proj.lora.as_ref().unwrap();
     assert!(adapter.a.is_require_grad() && adapter.b.is_require_grad());
-}
-
-#[test]
-fn lora_fine_tuning_through_single_and_ddp_trains_the_same_adapters_and_leaves_the_base() {
-    use burn::module::AutodiffModule;
-    use burn::optim::AdamWConfig;
-    use kiln_core::data::DataSource;
-    use kiln_core::fit::{Training, fit};
-    use kiln_core::optim::PerformanceConfig;
-    use kiln_core::params::checksum;
-    use kiln_core::plan::{Plan, PlanRequest};
-    use kiln_core::strategy::{PerformanceSpec, StepOutput, StrategyKind};
-    use burn::data::dataset::InMemDataset;
-    use kiln_nn::llm::{CausalLm, LlmTokenizer, LmBatcher, LoraSpec, Packing, read_jsonl, tokenize};
-
-    type A = burn::backend::Autodiff<B>;
-    let device = Default::default();
-    let dir = fixture("llama");
-    let (config, base) = load::<A>(&dir, &device).unwrap();
-    let spec = LoraSpec {
-        rank: 4,
-        alpha: 8.0,
-        target_modules: kiln_nn::llm::TARGET_MODULES.map(String::from).to_vec(),
-        use_rslora: false,
-    };
-    // One initialisation of the adapters for every run.
-    let start = base.with_lora(&spec).unwrap();
-    let tokenizer = LlmTokenizer::from_dir(&dir, &config).unwrap();
-    let path = fixture("chat.jsonl");
-    let examples = read_jsonl(&path).unwrap();
-    let items = tokenize(&examples, &tokenizer, 24, Packing::Pad, &path)
-        .unwrap()
-        .items;
-    let train = |strategy, world: usize, steps: usize| -> (CausalLm<B>, Vec<f64>) {
-        let data = DataSource::new(InMemDataset::new(items.clone()), LmBatcher);
-        let plan = Plan::resolve(PlanRequest::new(strategy, 16).with_world(world)).unwrap();
-        let training = Training {
-            steps,
-            seed: 1,
-            lr: &|_| 3e-2,
-            resume: None,
-            keep_optimizer_state: false,
-            save_every: None,
-            stop: None,
-        };
-        let optim = PerformanceSpec::new(AdamWConfig::new(), PerformanceConfig::default()).unwrap();
-        let mut quiet = |_, _: &StepOutput| {};
-        let (model, record) = fit(
-            &plan,
-            &training,
-            vec![device; world],
-            start.clone(),
-            &optim,
-            data,
-            &mut quiet,
-        )
-        .unwrap();
-        (model.valid(), record.losses)
-    };
-    // The loss on the training sequences falls (a longer run) ...
-    let (_, losses) = train(StrategyKind::Single, 1, 60);
-    let mean = |l: &[f64]| l.iter().sum::<f64>() / l.len() as f64;
-    let (head, tail) = (mean(&losses[..10]), mean(&losses[losses.len() - 10..]));
-    // Measured 4.300 -> 4.117 on the chat data's responses: the random base's small weights
-    // (std 0.02, its head included) bound how far adapters alone can move the logits.
-    assert!(
-        tail < head - 0.1,
-        "the loss did not fall: {head} -> {tail}"
-
-    );
-    // ... and a few steps through Ddp over 2 ranks train what Single trains. (Over many steps
-    // Adam's sign-like updates of near-zero gradients amplify float rounding.)
-    let (single, _) = train(StrategyKind::Single, 1, 4);
-    let (ddp, _) = train(StrategyKind::Ddp, 2, 4);
-
-    let (s, d) = (checksum(&single), checksum(&ddp));
-    let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * a.abs().max(1.0);
-    assert!(
-        close(s.sum, d.sum) && close(s.sq_sum, d.sq_sum),
-        "{s:?} vs {d:?}"
-    );
-    // The base is frozen: bit for bit what was loaded, under either strategy.
-    let before = start.valid();
-    for model in [&single, &ddp] {
-        let (a, b) = (&before.model.layers[1], &model.model.layers[1]);
-        assert_eq!(
-            a.self_attn.q_proj.base.as_ref().unwrap().weight.val().into_data(),
-            b.self_attn.q_proj.base.as_ref().unwrap().weight.val().into_data()
-        );
-        assert_eq!(
-            before.model.embed_tokens.weight.val().into_data(),
-            model.model.embed_tokens.weight.val().into_data()
-        );
-        // The adapters moved.
-        let trained = b
-            .self_attn
-            .q_proj
-            .lora
-            .as_ref()
-            .unwrap()
-            .b
-            .val()
-            .into_data();
-        let initial = a
-            .self_attn
-            .q_proj
-            .lora
-            .as_ref()
-            .unwrap()
-            .b
-            .val()
-            .into_data();
-        assert_ne!(trained, initial);
-    }
 }
 
 #[test]

@@ -7,17 +7,20 @@ use burn::backend::{Autodiff, Flex};
 use burn::module::{AutodiffModule, Param};
 use burn::tensor::{Int, Tensor, TensorData};
 use kiln_kernels::quant::QuantizedWeight;
-use kiln_kernels::reference;
+use kiln_kernels::{KernelBackend, reference};
 use kiln_nn::llm::{CausalLm, LoraSpec, TARGET_MODULES, load, load_4bit};
 use kiln_nn::lora::QuantConfig;
 
 type B = Flex;
 
 mod common;
-use common::{expected, fixture, max_abs_diff};
+use common::{expected, fixed_adapters, fixture, max_abs_diff};
 
 fn input(tokens: &[i64]) -> Tensor<B, 2, Int> {
-    Tensor::from_data(TensorData::new(tokens.to_vec(), [2, 12]), &Default::default())
+    Tensor::from_data(
+        TensorData::new(tokens.to_vec(), [2, 12]),
+        &Default::default(),
+    )
 }
 
 fn values(t: Tensor<B, 3>) -> Vec<f32> {
@@ -26,8 +29,8 @@ fn values(t: Tensor<B, 3>) -> Vec<f32> {
 
 /// The f32 model of `folder` with each projection's weight replaced by what its 4-bit codes
 /// decode to: the 4-bit model's exact full-precision twin.
-fn decoded_twin(folder: &str, quant: &QuantConfig) -> CausalLm<B> {
-    let (_, mut model) = load::<B>(&fixture(folder), &Default::default()).unwrap();
+fn decoded_twin<K: KernelBackend>(folder: &str, quant: &QuantConfig) -> CausalLm<K> {
+    let (_, mut model) = load::<K>(&fixture(folder), &Default::default()).unwrap();
     for layer in &mut model.model.layers {
         let a = &mut layer.self_attn;
         let m = &mut layer.mlp;
@@ -49,10 +52,15 @@ fn decoded_twin(folder: &str, quant: &QuantConfig) -> CausalLm<B> {
     model
 }
 
+/// `model.with_lora(spec)` with its adapters' `A` fixed by `seed`.
+fn seeded_lora<K: KernelBackend>(model: CausalLm<K>, spec: &LoraSpec, seed: u64) -> CausalLm<K> {
+    fixed_adapters(model.with_lora(spec).unwrap(), seed)
+}
+
 fn check(model: &str) {
     let quant = QuantConfig::new();
     let (tokens, reference, _) = expected(model, "logits");
-    let twin = values(decoded_twin(model, &quant).forward(input(&tokens)));
+    let twin = values(decoded_twin::<B>(model, &quant).forward(input(&tokens)));
     for folder in [
         model.to_string(),
         format!("{model}/sharded"),
@@ -72,7 +80,10 @@ fn check(model: &str) {
             ] {
                 let q = &proj.quantized.as_ref().unwrap().weight;
                 let (k, n) = (q.k, q.n);
-                assert_eq!(q.storage_bytes(), n * k.div_ceil(8) * 4 + n * k.div_ceil(64) * 4);
+                assert_eq!(
+                    q.storage_bytes(),
+                    n * k.div_ceil(8) * 4 + n * k.div_ceil(64) * 4
+                );
                 if k % 64 == 0 {
                     assert_eq!(q.storage_bytes() as f64 / (k * n) as f64, 0.5625);
                 }
@@ -141,7 +152,7 @@ fn adapters_on_a_4_bit_base_get_gradients_and_the_base_none() {
         target_modules: TARGET_MODULES.map(String::from).to_vec(),
         use_rslora: false,
     };
-    let mut model = base.with_lora(&spec).unwrap();
+    let mut model = seeded_lora(base, &spec, 0);
     // B starts at zero (the adapted model is the base); give it values so A gets a gradient.
     for layer in &mut model.model.layers {
         let adapter = layer.self_attn.q_proj.lora.as_mut().unwrap();
@@ -166,4 +177,86 @@ fn adapters_on_a_4_bit_base_get_gradients_and_the_base_none() {
     // The merged model decodes the base: full precision, the adapter folded in.
     let merged = model.valid().merge_lora();
     assert!(merged.model.layers[0].self_attn.q_proj.base.is_some());
+}
+
+/// Every adapter of `model`, in layer and projection order: `A` and `B`.
+fn adapters<K: KernelBackend>(model: &CausalLm<K>) -> Vec<&kiln_nn::lora::LoraAdapter<K>> {
+    let mut all = Vec::new();
+    for layer in &model.model.layers {
+        let (a, m) = (&layer.self_attn, &layer.mlp);
+        for proj in [
+            &a.q_proj,
+            &a.k_proj,
+            &a.v_proj,
+            &a.o_proj,
+            &m.gate_proj,
+            &m.up_proj,
+            &m.down_proj,
+        ] {
+            all.push(proj.lora.as_ref().unwrap());
+        }
+    }
+    all
+}
+
+/// The 4-bit matmul's backward gives the adapters the gradients they get on the decoded
+/// twin: QLoRA trains what LoRA on the dequantised base would.
+#[test]
+fn adapter_gradients_on_a_4_bit_base_are_those_on_its_decoded_twin() {
+    type A = Autodiff<B>;
+    let device = Default::default();
+    let quant = QuantConfig::new();
+    let spec = LoraSpec {
+        rank: 2,
+        alpha: 4.0,
+        target_modules: TARGET_MODULES.map(String::from).to_vec(),
+        use_rslora: false,
+    };
+    // Both models' adapters from the same values: A from the seeded generator, B set.
+    let adapt = |model: CausalLm<A>| {
+        let mut model = seeded_lora(model, &spec, 11);
+        for layer in &mut model.model.layers {
+            for proj in [&mut layer.self_attn.v_proj, &mut layer.mlp.up_proj] {
+                let adapter = proj.lora.as_mut().unwrap();
+                let [r, n] = adapter.b.dims();
+                let values: Vec<f32> = (0..r * n).map(|i| ((i % 7) as f32 - 3.0) * 0.05).collect();
+                let b = Tensor::<A, 2>::from_data(TensorData::new(values, [r, n]), &device);
+                adapter.b = Param::initialized(adapter.b.id, b.require_grad());
+            }
+        }
+        model
+    };
+    for folder in ["llama", "qwen2"] {
+        let (tokens, _, _) = expected(folder, "logits");
+        let loss = |model: &CausalLm<A>| {
+            let tokens =
+                Tensor::<A, 2, Int>::from_data(TensorData::new(tokens.clone(), [2, 12]), &device);
+            model.forward(tokens).powi_scalar(2).mean()
+        };
+        let four = adapt(load_4bit::<A>(&fixture(folder), &device, &quant).unwrap().1);
+        let twin = adapt(decoded_twin::<A>(folder, &quant));
+        let (g_four, g_twin) = (loss(&four).backward(), loss(&twin).backward());
+        for (i, (a, b)) in adapters(&four).into_iter().zip(adapters(&twin)).enumerate() {
+            for (name, x, y) in [("A", &a.a, &b.a), ("B", &a.b, &b.b)] {
+                let x = x
+                    .grad(&g_four)
+                    .unwrap()
+                    .into_data()
+                    .to_vec::<f32>()
+                    .unwrap();
+                let y = y
+                    .grad(&g_twin)
+                    .unwrap()
+                    .into_data()
+                    .to_vec::<f32>()
+                    .unwrap();
+                let scale = y.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let diff = max_abs_diff(&x, &y);
+                assert!(
+                    diff <= 1e-4 * scale.max(1e-6),
+                    "{folder} adapter {i} {name}: {diff} against gradients up to {scale}"
+                );
+            }
+        }
+    }
 }

@@ -28,10 +28,17 @@ fn the_tokenizer_encodes_and_decodes_as_python_does() {
     };
     for case in &cases {
         let text = case["text"].as_str().unwrap();
-        assert_eq!(tokenizer.encode(text, true).unwrap(), ids(&case["ids"]), "{text}");
+        assert_eq!(
+            tokenizer.encode(text, true).unwrap(),
+            ids(&case["ids"]),
+            "{text}"
+        );
         let plain = tokenizer.encode(text, false).unwrap();
         assert_eq!(plain, ids(&case["ids_plain"]), "{text}");
-        assert_eq!(tokenizer.decode(&plain).unwrap(), case["decoded"].as_str().unwrap());
+        assert_eq!(
+            tokenizer.decode(&plain).unwrap(),
+            case["decoded"].as_str().unwrap()
+        );
     }
     assert_eq!(tokenizer.eos(), Some(2));
 }
@@ -44,7 +51,10 @@ fn scratch(name: &str, text: &str) -> PathBuf {
 
 #[test]
 fn bad_lines_are_refused_naming_the_file_and_line() {
-    let path = scratch("bad", "{\"text\": \"ok\"}\n\n{\"prompt\": \"x\", \"response\": \n");
+    let path = scratch(
+        "bad",
+        "{\"text\": \"ok\"}\n\n{\"prompt\": \"x\", \"response\": \n",
+    );
     let err = read_jsonl(&path).unwrap_err();
     assert!(matches!(err, LlmError::Data { line: 3, .. }), "{err}");
     assert!(err.to_string().contains("not valid JSON"), "{err}");
@@ -69,13 +79,24 @@ fn a_chat_example_trains_its_response_and_end_token_only() {
     let prompt = tokenizer.encode("what colour is the sky? ", true).unwrap();
     let response = tokenizer.encode("blue", false).unwrap();
     let path = fixture("chat.jsonl");
-    let out = tokenize(std::slice::from_ref(&example), &tokenizer, 16, Packing::Pad, &path).unwrap();
+    let out = tokenize(
+        std::slice::from_ref(&example),
+        &tokenizer,
+        16,
+        Packing::Pad,
+        &path,
+    )
+    .unwrap();
     let item = &out.items[0];
     assert_eq!(item.tokens.len(), 17);
     let p = prompt.len();
     assert_eq!(&item.tokens[..p], &prompt[..]);
     assert_eq!(&item.tokens[p..p + response.len()], &response[..]);
-    assert_eq!(item.tokens[p + response.len()], 2, "the end token follows the response");
+    assert_eq!(
+        item.tokens[p + response.len()],
+        2,
+        "the end token follows the response"
+    );
     // Target i is token i + 1: the response's tokens and the end token, nothing else.
     let trained: Vec<usize> = (0..16).filter(|&i| item.trained[i]).collect();
     let expected: Vec<usize> = (p - 1..p + response.len()).collect();
@@ -84,13 +105,29 @@ fn a_chat_example_trains_its_response_and_end_token_only() {
     assert_eq!(out.truncated, 0);
 
     // A sequence too short for the whole answer: cut and counted.
-    let short = tokenize(std::slice::from_ref(&example), &tokenizer, p, Packing::Pad, &path).unwrap();
+    let short = tokenize(
+        std::slice::from_ref(&example),
+        &tokenizer,
+        p,
+        Packing::Pad,
+        &path,
+    )
+    .unwrap();
     assert_eq!((short.truncated, short.trained_tokens), (1, 1));
     // A prompt that leaves no room for the response: refused, naming the line.
-    let err = tokenize(&[example.clone(), example], &tokenizer, p - 1, Packing::Pad, &path)
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("chat.jsonl:1:") && err.contains("--seq-len"), "{err}");
+    let err = tokenize(
+        &[example.clone(), example],
+        &tokenizer,
+        p - 1,
+        Packing::Pad,
+        &path,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("chat.jsonl:1:") && err.contains("--seq-len"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -41,6 +41,17 @@ pub trait PipelineModel<B: AutodiffBackend>: TrainModel<B> {
     /// How many blocks the model splits between: at most this many stages.
     fn num_blocks(&self) -> usize;
 
+    /// Refuses, with the reason, a split into `stages` stages that this model cannot train
+    /// exactly (e.g. a trainable weight shared by the first and the last stage, whose two
+    /// gradients nothing would sum). Every split is accepted unless a model says otherwise.
+    ///
+    /// # Errors
+    /// Why the split cannot train as single-device training does, and what to do instead.
+    fn check_split(&self, stages: usize) -> Result<(), String> {
+        let _ = stages;
+        Ok(())
+    }
+
     /// The stages holding `ranges` of blocks (contiguous, in order, covering `0..num_blocks`):
     /// stage 0 also holds what comes before the blocks, the last stage what comes after.
     /// Parameters keep their `ParamId`s.

@@ -158,6 +158,16 @@ pub enum ConfigError {
         /// The model's blocks.
         blocks: usize,
     },
+    /// A split the model cannot train exactly ([`PipelineModel::check_split`]).
+    ///
+    /// [`PipelineModel::check_split`]: crate::model::PipelineModel::check_split
+    #[error("the model cannot be split into {stages} pipeline stages: {reason}")]
+    SplitRefused {
+        /// Stages asked for.
+        stages: usize,
+        /// The model's reason, with what to do instead.
+        reason: String,
+    },
     /// A world that is not `dp × stages` ranks.
     #[error(
         "a pipeline of {stages} stages needs a world of dp × {stages} ranks (a mesh with axes \

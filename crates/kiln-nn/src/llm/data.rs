@@ -112,8 +112,18 @@ pub fn tokenize(
         let mut stream: Vec<(u32, bool)> = Vec::new();
         match example {
             Example::Chat { prompt, response } => {
-                stream.extend(tokenizer.encode(prompt, true)?.into_iter().map(|t| (t, false)));
-                stream.extend(tokenizer.encode(response, false)?.into_iter().map(|t| (t, true)));
+                stream.extend(
+                    tokenizer
+                        .encode(prompt, true)?
+                        .into_iter()
+                        .map(|t| (t, false)),
+                );
+                stream.extend(
+                    tokenizer
+                        .encode(response, false)?
+                        .into_iter()
+                        .map(|t| (t, true)),
+                );
                 stream.extend(tokenizer.eos().map(|t| (t, true)));
             }
             Example::Text(text) => {

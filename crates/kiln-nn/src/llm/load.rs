@@ -74,8 +74,13 @@ pub fn load_4bit<B: KernelBackend>(
         config.build(device, &mut |path, d_in, d_out, bias| {
             // Checkpoints hold `nn.Linear` weights as [out, in].
             let weight = shards.read(&format!("{path}.base.weight"), &[d_out, d_in])?;
-            let host =
-                HostQuantized::quantize_transposed(&weight, d_in, d_out, quant.format, quant.scales);
+            let host = HostQuantized::quantize_transposed(
+                &weight,
+                d_in,
+                d_out,
+                quant.format,
+                quant.scales,
+            );
             drop(weight);
             let bias = match bias {
                 true => {

@@ -19,33 +19,48 @@ pub struct Attention<B: KernelBackend> {
     pub v_proj: Proj<B>,
     /// Output: `heads × head_dim → hidden`.
     pub o_proj: Proj<B>,
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
+    pub(super) heads: usize,
+    pub(super) kv_heads: usize,
+    pub(super) head_dim: usize,
 }
 
 impl<B: KernelBackend> Attention<B> {
     fn forward(&self, x: Tensor<B, 3>, rope: &Rope) -> Tensor<B, 3> {
-        let [batch, seq, _] = x.dims();
+        self.attend(x, rope, 0, |k, v| (k, v))
+    }
+
+    /// Attention of `x` `[batch, n, hidden]` at positions `start..start + n`. `context` is
+    /// given their rotated keys and values `[batch, n, kv_heads × head_dim]` and returns the
+    /// keys and values attended to, which end with them: themselves when training, the
+    /// cached positions before them when generating.
+    pub(super) fn attend(
+        &self,
+        x: Tensor<B, 3>,
+        rope: &Rope,
+        start: usize,
+        context: impl FnOnce(Tensor<B, 3>, Tensor<B, 3>) -> (Tensor<B, 3>, Tensor<B, 3>),
+    ) -> Tensor<B, 3> {
+        let [batch, n, _] = x.dims();
         let (h, kv, d) = (self.heads, self.kv_heads, self.head_dim);
-        let q = self.q_proj.forward(x.clone()).reshape([batch, seq, h, d]);
-        let k = self.k_proj.forward(x.clone()).reshape([batch, seq, kv, d]);
-        let v = self.v_proj.forward(x).reshape([batch, seq, kv, d]);
-        let (q, k) = (rope.apply(q, 0), rope.apply(k, 0));
+        let q = self.q_proj.forward(x.clone()).reshape([batch, n, h, d]);
+        let k = self.k_proj.forward(x.clone()).reshape([batch, n, kv, d]);
+        let v = self.v_proj.forward(x);
+        let q = rope.apply(q, start).reshape([batch, n, h * d]);
+        let k = rope.apply(k, start).reshape([batch, n, kv * d]);
+        let (k, v) = context(k, v);
         // Each key/value head serves heads / kv_heads query heads, in order.
-        let repeat = |t: Tensor<B, 4>| {
+        let repeat = |t: Tensor<B, 3>| {
             if kv == h {
-                t
-            } else {
-                t.unsqueeze_dim::<5>(3)
-                    .expand([batch, seq, kv, h / kv, d])
-                    .reshape([batch, seq, h, d])
+                return t;
             }
+            let [_, len, _] = t.dims();
+            t.reshape([batch, len, kv, 1, d])
+                .expand([batch, len, kv, h / kv, d])
+                .reshape([batch, len, h * d])
         };
-        let flat = |t: Tensor<B, 4>| t.reshape([batch, seq, h * d]);
-        let context = ops::causal_attention(flat(q), flat(repeat(k)), flat(repeat(v)), h)
-            .unwrap_or_else(|e| panic!("{e}"));
-        self.o_proj.forward(context)
+        let out =
+            ops::causal_attention(q, repeat(k), repeat(v), h).unwrap_or_else(|e| panic!("{e}"));
+        self.o_proj.forward(out)
     }
 }
 
@@ -84,10 +99,16 @@ pub struct DecoderLayer<B: KernelBackend> {
 impl<B: KernelBackend> DecoderLayer<B> {
     /// `[batch, seq, hidden]` → same shape, causally.
     pub fn forward(&self, x: Tensor<B, 3>, rope: &Rope) -> Tensor<B, 3> {
-        let h = x.clone()
-            + self
-                .self_attn
-                .forward(self.input_layernorm.forward(x), rope);
+        self.forward_with(x, |attn, x| attn.forward(x, rope))
+    }
+
+    /// The layer with `attend` as its attention (the cached one when generating).
+    pub(super) fn forward_with(
+        &self,
+        x: Tensor<B, 3>,
+        attend: impl FnOnce(&Attention<B>, Tensor<B, 3>) -> Tensor<B, 3>,
+    ) -> Tensor<B, 3> {
+        let h = x.clone() + attend(&self.self_attn, self.input_layernorm.forward(x));
         h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h))
     }
 }
@@ -102,7 +123,7 @@ pub struct Decoder<B: KernelBackend> {
     /// The final norm.
     pub norm: RmsNorm<B>,
     #[module(skip)]
-    rope: Rope,
+    pub(super) rope: Rope,
 }
 
 /// A causal language model: [`Decoder`] and the LM head (`None`: tied to the embedding).
@@ -113,6 +134,10 @@ pub struct CausalLm<B: KernelBackend> {
     /// `hidden → vocab`; `None` when tied to the embedding.
     pub lm_head: Option<Linear<B>>,
 }
+
+/// What [`LlmConfig::build`] calls for each projection: its Hugging Face path, `in`, `out` and
+/// whether it has a bias, to the projection.
+pub type ProjBuilder<'a, B, E> = dyn FnMut(&str, usize, usize, bool) -> Result<Proj<B>, E> + 'a;
 
 impl LlmConfig {
     /// A model of these sizes with freshly initialised weights (what [`super::load`] fills).
@@ -135,7 +160,7 @@ impl LlmConfig {
     pub fn build<B: KernelBackend, E>(
         &self,
         device: &B::Device,
-        proj: &mut dyn FnMut(&str, usize, usize, bool) -> Result<Proj<B>, E>,
+        proj: &mut ProjBuilder<'_, B, E>,
     ) -> Result<CausalLm<B>, E> {
         let (d, f) = (self.hidden_size, self.intermediate_size);
         let (q, kv) = (
@@ -195,13 +220,24 @@ impl<B: KernelBackend> CausalLm<B> {
         for layer in &decoder.layers {
             x = layer.forward(x, &decoder.rope);
         }
-        let x = decoder.norm.forward(x);
+        self.head(x)
+    }
+
+    /// The final norm and the LM head: hidden states `[batch, seq, hidden]` to logits.
+    pub(super) fn head(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let x = self.model.norm.forward(x);
         match &self.lm_head {
             Some(head) => head.forward(x),
-            None => {
-                let embedding = decoder.embed_tokens.weight.val();
-                x.matmul(embedding.transpose().unsqueeze_dim(0))
-            }
+            None => tied_logits(x, &self.model.embed_tokens),
         }
     }
+}
+
+/// The logits of a head tied to `embedding`: normed hidden states `[batch, seq, hidden]` times
+/// the embedding's transpose.
+pub(super) fn tied_logits<B: KernelBackend>(
+    x: Tensor<B, 3>,
+    embedding: &Embedding<B>,
+) -> Tensor<B, 3> {
+    x.matmul(embedding.weight.val().transpose().unsqueeze_dim(0))
 }

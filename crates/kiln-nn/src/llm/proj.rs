@@ -93,7 +93,10 @@ impl<B: KernelBackend> Proj<B> {
                 None => y,
             };
         }
-        let q = self.quantized.as_ref().expect("a Proj is built with a base");
+        let q = self
+            .quantized
+            .as_ref()
+            .expect("a Proj is built with a base");
         // The adapter's term rides in the 4-bit matmul's epilogue (one kernel on CubeCL).
         let y = match &self.lora {
             Some(adapter) => {

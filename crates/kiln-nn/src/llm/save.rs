@@ -44,7 +44,18 @@ impl<B: KernelBackend> CausalLm<B> {
             .overwrite(true);
         merged.save_into(&mut store).map_err(|e| io(&path, &e))?;
         let config = base_dir.join("config.json");
-        std::fs::copy(&config, dir.join("config.json")).map_err(|e| io(&config, &e))?;
+        let target = dir.join("config.json");
+        // Saved into the folder it came from, the config is already in place: copying a file
+        // onto itself would truncate it.
+        let same = |a: &Path, b: &Path| {
+            a.canonicalize()
+                .ok()
+                .zip(b.canonicalize().ok())
+                .is_some_and(|(a, b)| a == b)
+        };
+        if !same(&config, &target) {
+            std::fs::copy(&config, &target).map_err(|e| io(&config, &e))?;
+        }
         Ok(())
     }
 }

@@ -1,12 +1,13 @@
-//! A [`CausalLm`] as a model every replicating strategy trains: masked next-token
-//! cross-entropy on [`LmBatch`]es, through `Single`, `DataParallel` and `Ddp`. Only the
-//! parameters that require gradients train: after [`CausalLm::with_lora`], the adapters.
+//! A [`CausalLm`] as a model Kiln trains: masked next-token cross-entropy on [`LmBatch`]es,
+//! through `Single`, `DataParallel`, `Ddp` and `Pipeline` (its stages: [`super::CausalLmStage`]),
+//! in f32 or mixed precision. Only the parameters that require gradients train: after
+//! [`CausalLm::with_lora`], the adapters.
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{FloatDType, Int, Tensor};
 use burn::train::{SequenceOutput, TrainOutput, TrainStep};
-use kiln_core::model::{ParallelModel, Unsupported};
-use burn::tensor::Tensor;
+use kiln_core::model::{LowPrecisionStep, ParallelModel, Supported, Unsupported};
 use kiln_kernels::{KernelBackend, ops};
 
 use super::{CausalLm, LmBatch};
@@ -22,18 +23,24 @@ impl<B: KernelBackend> CausalLm<B> {
     /// gradient. Each example counts the same whatever its length.
     pub fn forward_masked(&self, batch: LmBatch<B>) -> SequenceOutput<B> {
         let logits = self.forward(batch.inputs);
-        let [b, s, v] = logits.dims();
-        let rows = ops::cross_entropy(
-            logits.clone().reshape([b * s, v]),
-            batch.targets.clone().reshape([b * s]),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        let mask = batch.mask;
-        let counts = mask.clone().sum_dim(1).clamp_min(1.0);
-        let per_sequence: Tensor<B, 2> = (rows.reshape([b, s]) * mask).sum_dim(1) / counts;
-        let loss = per_sequence.mean();
+        let loss = masked_loss(logits.clone(), batch.targets.clone(), batch.mask);
         SequenceOutput::new(loss, logits, None, batch.targets)
     }
+}
+
+/// The mean over sequences of each sequence's mean cross-entropy over the targets `mask`
+/// trains (a sequence training none counts 0), shape `[1]`.
+pub(super) fn masked_loss<B: KernelBackend>(
+    logits: Tensor<B, 3>,
+    targets: Tensor<B, 2, Int>,
+    mask: Tensor<B, 2>,
+) -> Tensor<B, 1> {
+    let [b, s, v] = logits.dims();
+    let rows = ops::cross_entropy(logits.reshape([b * s, v]), targets.reshape([b * s]))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let counts = mask.clone().sum_dim(1).clamp_min(1.0);
+    let per_sequence: Tensor<B, 2> = (rows.reshape([b, s]) * mask).sum_dim(1) / counts;
+    per_sequence.mean()
 }
 
 impl<B> TrainStep for CausalLm<B>
@@ -50,13 +57,28 @@ where
     }
 }
 
-/// The stage and shard contracts are not implemented yet: `pipeline`, `tensor` and bf16/f16
-/// are refused in one line naming them.
+impl<B> LowPrecisionStep<B> for CausalLm<B>
+where
+    B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend,
+    Self: AutodiffModule<B>,
+{
+    fn forward_in(&self, batch: LmBatch<B>, _dtype: FloatDType) -> SequenceOutput<B> {
+        // The parameters are in the low precision already and the inputs are token ids; the
+        // rotary tables take the activations' dtype. The loss (a softmax over the vocabulary
+        // and means over positions) is computed in f32.
+        let logits = self.forward(batch.inputs).cast(FloatDType::F32);
+        let loss = masked_loss(logits.clone(), batch.targets.clone(), batch.mask);
+        SequenceOutput::new(loss, logits, None, batch.targets)
+    }
+}
+
+/// Pipeline stages split it by decoder layers and it computes in bf16 or f16; the shard
+/// contract is not implemented yet: `tensor` is refused in one line naming it.
 impl<B> ParallelModel<B> for CausalLm<B>
 where
     B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend,
 {
-    type Pipeline = Unsupported;
+    type Pipeline = Supported;
     type Tensor = Unsupported;
-    type LowPrecision = Unsupported;
+    type LowPrecision = Supported;
 }

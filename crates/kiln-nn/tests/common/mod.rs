@@ -40,3 +40,41 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// `model` with every adapter's `A` drawn from a generator of its own, seeded with `seed`
+/// (uniform in ±1/√in, as PEFT's Kaiming init bounds it), its `B` untouched. Burn's own
+/// generator is shared by every test of a binary, and loading a model draws from it too, so
+/// tests that compare runs fix the adapters this way.
+pub fn fixed_adapters<K: kiln_kernels::KernelBackend>(
+    mut model: kiln_nn::llm::CausalLm<K>,
+    seed: u64,
+) -> kiln_nn::llm::CausalLm<K> {
+    use burn::module::Param;
+    use burn::tensor::{Tensor, TensorData};
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for layer in &mut model.model.layers {
+        let (a, m) = (&mut layer.self_attn, &mut layer.mlp);
+        for proj in [
+            &mut a.q_proj,
+            &mut a.k_proj,
+            &mut a.v_proj,
+            &mut a.o_proj,
+            &mut m.gate_proj,
+            &mut m.up_proj,
+            &mut m.down_proj,
+        ] {
+            let Some(adapter) = proj.lora.as_mut() else {
+                continue;
+            };
+            let [d_in, r] = adapter.a.dims();
+            let bound = 1.0 / (d_in as f32).sqrt();
+            let values: Vec<f32> = (0..d_in * r)
+                .map(|_| rng.random_range(-bound..bound))
+                .collect();
+            let device = adapter.a.device();
+            let a = Tensor::<K, 2>::from_data(TensorData::new(values, [d_in, r]), &device);
+            adapter.a = Param::initialized(adapter.a.id, a.require_grad());
+        }
+    }
+    model
+}

@@ -311,7 +311,7 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
     }
 }
 
-/// More stages than the model has blocks cannot work.
+/// More stages than the model has blocks cannot work, nor a split the model refuses.
 fn check_blocks<B: AutodiffBackend, M: PipelineModel<B>>(
     model: &M,
     stages: usize,
@@ -320,7 +320,9 @@ fn check_blocks<B: AutodiffBackend, M: PipelineModel<B>>(
     if stages > blocks {
         return Err(ConfigError::TooManyStages { stages, blocks });
     }
-    Ok(())
+    model
+        .check_split(stages)
+        .map_err(|reason| ConfigError::SplitRefused { stages, reason })
 }
 
 impl<B: AutodiffBackend, M: PipelineModel<B>> Strategy<B, M> for Pipeline<B, M> {
