@@ -5,6 +5,10 @@
 //! - [`strategies`]: a matrix of strategy × world size × model, each scenario repeated after a
 //!   warm-up in rotating order, reported as JSON, a Markdown table and an SVG chart, and
 //!   compared against an earlier run (`kiln bench strategies`).
+//! - [`llm`]: a random LLaMA-family checkpoint of a chosen size, its host memory when loaded
+//!   in f32 and in 4 bits, and LoRA / QLoRA fine-tuning throughput through strategies
+//!   (`kiln bench llm`).
+//! - [`memory`]: the process's peak host memory.
 //! - [`launches`]: kernel launches and host synchronisations, counted on any CubeCL runtime
 //!   (the AD step benchmark reports them per step).
 //!
@@ -13,5 +17,7 @@
 
 pub mod kernels;
 pub mod launches;
+pub mod llm;
+pub mod memory;
 pub mod stats;
 pub mod strategies;

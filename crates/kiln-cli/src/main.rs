@@ -6,7 +6,7 @@ mod bench;
 mod checkpoint_args;
 mod config_file;
 mod finetune;
-mod memory;
+mod generate;
 mod names;
 mod optimizer_args;
 mod outputs;
@@ -42,6 +42,8 @@ enum Command {
     /// Fine-tune a Hugging Face model folder with LoRA adapters (QLoRA with --load-in-4bit)
     /// on a JSONL file; the adapters are written in PEFT's layout.
     Finetune(Box<finetune::FinetuneArgs>),
+    /// Generate text from a Hugging Face model folder, with fine-tuned adapters when given.
+    Generate(Box<generate::GenerateArgs>),
     /// Algorithm Distillation on Dark Room: train and evaluate in-context RL.
     #[command(subcommand)]
     Ad(ad::AdCommand),
@@ -75,6 +77,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Train(args) => train::run(args),
         Command::Finetune(args) => finetune::run(*args),
+        Command::Generate(args) => generate::run(*args),
         Command::Ad(command) => ad::run(command),
         Command::Bench(command) => bench::run(command),
     };

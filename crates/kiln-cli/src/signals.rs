@@ -52,7 +52,9 @@ impl std::fmt::Display for Saved {
                 dir.display(),
                 root.display()
             ),
-            Saved::Adapters(dir) => write!(f, "that step's adapters are saved in {}", dir.display()),
+            Saved::Adapters(dir) => {
+                write!(f, "that step's adapters are saved in {}", dir.display())
+            }
         }
     }
 }

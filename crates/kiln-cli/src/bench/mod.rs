@@ -2,6 +2,7 @@
 //! cargo). The measuring lives in the kiln-bench crate; this is the command line.
 
 mod kernels;
+mod llm;
 mod strategies;
 
 use clap::Subcommand;
@@ -15,6 +16,10 @@ pub enum BenchCommand {
     /// Train every model through every strategy at several world sizes, side by side, and
     /// write JSON, a Markdown table and an SVG chart of throughput against world size.
     Strategies(strategies::StrategyArgs),
+    /// Write a random LLaMA-shaped Hugging Face folder (tiny, 100m or 500m parameters),
+    /// measure the host memory of loading it in f32 and in 4 bits, and time LoRA / QLoRA
+    /// fine-tuning through strategies side by side, on the CPU.
+    Llm(Box<llm::LlmArgs>),
 }
 
 /// Runs a bench command.
@@ -22,5 +27,6 @@ pub fn run(command: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
     match command {
         BenchCommand::Kernels(args) => kernels::run(args),
         BenchCommand::Strategies(args) => strategies::run(args),
+        BenchCommand::Llm(args) => llm::run(*args),
     }
 }

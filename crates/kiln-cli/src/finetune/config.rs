@@ -156,7 +156,9 @@ impl FinetuneConfig {
     /// # Errors
     /// When none is given.
     pub fn data_file(&self) -> Result<&Path, FinetuneConfigError> {
-        self.data.as_deref().ok_or(FinetuneConfigError::Missing("data"))
+        self.data
+            .as_deref()
+            .ok_or(FinetuneConfigError::Missing("data"))
     }
 
     /// Checks what can be checked before the model folder is read.

@@ -124,7 +124,9 @@ impl FinetuneArgs {
         let dp = self.run.apply(&mut c.train)?;
         c.validate()?;
         let plan = c.train.plan(dp)?;
-        c.train.placement(&plan).map_err(crate::train::ConfigError::from)?;
+        c.train
+            .placement(&plan)
+            .map_err(crate::train::ConfigError::from)?;
         Ok((c, plan, self.json))
     }
 }
@@ -190,9 +192,10 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
         report.first_loss,
         report.final_loss,
         report.tokens_per_s,
-        report
-            .peak_host_bytes
-            .map_or_else(|| "unknown".into(), |b| format!("{:.0} MiB", b as f64 / 1048576.0)),
+        report.peak_host_bytes.map_or_else(
+            || "unknown".into(),
+            |b| format!("{:.0} MiB", b as f64 / 1048576.0)
+        ),
     );
     println!("adapters saved in {} (PEFT layout)", report.adapters);
     if let Some(merged) = &report.merged {
@@ -241,7 +244,11 @@ impl Job for FinetuneJob<'_> {
             "loaded {} ({} parameters{}) in {:.1} s",
             dir.display(),
             llm.parameters(),
-            if config.load_in_4bit { ", projections in 4 bits" } else { "" },
+            if config.load_in_4bit {
+                ", projections in 4 bits"
+            } else {
+                ""
+            },
             loading.elapsed().as_secs_f64()
         );
         let stop = || signals.stop_requested();
@@ -269,7 +276,15 @@ impl Job for FinetuneJob<'_> {
         let mut hooks = on_step;
         let spec_optim = PerformanceSpec::new(AdamWConfig::new(), train.optimizer.clone())?;
         let data = DataSource::new(InMemDataset::new(items), LmBatcher);
-        let (trained, record) = fit(plan, &training, devices, model, &spec_optim, data, &mut hooks)?;
+        let (trained, record) = fit(
+            plan,
+            &training,
+            devices,
+            model,
+            &spec_optim,
+            data,
+            &mut hooks,
+        )?;
         bar.finish_and_clear();
         let trained = trained.valid();
         let base_name = dir.display().to_string();
@@ -304,7 +319,7 @@ impl Job for FinetuneJob<'_> {
             losses: record.losses.clone(),
             wall_s: record.wall_s,
             tokens_per_s: tokens_per_step * steps as f64 / record.wall_s.max(f64::MIN_POSITIVE),
-            peak_host_bytes: crate::memory::peak_host_bytes(),
+            peak_host_bytes: kiln_bench::memory::peak_host_bytes(),
             adapters: config.output.display().to_string(),
             merged: config.merged.as_ref().map(|m| m.display().to_string()),
         })

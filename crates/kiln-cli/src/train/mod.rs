@@ -21,8 +21,8 @@ use kiln_nn::tasks::{ClassificationBatcher, FibonacciTask, SequenceBatcher, Teac
 use kiln_nn::tensor_parallel::ShardedBackend;
 
 pub use config::{ConfigError, ModelKind, TrainConfig};
-pub use run_args::RunArgs;
 use report::TrainReport;
+pub use run_args::RunArgs;
 
 use crate::backend::{Job, dispatch};
 use crate::checkpoint_args::{CheckpointArgs, RunCheckpoints};

@@ -1,0 +1,119 @@
+//! `kiln generate`: text from a Hugging Face model folder, with fine-tuned adapters when given,
+//! greedy or top-p sampled, one cached position per token.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use burn::tensor::backend::AutodiffBackend;
+use kiln_nn::llm::{LlmTokenizer, Sampling, load, load_4bit, load_config};
+use kiln_nn::lora::QuantConfig;
+use kiln_nn::tensor_parallel::ShardedBackend;
+
+use crate::backend::{BackendKind, Job, Placement, dispatch};
+
+/// Flags of `kiln generate`.
+#[derive(clap::Args, Debug)]
+pub struct GenerateArgs {
+    /// The Hugging Face model folder (config.json, weights, tokenizer.json).
+    #[arg(long, value_name = "DIR")]
+    model: PathBuf,
+    /// LoRA adapters in PEFT's layout (what kiln finetune writes) to apply.
+    #[arg(long, value_name = "DIR")]
+    adapter: Option<PathBuf>,
+    /// Hold the base's projections in 4 bits (NF4), as QLoRA fine-tuning did.
+    #[arg(long)]
+    load_in_4bit: bool,
+    /// The text to continue (tokenised with the model's beginning-of-sequence token).
+    #[arg(long)]
+    prompt: String,
+    /// Tokens to generate at most (fewer when the model ends its answer).
+    #[arg(long, default_value_t = 64)]
+    max_new_tokens: usize,
+    /// 0 is greedy; above 0, sample from the logits divided by it.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    temperature: f32,
+    /// Nucleus sampling: draw among the most likely tokens holding this much probability.
+    #[arg(long, default_value_t = 0.9, allow_negative_numbers = true)]
+    top_p: f32,
+    /// Seed of the draws.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Backend.
+    #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
+    backend: BackendKind,
+}
+
+/// A sampling setting that cannot work.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    /// A temperature below zero or not a number.
+    #[error("--temperature must be 0 (greedy) or positive, got {0}")]
+    Temperature(f32),
+    /// A nucleus outside (0, 1].
+    #[error("--top-p must be in (0, 1], got {0}")]
+    TopP(f32),
+    /// Nothing to generate.
+    #[error("--max-new-tokens must be at least 1")]
+    NoTokens,
+}
+
+/// Runs `kiln generate`.
+///
+/// # Errors
+/// Invalid flags, an unreadable model folder or adapter.
+pub fn run(args: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if !(args.temperature >= 0.0 && args.temperature.is_finite()) {
+        return Err(GenerateError::Temperature(args.temperature).into());
+    }
+    if !(args.top_p > 0.0 && args.top_p <= 1.0) {
+        return Err(GenerateError::TopP(args.top_p).into());
+    }
+    if args.max_new_tokens == 0 {
+        return Err(GenerateError::NoTokens.into());
+    }
+    let backend = args.backend;
+    let text = dispatch(backend, &Placement::Ranks(1), GenerateJob(args))?;
+    println!("{text}");
+    Ok(())
+}
+
+struct GenerateJob(GenerateArgs);
+
+impl Job for GenerateJob {
+    type Output = String;
+
+    fn run<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
+        self,
+        devices: Vec<B::Device>,
+    ) -> Result<String, Box<dyn std::error::Error>> {
+        type I<B> = <B as AutodiffBackend>::InnerBackend;
+        let args = self.0;
+        let device = &devices[0];
+        let config = load_config(&args.model)?;
+        let tokenizer = LlmTokenizer::from_dir(&args.model, &config)?;
+        let (_, mut model) = if args.load_in_4bit {
+            load_4bit::<I<B>>(&args.model, device, &QuantConfig::new())?
+        } else {
+            load::<I<B>>(&args.model, device)?
+        };
+        if let Some(adapter) = &args.adapter {
+            model = model.load_peft(adapter)?.0;
+        }
+        let prompt = tokenizer.encode(&args.prompt, true)?;
+        let sampling = Sampling {
+            max_new_tokens: args.max_new_tokens,
+            temperature: args.temperature,
+            top_p: args.top_p,
+            seed: args.seed,
+        };
+        let started = Instant::now();
+        let tokens = model.generate(&prompt, &sampling, |t| tokenizer.is_eos(t));
+        tracing::info!(
+            "{} prompt tokens, {} generated in {:.2} s",
+            prompt.len(),
+            tokens.len(),
+            started.elapsed().as_secs_f64()
+        );
+        Ok(tokenizer.decode(&tokens)?)
+    }
+}
