@@ -21,7 +21,7 @@ use kiln_core::optim::PerformanceConfig;
 use kiln_core::plan::{Plan, PlanRequest};
 use kiln_core::strategy::{PerformanceSpec, StepOutput, StrategyConfigs, StrategyKind};
 use kiln_nn::llm::{CausalLm, LlmConfig, LlmError, LmBatcher, LmItem, LoraSpec, TARGET_MODULES};
-use kiln_nn::llm::{load, load_4bit, load_config};
+use kiln_nn::llm::{load, load_4bit};
 use kiln_nn::lora::QuantConfig;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -30,8 +30,8 @@ use serde::{Deserialize, Serialize};
 use crate::memory::{AnonPeak, anon_bytes, peak_host_bytes};
 use crate::stats::Summary;
 
-/// The shape of the generated model: LLaMA's (GQA with 4 key/value heads where it has more
-/// query heads, SwiGLU, a 32,000-token vocabulary, an untied head).
+/// The shape of the generated model: LLaMA's (grouped-query attention, SwiGLU, an untied
+/// head; 4 key/value heads and a 32,000-token vocabulary but for the tiny one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LlmSize {
     /// 2 layers of width 64 and a 256-token vocabulary (0.1 M parameters): a smoke test.
@@ -93,7 +93,8 @@ impl fmt::Display for LlmSize {
 }
 
 /// Writes a model of `size` with freshly initialised weights into `dir` as a Hugging Face
-/// folder: `config.json` and an f32 `model.safetensors`.
+/// folder: an f32 `model.safetensors`, then `config.json`, so that a folder with a config
+/// holds a whole model even if writing was interrupted.
 ///
 /// # Errors
 /// A file that cannot be written.
@@ -102,13 +103,16 @@ pub fn write_checkpoint(size: LlmSize, dir: &Path) -> Result<LlmConfig, LlmError
         path: dir.display().to_string(),
         reason: e.to_string(),
     };
-    std::fs::create_dir_all(dir).map_err(io)?;
+    // The config waits in a folder of its own, which save_pretrained copies it from last.
+    let staging = dir.join(".config");
+    std::fs::create_dir_all(&staging).map_err(io)?;
     let text = serde_json::to_string_pretty(&size.config_json()).expect("a JSON value");
-    std::fs::write(dir.join("config.json"), text).map_err(io)?;
-    let config = load_config(dir)?;
+    std::fs::write(staging.join("config.json"), &text).map_err(io)?;
+    let config = LlmConfig::from_json(&text)?;
     config
         .init::<Flex>(&Default::default())
-        .save_pretrained(dir, dir)?;
+        .save_pretrained(dir, &staging)?;
+    std::fs::remove_dir_all(&staging).map_err(io)?;
     Ok(config)
 }
 

@@ -23,10 +23,12 @@ pub struct GenerateArgs {
     /// Hold the base's projections in 4 bits (NF4), as QLoRA fine-tuning did.
     #[arg(long)]
     load_in_4bit: bool,
-    /// The text to continue (tokenised with the model's beginning-of-sequence token).
+    /// The text to continue (tokenised with the special tokens the tokenizer adds, such as a
+    /// beginning-of-sequence token).
     #[arg(long)]
     prompt: String,
-    /// Tokens to generate at most (fewer when the model ends its answer).
+    /// Tokens to generate at most (fewer when the model ends its answer with an
+    /// end-of-sequence token of its config.json).
     #[arg(long, default_value_t = 64)]
     max_new_tokens: usize,
     /// 0 is greedy; above 0, sample from the logits divided by it.
@@ -55,6 +57,22 @@ pub enum GenerateError {
     /// Nothing to generate.
     #[error("--max-new-tokens must be at least 1")]
     NoTokens,
+    /// A prompt that encodes to no token.
+    #[error("--prompt encodes to no token; give some text to continue")]
+    EmptyPrompt,
+    /// More positions than the model was trained for.
+    #[error(
+        "the prompt's {prompt} tokens and --max-new-tokens {new} exceed the model's \
+         max_position_embeddings ({max}); shorten the prompt or lower --max-new-tokens"
+    )]
+    TooLong {
+        /// Tokens of the prompt.
+        prompt: usize,
+        /// Tokens asked for.
+        new: usize,
+        /// The model's positions.
+        max: usize,
+    },
 }
 
 /// Runs `kiln generate`.
@@ -91,6 +109,19 @@ impl Job for GenerateJob {
         let device = &devices[0];
         let config = load_config(&args.model)?;
         let tokenizer = LlmTokenizer::from_dir(&args.model, &config)?;
+        // The prompt is checked before the model is loaded.
+        let prompt = tokenizer.encode(&args.prompt, true)?;
+        if prompt.is_empty() {
+            return Err(GenerateError::EmptyPrompt.into());
+        }
+        if prompt.len().saturating_add(args.max_new_tokens) > config.max_position_embeddings {
+            return Err(GenerateError::TooLong {
+                prompt: prompt.len(),
+                new: args.max_new_tokens,
+                max: config.max_position_embeddings,
+            }
+            .into());
+        }
         let (_, mut model) = if args.load_in_4bit {
             load_4bit::<I<B>>(&args.model, device, &QuantConfig::new())?
         } else {
@@ -99,7 +130,6 @@ impl Job for GenerateJob {
         if let Some(adapter) = &args.adapter {
             model = model.load_peft(adapter)?.0;
         }
-        let prompt = tokenizer.encode(&args.prompt, true)?;
         let sampling = Sampling {
             max_new_tokens: args.max_new_tokens,
             temperature: args.temperature,

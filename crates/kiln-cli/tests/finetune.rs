@@ -1,12 +1,15 @@
 //! `kiln finetune` and `kiln generate` on the committed llama fixture: adapters written in
 //! PEFT's layout by any strategy, the same adapters from Ddp and Pipeline as from Single, the
-//! JSON summary, generation with and without them, and one-line errors.
+//! JSON summary, checkpoints that resume to the straight run's adapters, generation with and
+//! without adapters, and one-line errors.
 
 mod common;
 
 use std::path::{Path, PathBuf};
 
+use burn::backend::Flex;
 use common::{assert_one_line_error, kiln};
+use kiln_nn::llm::load;
 
 fn fixture(path: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -27,6 +30,11 @@ fn scratch(name: &str) -> PathBuf {
 /// `kiln finetune` of the llama fixture on the chat data for 3 steps of 8 sequences, with
 /// `extra` flags; its JSON summary.
 fn finetune(out: &Path, extra: &[&str]) -> serde_json::Value {
+    finetune_for(out, "3", extra)
+}
+
+/// [`finetune`] for `steps` steps.
+fn finetune_for(out: &Path, steps: &str, extra: &[&str]) -> serde_json::Value {
     let (model, data) = (fixture("llama"), fixture("chat.jsonl"));
     let (adapters, json) = (out.join("adapters"), out.join("run.json"));
     let mut args = vec![
@@ -36,7 +44,7 @@ fn finetune(out: &Path, extra: &[&str]) -> serde_json::Value {
         "--data",
         &data,
         "--steps",
-        "3",
+        steps,
         "--batch",
         "8",
         "--seq-len",
@@ -62,8 +70,35 @@ fn finetune(out: &Path, extra: &[&str]) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap()
 }
 
-fn adapter_bytes(out: &Path) -> Vec<u8> {
-    std::fs::read(out.join("adapters/adapter_model.safetensors")).unwrap()
+/// The values of every adapter a run wrote into `out/adapters`, read back through PEFT's
+/// layout onto the fixture.
+fn adapter_values(out: &Path) -> Vec<f32> {
+    let device = Default::default();
+    let (_, base) = load::<Flex>(Path::new(&fixture("llama")), &device).unwrap();
+    let (model, _) = base.load_peft(&out.join("adapters")).unwrap();
+    model
+        .adapters()
+        .adapters
+        .into_iter()
+        .flatten()
+        .flat_map(|a| {
+            let mut values = a.a.val().into_data().to_vec::<f32>().unwrap();
+            values.extend(a.b.val().into_data().to_vec::<f32>().unwrap());
+            values
+        })
+        .collect()
+}
+
+/// Every loss of the run whose summary is `out/run.json`.
+fn losses(out: &Path) -> Vec<f64> {
+    let text = std::fs::read_to_string(out.join("run.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["losses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_f64().unwrap())
+        .collect()
 }
 
 #[test]
@@ -91,23 +126,20 @@ fn single_ddp_and_pipeline_write_the_same_peft_adapters() {
         &["--strategy", "pipeline", "--world", "2", "--stages", "2"],
     );
     assert_eq!(report["strategy"], "pipeline");
-    // Equal losses to the printed precision, and adapters within float rounding: the files
-    // differ only where the sums' order does.
-    let losses = |out: &Path| -> Vec<f64> {
-        let text = std::fs::read_to_string(out.join("run.json")).unwrap();
-        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-        v["losses"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|l| l.as_f64().unwrap())
-            .collect()
-    };
+    // The same losses and adapters, within float rounding: only the sums' order differs.
+    let (reference, values) = (losses(&single), adapter_values(&single));
+    let largest = values.iter().fold(0f32, |m, v| m.max(v.abs()));
     for other in [&ddp, &pipeline] {
-        for (a, b) in losses(&single).iter().zip(losses(other)) {
+        let theirs = losses(other);
+        assert_eq!(theirs.len(), reference.len());
+        for (a, b) in reference.iter().zip(&theirs) {
             assert!((a - b).abs() < 1e-5, "{a} vs {b}");
         }
-        assert_eq!(adapter_bytes(&single).len(), adapter_bytes(other).len());
+        let other_values = adapter_values(other);
+        assert_eq!(other_values.len(), values.len());
+        for (a, b) in values.iter().zip(&other_values) {
+            assert!((a - b).abs() <= 1e-5 * largest, "{a} vs {b}");
+        }
     }
     for dir in [single, ddp, pipeline] {
         std::fs::remove_dir_all(dir).ok();
@@ -141,8 +173,14 @@ fn generate_continues_a_prompt_greedily_and_with_the_fine_tuned_adapters() {
     };
     let base = generate(&[]);
     assert_eq!(base, generate(&[]), "greedy decoding is deterministic");
-    // Greedy continuations of the random fixture are arbitrary text; with the adapters the
-    // command reads and applies them (the library's tests check what generation computes).
+    // Greedy continuations of the random fixture are arbitrary text. Adapters change them:
+    // PEFT's fixture adapter (random A and B) does; a run's own adapters load and apply.
+    let peft = fixture("llama-peft");
+    assert_ne!(
+        generate(&["--adapter", &peft]),
+        base,
+        "--adapter changed nothing"
+    );
     let tuned = generate(&["--adapter", adapters.to_str().unwrap()]);
     assert_eq!(tuned, generate(&["--adapter", adapters.to_str().unwrap()]));
     let sampled = generate(&["--temperature", "1.0", "--top-p", "0.9", "--seed", "3"]);
@@ -210,6 +248,10 @@ fn bad_inputs_are_refused_in_one_line() {
         "broken.jsonl:2",
     );
     check(base(&["--target-modules", "q_proj,c_attn"]), "c_attn");
+    // The merged model would overwrite the base it merges.
+    let mut merged_over_base = base(&[]);
+    merged_over_base.extend(["--merged".to_string(), model.clone()]);
+    check(merged_over_base, "is the --model folder");
     check(
         vec![
             "finetune".into(),
@@ -243,6 +285,7 @@ fn bad_inputs_are_refused_in_one_line() {
         ("--temperature", "-1", "--temperature"),
         ("--top-p", "0", "--top-p"),
         ("--max-new-tokens", "0", "--max-new-tokens"),
+        ("--max-new-tokens", "500", "max_position_embeddings"),
     ] {
         assert_one_line_error(
             &["generate", "--model", &model, "--prompt", "hi", flag, value],
@@ -250,4 +293,63 @@ fn bad_inputs_are_refused_in_one_line() {
         );
     }
     std::fs::remove_dir_all(out).ok();
+}
+
+#[test]
+fn a_fine_tuning_run_saved_and_resumed_equals_the_straight_run() {
+    let straight = scratch("straight");
+    finetune_for(&straight, "4", &[]);
+    let (first, second) = (scratch("first"), scratch("second"));
+    let folder = first.join("checkpoints");
+    let folder_arg = folder.to_str().unwrap();
+    finetune_for(&first, "2", &["--save", folder_arg]);
+    let step = |n: usize| folder.join(format!("step-{n:08}"));
+    assert!(step(2).is_dir());
+    let report = finetune_for(
+        &second,
+        "4",
+        &["--resume", folder_arg, "--save", folder_arg],
+    );
+    assert_eq!(report["resumed_from"], 2);
+    assert!(step(4).is_dir());
+    // Bit for bit the straight run's last two steps and adapters.
+    assert_eq!(losses(&second), losses(&straight)[2..].to_vec());
+    assert_eq!(adapter_values(&second), adapter_values(&straight));
+    // A checkpoint holds the adapters and the optimizer state, not the base.
+    let model = std::fs::metadata(step(4).join("model.mpk")).unwrap().len();
+    let base = std::fs::metadata(fixture("llama/model.safetensors"))
+        .unwrap()
+        .len();
+    assert!(model < base / 2, "{model} bytes saved for a base of {base}");
+    // Another adapter rank is another run: refused, naming the setting.
+    let (model_dir, data) = (fixture("llama"), fixture("chat.jsonl"));
+    assert_one_line_error(
+        &[
+            "finetune",
+            "--model",
+            &model_dir,
+            "--data",
+            &data,
+            "--steps",
+            "6",
+            "--batch",
+            "8",
+            "--seq-len",
+            "24",
+            "--lora-rank",
+            "8",
+            "--lr",
+            "0.01",
+            "--threads-per-rank",
+            "1",
+            "--output",
+            second.join("again").to_str().unwrap(),
+            "--resume",
+            folder_arg,
+        ],
+        "lora.rank",
+    );
+    for dir in [straight, first, second] {
+        std::fs::remove_dir_all(dir).ok();
+    }
 }

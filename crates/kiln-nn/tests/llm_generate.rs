@@ -21,7 +21,8 @@ fn logits(t: Tensor<B, 3>) -> Vec<f32> {
     t.into_data().to_vec::<f32>().unwrap()
 }
 
-/// The cached pass over a prompt and then single tokens gives the full pass's logits.
+/// The cached pass over a prompt, then a chunk, then single tokens gives the full pass's
+/// logits.
 fn cached_equals_full(model: &CausalLm<B>) {
     let sequence = [1u32, 5, 9, 14, 2, 77, 31, 8, 60, 3];
     let full = model.forward(tokens(&sequence));
@@ -30,7 +31,11 @@ fn cached_equals_full(model: &CausalLm<B>) {
     let prompt = model.forward_cached(tokens(&sequence[..4]), &mut cache);
     let diff = max_abs_diff(&logits(prompt), &logits(full.clone().narrow(1, 0, 4)));
     assert!(diff < 1e-5, "prompt: {diff}");
-    for (i, &token) in sequence.iter().enumerate().skip(4) {
+    // A chunk of several positions after cached ones: its queries are the last of the keys.
+    let chunk = model.forward_cached(tokens(&sequence[4..7]), &mut cache);
+    let diff = max_abs_diff(&logits(chunk), &logits(full.clone().narrow(1, 4, 3)));
+    assert!(diff < 1e-5, "positions 4..7: {diff}");
+    for (i, &token) in sequence.iter().enumerate().skip(7) {
         let step = model.forward_cached(tokens(&[token]), &mut cache);
         let expected = full.clone().narrow(1, i, 1).reshape([1, 1, vocab]);
         let diff = max_abs_diff(&logits(step), &logits(expected));

@@ -39,7 +39,7 @@ pub struct LlmArgs {
     /// LoRA rank (all seven projections, alpha = rank).
     #[arg(long, default_value_t = 16)]
     lora_rank: usize,
-    /// Untimed steps first.
+    /// Untimed steps first (at least 1: the first step also starts the ranks).
     #[arg(long, default_value_t = 1)]
     warmup: usize,
     /// Timed steps.
@@ -64,13 +64,23 @@ struct LlmReport {
     setup: FinetuneSetup,
 }
 
-/// A fine-tuning case that does not parse.
+/// Flags of `kiln bench llm` that cannot work.
 #[derive(Debug, thiserror::Error)]
-#[error("--finetune: '{0}' is not strategy:ranks (e.g. single:1, ddp:2, pipeline:2)")]
-struct BadCase(String);
+enum LlmBenchError {
+    /// A fine-tuning case that does not parse.
+    #[error("--finetune: '{0}' is not strategy:ranks (e.g. single:1, ddp:2, pipeline:2)")]
+    BadCase(String),
+    /// A size of zero.
+    #[error("--{0} must be at least 1")]
+    Zero(&'static str),
+    /// A loading mode other than the two.
+    #[error("--measure-load must be f32 or 4bit, got '{0}'")]
+    Mode(String),
+}
 
-fn parse_case(text: &str) -> Result<FinetuneCase, BadCase> {
-    let bad = || BadCase(text.to_string());
+fn parse_case(text: &str) -> Result<FinetuneCase, LlmBenchError> {
+    let text = text.trim();
+    let bad = || LlmBenchError::BadCase(text.to_string());
     let (strategy, world) = text.split_once(':').ok_or_else(bad)?;
     let strategy: StrategyKind = strategy.parse().map_err(|_| bad())?;
     let world: usize = world.parse().ok().filter(|&w| w > 0).ok_or_else(bad)?;
@@ -89,14 +99,31 @@ pub fn run(args: LlmArgs) -> Result<(), Box<dyn std::error::Error>> {
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("runs/bench/llm-{}", args.size)));
     if let Some(mode) = &args.measure_load {
-        let memory = measure_load(&dir, mode == "4bit")?;
+        let four_bit = match mode.as_str() {
+            "f32" => false,
+            "4bit" => true,
+            other => return Err(LlmBenchError::Mode(other.to_string()).into()),
+        };
+        let memory = measure_load(&dir, four_bit)?;
         println!("{}", serde_json::to_string(&memory)?);
         return Ok(());
+    }
+    // Warm-up steps take the threads' start and the model's split off the timed steps.
+    for (flag, value) in [
+        ("batch", args.batch),
+        ("seq-len", args.seq_len),
+        ("lora-rank", args.lora_rank),
+        ("warmup", args.warmup),
+        ("steps", args.steps),
+    ] {
+        if value == 0 {
+            return Err(LlmBenchError::Zero(flag).into());
+        }
     }
     let cases = args
         .finetune
         .iter()
-        .filter(|c| *c != "none")
+        .filter(|c| c.trim() != "none")
         .map(|c| parse_case(c))
         .collect::<Result<Vec<_>, _>>()?;
     if let Some(path) = &args.json {
@@ -173,6 +200,10 @@ fn load_in_child(dir: &Path, mode: &str) -> Result<LoadMemory, Box<dyn std::erro
     let output = Command::new(std::env::current_exe()?)
         .args(["bench", "llm", "--measure-load", mode, "--dir"])
         .arg(dir)
+        // mimalloc (kiln's allocator) keeps freed pages a while before it returns them; at 0
+        // it returns them at once, so the figures are what the loader holds, not what the
+        // allocator has cached.
+        .env("MIMALLOC_PURGE_DELAY", "0")
         .output()?;
     if !output.status.success() {
         return Err(format!(

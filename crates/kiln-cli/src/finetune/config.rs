@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use kiln_core::checkpoint::{Checkpoint, CheckpointConfig, CheckpointError, config_differences};
 use kiln_nn::llm::{LlmConfig, LoraSpec, Packing, TARGET_MODULES};
 use kiln_nn::lora::QuantConfig;
 
@@ -71,6 +72,8 @@ pub struct FinetuneConfig {
     pub packing: Packing,
     /// The adapters.
     pub lora: LoraSettings,
+    /// Periodic checkpoints (`[checkpoint]`: `every`, `keep`), saved with `--save DIR`.
+    pub checkpoint: CheckpointConfig,
     /// Strategy, devices, steps, batch (sequences per step), learning rate and optimizer
     /// (`[train]`, as `kiln train`'s config; its `model`, `samples` and `checkpoint` are
     /// not used here).
@@ -89,6 +92,7 @@ impl Default for FinetuneConfig {
             seq_len: 256,
             packing: Packing::Pad,
             lora: LoraSettings::default(),
+            checkpoint: CheckpointConfig::default(),
             train: TrainConfig {
                 steps: 100,
                 batch: 8,
@@ -120,6 +124,26 @@ pub enum FinetuneConfigError {
     /// Bad adapter settings.
     #[error(transparent)]
     Lora(#[from] kiln_nn::llm::LlmError),
+    /// A merged model to be written over the base it merges.
+    #[error(
+        "--merged {0} is the --model folder; the merged model replaces its weights, so write it \
+         into another folder"
+    )]
+    MergedIntoBase(PathBuf),
+    /// A resume whose config differs from the checkpoint's.
+    #[error(
+        "{path}: the checkpoint was saved by another config: {fields}; resume with the config \
+         it was saved with (only steps, where it trains and checkpoint settings may change)"
+    )]
+    OtherConfig {
+        /// The checkpoint's config file.
+        path: String,
+        /// What differs.
+        fields: String,
+    },
+    /// A checkpoint that cannot be used.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
     /// A sequence length the model cannot take.
     #[error(
         "--seq-len must be between 1 and the model's max_position_embeddings ({max}), got {value}"
@@ -132,7 +156,56 @@ pub enum FinetuneConfigError {
     },
 }
 
+/// The config's file in every checkpoint step `kiln finetune` saves.
+pub const CONFIG_FILE: &str = "finetune.toml";
+
 impl FinetuneConfig {
+    /// Checks that this config fine-tunes what `checkpoint` was fine-tuned with: every setting
+    /// but those a resumed run may change (`train.steps`, where it trains: `train.world`,
+    /// `devices`, `strategy`, `backend` and `parallel`, which the plan's check covers; where it
+    /// writes: `output`, `merged`; and `checkpoint`).
+    ///
+    /// # Errors
+    /// [`FinetuneConfigError::OtherConfig`] naming the settings that differ; a checkpoint
+    /// without the config or with one that does not parse.
+    pub fn check_resumed(&self, checkpoint: &Checkpoint) -> Result<(), FinetuneConfigError> {
+        let path = checkpoint.dir().join(CONFIG_FILE).display().to_string();
+        let unreadable = |reason: String| FinetuneConfigError::OtherConfig {
+            path: path.clone(),
+            fields: format!("unreadable: {reason}"),
+        };
+        let text = std::str::from_utf8(checkpoint.file(CONFIG_FILE)?)
+            .map_err(|e| unreadable(e.to_string()))?;
+        let saved: FinetuneConfig = toml::from_str(text).map_err(|e| unreadable(e.to_string()))?;
+        let comparable = |c: &FinetuneConfig| {
+            let defaults = TrainConfig::default();
+            let c = FinetuneConfig {
+                output: PathBuf::new(),
+                merged: None,
+                checkpoint: CheckpointConfig::default(),
+                train: TrainConfig {
+                    steps: 0,
+                    world: None,
+                    devices: None,
+                    strategy: defaults.strategy,
+                    backend: defaults.backend,
+                    parallel: defaults.parallel,
+                    ..c.train.clone()
+                },
+                ..c.clone()
+            };
+            toml::Value::try_from(c).map_err(|e| unreadable(e.to_string()))
+        };
+        let fields = config_differences(&comparable(&saved)?, &comparable(self)?);
+        if fields.is_empty() {
+            return Ok(());
+        }
+        Err(FinetuneConfigError::OtherConfig {
+            path,
+            fields: format!("{} differ", fields.join(", ")),
+        })
+    }
+
     /// Reads a TOML config; missing fields take their defaults.
     ///
     /// # Errors

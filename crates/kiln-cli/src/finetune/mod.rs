@@ -12,19 +12,23 @@ use burn::module::AutodiffModule;
 use burn::optim::AdamWConfig;
 use burn::tensor::backend::AutodiffBackend;
 use indicatif::{ProgressBar, ProgressStyle};
+use kiln_core::checkpoint::{CheckpointError, RunInfo, Saver};
 use kiln_core::data::DataSource;
-use kiln_core::fit::{Training, fit};
+use kiln_core::fit::{FitHooks, Resume, Training, fit};
+use kiln_core::optim::OptimizerState;
 use kiln_core::plan::Plan;
 use kiln_core::strategy::{PerformanceSpec, StepOutput};
 use kiln_nn::llm::{
-    LlmTokenizer, LmBatcher, Packing, load, load_4bit, load_config, read_jsonl, tokenize,
+    CausalLm, LlmTokenizer, LmBatcher, LoraAdapters, Packing, load, load_4bit, load_config,
+    read_jsonl, tokenize,
 };
 use kiln_nn::tensor_parallel::ShardedBackend;
 
-pub use config::{FinetuneConfig, FinetuneConfigError};
+pub use config::{CONFIG_FILE, FinetuneConfig, FinetuneConfigError};
 use report::FinetuneReport;
 
 use crate::backend::{Job, dispatch};
+use crate::checkpoint_args::{CheckpointArgs, RunCheckpoints};
 use crate::signals::{Interrupted, Saved, Signals};
 use crate::train::RunArgs;
 
@@ -72,6 +76,13 @@ pub struct FinetuneArgs {
     packing: Option<PackingArg>,
     #[command(flatten)]
     run: RunArgs,
+    /// Save checkpoints (the adapters and the optimizer state; the base is the model
+    /// folder's) into this folder: at the end, every --save-every steps, and on SIGINT /
+    /// SIGTERM after the current step.
+    #[arg(long, value_name = "DIR")]
+    save: Option<PathBuf>,
+    #[command(flatten)]
+    checkpoint: CheckpointArgs,
     /// Write a JSON summary here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -84,8 +95,16 @@ enum PackingArg {
     Pack,
 }
 
+/// Where `kiln finetune` saves to and resumes from, as the flags name them.
+struct Checkpoints {
+    save: Option<PathBuf>,
+    args: CheckpointArgs,
+}
+
 impl FinetuneArgs {
-    fn into_config(self) -> Result<(FinetuneConfig, Plan, Option<PathBuf>), FinetuneConfigError> {
+    fn into_config(
+        self,
+    ) -> Result<(FinetuneConfig, Plan, Option<PathBuf>, Checkpoints), FinetuneConfigError> {
         let mut c = match &self.config {
             Some(path) => FinetuneConfig::load(path)?,
             None => FinetuneConfig::default(),
@@ -122,12 +141,17 @@ impl FinetuneArgs {
             };
         }
         let dp = self.run.apply(&mut c.train)?;
+        self.checkpoint.apply(&mut c.checkpoint);
         c.validate()?;
         let plan = c.train.plan(dp)?;
         c.train
             .placement(&plan)
             .map_err(crate::train::ConfigError::from)?;
-        Ok((c, plan, self.json))
+        let checkpoints = Checkpoints {
+            save: self.save,
+            args: self.checkpoint,
+        };
+        Ok((c, plan, self.json, checkpoints))
     }
 }
 
@@ -136,7 +160,7 @@ impl FinetuneArgs {
 /// # Errors
 /// Invalid flags, config, model folder or data, or a failure while training.
 pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let (config, plan, json) = args.into_config()?;
+    let (config, plan, json, checkpoints) = args.into_config()?;
     let placement = config.train.placement(&plan)?;
     config
         .train
@@ -152,6 +176,15 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
     crate::outputs::check_folder("--output", &config.output)?;
     if let Some(merged) = &config.merged {
         crate::outputs::check_folder("--merged", merged)?;
+        let same = |a: &std::path::Path, b: &std::path::Path| {
+            a.canonicalize()
+                .ok()
+                .zip(b.canonicalize().ok())
+                .is_some_and(|(a, b)| a == b)
+        };
+        if same(merged, dir) {
+            return Err(FinetuneConfigError::MergedIntoBase(merged.clone()).into());
+        }
     }
     let tokenizer = LlmTokenizer::from_dir(dir, &llm)?;
     let data = config.data_file()?;
@@ -173,17 +206,34 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
         config.seq_len,
         tokenized.trained_tokens
     );
+    // Installed before anything is written, so a signal from then on stops the run cleanly.
     let signals = Signals::install()?;
+    let prepared = RunCheckpoints::prepare(
+        &checkpoints.args,
+        checkpoints.args.resume.as_deref(),
+        checkpoints.save.as_deref().map(|dir| ("--save", dir)),
+        &config.checkpoint,
+        &plan,
+        config.train.steps,
+    )?;
+    if let Some(resumed) = &prepared.resume {
+        config.check_resumed(resumed)?;
+    }
     let job = FinetuneJob {
         config: &config,
         plan: &plan,
         items: tokenized.items,
+        checkpoints: prepared,
         signals: &signals,
     };
     let report = dispatch(config.train.backend, &placement, job)?;
+    let resumed = report
+        .resumed_from
+        .map(|step| format!(" (resumed at step {step})"))
+        .unwrap_or_default();
     println!(
-        "fine-tuned {} with {} on {} rank(s): {} steps of {} sequences, loss {:.4} -> {:.4}, \
-         {:.0} tokens/s, peak host memory {}",
+        "fine-tuned {} with {} on {} rank(s): {} steps of {} sequences{resumed}, loss {:.4} -> \
+         {:.4}, {:.0} tokens/s, peak host memory {}",
         report.model,
         report.strategy,
         report.world,
@@ -198,6 +248,9 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
         ),
     );
     println!("adapters saved in {} (PEFT layout)", report.adapters);
+    if let Some(saved) = &report.saved {
+        println!("checkpoint saved in {saved}");
+    }
     if let Some(merged) = &report.merged {
         println!("merged model saved in {merged}");
     }
@@ -213,8 +266,12 @@ struct FinetuneJob<'a> {
     config: &'a FinetuneConfig,
     plan: &'a Plan,
     items: Vec<kiln_nn::llm::LmItem>,
+    checkpoints: RunCheckpoints,
     signals: &'a Signals,
 }
+
+/// What a fine-tuning checkpoint's manifest calls its model: the adapters alone.
+const KIND: &str = "llm-lora-adapters";
 
 impl Job for FinetuneJob<'_> {
     type Output = FinetuneReport;
@@ -227,6 +284,7 @@ impl Job for FinetuneJob<'_> {
             config,
             plan,
             items,
+            checkpoints,
             signals,
         } = self;
         let train = &config.train;
@@ -240,6 +298,26 @@ impl Job for FinetuneJob<'_> {
         };
         let spec = config.lora.spec();
         let model = base.with_lora(&spec)?;
+        let (model, resume) = match &checkpoints.resume {
+            Some(checkpoint) => {
+                let adapters = checkpoint.model(KIND, model.adapters(), &devices[0])?;
+                let resume = Resume {
+                    step: checkpoint.step(),
+                    optimizer: checkpoint.optimizer(plan)?,
+                };
+                tracing::info!("resuming from {}", checkpoint.dir().display());
+                (model.with_adapters(adapters)?, Some(resume))
+            }
+            None => (model, None),
+        };
+        let mut saver = match checkpoints.save {
+            Some(folder) => {
+                let run = RunInfo::of(plan, "adamw", train.optimizer.precision);
+                let text = toml::to_string_pretty(config)?;
+                Some(Saver::new(folder, KIND, run).with_file(CONFIG_FILE, text.into_bytes()))
+            }
+            None => None,
+        };
         tracing::info!(
             "loaded {} ({} parameters{}) in {:.1} s",
             dir.display(),
@@ -256,9 +334,9 @@ impl Job for FinetuneJob<'_> {
             steps: train.steps,
             seed: train.seed,
             lr: &|_| train.lr,
-            resume: None,
-            keep_optimizer_state: false,
-            save_every: None,
+            resume: resume.as_ref(),
+            keep_optimizer_state: saver.is_some(),
+            save_every: checkpoints.every,
             stop: Some(&stop),
         };
         let tokens_per_step = (train.batch * config.seq_len) as f64;
@@ -266,14 +344,20 @@ impl Job for FinetuneJob<'_> {
             ProgressStyle::with_template("{bar:40} {pos}/{len} steps  {msg}  [{elapsed}<{eta}]")
                 .expect("valid template"),
         );
+        let first = training.first_step();
+        bar.set_position(first as u64);
         let started = Instant::now();
         let on_step = |step: usize, out: &StepOutput| {
-            let rate = tokens_per_step * step as f64 / started.elapsed().as_secs_f64();
+            let done = (step - first) as f64;
+            let rate = tokens_per_step * done / started.elapsed().as_secs_f64();
             bar.set_message(format!("loss {:.4}  {rate:.0} tokens/s", out.loss));
             bar.inc(1);
             tracing::debug!("step {step}: loss {:.6}", out.loss);
         };
-        let mut hooks = on_step;
+        let mut hooks = AdapterSaves {
+            on_step,
+            saver: saver.as_mut(),
+        };
         let spec_optim = PerformanceSpec::new(AdamWConfig::new(), train.optimizer.clone())?;
         let data = DataSource::new(InMemDataset::new(items), LmBatcher);
         let (trained, record) = fit(
@@ -286,6 +370,10 @@ impl Job for FinetuneJob<'_> {
             &mut hooks,
         )?;
         bar.finish_and_clear();
+        let saved = match saver.as_mut() {
+            Some(saver) => saver.save_end::<B, LoraAdapters<B>>(&record, trained.adapters())?,
+            None => None,
+        };
         let trained = trained.valid();
         let base_name = dir.display().to_string();
         trained.save_peft(&config.output, &spec, &base_name)?;
@@ -294,7 +382,12 @@ impl Job for FinetuneJob<'_> {
                 signal: signals.signal().unwrap_or(signal_hook::consts::SIGINT),
                 step: record.last_step,
                 steps: train.steps,
-                saved: Some(Saved::Adapters(config.output.clone())),
+                saved: Some(
+                    match saved.zip(saver.as_ref().map(|s| s.folder().root().to_path_buf())) {
+                        Some((dir, root)) => Saved::Checkpoint(dir, root),
+                        None => Saved::Adapters(config.output.clone()),
+                    },
+                ),
             }));
         }
         if let Some(merged) = &config.merged {
@@ -312,6 +405,8 @@ impl Job for FinetuneJob<'_> {
             backend: train.backend.to_string(),
             load_in_4bit: config.load_in_4bit,
             steps,
+            resumed_from: resume.as_ref().map(|r| r.step),
+            saved: saved.as_deref().map(|dir| dir.display().to_string()),
             global_batch: train.batch,
             seq_len: config.seq_len,
             first_loss: record.losses.first().copied().unwrap_or(f64::NAN),
@@ -323,5 +418,36 @@ impl Job for FinetuneJob<'_> {
             adapters: config.output.display().to_string(),
             merged: config.merged.as_ref().map(|m| m.display().to_string()),
         })
+    }
+}
+
+/// The run's hooks: every step to `on_step`, every save of the adapters and the optimizer
+/// state to `saver` (none: saves are skipped).
+struct AdapterSaves<'a, F> {
+    on_step: F,
+    saver: Option<&'a mut Saver>,
+}
+
+impl<B, F> FitHooks<CausalLm<B>> for AdapterSaves<'_, F>
+where
+    B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend,
+    F: FnMut(usize, &StepOutput),
+{
+    fn step(&mut self, step: usize, out: &StepOutput) {
+        (self.on_step)(step, out);
+    }
+
+    fn save(
+        &mut self,
+        step: usize,
+        model: CausalLm<B>,
+        optimizer: &OptimizerState,
+    ) -> Result<(), CheckpointError> {
+        match self.saver.as_deref_mut() {
+            Some(saver) => saver
+                .save::<B, LoraAdapters<B>>(step, model.adapters(), optimizer)
+                .map(drop),
+            None => Ok(()),
+        }
     }
 }

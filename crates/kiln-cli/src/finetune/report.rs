@@ -13,8 +13,12 @@ pub struct FinetuneReport {
     pub backend: String,
     /// Whether the base was held in 4 bits.
     pub load_in_4bit: bool,
-    /// Optimizer steps trained.
+    /// Optimizer steps trained by this run.
     pub steps: usize,
+    /// The checkpoint step the run resumed from.
+    pub resumed_from: Option<usize>,
+    /// The checkpoint step folder saved last, if any.
+    pub saved: Option<String>,
     /// Sequences per step, all ranks together.
     pub global_batch: usize,
     /// Tokens per sequence.

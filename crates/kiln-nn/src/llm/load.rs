@@ -6,8 +6,9 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use burn::module::Param;
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
 use burn_store::{
     ChainAdapter, ModuleAdapter, ModuleSnapshot, ModuleStore, PyTorchToBurnAdapter,
     SafetensorsStore, TensorSnapshot,
@@ -107,10 +108,8 @@ fn fill<B: KernelBackend>(
     dir: &Path,
     files: &[PathBuf],
 ) -> Result<(), LlmError> {
-    let expected: BTreeSet<String> = model
-        .collect(None, None, false)
-        .iter()
-        .map(TensorSnapshot::full_path)
+    let expected: BTreeSet<String> = parameter_paths(model)
+        .into_iter()
         .filter(|path| !path.contains(".quantized."))
         .collect();
     let mut applied = HashSet::new();
@@ -136,6 +135,42 @@ fn fill<B: KernelBackend>(
         });
     }
     Ok(())
+}
+
+/// Every parameter's path in `model` (`model.layers.0.input_layernorm.gamma`), read without
+/// touching a value: `ModuleSnapshot::collect` would initialise each freshly built parameter
+/// (random values the load then replaces), a whole model's worth of memory for nothing.
+fn parameter_paths<B: KernelBackend>(model: &CausalLm<B>) -> BTreeSet<String> {
+    #[derive(Default)]
+    struct Paths {
+        stack: Vec<String>,
+        paths: BTreeSet<String>,
+    }
+    impl Paths {
+        fn record(&mut self) {
+            self.paths.insert(self.stack.join("."));
+        }
+    }
+    impl<B: Backend> ModuleVisitor<B> for Paths {
+        fn enter_module(&mut self, name: &str, _container_type: &str) {
+            self.stack.push(name.to_string());
+        }
+        fn exit_module(&mut self, _name: &str, _container_type: &str) {
+            self.stack.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, _: &Param<Tensor<B, D>>) {
+            self.record();
+        }
+        fn visit_int<const D: usize>(&mut self, _: &Param<Tensor<B, D, Int>>) {
+            self.record();
+        }
+        fn visit_bool<const D: usize>(&mut self, _: &Param<Tensor<B, D, Bool>>) {
+            self.record();
+        }
+    }
+    let mut visitor = Paths::default();
+    model.visit(&mut visitor);
+    visitor.paths
 }
 
 /// A weight file's store, its names mapped to the model's paths.

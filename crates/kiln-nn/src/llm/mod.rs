@@ -11,6 +11,7 @@
 //! ([`CausalLm::with_lora`], the base frozen), and are saved and loaded in PEFT's layout
 //! ([`CausalLm::save_peft`], [`CausalLm::load_peft`]).
 
+mod adapters;
 mod batch;
 mod config;
 mod data;
@@ -26,6 +27,7 @@ mod stages;
 mod tokenizer;
 mod train;
 
+pub use adapters::LoraAdapters;
 pub use batch::{LmBatch, LmBatcher, LmItem};
 pub use config::{LlmConfig, ModelType, RopeScaling};
 pub use data::{Example, Packing, Tokenized, read_jsonl, tokenize};

@@ -34,6 +34,15 @@ impl<B: KernelBackend> CausalLm<B> {
             reason: e.to_string(),
         };
         std::fs::create_dir_all(dir).map_err(|e| io(dir, &e))?;
+        // A loader reads the shards an index names before a single file: the new weights
+        // beside an old index would never be read.
+        let index = dir.join("model.safetensors.index.json");
+        if index.exists() {
+            return Err(io(
+                &index,
+                &"the folder holds a sharded checkpoint; save into another folder",
+            ));
+        }
         let merged = self.clone().merge_lora();
         let path = dir.join("model.safetensors");
         let mut store = SafetensorsStore::from_file(path.clone())

@@ -1,6 +1,6 @@
 //! A [`CausalLm`] as a model Kiln trains: masked next-token cross-entropy on [`LmBatch`]es,
 //! through `Single`, `DataParallel`, `Ddp` and `Pipeline` (its stages: [`super::CausalLmStage`]),
-//! in f32 or mixed precision. Only the parameters that require gradients train: after
+//! in f32, or in mixed precision under all but `Pipeline`. Only the parameters that require gradients train: after
 //! [`CausalLm::with_lora`], the adapters.
 
 use burn::module::AutodiffModule;
