@@ -353,3 +353,54 @@ fn a_fine_tuning_run_saved_and_resumed_equals_the_straight_run() {
         std::fs::remove_dir_all(dir).ok();
     }
 }
+
+#[test]
+fn a_toml_config_sets_the_adapters_the_data_and_periodic_checkpoints() {
+    let out = scratch("toml");
+    let config = out.join("finetune.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "model = {:?}\ndata = {:?}\noutput = {:?}\nseq_len = 24\npacking = \"pack\"\n\n\
+             [lora]\nrank = 2\nalpha = 4.0\ntarget_modules = [\"q_proj\", \"v_proj\"]\n\n\
+             [checkpoint]\nevery = 1\n\n[train]\nsteps = 2\nbatch = 4\nstrategy = \"single\"\n",
+            fixture("llama"),
+            fixture("chat.jsonl"),
+            out.join("adapters").display().to_string(),
+        ),
+    )
+    .unwrap();
+    let folder = out.join("checkpoints");
+    let run = kiln(&[
+        "finetune",
+        "--config",
+        config.to_str().unwrap(),
+        "--save",
+        folder.to_str().unwrap(),
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    for step in [1, 2] {
+        assert!(
+            folder.join(format!("step-{step:08}")).is_dir(),
+            "step {step}"
+        );
+    }
+    let peft: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("adapters/adapter_config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(peft["r"], 2);
+    assert_eq!(
+        peft["target_modules"],
+        serde_json::json!(["q_proj", "v_proj"])
+    );
+    // An unknown field is named with its line.
+    let bad = out.join("bad.toml");
+    std::fs::write(&bad, "seq_len = 24\nbogus = 1\n").unwrap();
+    assert_one_line_error(&["finetune", "--config", bad.to_str().unwrap()], "line 2");
+    std::fs::remove_dir_all(out).ok();
+}

@@ -35,8 +35,9 @@ use crate::train::RunArgs;
 /// Flags of `kiln finetune`; each overrides the same field of `--config`.
 #[derive(clap::Args, Debug)]
 pub struct FinetuneArgs {
-    /// TOML config to start from (`model`, `data`, `output`, `seq_len`, `packing`,
-    /// `load_in_4bit`, `[lora]`, `[quant]`, and `[train]` as in kiln train's config).
+    /// TOML config to start from (`model`, `data`, `output`, `merged`, `seq_len`, `packing`,
+    /// `load_in_4bit`, `[lora]`, `[quant]`, `[checkpoint]`, and `[train]` as in kiln train's
+    /// config).
     #[arg(long)]
     config: Option<PathBuf>,
     /// The Hugging Face model folder: config.json, model.safetensors (or a sharded index) and
