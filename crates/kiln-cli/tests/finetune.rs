@@ -1,7 +1,7 @@
 //! `kiln finetune` and `kiln generate` on the committed llama fixture: adapters written in
-//! PEFT's layout by any strategy, the same adapters from Ddp and Pipeline as from Single, the
-//! JSON summary, checkpoints that resume to the straight run's adapters, generation with and
-//! without adapters, and one-line errors.
+//! PEFT's layout by any strategy, the same adapters from Ddp, Pipeline and Tensor as from
+//! Single, the JSON summary, checkpoints that resume to the straight run's adapters,
+//! generation with and without adapters, and one-line errors.
 
 mod common;
 
@@ -102,7 +102,7 @@ fn losses(out: &Path) -> Vec<f64> {
 }
 
 #[test]
-fn single_ddp_and_pipeline_write_the_same_peft_adapters() {
+fn single_ddp_pipeline_and_tensor_write_the_same_peft_adapters() {
     let single = scratch("single");
     let report = finetune(&single, &["--strategy", "single"]);
     assert_eq!(report["strategy"], "single");
@@ -129,7 +129,13 @@ fn single_ddp_and_pipeline_write_the_same_peft_adapters() {
     // The same losses and adapters, within float rounding: only the sums' order differs.
     let (reference, values) = (losses(&single), adapter_values(&single));
     let largest = values.iter().fold(0f32, |m, v| m.max(v.abs()));
-    for other in [&ddp, &pipeline] {
+    let tensor = scratch("tensor");
+    let report = finetune(
+        &tensor,
+        &["--strategy", "tensor", "--world", "2", "--tp", "2"],
+    );
+    assert_eq!(report["strategy"], "tensor");
+    for other in [&ddp, &pipeline, &tensor] {
         let theirs = losses(other);
         assert_eq!(theirs.len(), reference.len());
         for (a, b) in reference.iter().zip(&theirs) {
@@ -141,7 +147,7 @@ fn single_ddp_and_pipeline_write_the_same_peft_adapters() {
             assert!((a - b).abs() <= 1e-5 * largest, "{a} vs {b}");
         }
     }
-    for dir in [single, ddp, pipeline] {
+    for dir in [single, ddp, pipeline, tensor] {
         std::fs::remove_dir_all(dir).ok();
     }
 }
@@ -264,9 +270,10 @@ fn bad_inputs_are_refused_in_one_line() {
         ],
         "max_position_embeddings",
     );
+    // Shards of the fixture's 4-bit projections would cut their blocks of 64 rows.
     check(
-        base(&["--strategy", "tensor", "--world", "2"]),
-        "TensorParallelModel",
+        base(&["--strategy", "tensor", "--world", "2", "--load-in-4bit"]),
+        "quantisation blocks",
     );
     assert_one_line_error(
         &[

@@ -7,9 +7,10 @@ use burn::backend::{Autodiff, Flex};
 use burn::module::{AutodiffModule, Param};
 use burn::tensor::{Int, Tensor, TensorData};
 use kiln_kernels::quant::QuantizedWeight;
-use kiln_kernels::{KernelBackend, reference};
+use kiln_kernels::reference;
 use kiln_nn::llm::{CausalLm, LoraSpec, TARGET_MODULES, load, load_4bit};
 use kiln_nn::lora::QuantConfig;
+use kiln_nn::tensor_parallel::ShardedBackend as KernelBackend;
 
 type B = Flex;
 

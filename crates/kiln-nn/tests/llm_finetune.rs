@@ -85,6 +85,15 @@ fn train_in(
     configs.pipeline.stages = 2;
     configs.pipeline.micro_batches = 2;
     configs.ddp.check_replicas_every = Some(1);
+    // Under `tensor`: 2 shards, in 2 stages when the world has 4 ranks (dp × pp × tp).
+    configs.tensor.tp = 2;
+    configs.tensor.stages = if strategy == StrategyKind::Tensor && world == 4 {
+        2
+    } else {
+        1
+    };
+    // (Replicas are checked without stages only.)
+    configs.tensor.check_replicas_every = (configs.tensor.stages == 1).then_some(1);
     let plan = Plan::resolve(
         PlanRequest::new(strategy, 16)
             .with_world(world)
@@ -184,24 +193,40 @@ fn the_loss_on_the_training_responses_falls_in_f32_bf16_and_f16() {
 }
 
 /// Single, Ddp over 2 ranks and Pipeline over 2 stages fine-tune `start` to the same
-/// adapters and leave its base alone. (4 steps: over many steps Adam's sign-like updates of
-/// near-zero gradients amplify float rounding.)
-fn strategies_agree(start: &CausalLm<A>) {
+/// adapters and leave its base alone; so do `tensor` over 2 shards and, in 2 stages of 2
+/// shards, `pipeline × tensor`, when `tensor` is given. (4 steps: over many steps Adam's
+/// sign-like updates of near-zero gradients amplify float rounding.)
+fn strategies_agree(start: &CausalLm<A>, tensor: bool) {
     let (single, _) = train(start, StrategyKind::Single, 1, 4).unwrap();
-    let (ddp, _) = train(start, StrategyKind::Ddp, 2, 4).unwrap();
-    let (pipeline, _) = train(start, StrategyKind::Pipeline, 2, 4).unwrap();
-    assert_same(&single, &ddp, "ddp");
-    assert_same(&single, &pipeline, "pipeline");
+    let mut others = vec![
+        ("ddp", train(start, StrategyKind::Ddp, 2, 4).unwrap().0),
+        (
+            "pipeline",
+            train(start, StrategyKind::Pipeline, 2, 4).unwrap().0,
+        ),
+    ];
+    if tensor {
+        others.push((
+            "tensor",
+            train(start, StrategyKind::Tensor, 2, 4).unwrap().0,
+        ));
+        others.push((
+            "tensor in 2 stages",
+            train(start, StrategyKind::Tensor, 4, 4).unwrap().0,
+        ));
+    }
     let before = start.valid();
-    for model in [&single, &ddp, &pipeline] {
+    assert_only_adapters_trained(&before, &single);
+    for (name, model) in &others {
+        assert_same(&single, model, name);
         assert_only_adapters_trained(&before, model);
     }
 }
 
 #[test]
-fn lora_on_llama_trains_the_same_adapters_through_single_ddp_and_pipeline() {
+fn lora_on_llama_trains_the_same_adapters_through_single_ddp_pipeline_and_tensor() {
     let (_, base) = load::<A>(&fixture("llama"), &Default::default()).unwrap();
-    strategies_agree(&adapted(base));
+    strategies_agree(&adapted(base), true);
 }
 
 /// Qwen2's head is tied to its embedding, which the pipeline's last stage holds a copy of.
@@ -209,7 +234,25 @@ fn lora_on_llama_trains_the_same_adapters_through_single_ddp_and_pipeline() {
 fn qlora_on_tied_qwen2_trains_the_same_adapters_through_single_ddp_and_pipeline() {
     let (_, base) =
         load_4bit::<A>(&fixture("qwen2"), &Default::default(), &QuantConfig::new()).unwrap();
-    strategies_agree(&adapted(base));
+    strategies_agree(&adapted(base), false);
+    // Tensor parallelism would cut its 4-bit bases' blocks of 64 rows (the fixture's output
+    // projections have 32): refused in one line naming the layer.
+    let Err(error) = train(
+        &adapted(
+            load_4bit::<A>(&fixture("qwen2"), &Default::default(), &QuantConfig::new())
+                .unwrap()
+                .1,
+        ),
+        StrategyKind::Tensor,
+        2,
+        1,
+    ) else {
+        panic!("a 4-bit base was cut inside its quantisation blocks");
+    };
+    assert!(
+        error.to_string().contains("o_proj") && error.to_string().contains("64"),
+        "{error}"
+    );
 }
 
 /// QLoRA in bf16 and f16 (the 4-bit base's scales and code book cast too) computes the

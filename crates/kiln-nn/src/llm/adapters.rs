@@ -2,8 +2,8 @@
 //! the model folder's, frozen, and is read from there again on resume; saving it with every
 //! step would write the whole model (its 4-bit codes, its f32 embedding) for nothing.
 
+use crate::tensor_parallel::ShardedBackend;
 use burn::module::Module;
-use kiln_kernels::KernelBackend;
 
 use super::{CausalLm, LlmError};
 use crate::lora::LoraAdapter;
@@ -12,12 +12,12 @@ use crate::lora::LoraAdapter;
 /// their seven projections. Cloned from the model, they keep their `ParamId`s, which the
 /// optimizer state is keyed by.
 #[derive(Module, Debug)]
-pub struct LoraAdapters<B: KernelBackend> {
+pub struct LoraAdapters<B: ShardedBackend> {
     /// One entry per projection of every layer.
     pub adapters: Vec<Option<LoraAdapter<B>>>,
 }
 
-impl<B: KernelBackend> CausalLm<B> {
+impl<B: ShardedBackend> CausalLm<B> {
     /// This model's adapters (handles to the same tensors).
     pub fn adapters(&self) -> LoraAdapters<B> {
         let mut model = self.clone();

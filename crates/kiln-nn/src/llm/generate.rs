@@ -1,8 +1,8 @@
 //! Text generation: a key/value cache so that each new token costs one position's work, and
 //! greedy or nucleus (top-p) sampling.
 
+use crate::tensor_parallel::ShardedBackend;
 use burn::tensor::{Int, Tensor, TensorData};
-use kiln_kernels::KernelBackend;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -11,12 +11,12 @@ use super::CausalLm;
 /// The keys and values of every position seen so far, per layer (`[batch, positions,
 /// kv_heads × head_dim]`, the keys rotated).
 #[derive(Debug, Clone)]
-pub struct KvCache<B: KernelBackend> {
+pub struct KvCache<B: ShardedBackend> {
     layers: Vec<Option<(Tensor<B, 3>, Tensor<B, 3>)>>,
     len: usize,
 }
 
-impl<B: KernelBackend> KvCache<B> {
+impl<B: ShardedBackend> KvCache<B> {
     /// Positions cached.
     pub fn len(&self) -> usize {
         self.len
@@ -52,7 +52,7 @@ impl Default for Sampling {
     }
 }
 
-impl<B: KernelBackend> CausalLm<B> {
+impl<B: ShardedBackend> CausalLm<B> {
     /// An empty cache for this model.
     pub fn new_cache(&self) -> KvCache<B> {
         KvCache {

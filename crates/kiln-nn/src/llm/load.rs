@@ -6,6 +6,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
+use crate::tensor_parallel::ShardedBackend;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
@@ -13,7 +14,6 @@ use burn_store::{
     ChainAdapter, ModuleAdapter, ModuleSnapshot, ModuleStore, PyTorchToBurnAdapter,
     SafetensorsStore, TensorSnapshot,
 };
-use kiln_kernels::KernelBackend;
 use kiln_kernels::quant::{HostQuantized, QuantizedWeight};
 
 use super::{CausalLm, LlmConfig, LlmError, Proj, QuantizedBase};
@@ -43,7 +43,7 @@ pub fn load_config(dir: &Path) -> Result<LlmConfig, LlmError> {
 /// # Errors
 /// A folder without a config or weights, a config Kiln does not build, a tensor missing from
 /// every file or of another shape than the config says (named).
-pub fn load<B: KernelBackend>(
+pub fn load<B: ShardedBackend>(
     dir: &Path,
     device: &B::Device,
 ) -> Result<(LlmConfig, CausalLm<B>), LlmError> {
@@ -63,7 +63,7 @@ pub fn load<B: KernelBackend>(
 ///
 /// # Errors
 /// As [`load`].
-pub fn load_4bit<B: KernelBackend>(
+pub fn load_4bit<B: ShardedBackend>(
     dir: &Path,
     device: &B::Device,
     quant: &QuantConfig,
@@ -103,7 +103,7 @@ pub fn load_4bit<B: KernelBackend>(
 
 /// Loads every full-precision parameter of `model` from `files` (the 4-bit projections are
 /// already filled), and checks that every one was found.
-fn fill<B: KernelBackend>(
+fn fill<B: ShardedBackend>(
     model: &mut CausalLm<B>,
     dir: &Path,
     files: &[PathBuf],
@@ -140,7 +140,7 @@ fn fill<B: KernelBackend>(
 /// Every parameter's path in `model` (`model.layers.0.input_layernorm.gamma`), read without
 /// touching a value: `ModuleSnapshot::collect` would initialise each freshly built parameter
 /// (random values the load then replaces), a whole model's worth of memory for nothing.
-fn parameter_paths<B: KernelBackend>(model: &CausalLm<B>) -> BTreeSet<String> {
+fn parameter_paths<B: ShardedBackend>(model: &CausalLm<B>) -> BTreeSet<String> {
     #[derive(Default)]
     struct Paths {
         stack: Vec<String>,

@@ -8,8 +8,13 @@
 //! others are refused in one line ([`LlmError`]).
 //!
 //! LoRA adapters attach to any of the seven projections of every layer
-//! ([`CausalLm::with_lora`], the base frozen), and are saved and loaded in PEFT's layout
-//! ([`CausalLm::save_peft`], [`CausalLm::load_peft`]).
+//! ([`CausalLm::with_lora`], the base frozen, in f32 or 4 bits: [`load_4bit`]), and are saved
+//! and loaded in PEFT's layout ([`CausalLm::save_peft`], [`CausalLm::load_peft`]).
+//!
+//! The model trains on [`LmBatch`]es of tokenised JSONL data through every strategy: whole,
+//! in pipeline stages ([`CausalLmStage`]) or in tensor-parallel shards ([`ShardedCausalLm`]),
+//! in f32 or mixed precision. [`CausalLm::generate`] continues a prompt with a key/value
+//! cache.
 
 mod adapters;
 mod batch;
@@ -24,6 +29,7 @@ mod proj;
 mod rope;
 mod save;
 mod stages;
+mod tensor_parallel;
 mod tokenizer;
 mod train;
 
@@ -39,4 +45,5 @@ pub use peft::{LoraSpec, TARGET_MODULES};
 pub use proj::{Proj, QuantizedBase};
 pub use rope::Rope;
 pub use stages::CausalLmStage;
+pub use tensor_parallel::ShardedCausalLm;
 pub use tokenizer::LlmTokenizer;

@@ -4,13 +4,15 @@
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::tensor::{Int, Tensor};
-use kiln_kernels::{KernelBackend, ops};
+use kiln_kernels::ops;
+
+use crate::tensor_parallel::ShardedBackend;
 
 use super::{LlmConfig, Proj, Rope};
 
 /// Grouped-query self-attention with rotary positions.
 #[derive(Module, Debug)]
-pub struct Attention<B: KernelBackend> {
+pub struct Attention<B: ShardedBackend> {
     /// Queries: `hidden → heads × head_dim`.
     pub q_proj: Proj<B>,
     /// Keys: `hidden → kv_heads × head_dim`.
@@ -24,7 +26,7 @@ pub struct Attention<B: KernelBackend> {
     pub(super) head_dim: usize,
 }
 
-impl<B: KernelBackend> Attention<B> {
+impl<B: ShardedBackend> Attention<B> {
     fn forward(&self, x: Tensor<B, 3>, rope: &Rope) -> Tensor<B, 3> {
         self.attend(x, rope, 0, |k, v| (k, v))
     }
@@ -66,7 +68,7 @@ impl<B: KernelBackend> Attention<B> {
 
 /// The SwiGLU feed-forward: `down(silu(gate(x)) · up(x))`.
 #[derive(Module, Debug)]
-pub struct Mlp<B: KernelBackend> {
+pub struct Mlp<B: ShardedBackend> {
     /// `hidden → intermediate`, through SiLU.
     pub gate_proj: Proj<B>,
     /// `hidden → intermediate`.
@@ -75,7 +77,7 @@ pub struct Mlp<B: KernelBackend> {
     pub down_proj: Proj<B>,
 }
 
-impl<B: KernelBackend> Mlp<B> {
+impl<B: ShardedBackend> Mlp<B> {
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let hidden = ops::swiglu(self.gate_proj.forward(x.clone()), self.up_proj.forward(x))
             .unwrap_or_else(|e| panic!("{e}"));
@@ -85,7 +87,7 @@ impl<B: KernelBackend> Mlp<B> {
 
 /// One pre-norm decoder layer.
 #[derive(Module, Debug)]
-pub struct DecoderLayer<B: KernelBackend> {
+pub struct DecoderLayer<B: ShardedBackend> {
     /// The norm before attention.
     pub input_layernorm: RmsNorm<B>,
     /// Self-attention.
@@ -96,7 +98,7 @@ pub struct DecoderLayer<B: KernelBackend> {
     pub mlp: Mlp<B>,
 }
 
-impl<B: KernelBackend> DecoderLayer<B> {
+impl<B: ShardedBackend> DecoderLayer<B> {
     /// `[batch, seq, hidden]` → same shape, causally.
     pub fn forward(&self, x: Tensor<B, 3>, rope: &Rope) -> Tensor<B, 3> {
         self.forward_with(x, |attn, x| attn.forward(x, rope))
@@ -115,7 +117,7 @@ impl<B: KernelBackend> DecoderLayer<B> {
 
 /// The embedding, the layers and the final norm (Hugging Face's `model`).
 #[derive(Module, Debug)]
-pub struct Decoder<B: KernelBackend> {
+pub struct Decoder<B: ShardedBackend> {
     /// Token embedding `[vocab, hidden]`.
     pub embed_tokens: Embedding<B>,
     /// The decoder layers.
@@ -128,7 +130,7 @@ pub struct Decoder<B: KernelBackend> {
 
 /// A causal language model: [`Decoder`] and the LM head (`None`: tied to the embedding).
 #[derive(Module, Debug)]
-pub struct CausalLm<B: KernelBackend> {
+pub struct CausalLm<B: ShardedBackend> {
     /// The decoder.
     pub model: Decoder<B>,
     /// `hidden → vocab`; `None` when tied to the embedding.
@@ -141,7 +143,7 @@ pub type ProjBuilder<'a, B, E> = dyn FnMut(&str, usize, usize, bool) -> Result<P
 
 impl LlmConfig {
     /// A model of these sizes with freshly initialised weights (what [`super::load`] fills).
-    pub fn init<B: KernelBackend>(&self, device: &B::Device) -> CausalLm<B> {
+    pub fn init<B: ShardedBackend>(&self, device: &B::Device) -> CausalLm<B> {
         let linear = |i, o, bias| LinearConfig::new(i, o).with_bias(bias).init::<B>(device);
         let built = self.build(device, &mut |_, d_in, d_out, bias| {
             Ok::<_, std::convert::Infallible>(Proj::dense(linear(d_in, d_out, bias)))
@@ -157,7 +159,7 @@ impl LlmConfig {
     ///
     /// # Errors
     /// The first error `proj` returns.
-    pub fn build<B: KernelBackend, E>(
+    pub fn build<B: ShardedBackend, E>(
         &self,
         device: &B::Device,
         proj: &mut ProjBuilder<'_, B, E>,
@@ -211,7 +213,7 @@ impl LlmConfig {
     }
 }
 
-impl<B: KernelBackend> CausalLm<B> {
+impl<B: ShardedBackend> CausalLm<B> {
     /// Logits `[batch, seq, vocab]` of the tokens `[batch, seq]`, each position seeing itself
     /// and the ones before.
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
@@ -235,7 +237,7 @@ impl<B: KernelBackend> CausalLm<B> {
 
 /// The logits of a head tied to `embedding`: normed hidden states `[batch, seq, hidden]` times
 /// the embedding's transpose.
-pub(super) fn tied_logits<B: KernelBackend>(
+pub(super) fn tied_logits<B: ShardedBackend>(
     x: Tensor<B, 3>,
     embedding: &Embedding<B>,
 ) -> Tensor<B, 3> {

@@ -7,9 +7,9 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use crate::tensor_parallel::ShardedBackend;
 use burn::module::{Module, Param};
 use burn::tensor::{DType, Tensor, TensorData};
-use kiln_kernels::KernelBackend;
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
 use super::{CausalLm, LlmError, Proj};
@@ -77,7 +77,7 @@ impl LoraSpec {
     }
 }
 
-impl<B: KernelBackend> CausalLm<B> {
+impl<B: ShardedBackend> CausalLm<B> {
     /// Every projection of every layer with its Hugging Face path
     /// (`model.layers.0.self_attn.q_proj`) and module name (`q_proj`).
     pub(super) fn projections_mut(&mut self) -> Vec<(String, &'static str, &mut Proj<B>)> {

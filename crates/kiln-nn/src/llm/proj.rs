@@ -5,14 +5,17 @@ use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::Tensor;
 use kiln_kernels::quant::QuantizedWeight;
-use kiln_kernels::{KernelBackend, ops, reference};
+use kiln_kernels::{ops, reference};
+
+use kiln_core::tensor_parallel::TpGroup;
 
 use crate::lora::LoraAdapter;
+use crate::tensor_parallel::ShardedBackend;
 
 /// A frozen 4-bit base: the weight's codes and scales (Kiln's block format) and the original
 /// bias in f32.
 #[derive(Module, Debug)]
-pub struct QuantizedBase<B: KernelBackend> {
+pub struct QuantizedBase<B: ShardedBackend> {
     /// `[in, out]` in 4 bits.
     pub weight: QuantizedWeight<B>,
     /// The bias (Qwen2's q/k/v), frozen.
@@ -25,7 +28,7 @@ pub struct QuantizedBase<B: KernelBackend> {
 /// rather than an enum so that a full-precision base keeps Hugging Face's path
 /// (`q_proj.base.weight`) whatever Burn does with enum variants in record paths.
 #[derive(Module, Debug)]
-pub struct Proj<B: KernelBackend> {
+pub struct Proj<B: ShardedBackend> {
     /// The pretrained weight (and bias) in full precision; `None` when loaded in 4 bits.
     pub base: Option<Linear<B>>,
     /// The pretrained weight in 4 bits ([`super::load_4bit`]); `None` in full precision.
@@ -34,9 +37,16 @@ pub struct Proj<B: KernelBackend> {
     pub lora: Option<LoraAdapter<B>>,
     #[module(skip)]
     pub(crate) scale: f32,
+    /// The group of the tensor-parallel shard this projection is, if it is one (see
+    /// [`super::tensor_parallel`]).
+    #[module(skip)]
+    pub(crate) tp: Option<TpGroup<B>>,
+    /// A shard of the input features (row-parallel), not of the outputs.
+    #[module(skip)]
+    pub(crate) row: bool,
 }
 
-impl<B: KernelBackend> Proj<B> {
+impl<B: ShardedBackend> Proj<B> {
     /// A full-precision projection without an adapter.
     pub fn dense(base: Linear<B>) -> Self {
         Self {
@@ -44,6 +54,8 @@ impl<B: KernelBackend> Proj<B> {
             quantized: None,
             lora: None,
             scale: 0.0,
+            tp: None,
+            row: false,
         }
     }
 
@@ -54,6 +66,8 @@ impl<B: KernelBackend> Proj<B> {
             quantized: Some(base),
             lora: None,
             scale: 0.0,
+            tp: None,
+            row: false,
         }
     }
 
@@ -80,8 +94,17 @@ impl<B: KernelBackend> Proj<B> {
         self.quantized.is_some()
     }
 
-    /// `[.., in]` → `[.., out]`.
+    /// `[.., in]` → `[.., out]` (a shard's part of them, for a tensor-parallel shard).
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        match (&self.tp, self.row) {
+            (None, _) => self.forward_whole(x),
+            (Some(group), false) => self.forward_column(x, group),
+            (Some(group), true) => self.forward_row(x, group),
+        }
+    }
+
+    /// The whole projection.
+    fn forward_whole(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         if let Some(linear) = &self.base {
             let y = linear.forward(x.clone());
             return match &self.lora {

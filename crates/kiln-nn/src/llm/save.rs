@@ -5,12 +5,12 @@
 
 use std::path::Path;
 
+use crate::tensor_parallel::ShardedBackend;
 use burn_store::{BurnToPyTorchAdapter, ModuleSnapshot, SafetensorsStore};
-use kiln_kernels::KernelBackend;
 
 use super::{CausalLm, LlmError};
 
-impl<B: KernelBackend> CausalLm<B> {
+impl<B: ShardedBackend> CausalLm<B> {
     /// This model with every adapter folded into its base weight (`W + scale·A·B`) and
     /// removed: one matmul per projection again, and a plain checkpoint to save. A 4-bit base
     /// is decoded to f32 first, so the result is a full-precision model.

@@ -10,12 +10,12 @@
 
 use std::ops::Range;
 
+use crate::tensor_parallel::ShardedBackend;
 use burn::module::{AutodiffModule, Module};
 use burn::nn::{Embedding, Linear, RmsNorm};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor};
 use kiln_core::model::PipelineModel;
-use kiln_kernels::KernelBackend;
 
 use super::model::tied_logits;
 use super::train::masked_loss;
@@ -24,7 +24,7 @@ use super::{CausalLm, DecoderLayer, LmBatch, Rope};
 /// A contiguous run of a [`CausalLm`]'s decoder layers; the first stage also holds the token
 /// embedding, the last the final norm and the head.
 #[derive(Module, Debug)]
-pub struct CausalLmStage<B: KernelBackend> {
+pub struct CausalLmStage<B: ShardedBackend> {
     embed_tokens: Option<Embedding<B>>,
     layers: Vec<DecoderLayer<B>>,
     norm: Option<RmsNorm<B>>,
@@ -37,7 +37,7 @@ pub struct CausalLmStage<B: KernelBackend> {
 
 impl<B> PipelineModel<B> for CausalLm<B>
 where
-    B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend,
+    B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend,
     Self: AutodiffModule<B>,
     CausalLmStage<B>: AutodiffModule<B>,
 {

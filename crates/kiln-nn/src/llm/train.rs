@@ -7,13 +7,13 @@ use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{FloatDType, Int, Tensor};
 use burn::train::{SequenceOutput, TrainOutput, TrainStep};
-use kiln_core::model::{LowPrecisionStep, ParallelModel, Supported, Unsupported};
-use kiln_kernels::{KernelBackend, ops};
+use kiln_core::model::{LowPrecisionStep, ParallelModel, Supported};
+use kiln_kernels::ops;
 
 use super::{CausalLm, LmBatch};
 use crate::tensor_parallel::ShardedBackend;
 
-impl<B: KernelBackend> CausalLm<B> {
+impl<B: ShardedBackend> CausalLm<B> {
     /// The loss of `batch` and its logits: each sequence's mean cross-entropy over its
     /// trained targets, averaged over the sequences.
     ///
@@ -30,7 +30,7 @@ impl<B: KernelBackend> CausalLm<B> {
 
 /// The mean over sequences of each sequence's mean cross-entropy over the targets `mask`
 /// trains (a sequence training none counts 0), shape `[1]`.
-pub(super) fn masked_loss<B: KernelBackend>(
+pub(super) fn masked_loss<B: ShardedBackend>(
     logits: Tensor<B, 3>,
     targets: Tensor<B, 2, Int>,
     mask: Tensor<B, 2>,
@@ -45,7 +45,7 @@ pub(super) fn masked_loss<B: KernelBackend>(
 
 impl<B> TrainStep for CausalLm<B>
 where
-    B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend,
+    B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend,
     Self: AutodiffModule<B>,
 {
     type Input = LmBatch<B>;
@@ -59,7 +59,7 @@ where
 
 impl<B> LowPrecisionStep<B> for CausalLm<B>
 where
-    B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend,
+    B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend,
     Self: AutodiffModule<B>,
 {
     fn forward_in(&self, batch: LmBatch<B>, _dtype: FloatDType) -> SequenceOutput<B> {
@@ -72,13 +72,13 @@ where
     }
 }
 
-/// Pipeline stages split it by decoder layers and it computes in bf16 or f16; the shard
-/// contract is not implemented yet: `tensor` is refused in one line naming it.
+/// Pipeline stages split it by decoder layers, `tensor` shards its layers
+/// ([`super::ShardedCausalLm`]), and it computes in bf16 or f16.
 impl<B> ParallelModel<B> for CausalLm<B>
 where
     B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend,
 {
     type Pipeline = Supported;
-    type Tensor = Unsupported;
+    type Tensor = Supported;
     type LowPrecision = Supported;
 }

@@ -44,7 +44,7 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 /// (uniform in ±1/√in, as PEFT's Kaiming init bounds it), its `B` untouched. Burn's own
 /// generator is shared by every test of a binary, and loading a model draws from it too, so
 /// tests that compare runs fix the adapters this way.
-pub fn fixed_adapters<K: kiln_kernels::KernelBackend>(
+pub fn fixed_adapters<K: kiln_nn::tensor_parallel::ShardedBackend>(
     mut model: kiln_nn::llm::CausalLm<K>,
     seed: u64,
 ) -> kiln_nn::llm::CausalLm<K> {
