@@ -332,3 +332,27 @@ fn a_pipeline_refuses_to_split_a_trainable_tied_embedding() {
         "{error}"
     );
 }
+
+/// QLoRA under `tensor`, on a model wide enough for its row-parallel shards to hold whole
+/// blocks of 64 rows (written from a fresh initialisation: the fixtures are narrower), trains
+/// Single's adapters.
+#[test]
+fn qlora_through_tensor_trains_single_s_adapters_on_a_model_wide_enough() {
+    let dir = std::env::temp_dir().join(format!("kiln-llm-tp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = serde_json::json!({
+        "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+        "vocab_size": 96, "max_position_embeddings": 64, "tie_word_embeddings": false,
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let whole = load_config(&dir).unwrap().init::<B>(&Default::default());
+    whole.save_pretrained(&dir, &dir).unwrap();
+    let (_, base) = load_4bit::<A>(&dir, &Default::default(), &QuantConfig::new()).unwrap();
+    let start = adapted(base);
+    let (single, _) = train(&start, StrategyKind::Single, 1, 4).unwrap();
+    let (tensor, _) = train(&start, StrategyKind::Tensor, 2, 4).unwrap();
+    assert_same(&single, &tensor, "tensor");
+    assert_only_adapters_trained(&start.valid(), &tensor);
+    std::fs::remove_dir_all(&dir).ok();
+}
