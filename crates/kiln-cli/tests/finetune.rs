@@ -362,34 +362,40 @@ fn a_fine_tuning_run_saved_and_resumed_equals_the_straight_run() {
 }
 
 #[test]
-fn a_toml_config_sets_the_adapters_the_data_and_periodic_checkpoints() {
+fn a_toml_config_sets_the_adapters_the_data_and_checkpoints_and_the_length_fits() {
     let out = scratch("toml");
     let config = out.join("finetune.toml");
     std::fs::write(
         &config,
         format!(
-            "model = {:?}\ndata = {:?}\noutput = {:?}\nseq_len = 24\npacking = \"pack\"\n\n\
+            "model = {:?}\ndata = {:?}\noutput = {:?}\npacking = \"pack\"\n\n\
              [lora]\nrank = 2\nalpha = 4.0\ntarget_modules = [\"q_proj\", \"v_proj\"]\n\n\
-             [checkpoint]\nevery = 1\n\n[train]\nsteps = 2\nbatch = 4\nstrategy = \"single\"\n",
+             [checkpoint]\nevery = 1\n\n[train]\nsteps = 2\nbatch = 2\nstrategy = \"single\"\n",
             fixture("llama"),
             fixture("chat.jsonl"),
             out.join("adapters").display().to_string(),
         ),
     )
     .unwrap();
-    let folder = out.join("checkpoints");
+    let (folder, json) = (out.join("checkpoints"), out.join("run.json"));
     let run = kiln(&[
         "finetune",
         "--config",
         config.to_str().unwrap(),
         "--save",
         folder.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
     ]);
     assert!(
         run.status.success(),
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
+    // No sequence length given: the default 256 fitted to the fixture's 128 positions.
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["seq_len"], 128);
     for step in [1, 2] {
         assert!(
             folder.join(format!("step-{step:08}")).is_dir(),

@@ -66,8 +66,9 @@ pub struct FinetuneConfig {
     pub load_in_4bit: bool,
     /// The 4-bit code book and scale precision (`[quant]`).
     pub quant: QuantConfig,
-    /// Tokens per sequence.
-    pub seq_len: usize,
+    /// Tokens per sequence [default: 256, or the model's max_position_embeddings when fewer].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seq_len: Option<usize>,
     /// Padding one example per sequence, or packing examples into full sequences.
     pub packing: Packing,
     /// The adapters.
@@ -89,7 +90,7 @@ impl Default for FinetuneConfig {
             merged: None,
             load_in_4bit: false,
             quant: QuantConfig::new(),
-            seq_len: 256,
+            seq_len: None,
             packing: Packing::Pad,
             lora: LoraSettings::default(),
             checkpoint: CheckpointConfig::default(),
@@ -253,7 +254,7 @@ impl FinetuneConfig {
         }
         self.train.validate()?;
         self.lora.spec().validate()?;
-        if self.seq_len == 0 {
+        if self.seq_len == Some(0) {
             return Err(FinetuneConfigError::SeqLen {
                 value: 0,
                 max: usize::MAX,
@@ -262,17 +263,31 @@ impl FinetuneConfig {
         Ok(())
     }
 
-    /// Checks the settings against the model's config.
+    /// The sequence length when none is given: QLoRA recipes' usual short sequences, or the
+    /// model's positions when it has fewer.
+    pub const DEFAULT_SEQ_LEN: usize = 256;
+
+    /// Tokens per sequence: as given, or the default ([`Self::fit_model`] fits it to the
+    /// model).
+    pub fn seq_len(&self) -> usize {
+        self.seq_len.unwrap_or(Self::DEFAULT_SEQ_LEN)
+    }
+
+    /// Fits the settings to the model's config: a sequence length not given becomes the
+    /// default or the model's positions, whichever is fewer; one given must fit them.
     ///
     /// # Errors
     /// A sequence longer than the model's positions.
-    pub fn check_model(&self, model: &LlmConfig) -> Result<(), FinetuneConfigError> {
-        if self.seq_len > model.max_position_embeddings {
+    pub fn fit_model(&mut self, model: &LlmConfig) -> Result<(), FinetuneConfigError> {
+        let max = model.max_position_embeddings;
+        let seq_len = self.seq_len.unwrap_or(Self::DEFAULT_SEQ_LEN.min(max));
+        if seq_len > max {
             return Err(FinetuneConfigError::SeqLen {
-                value: self.seq_len,
-                max: model.max_position_embeddings,
+                value: seq_len,
+                max,
             });
         }
+        self.seq_len = Some(seq_len);
         Ok(())
     }
 }

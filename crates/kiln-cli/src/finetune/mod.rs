@@ -67,8 +67,9 @@ pub struct FinetuneArgs {
     /// q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj].
     #[arg(long, value_delimiter = ',')]
     target_modules: Option<Vec<String>>,
-    /// Tokens per sequence [default: 256]. With padding, a longer example's end is cut (with
-    /// a warning) and one whose prompt fills it is refused.
+    /// Tokens per sequence [default: 256, or the model's max_position_embeddings when
+    /// fewer]. With padding, a longer example's end is cut (with a warning) and one whose
+    /// prompt fills it is refused.
     #[arg(long)]
     seq_len: Option<usize>,
     /// One example per sequence, padded, or examples packed into full sequences
@@ -133,7 +134,7 @@ impl FinetuneArgs {
             c.lora.target_modules = targets;
         }
         if let Some(seq_len) = self.seq_len {
-            c.seq_len = seq_len;
+            c.seq_len = Some(seq_len);
         }
         if let Some(packing) = self.packing {
             c.packing = match packing {
@@ -161,16 +162,17 @@ impl FinetuneArgs {
 /// # Errors
 /// Invalid flags, config, model folder or data, or a failure while training.
 pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let (config, plan, json, checkpoints) = args.into_config()?;
+    let (mut config, plan, json, checkpoints) = args.into_config()?;
     let placement = config.train.placement(&plan)?;
     config
         .train
         .backend
         .check_precision(config.train.optimizer.precision)?;
     // Everything the run reads and writes is checked before the model loads.
+    let llm = load_config(config.model_dir()?)?;
+    config.fit_model(&llm)?;
+    let config = config;
     let dir = config.model_dir()?;
-    let llm = load_config(dir)?;
-    config.check_model(&llm)?;
     if let Some(path) = &json {
         crate::outputs::check_file("--json", path)?;
     }
@@ -190,21 +192,27 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
     let tokenizer = LlmTokenizer::from_dir(dir, &llm)?;
     let data = config.data_file()?;
     let examples = read_jsonl(data)?;
-    let tokenized = tokenize(&examples, &tokenizer, config.seq_len, config.packing, data)?;
+    let tokenized = tokenize(
+        &examples,
+        &tokenizer,
+        config.seq_len(),
+        config.packing,
+        data,
+    )?;
     if tokenized.truncated > 0 {
         tracing::warn!(
             "{} of {} examples are longer than --seq-len {} and were cut; raise --seq-len to \
              train their ends",
             tokenized.truncated,
             examples.len(),
-            config.seq_len
+            config.seq_len()
         );
     }
     tracing::info!(
         "{} examples -> {} sequences of {} tokens, {} tokens trained",
         examples.len(),
         tokenized.items.len(),
-        config.seq_len,
+        config.seq_len(),
         tokenized.trained_tokens
     );
     // Installed before anything is written, so a signal from then on stops the run cleanly.
@@ -340,7 +348,7 @@ impl Job for FinetuneJob<'_> {
             save_every: checkpoints.every,
             stop: Some(&stop),
         };
-        let tokens_per_step = (train.batch * config.seq_len) as f64;
+        let tokens_per_step = (train.batch * config.seq_len()) as f64;
         let bar = ProgressBar::new(train.steps as u64).with_style(
             ProgressStyle::with_template("{bar:40} {pos}/{len} steps  {msg}  [{elapsed}<{eta}]")
                 .expect("valid template"),
@@ -409,7 +417,7 @@ impl Job for FinetuneJob<'_> {
             resumed_from: resume.as_ref().map(|r| r.step),
             saved: saved.as_deref().map(|dir| dir.display().to_string()),
             global_batch: train.batch,
-            seq_len: config.seq_len,
+            seq_len: config.seq_len(),
             first_loss: record.losses.first().copied().unwrap_or(f64::NAN),
             final_loss: record.losses.last().copied().unwrap_or(f64::NAN),
             losses: record.losses.clone(),
