@@ -417,3 +417,81 @@ fn a_toml_config_sets_the_adapters_the_data_and_checkpoints_and_the_length_fits(
     assert_one_line_error(&["finetune", "--config", bad.to_str().unwrap()], "line 2");
     std::fs::remove_dir_all(out).ok();
 }
+
+#[test]
+fn sigint_saves_the_adapters_and_a_checkpoint_that_resumes_bit_for_bit() {
+    let out = scratch("sigint");
+    let folder = out.join("checkpoints");
+    let (model, data) = (fixture("llama"), fixture("chat.jsonl"));
+    let adapters = out.join("adapters");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args([
+            "finetune",
+            "--model",
+            &model,
+            "--data",
+            &data,
+            "--steps",
+            "1000000",
+            "--batch",
+            "8",
+            "--seq-len",
+            "24",
+            "--lora-rank",
+            "4",
+            "--lr",
+            "0.01",
+            "--threads-per-rank",
+            "1",
+            "--strategy",
+            "single",
+            "--output",
+            adapters.to_str().unwrap(),
+            "--save",
+            folder.to_str().unwrap(),
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The save folder exists once the handlers are installed: from then on SIGINT stops the
+    // run after a step.
+    let start = std::time::Instant::now();
+    while !folder.exists() {
+        assert!(start.elapsed().as_secs() < 120, "the child never got ready");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let sent = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let run = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("resume with --resume"), "{stderr}");
+    let step: usize = stderr
+        .split("after step ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no step in: {stderr}"));
+    assert!(folder.join(format!("step-{step:08}")).is_dir());
+    // The adapters of the step it stopped after, in PEFT's layout, and a resume from there
+    // for one more step that ends where a run that never stopped does.
+    assert!(adapters.join("adapter_model.safetensors").is_file());
+    let target = (step + 1).to_string();
+    let (resumed, straight) = (out.join("resumed"), out.join("straight"));
+    std::fs::create_dir_all(&resumed).unwrap();
+    std::fs::create_dir_all(&straight).unwrap();
+    finetune_for(
+        &resumed,
+        &target,
+        &["--strategy", "single", "--resume", folder.to_str().unwrap()],
+    );
+    finetune_for(&straight, &target, &["--strategy", "single"]);
+    assert_eq!(adapter_values(&resumed), adapter_values(&straight));
+    std::fs::remove_dir_all(out).ok();
+}
