@@ -42,8 +42,9 @@ pub struct QuantBase<B: ShardedBackend> {
     pub bias: Option<Param<Tensor<B, 1>>>,
 }
 
-/// A LoRA or QLoRA projection whose output features are split over the `tp` group. See the
-/// [module docs](self).
+/// A LoRA or QLoRA projection whose output features are split over the `tp` group: `A` whole,
+/// `B` split by output, the low-rank product entering through its own `f` so that `A`'s
+/// gradient is summed over the group.
 #[derive(Module, Debug)]
 pub struct ColumnParallelLora<B: ShardedBackend> {
     /// The base's columns.
@@ -55,8 +56,8 @@ pub struct ColumnParallelLora<B: ShardedBackend> {
     tp: TpGroup<B>,
 }
 
-/// A LoRA or QLoRA projection whose input features are split over the `tp` group. See the
-/// [module docs](self).
+/// A LoRA or QLoRA projection whose input features are split over the `tp` group: `A` split by
+/// input, `B` whole, both partial products summed in one all-reduce.
 #[derive(Module, Debug)]
 pub struct RowParallelLora<B: ShardedBackend> {
     /// The base's rows (whole quantisation blocks for a 4-bit base).
