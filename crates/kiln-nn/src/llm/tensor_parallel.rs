@@ -6,11 +6,11 @@
 //!
 //! A shard is the same model: each [`Proj`] knows its part and its group, and calls the group
 //! inside its forward (`Proj::tp`), as `kiln-nn`'s tensor-parallel layers do, and each
-//! attention has its share of the heads. A projection's adapter is split with its base: a column-parallel one
-//! keeps `A` whole and splits `B` by output, its low-rank product entering through its own
-//! `f` so that `A`'s gradient is summed over the shards; a row-parallel one splits `A` by input
-//! and keeps `B` whole, the two partial products summed in one all-reduce. A 4-bit base splits
-//! along whole quantisation blocks.
+//! attention has its share of the heads. A projection's adapter is split with its base: a
+//! column-parallel one keeps `A` whole and splits `B` by output, its low-rank product entering
+//! through its own `f` so that `A`'s gradient is summed over the shards; a row-parallel one
+//! splits `A` by input and keeps `B` whole, the two partial products summed in one all-reduce.
+//! A 4-bit base splits along whole quantisation blocks.
 //!
 //! [`ShardedCausalLm`] is what one rank holds: a distinct type, because a model's shard
 //! declares no tensor parallelism of its own (its `ParallelModel::Tensor` is `Unsupported`).
