@@ -33,11 +33,12 @@ fn finetune(out: &Path, extra: &[&str]) -> serde_json::Value {
     finetune_for(out, "3", extra)
 }
 
-/// [`finetune`] for `steps` steps.
-fn finetune_for(out: &Path, steps: &str, extra: &[&str]) -> serde_json::Value {
+/// The flags of a fine-tuning run of the llama fixture on the chat data for `steps` steps of 8
+/// sequences of 24 tokens, writing into `out` (`adapters/`, `run.json`), then `extra`.
+fn finetune_args(out: &Path, steps: &str, extra: &[&str]) -> Vec<String> {
     let (model, data) = (fixture("llama"), fixture("chat.jsonl"));
     let (adapters, json) = (out.join("adapters"), out.join("run.json"));
-    let mut args = vec![
+    let mut args: Vec<String> = [
         "finetune",
         "--model",
         &model,
@@ -59,15 +60,24 @@ fn finetune_for(out: &Path, steps: &str, extra: &[&str]) -> serde_json::Value {
         adapters.to_str().unwrap(),
         "--json",
         json.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+/// [`finetune`] for `steps` steps.
+fn finetune_for(out: &Path, steps: &str, extra: &[&str]) -> serde_json::Value {
+    let args = finetune_args(out, steps, extra);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let run = kiln(&args);
     assert!(
         run.status.success(),
         "{args:?}: {}",
         String::from_utf8_lossy(&run.stderr)
     );
-    serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap()
+    serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap()
 }
 
 /// The values of every adapter a run wrote into `out/adapters`, read back through PEFT's
@@ -422,34 +432,14 @@ fn a_toml_config_sets_the_adapters_the_data_and_checkpoints_and_the_length_fits(
 fn sigint_saves_the_adapters_and_a_checkpoint_that_resumes_bit_for_bit() {
     let out = scratch("sigint");
     let folder = out.join("checkpoints");
-    let (model, data) = (fixture("llama"), fixture("chat.jsonl"));
     let adapters = out.join("adapters");
+    let args = finetune_args(
+        &out,
+        "1000000",
+        &["--strategy", "single", "--save", folder.to_str().unwrap()],
+    );
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args([
-            "finetune",
-            "--model",
-            &model,
-            "--data",
-            &data,
-            "--steps",
-            "1000000",
-            "--batch",
-            "8",
-            "--seq-len",
-            "24",
-            "--lora-rank",
-            "4",
-            "--lr",
-            "0.01",
-            "--threads-per-rank",
-            "1",
-            "--strategy",
-            "single",
-            "--output",
-            adapters.to_str().unwrap(),
-            "--save",
-            folder.to_str().unwrap(),
-        ])
+        .args(&args)
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())

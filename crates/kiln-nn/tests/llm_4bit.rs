@@ -32,23 +32,11 @@ fn values(t: Tensor<B, 3>) -> Vec<f32> {
 /// decode to: the 4-bit model's exact full-precision twin.
 fn decoded_twin<K: KernelBackend>(folder: &str, quant: &QuantConfig) -> CausalLm<K> {
     let (_, mut model) = load::<K>(&fixture(folder), &Default::default()).unwrap();
-    for layer in &mut model.model.layers {
-        let a = &mut layer.self_attn;
-        let m = &mut layer.mlp;
-        for proj in [
-            &mut a.q_proj,
-            &mut a.k_proj,
-            &mut a.v_proj,
-            &mut a.o_proj,
-            &mut m.gate_proj,
-            &mut m.up_proj,
-            &mut m.down_proj,
-        ] {
-            let linear = proj.base.as_mut().unwrap();
-            let q = QuantizedWeight::quantize(&linear.weight.val(), quant.format, quant.scales);
-            let decoded = reference::qlora::dequantize(&q.primitive());
-            linear.weight = Param::initialized(linear.weight.id, decoded);
-        }
+    for (_, _, proj) in model.projections_mut() {
+        let linear = proj.base.as_mut().unwrap();
+        let q = QuantizedWeight::quantize(&linear.weight.val(), quant.format, quant.scales);
+        let decoded = reference::qlora::dequantize(&q.primitive());
+        linear.weight = Param::initialized(linear.weight.id, decoded);
     }
     model
 }
@@ -180,24 +168,9 @@ fn adapters_on_a_4_bit_base_get_gradients_and_the_base_none() {
     assert!(merged.model.layers[0].self_attn.q_proj.base.is_some());
 }
 
-/// Every adapter of `model`, in layer and projection order: `A` and `B`.
-fn adapters<K: KernelBackend>(model: &CausalLm<K>) -> Vec<&kiln_nn::lora::LoraAdapter<K>> {
-    let mut all = Vec::new();
-    for layer in &model.model.layers {
-        let (a, m) = (&layer.self_attn, &layer.mlp);
-        for proj in [
-            &a.q_proj,
-            &a.k_proj,
-            &a.v_proj,
-            &a.o_proj,
-            &m.gate_proj,
-            &m.up_proj,
-            &m.down_proj,
-        ] {
-            all.push(proj.lora.as_ref().unwrap());
-        }
-    }
-    all
+/// Every adapter of `model`, in layer and projection order (handles to its parameters).
+fn adapters<K: KernelBackend>(model: &CausalLm<K>) -> Vec<kiln_nn::lora::LoraAdapter<K>> {
+    model.adapters().adapters.into_iter().flatten().collect()
 }
 
 /// The 4-bit matmul's backward gives the adapters the gradients they get on the decoded

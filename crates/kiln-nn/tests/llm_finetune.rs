@@ -267,22 +267,11 @@ fn qlora_gradients_in_bf16_and_f16_are_f32_s_to_half_precision() {
     let mut model = adapted(base);
     // B starts at zero; give it values so that A's gradient is not zero either.
     let mut ids = Vec::new();
-    for layer in &mut model.model.layers {
-        let (a, m) = (&mut layer.self_attn, &mut layer.mlp);
-        for proj in [
-            &mut a.q_proj,
-            &mut a.k_proj,
-            &mut a.v_proj,
-            &mut a.o_proj,
-            &mut m.gate_proj,
-            &mut m.up_proj,
-            &mut m.down_proj,
-        ] {
-            let adapter = proj.lora.as_mut().unwrap();
-            let b = adapter.b.val().detach().ones_like().mul_scalar(0.05);
-            adapter.b = Param::initialized(adapter.b.id, b.require_grad());
-            ids.extend([adapter.a.id, adapter.b.id]);
-        }
+    for (_, _, proj) in model.projections_mut() {
+        let adapter = proj.lora.as_mut().unwrap();
+        let b = adapter.b.val().detach().ones_like().mul_scalar(0.05);
+        adapter.b = Param::initialized(adapter.b.id, b.require_grad());
+        ids.extend([adapter.a.id, adapter.b.id]);
     }
     let batch = LmBatcher.batch(chat_items()[..8].to_vec(), &Default::default());
     let flat = |grads: &GradientsParams| -> Vec<f32> {

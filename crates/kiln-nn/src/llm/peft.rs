@@ -78,9 +78,9 @@ impl LoraSpec {
 }
 
 impl<B: ShardedBackend> CausalLm<B> {
-    /// Every projection of every layer with its Hugging Face path
+    /// Every projection of every layer, in order, with its Hugging Face path
     /// (`model.layers.0.self_attn.q_proj`) and module name (`q_proj`).
-    pub(super) fn projections_mut(&mut self) -> Vec<(String, &'static str, &mut Proj<B>)> {
+    pub fn projections_mut(&mut self) -> Vec<(String, &'static str, &mut Proj<B>)> {
         let mut all = Vec::new();
         for (i, layer) in self.model.layers.iter_mut().enumerate() {
             let attn = format!("model.layers.{i}.self_attn");

@@ -52,29 +52,18 @@ pub fn fixed_adapters<K: kiln_nn::tensor_parallel::ShardedBackend>(
     use burn::tensor::{Tensor, TensorData};
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    for layer in &mut model.model.layers {
-        let (a, m) = (&mut layer.self_attn, &mut layer.mlp);
-        for proj in [
-            &mut a.q_proj,
-            &mut a.k_proj,
-            &mut a.v_proj,
-            &mut a.o_proj,
-            &mut m.gate_proj,
-            &mut m.up_proj,
-            &mut m.down_proj,
-        ] {
-            let Some(adapter) = proj.lora.as_mut() else {
-                continue;
-            };
-            let [d_in, r] = adapter.a.dims();
-            let bound = 1.0 / (d_in as f32).sqrt();
-            let values: Vec<f32> = (0..d_in * r)
-                .map(|_| rng.random_range(-bound..bound))
-                .collect();
-            let device = adapter.a.device();
-            let a = Tensor::<K, 2>::from_data(TensorData::new(values, [d_in, r]), &device);
-            adapter.a = Param::initialized(adapter.a.id, a.require_grad());
-        }
+    for (_, _, proj) in model.projections_mut() {
+        let Some(adapter) = proj.lora.as_mut() else {
+            continue;
+        };
+        let [d_in, r] = adapter.a.dims();
+        let bound = 1.0 / (d_in as f32).sqrt();
+        let values: Vec<f32> = (0..d_in * r)
+            .map(|_| rng.random_range(-bound..bound))
+            .collect();
+        let device = adapter.a.device();
+        let a = Tensor::<K, 2>::from_data(TensorData::new(values, [d_in, r]), &device);
+        adapter.a = Param::initialized(adapter.a.id, a.require_grad());
     }
     model
 }
