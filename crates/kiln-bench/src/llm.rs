@@ -271,11 +271,9 @@ fn time_case(
     items: Vec<LmItem>,
 ) -> Result<FinetuneResult, Box<dyn std::error::Error>> {
     let mut configs = StrategyConfigs::default();
-    configs.pipeline.stages = if case.strategy == StrategyKind::Pipeline {
-        case.world
-    } else {
-        configs.pipeline.stages
-    };
+    if case.strategy == StrategyKind::Pipeline {
+        configs.pipeline.stages = case.world;
+    }
     configs.pipeline.micro_batches = 2.min(setup.batch);
     let plan = Plan::resolve(
         PlanRequest::new(case.strategy, setup.batch)

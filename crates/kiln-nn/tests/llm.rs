@@ -219,6 +219,8 @@ fn merged_adapters_save_as_a_plain_checkpoint_that_loads_to_the_same_logits() {
         PathBuf::from,
     );
     model.save_pretrained(&dir, &fixture("llama")).unwrap();
+    // A complete folder: the base's tokenizer travels with it.
+    assert!(dir.join("tokenizer.json").is_file());
     let (_, loaded) = load::<B>(&dir, &device).unwrap();
     let again = loaded.forward(input).into_data().to_vec::<f32>().unwrap();
     assert!(max_abs_diff(&again, &reference) < 1e-4);

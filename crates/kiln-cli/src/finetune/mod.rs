@@ -171,7 +171,6 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
     // Everything the run reads and writes is checked before the model loads.
     let llm = load_config(config.model_dir()?)?;
     config.fit_model(&llm)?;
-    let config = config;
     let dir = config.model_dir()?;
     if let Some(path) = &json {
         crate::outputs::check_file("--json", path)?;
@@ -400,11 +399,8 @@ impl Job for FinetuneJob<'_> {
             }));
         }
         if let Some(merged) = &config.merged {
+            // With the tokenizer: the folder is complete.
             trained.save_pretrained(merged, dir)?;
-            // The tokenizer travels with the merged model, so the folder is complete.
-            let tokenizer = dir.join("tokenizer.json");
-            std::fs::copy(&tokenizer, merged.join("tokenizer.json"))
-                .map_err(|e| format!("{}: {e}", tokenizer.display()))?;
         }
         let steps = record.losses.len();
         Ok(FinetuneReport {

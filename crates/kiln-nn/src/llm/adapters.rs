@@ -2,11 +2,11 @@
 //! the model folder's, frozen, and is read from there again on resume; saving it with every
 //! step would write the whole model (its 4-bit codes, its f32 embedding) for nothing.
 
-use crate::tensor_parallel::ShardedBackend;
 use burn::module::Module;
 
 use super::{CausalLm, LlmError};
 use crate::lora::LoraAdapter;
+use crate::tensor_parallel::ShardedBackend;
 
 /// Every projection's adapter, or `None` where it has none, in the order of the layers and of
 /// their seven projections. Cloned from the model, they keep their `ParamId`s, which the

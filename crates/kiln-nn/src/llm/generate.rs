@@ -1,12 +1,12 @@
 //! Text generation: a key/value cache so that each new token costs one position's work, and
 //! greedy or nucleus (top-p) sampling.
 
-use crate::tensor_parallel::ShardedBackend;
 use burn::tensor::{Int, Tensor, TensorData};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::CausalLm;
+use crate::tensor_parallel::ShardedBackend;
 
 /// The keys and values of every position seen so far, per layer (`[batch, positions,
 /// kv_heads × head_dim]`, the keys rotated).

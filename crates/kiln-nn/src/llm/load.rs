@@ -6,7 +6,6 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use crate::tensor_parallel::ShardedBackend;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
@@ -18,6 +17,7 @@ use kiln_kernels::quant::{HostQuantized, QuantizedWeight};
 
 use super::{CausalLm, LlmConfig, LlmError, Proj, QuantizedBase};
 use crate::lora::QuantConfig;
+use crate::tensor_parallel::ShardedBackend;
 
 const CONFIG: &str = "config.json";
 const SINGLE: &str = "model.safetensors";

@@ -6,9 +6,8 @@ use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNor
 use burn::tensor::{Int, Tensor};
 use kiln_kernels::ops;
 
-use crate::tensor_parallel::ShardedBackend;
-
 use super::{LlmConfig, Proj, Rope};
+use crate::tensor_parallel::ShardedBackend;
 
 /// Grouped-query self-attention with rotary positions.
 #[derive(Module, Debug)]

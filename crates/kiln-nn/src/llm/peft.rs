@@ -7,13 +7,13 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use crate::tensor_parallel::ShardedBackend;
 use burn::module::{Module, Param};
 use burn::tensor::{DType, Tensor, TensorData};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
 use super::{CausalLm, LlmError, Proj};
 use crate::lora::LoraAdapter;
+use crate::tensor_parallel::ShardedBackend;
 
 const CONFIG: &str = "adapter_config.json";
 const WEIGHTS: &str = "adapter_model.safetensors";

@@ -4,10 +4,9 @@
 use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::Tensor;
+use kiln_core::tensor_parallel::TpGroup;
 use kiln_kernels::quant::QuantizedWeight;
 use kiln_kernels::{ops, reference};
-
-use kiln_core::tensor_parallel::TpGroup;
 
 use crate::lora::LoraAdapter;
 use crate::tensor_parallel::ShardedBackend;
@@ -105,14 +104,32 @@ impl<B: ShardedBackend> Proj<B> {
 
     /// The whole projection.
     fn forward_whole(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let low = self
+            .lora
+            .as_ref()
+            .map(|a| x.clone().matmul(a.a.val().unsqueeze()));
+        self.base_plus_adapter(x, low)
+    }
+
+    /// `u·W (+ b) + scale·t·B`: the base applied to `u`, and the adapter's `B` to the low-rank
+    /// product `t = x·A` (`None` without an adapter). A shard passes its own `u` and `t` (see
+    /// [`super::tensor_parallel`]).
+    pub(super) fn base_plus_adapter(
+        &self,
+        u: Tensor<B, 3>,
+        t: Option<Tensor<B, 3>>,
+    ) -> Tensor<B, 3> {
+        let b = || {
+            self.lora
+                .as_ref()
+                .expect("a low-rank product comes with an adapter")
+                .b
+                .val()
+        };
         if let Some(linear) = &self.base {
-            let y = linear.forward(x.clone());
-            return match &self.lora {
-                Some(adapter) => {
-                    let a = adapter.a.val().unsqueeze::<3>();
-                    let b = adapter.b.val().unsqueeze::<3>();
-                    y + x.matmul(a).matmul(b).mul_scalar(self.scale)
-                }
+            let y = linear.forward(u);
+            return match t {
+                Some(t) => y + t.matmul(b().unsqueeze()).mul_scalar(self.scale),
                 None => y,
             };
         }
@@ -121,12 +138,9 @@ impl<B: ShardedBackend> Proj<B> {
             .as_ref()
             .expect("a Proj is built with a base");
         // The adapter's term rides in the 4-bit matmul's epilogue (one kernel on CubeCL).
-        let y = match &self.lora {
-            Some(adapter) => {
-                let t = x.clone().matmul(adapter.a.val().unsqueeze::<3>());
-                ops::qlora_matmul(x, &q.weight, t, adapter.b.val(), self.scale)
-            }
-            None => ops::quantized_matmul(x, &q.weight),
+        let y = match t {
+            Some(t) => ops::qlora_matmul(u, &q.weight, t, b(), self.scale),
+            None => ops::quantized_matmul(u, &q.weight),
         }
         .unwrap_or_else(|e| panic!("{e}"));
         match &q.bias {

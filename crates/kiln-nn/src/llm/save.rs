@@ -5,10 +5,10 @@
 
 use std::path::Path;
 
-use crate::tensor_parallel::ShardedBackend;
 use burn_store::{BurnToPyTorchAdapter, ModuleSnapshot, SafetensorsStore};
 
 use super::{CausalLm, LlmError};
+use crate::tensor_parallel::ShardedBackend;
 
 impl<B: ShardedBackend> CausalLm<B> {
     /// This model with every adapter folded into its base weight (`W + scale·A·B`) and
@@ -22,8 +22,8 @@ impl<B: ShardedBackend> CausalLm<B> {
     }
 
     /// Writes the model into `dir` as a Hugging Face folder: `model.safetensors` (f32, Hugging
-    /// Face's names and layouts, `format: pt`) and the `config.json` of `base_dir`, the folder
-    /// the base was loaded from. Adapters are written merged; call [`Self::save_peft`] to keep
+    /// Face's names and layouts, `format: pt`), and the `config.json` and (when it has one)
+    /// `tokenizer.json` of `base_dir`, the folder the base was loaded from. Adapters are written merged; call [`Self::save_peft`] to keep
     /// them apart instead.
     ///
     /// # Errors
@@ -52,18 +52,20 @@ impl<B: ShardedBackend> CausalLm<B> {
             .metadata("format", "pt")
             .overwrite(true);
         merged.save_into(&mut store).map_err(|e| io(&path, &e))?;
-        let config = base_dir.join("config.json");
-        let target = dir.join("config.json");
-        // Saved into the folder it came from, the config is already in place: copying a file
-        // onto itself would truncate it.
+        // The base folder's config, and its tokenizer when it has one, so the folder is
+        // complete. Saved into the folder it came from, they are already in place: copying a
+        // file onto itself would truncate it.
         let same = |a: &Path, b: &Path| {
             a.canonicalize()
                 .ok()
                 .zip(b.canonicalize().ok())
                 .is_some_and(|(a, b)| a == b)
         };
-        if !same(&config, &target) {
-            std::fs::copy(&config, &target).map_err(|e| io(&config, &e))?;
+        for (name, required) in [("config.json", true), ("tokenizer.json", false)] {
+            let (from, to) = (base_dir.join(name), dir.join(name));
+            if (required || from.is_file()) && !same(&from, &to) {
+                std::fs::copy(&from, &to).map_err(|e| io(&from, &e))?;
+            }
         }
         Ok(())
     }

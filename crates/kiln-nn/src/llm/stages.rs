@@ -10,7 +10,6 @@
 
 use std::ops::Range;
 
-use crate::tensor_parallel::ShardedBackend;
 use burn::module::{AutodiffModule, Module};
 use burn::nn::{Embedding, Linear, RmsNorm};
 use burn::tensor::backend::AutodiffBackend;
@@ -20,6 +19,7 @@ use kiln_core::model::PipelineModel;
 use super::model::tied_logits;
 use super::train::masked_loss;
 use super::{CausalLm, DecoderLayer, LmBatch, Rope};
+use crate::tensor_parallel::ShardedBackend;
 
 /// A contiguous run of a [`CausalLm`]'s decoder layers; the first stage also holds the token
 /// embedding, the last the final norm and the head.

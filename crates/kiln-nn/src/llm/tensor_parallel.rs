@@ -104,11 +104,11 @@ impl<B: ShardedBackend> Proj<B> {
         let column = !first.row;
         // Column shards join along the outputs (dimension 1 of `[in, out]`), row shards along
         // the inputs; whatever a row shard holds whole is the first's.
-        let (dim, split_bias) = if column { (1, true) } else { (0, false) };
+        let dim = if column { 1 } else { 0 };
         let bias = |biases: Vec<&Param<Tensor<B, 1>>>| {
             if biases.is_empty() {
                 None
-            } else if split_bias {
+            } else if column {
                 Some(join(&biases, 0))
             } else {
                 Some(replicate(biases[0]))
@@ -164,33 +164,11 @@ impl<B: ShardedBackend> Proj<B> {
 
     /// A column shard: `y_t = f(x)·W_t (+ b_t) + s·f(x·A)·B_t`.
     pub(super) fn forward_column(&self, x: Tensor<B, 3>, group: &TpGroup<B>) -> Tensor<B, 3> {
-        let u = copy_to_tp(x.clone(), group);
-        let low = self.lora.as_ref().map(|a| {
-            (
-                copy_to_tp(x.matmul(a.a.val().unsqueeze()), group),
-                a.b.val(),
-            )
-        });
-        if let Some(linear) = &self.base {
-            let y = linear.forward(u);
-            return match low {
-                Some((t, b)) => y + t.matmul(b.unsqueeze()).mul_scalar(self.scale),
-                None => y,
-            };
-        }
-        let q = self
-            .quantized
+        let t = self
+            .lora
             .as_ref()
-            .expect("a Proj is built with a base");
-        let y = match low {
-            Some((t, b)) => ops::qlora_matmul(u, &q.weight, t, b, self.scale),
-            None => ops::quantized_matmul(u, &q.weight),
-        }
-        .unwrap_or_else(|e| panic!("{e}"));
-        match &q.bias {
-            Some(bias) => y + bias.val().unsqueeze::<3>(),
-            None => y,
-        }
+            .map(|a| copy_to_tp(x.clone().matmul(a.a.val().unsqueeze()), group));
+        self.base_plus_adapter(copy_to_tp(x, group), t)
     }
 
     /// A row shard: `y = g(x_t·W_t) + s·g(x_t·A_t)·B (+ b)`, both partial products summed in one
