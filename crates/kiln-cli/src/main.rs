@@ -7,6 +7,8 @@ mod checkpoint_args;
 mod config_file;
 mod finetune;
 mod generate;
+mod launch;
+mod launched;
 mod names;
 mod optimizer_args;
 mod outputs;
@@ -52,6 +54,10 @@ enum Command {
     /// or `cuda` feature).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Start a job of several processes through Open MPI's mpirun, one or more per machine:
+    /// `kiln launch --nproc-per-node 2 -- kiln train --strategy ddp`. Each output line is
+    /// prefixed with its rank; a failed rank is named. (A build with the `mpi` feature.)
+    Launch(launch::LaunchArgs),
 }
 
 fn main() -> ExitCode {
@@ -66,8 +72,19 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Command::Launch(args) = cli.command {
+        return launch::run(args).unwrap_or_else(|e| {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        });
+    }
+    // The run's other processes log warnings only, so that its story is told once.
+    let level = match launched::Launched::from_env() {
+        Ok(l) if !l.is_main() => "warn",
+        _ => "info",
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| level.into()))
         .with_writer(std::io::stderr)
         .with_target(false)
         // Colour only for a person at a terminal who has not asked for none (no-color.org).
@@ -80,9 +97,13 @@ fn main() -> ExitCode {
         Command::Generate(args) => generate::run(*args),
         Command::Ad(command) => ad::run(command),
         Command::Bench(command) => bench::run(command),
+        Command::Launch(_) => unreachable!("handled above"),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => {
+            launched::finish();
+            ExitCode::SUCCESS
+        }
         // A run the user stopped is not an error: it says where it saved, and exits as a
         // process ended by the signal does (130, 143), so that scripts see the interruption.
         Err(e) => match e.downcast_ref::<signals::Interrupted>() {
@@ -91,7 +112,9 @@ fn main() -> ExitCode {
                 ExitCode::from(interrupted.exit_code())
             }
             None => {
-                eprintln!("error: {e}");
+                // One write, so that a launcher tagging each write keeps the line whole.
+                let line = format!("error: {e}\n");
+                let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
                 ExitCode::FAILURE
             }
         },

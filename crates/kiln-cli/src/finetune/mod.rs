@@ -29,6 +29,7 @@ use report::FinetuneReport;
 
 use crate::backend::{Job, dispatch};
 use crate::checkpoint_args::{CheckpointArgs, RunCheckpoints};
+use crate::launched::Launched;
 use crate::signals::{Interrupted, Saved, Signals};
 use crate::train::RunArgs;
 
@@ -106,6 +107,7 @@ struct Checkpoints {
 impl FinetuneArgs {
     fn into_config(
         self,
+        launched: &Launched,
     ) -> Result<(FinetuneConfig, Plan, Option<PathBuf>, Checkpoints), FinetuneConfigError> {
         let mut c = match &self.config {
             Some(path) => FinetuneConfig::load(path)?,
@@ -145,7 +147,7 @@ impl FinetuneArgs {
         let dp = self.run.apply(&mut c.train)?;
         self.checkpoint.apply(&mut c.checkpoint);
         c.validate()?;
-        let plan = c.train.plan(dp)?;
+        let plan = c.train.plan(dp, launched)?;
         c.train
             .placement(&plan)
             .map_err(crate::train::ConfigError::from)?;
@@ -162,7 +164,17 @@ impl FinetuneArgs {
 /// # Errors
 /// Invalid flags, config, model folder or data, or a failure while training.
 pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let (mut config, plan, json, checkpoints) = args.into_config()?;
+    let launched = Launched::from_env()?;
+    if launched.processes() > 1 {
+        // Its adapters, checkpoints and reports are not yet written by one process alone.
+        return Err(format!(
+            "kiln finetune runs in one process so far, but the launcher started {}; run it \
+             without a launcher (its ranks are threads: --strategy ddp --world N)",
+            launched.processes()
+        )
+        .into());
+    }
+    let (mut config, plan, json, checkpoints) = args.into_config(&launched)?;
     let placement = config.train.placement(&plan)?;
     config
         .train

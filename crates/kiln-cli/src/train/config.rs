@@ -9,6 +9,7 @@ use kiln_core::strategy::{StrategyConfigs, StrategyKind};
 
 use crate::backend::{BackendKind, DeviceError, Placement};
 use crate::config_file::{self, ConfigFileError};
+use crate::launched::Launched;
 
 /// A built-in model.
 #[derive(
@@ -201,29 +202,35 @@ impl TrainConfig {
 
     /// The run's plan: the strategy, its ranks and mesh, resolved from this config, the
     /// replicas `dp` named on the command line, and the machine's cores when the ranks share
-    /// the CPU; checked with the optimizer's settings.
+    /// the CPU; spread over the processes of `launched`, which check at start-up that they
+    /// run this same config; checked with the optimizer's settings.
     ///
     /// # Errors
     /// What the plan refuses, or a precision the strategy cannot run.
-    pub fn plan(&self, dp: Option<usize>) -> Result<Plan, ConfigError> {
+    pub fn plan(&self, dp: Option<usize>, launched: &Launched) -> Result<Plan, ConfigError> {
         let plan = Plan::resolve(PlanRequest {
             strategy: self.strategy,
-            world: self.world,
+            world: launched.world(self.world, self.devices.as_ref().map(Vec::len)),
             dp,
             configs: self.parallel.clone(),
             global_batch: self.batch,
-            cpu_cores: self.backend.cpu_cores(),
+            cpu_cores: launched.cores(self.backend.cpu_cores()),
         })?;
         self.optimizer.check_plan(&plan)?;
-        Ok(plan)
+        // Every process's own devices may differ; the rest of the config may not.
+        let shared = Self {
+            devices: None,
+            ..self.clone()
+        };
+        Ok(launched.plan(plan, &shared)?)
     }
 
-    /// Where the ranks of `plan` run.
+    /// Where this process's ranks of `plan` run.
     ///
     /// # Errors
     /// When `devices` is empty or disagrees with the plan's ranks.
     pub fn placement(&self, plan: &Plan) -> Result<Placement, DeviceError> {
-        Placement::new(plan.world_size(), self.devices.as_deref())
+        Placement::new(plan.local_ranks(), self.devices.as_deref())
     }
 
     /// Reads a TOML config; missing fields take their defaults.

@@ -26,6 +26,7 @@ pub use run_args::RunArgs;
 
 use crate::backend::{Job, dispatch};
 use crate::checkpoint_args::{CheckpointArgs, RunCheckpoints};
+use crate::launched::Launched;
 use crate::signals::{Interrupted, Saved, Signals};
 
 /// Flags of `kiln train`; each overrides the same field of `--config`.
@@ -68,6 +69,7 @@ impl TrainArgs {
     /// The config the flags and the file make, and the run's plan.
     fn into_config(
         self,
+        launched: &Launched,
     ) -> Result<(TrainConfig, Plan, Option<PathBuf>, Checkpoints), config::ConfigError> {
         let mut c = match &self.config {
             Some(path) => TrainConfig::load(path)?,
@@ -81,14 +83,16 @@ impl TrainArgs {
         }
         let dp = self.run.apply(&mut c)?;
         c.validate()?;
-        let plan = c.plan(dp)?;
-        c.placement(&plan)?;
         self.checkpoint.apply(&mut c.checkpoint);
+        let plan = c.plan(dp, launched)?;
+        c.placement(&plan)?;
+        // What the run writes, the first process writes alone.
+        let main = launched.is_main();
         let checkpoints = Checkpoints {
-            save: self.save,
+            save: self.save.filter(|_| main),
             args: self.checkpoint,
         };
-        Ok((c, plan, self.json, checkpoints))
+        Ok((c, plan, self.json.filter(|_| main), checkpoints))
     }
 }
 
@@ -97,7 +101,8 @@ impl TrainArgs {
 /// # Errors
 /// Invalid flags or config, or a failure while training.
 pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let (config, plan, json, checkpoints) = args.into_config()?;
+    let launched = Launched::from_env()?;
+    let (config, plan, json, checkpoints) = args.into_config(&launched)?;
     let placement = config.placement(&plan)?;
     config.backend.check_precision(config.optimizer.precision)?;
     // Everything the run writes is checked before it trains a step.
@@ -122,8 +127,12 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         plan: &plan,
         checkpoints: prepared,
         signals: &signals,
+        main: launched.is_main(),
     };
     let report = dispatch(config.backend, &placement, job)?;
+    if !launched.is_main() {
+        return Ok(());
+    }
     let resumed = report
         .resumed_from
         .map(|step| format!(" (resumed at step {step})"))
@@ -160,6 +169,8 @@ struct TrainJob<'a> {
     plan: &'a Plan,
     checkpoints: RunCheckpoints,
     signals: &'a Signals,
+    /// Whether this process shows progress (the first of the run's processes).
+    main: bool,
 }
 
 impl Job for TrainJob<'_> {
@@ -221,6 +232,7 @@ where
         plan,
         checkpoints,
         signals,
+        main,
     } = job;
     let kind = config.model.name();
     let (model, resume) = match &checkpoints.resume {
@@ -253,7 +265,12 @@ where
         save_every: checkpoints.every,
         stop: Some(&stop),
     };
-    let bar = ProgressBar::new(config.steps as u64).with_style(
+    let bar = if main {
+        ProgressBar::new(config.steps as u64)
+    } else {
+        ProgressBar::hidden()
+    }
+    .with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} steps  {msg}  [{elapsed}<{eta}]")
             .expect("valid template"),
     );

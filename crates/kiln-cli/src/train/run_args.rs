@@ -67,8 +67,8 @@ impl RunArgs {
             c.world = Some(world);
         }
         if let Some(DeviceList(devices)) = self.devices {
-            // The list names the ranks; an explicit --world must agree (checked by Placement).
-            c.world = Some(self.world.unwrap_or(devices.len()));
+            // The list names this process's ranks; an explicit --world must agree (checked by
+            // Placement), and without one it makes the world (`Launched::world`).
             c.devices = Some(devices);
         }
         self.optimizer.apply(&mut c.optimizer);

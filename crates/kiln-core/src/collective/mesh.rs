@@ -5,7 +5,25 @@ use std::time::Duration;
 use burn::tensor::backend::Backend;
 
 use super::{Collective, CollectiveCounters, InProcess};
-use crate::world::{Mesh, MeshError};
+use crate::world::{Mesh, MeshError, World};
+
+/// Why the ranks of a world could not be connected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConnectError {
+    /// A world of several processes in a build without MPI.
+    #[error(
+        "the world spans {processes} processes, but this build of Kiln has no MPI; build it \
+         with the `mpi` feature (cargo build --features mpi) to train across processes"
+    )]
+    NoMpi {
+        /// Processes in the world.
+        processes: usize,
+    },
+    /// MPI could not connect the processes.
+    #[cfg(feature = "mpi")]
+    #[error(transparent)]
+    Mpi(#[from] super::mpi::MpiError),
+}
 
 /// A rank's handles on the world and on its group along every axis of the mesh, e.g. the
 /// other stages of its replica (`pp`) and the other replicas of its stage (`dp`).
@@ -46,6 +64,48 @@ impl<B: Backend> MeshCollectives<B> {
             }
         }
         ranks
+    }
+
+    /// The groups of this process's ranks of `world` (arranged as its mesh), element `i` for
+    /// local rank `i`: in-process groups when the world is this process, MPI groups across
+    /// processes otherwise (every process must then call this at the same point). Calls time
+    /// out after `timeout`.
+    ///
+    /// # Errors
+    /// [`ConnectError`] when the world spans processes and they cannot be connected.
+    pub fn for_world<D: Clone>(
+        world: &World<D>,
+        timeout: Duration,
+    ) -> Result<Vec<Self>, ConnectError> {
+        if !world.multi_process_enabled() {
+            return Ok(Self::in_process(world.mesh(), timeout));
+        }
+        #[cfg(feature = "mpi")]
+        {
+            Ok(super::mpi::mesh_collectives(world, timeout)?)
+        }
+        #[cfg(not(feature = "mpi"))]
+        {
+            Err(ConnectError::NoMpi {
+                processes: world.process().processes,
+            })
+        }
+    }
+
+    /// A rank's handles from its world group; axes are added with [`Self::push_axis`].
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn from_groups(rank: usize, world: Box<dyn Collective<B>>) -> Self {
+        Self {
+            rank,
+            world,
+            axes: Vec::new(),
+        }
+    }
+
+    /// Adds the rank's group along `axis`.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn push_axis(&mut self, axis: &str, group: Box<dyn Collective<B>>) {
+        self.axes.push((axis.to_string(), group));
     }
 
     /// This rank in the world.

@@ -13,12 +13,15 @@
 //! buckets before communicating, which keeps the trait object-safe and the number of calls
 //! small.
 //!
-//! Implementations: [`InProcess`] (ranks are threads of one process, any backend).
+//! Implementations: [`InProcess`] (ranks are threads of one process, any backend) and, with
+//! the `mpi` feature, [`mpi::Mpi`] (ranks in several processes, through MPI).
 //! [`MeshCollectives`] gives a rank its group along each axis of a [`crate::world::Mesh`].
 
 mod error;
 mod in_process;
 mod mesh;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 
 use std::fmt;
 
@@ -26,7 +29,7 @@ use burn::tensor::{Tensor, backend::Backend};
 
 pub use error::CollectiveError;
 pub use in_process::InProcess;
-pub use mesh::MeshCollectives;
+pub use mesh::{ConnectError, MeshCollectives};
 
 /// How an all-reduce combines the ranks' tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]

@@ -12,7 +12,7 @@ use std::fmt;
 
 use crate::optim::StateLayout;
 use crate::strategy::{ConfigError, StrategyConfigs, StrategyKind};
-use crate::world::Mesh;
+use crate::world::{Mesh, ProcessInfo};
 
 /// What a run asks for, before it is resolved.
 #[derive(Debug, Clone)]
@@ -69,6 +69,11 @@ pub struct Plan {
     mesh: Mesh,
     configs: StrategyConfigs,
     global_batch: usize,
+    /// This process's place among the run's processes (one process unless
+    /// [`Plan::across`] says otherwise).
+    process: ProcessInfo,
+    /// What the processes must agree on beyond the strategy's own checks.
+    facts: Vec<(String, String)>,
 }
 
 impl Plan {
@@ -176,7 +181,59 @@ impl Plan {
             mesh,
             configs,
             global_batch,
+            process: ProcessInfo::single(),
+            facts: Vec::new(),
         })
+    }
+
+    /// This plan with its ranks spread over the processes `process` describes (as a launcher
+    /// such as `mpirun` started them): each process holds `world / processes` consecutive
+    /// ranks.
+    ///
+    /// # Errors
+    /// [`ConfigError::WorldNotDivisible`] when the ranks do not divide among the processes,
+    /// and [`ConfigError::MultiProcess`] for a strategy that cannot span processes.
+    pub fn across(mut self, process: ProcessInfo) -> Result<Plan, ConfigError> {
+        let processes = process.processes;
+        if processes > 1 {
+            if !self.world_size().is_multiple_of(processes) {
+                return Err(ConfigError::WorldNotDivisible {
+                    world: self.world_size(),
+                    processes,
+                });
+            }
+            if let Some(reason) = self.strategy.single_process_only() {
+                return Err(ConfigError::MultiProcess {
+                    strategy: self.strategy,
+                    processes,
+                    reason,
+                });
+            }
+        }
+        self.process = process;
+        Ok(self)
+    }
+
+    /// This plan, whose ranks also check at start-up that they agree on `value` (as
+    /// [`World::agreeing_on`](crate::World::agreeing_on)).
+    pub fn agreeing_on(mut self, name: impl Into<String>, value: String) -> Self {
+        self.facts.push((name.into(), value));
+        self
+    }
+
+    /// What the ranks check they agree on, beyond the strategy's own checks.
+    pub fn facts(&self) -> &[(String, String)] {
+        &self.facts
+    }
+
+    /// This process's place among the run's processes.
+    pub fn process(&self) -> &ProcessInfo {
+        &self.process
+    }
+
+    /// Ranks this process holds: the world divided among the processes.
+    pub fn local_ranks(&self) -> usize {
+        self.world_size() / self.process.processes
     }
 
     /// The strategy that runs (never `auto`).

@@ -3,7 +3,7 @@
 
 use burn::tensor::backend::AutodiffBackend;
 
-use super::launch::Launch;
+use super::launch::{Launch, check_processes};
 use super::{
     ConfigError, DataParallel, DataParallelConfig, Ddp, DdpConfig, Engine, OptimizerSpec, Pipeline,
     PipelineConfig, Single, SingleConfig, Strategy, StrategyError, StrategyKind, Tensor,
@@ -121,13 +121,14 @@ where
     S: OptimizerSpec<B>,
     I: Send + 'static,
 {
-    if devices.len() != plan.world_size() {
+    if devices.len() != plan.local_ranks() {
         return Err(ConfigError::DevicesNotPlan {
             devices: devices.len(),
             plan: plan.to_string(),
         }
         .into());
     }
+    check_processes(&world_on(devices.clone(), plan)?, plan.strategy())?;
     let configs = plan.configs();
     Ok(match plan.strategy() {
         StrategyKind::Single => {
@@ -143,14 +144,14 @@ where
             configs.data_parallel.clone(),
         )?),
         StrategyKind::Ddp | StrategyKind::Auto => {
-            let world = World::local(devices).map_err(|_| ConfigError::NoDevices)?;
+            let world = world_on(devices, plan)?;
             let ddp = configs.ddp.clone();
             Box::new(Ddp::new(&world, model, optim.init::<M>(), data, ddp)?)
         }
         StrategyKind::Pipeline => {
             let world = world_on(devices, plan)?;
             let config = configs.pipeline.clone();
-            let launch = Launch::whole(&world, plan.mesh().clone(), model, config.timeout())?;
+            let launch = Launch::whole(&world, model, config.timeout())?;
             <M::Pipeline as PipelineSupport<B, M>>::launch(
                 launch,
                 optim,
@@ -165,11 +166,14 @@ where
     })
 }
 
-/// A world of `devices` arranged as the plan's mesh.
+/// A world of this process's `devices` among the plan's processes, arranged as its mesh.
 fn world_on<D: Clone>(devices: Vec<D>, plan: &Plan) -> Result<World<D>, ConfigError> {
-    World::local(devices)
+    let world = World::new(plan.process().clone(), devices)
         .and_then(|w| w.with_mesh(plan.mesh().clone()))
-        .map_err(|_| ConfigError::NoDevices)
+        .map_err(|_| ConfigError::NoDevices)?;
+    Ok(plan.facts().iter().fold(world, |w, (name, value)| {
+        w.agreeing_on(name.clone(), value.clone())
+    }))
 }
 
 #[allow(private_interfaces)]

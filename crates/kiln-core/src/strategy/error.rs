@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use super::StrategyKind;
 use crate::collective::CollectiveError;
 use crate::data::DataError;
 use crate::optim::{NonFinite, StateError};
@@ -33,15 +34,30 @@ pub enum ConfigError {
     /// Zero threads per rank.
     #[error("threads_per_rank must be at least 1")]
     ZeroThreads,
-    /// A world that spans processes, which needs the MPI collective.
-    #[error(
-        "the world spans {processes} processes, but this strategy only connects ranks inside \
-         one process; run a single process (one rank per device) until the MPI collective lands"
-    )]
+    /// A world that spans processes given to a strategy that cannot span them.
+    #[error("the world spans {processes} processes, but {strategy} cannot: {reason}")]
     MultiProcess {
+        /// The strategy.
+        strategy: StrategyKind,
         /// Processes in the world.
         processes: usize,
+        /// Why, and what to do instead.
+        reason: &'static str,
     },
+    /// Ranks that do not divide among the processes.
+    #[error(
+        "{world} ranks do not divide among {processes} processes; every process holds the same \
+         number of ranks, so make --world a multiple of the processes (or leave it unset)"
+    )]
+    WorldNotDivisible {
+        /// Ranks in all.
+        world: usize,
+        /// Processes.
+        processes: usize,
+    },
+    /// The processes could not be connected.
+    #[error(transparent)]
+    Connect(#[from] crate::collective::ConnectError),
     /// A mesh that splits the model (pipeline or tensor axes) given to a strategy that
     /// replicates it whole.
     #[error(
@@ -240,6 +256,19 @@ pub enum RankError {
     /// The rank's thread is gone.
     #[error("its worker thread is gone")]
     Gone,
+    /// The rank runs another job than rank `other`: another mesh, model, dtype or setting.
+    #[error(
+        "its {fact} differs from rank {other}'s (this rank's: {value}); every process must run \
+         the same command, config and model"
+    )]
+    Disagree {
+        /// What differs.
+        fact: String,
+        /// The first rank that differs.
+        other: usize,
+        /// This rank's value.
+        value: String,
+    },
     /// The rank did not report in time after another rank failed.
     #[error("did not report within {0:?} after another rank failed")]
     Silent(std::time::Duration),
@@ -302,6 +331,19 @@ pub enum StrategyError {
     Broken {
         /// The rank that failed.
         culprit: usize,
+    },
+    /// Something only rank `rank` holds was asked of a process that does not hold it.
+    #[error(
+        "rank {rank} lives in another process (this one holds ranks {first}..={last}); ask the \
+         process that holds it"
+    )]
+    ElsewhereRank {
+        /// The rank asked for.
+        rank: usize,
+        /// This process's first rank.
+        first: usize,
+        /// Its last rank.
+        last: usize,
     },
 }
 

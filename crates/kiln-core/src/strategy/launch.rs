@@ -9,21 +9,27 @@ use std::time::Duration;
 use burn::module::{Module, ParamId};
 use burn::tensor::backend::AutodiffBackend;
 
+use super::agree::Fact;
 use super::handover::sync_device;
-use super::{ConfigError, RankFailure, StrategyError};
+use super::{ConfigError, RankFailure, StrategyError, StrategyKind};
 use crate::World;
 use crate::collective::MeshCollectives;
 use crate::tensor_parallel::GroupHandle;
 use crate::world::Mesh;
 
-/// Refuses a world that spans processes: these strategies connect ranks inside one process.
-pub(crate) fn check_single_process<D: Clone>(world: &World<D>) -> Result<(), ConfigError> {
-    if world.multi_process_enabled() {
-        return Err(ConfigError::MultiProcess {
+/// Refuses a world that spans processes when `strategy` cannot span them.
+pub(crate) fn check_processes<D: Clone>(
+    world: &World<D>,
+    strategy: StrategyKind,
+) -> Result<(), ConfigError> {
+    match strategy.single_process_only() {
+        Some(reason) if world.multi_process_enabled() => Err(ConfigError::MultiProcess {
+            strategy,
             processes: world.process().processes,
-        });
+            reason,
+        }),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// `model` with its parameters materialised on `device`, once, before rank threads copy it.
@@ -47,7 +53,13 @@ pub(crate) fn materialise<B: AutodiffBackend, M: Module<B>>(
 pub(crate) struct Launch<B: AutodiffBackend, M> {
     /// How the world's ranks are arranged.
     pub mesh: Mesh,
-    /// Each rank's start.
+    /// The world's rank of this process's first rank (its ranks are consecutive).
+    pub first_rank: usize,
+    /// Processes of the run on this machine, which share its cores with this one.
+    pub sharing: usize,
+    /// What every rank checks at start-up that the others hold too.
+    pub facts: Vec<Fact>,
+    /// Each of this process's ranks' start.
     pub ranks: Vec<RankStart<B, M>>,
     /// How the model is sharded, when it is.
     pub shards: Option<Shards>,
@@ -106,21 +118,21 @@ impl ShardPlace {
 }
 
 impl<B: AutodiffBackend, M: Module<B> + Clone> Launch<B, M> {
-    /// Every rank of `world` (arranged as `mesh`) starts from `model`, materialised once on
-    /// the first device; the ranks' collectives are in-process groups on `mesh` that time out
-    /// after `timeout`.
+    /// Every rank of this process in `world` starts from `model`, materialised once on the
+    /// first device; the ranks' collectives span the world's mesh (through MPI when it spans
+    /// processes) and time out after `timeout`.
     ///
     /// # Errors
-    /// A multi-process world, or a device that fails to synchronise.
+    /// Processes that cannot be connected, or a device that fails to synchronise.
     pub fn whole(
         world: &World<B::Device>,
-        mesh: Mesh,
         model: M,
         timeout: Duration,
     ) -> Result<Self, StrategyError> {
-        check_single_process(world)?;
+        let mesh = world.mesh().clone();
         let model = materialise(model, &world.devices()[0])?;
-        let ranks = MeshCollectives::in_process(&mesh, timeout)
+        let ranks = MeshCollectives::for_world(world, timeout)
+            .map_err(ConfigError::from)?
             .into_iter()
             .zip(world.devices())
             .map(|(groups, device)| RankStart {
@@ -132,8 +144,24 @@ impl<B: AutodiffBackend, M: Module<B> + Clone> Launch<B, M> {
             .collect();
         Ok(Self {
             mesh,
+            first_rank: world.rank_of(0),
+            sharing: world.process().local_processes,
+            facts: world_facts(world),
             ranks,
             shards: None,
         })
     }
+}
+
+/// The facts of `world` every rank must share: its layout and what its program added.
+pub(crate) fn world_facts<D: Clone>(world: &World<D>) -> Vec<Fact> {
+    let layout = format!(
+        "{} ranks in {} process(es), mesh {}",
+        world.world_size(),
+        world.process().processes,
+        world.mesh()
+    );
+    std::iter::once(("world".to_string(), layout))
+        .chain(world.facts().iter().cloned())
+        .collect()
 }

@@ -7,10 +7,12 @@
 //! steps with any strategy match `k` steps of single-device training on the same global
 //! batches (the equivalence tests in `tests/`).
 
+mod agree;
 mod build;
 mod data_parallel;
 mod ddp;
 mod error;
+mod facts;
 mod handover;
 mod kind;
 pub(crate) mod launch;

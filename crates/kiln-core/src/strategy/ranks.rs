@@ -10,8 +10,12 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use burn::tensor::backend::Backend;
+
+use super::facts::{RankFacts, share};
 use super::handover::panic_error;
 use super::{ConfigError, RankError, RankFailure, RankStats, StepOutput, StrategyError};
+use crate::collective::Collective;
 use crate::grads::BucketPlan;
 use crate::optim::GuardReport;
 use crate::world::Mesh;
@@ -35,6 +39,8 @@ pub(crate) struct RankDone {
     /// The rank's training-step output items, when the step asked for them
     /// ([`Shard::keep_items`]); typed by the strategy, which knows the model.
     pub items: Vec<Box<dyn Any + Send>>,
+    /// Every rank's facts of the same step, in world-rank order ([`Self::shared`]).
+    pub world: Vec<RankFacts>,
 }
 
 impl RankDone {
@@ -55,7 +61,19 @@ impl RankDone {
             stats: stats.clone(),
             guard: None,
             items: Vec::new(),
+            world: Vec::new(),
         }
+    }
+
+    /// This report with every rank's facts, learned through `world` (every rank of the world
+    /// calls this at the same point): how a process learns the ranks of the others.
+    pub fn shared<B: Backend>(
+        mut self,
+        world: &mut dyn Collective<B>,
+        device: &B::Device,
+    ) -> Result<Self, RankError> {
+        self.world = share(world, &RankFacts::of(&self), device)?;
+        Ok(self)
     }
 
     /// This report with the guard's decision.
@@ -73,25 +91,35 @@ impl RankDone {
     }
 }
 
-/// One step's output from every rank's report on `mesh`; the ranks' totals replace `stats`.
-/// The tensor-parallel shards of a replica score the same samples: only the first counts.
-pub(crate) fn step_output(stats: &mut [RankStats], done: Vec<RankDone>, mesh: &Mesh) -> StepOutput {
+/// One step's output from the facts of every rank of `mesh` (which each of this process's
+/// reports carries, `done[0]`'s read); the ranks' totals replace `stats`. The tensor-parallel
+/// shards of a replica score the same samples: only the first counts.
+pub(crate) fn step_output(
+    stats: &mut Vec<RankStats>,
+    done: Vec<RankDone>,
+    mesh: &Mesh,
+) -> StepOutput {
+    let first = done
+        .into_iter()
+        .next()
+        .expect("a process has at least one rank");
     let mut output = StepOutput {
         loss: 0.0,
         samples: 0,
         compute: Duration::ZERO,
         communication: Duration::ZERO,
-        guard: done.first().and_then(|d| d.guard),
+        guard: first.guard,
     };
     let mut loss_sum = 0.0;
-    for (rank, (stats, d)) in stats.iter_mut().zip(done).enumerate() {
+    stats.clear();
+    for (rank, facts) in first.world.into_iter().enumerate() {
         if mesh.coord(rank, Mesh::TP) == 0 {
-            loss_sum += d.loss_sum;
-            output.samples += d.samples;
+            loss_sum += facts.loss_sum;
+            output.samples += facts.samples;
         }
-        output.compute = output.compute.max(d.compute);
-        output.communication = output.communication.max(d.communication);
-        *stats = d.stats;
+        output.compute = output.compute.max(facts.compute);
+        output.communication = output.communication.max(facts.communication);
+        stats.push(facts.stats);
     }
     output.loss = loss_sum / output.samples.max(1) as f64;
     output
@@ -111,6 +139,7 @@ struct Reply<D> {
 fn collect<D>(
     reports: &Receiver<Reply<D>>,
     ranks: usize,
+    first: usize,
     grace: Duration,
 ) -> Result<Vec<D>, StrategyError> {
     let mut done: Vec<Option<D>> = (0..ranks).map(|_| None).collect();
@@ -153,6 +182,10 @@ fn collect<D>(
             .map(|d| d.expect("every rank reported"))
             .collect())
     } else {
+        // Named by their rank in the world, not in this process.
+        for failure in &mut failures {
+            failure.rank += first;
+        }
         Err(StrategyError::from_failures(failures))
     }
 }
@@ -290,17 +323,21 @@ struct RankHandle<R> {
 /// The dispatcher's side: one thread per rank, commands out, one report per rank back.
 pub(crate) struct RankThreads<R> {
     ranks: Vec<RankHandle<R>>,
+    /// The world's rank of this process's first rank.
+    first: usize,
     reports: Receiver<Reply<RankDone>>,
     grace: Duration,
     broken: Option<usize>,
 }
 
 impl<R: Send + 'static> RankThreads<R> {
-    /// Starts a thread named `name-rank{r}` per worker, each inside its rank's thread pool,
-    /// and waits for their start-up reports. `timeout` is the collectives' timeout: a rank
-    /// silent for longer after another failed is reported as such.
+    /// Starts a thread named `name-rank{r}` per worker (this process's ranks, the first of
+    /// which is the world's rank `first`), each inside its rank's thread pool, and waits for
+    /// their start-up reports. `timeout` is the collectives' timeout: a rank silent for longer
+    /// after another failed is reported as such.
     pub fn spawn<W>(
         name: &str,
+        first: usize,
         workers: Vec<(W, rayon::ThreadPool)>,
         timeout: Duration,
     ) -> Result<(Self, Vec<RankDone>), StrategyError>
@@ -313,7 +350,7 @@ impl<R: Send + 'static> RankThreads<R> {
             let (commands, inbox) = mpsc::channel();
             let reports = report_tx.clone();
             let thread = std::thread::Builder::new()
-                .name(format!("{name}-rank{rank}"))
+                .name(format!("{name}-rank{}", first + rank))
                 .spawn(move || pool.install(move || serve(work, rank, inbox, reports)))
                 .map_err(|e| ConfigError::ThreadPool {
                     rank,
@@ -326,6 +363,7 @@ impl<R: Send + 'static> RankThreads<R> {
         }
         let mut threads = Self {
             ranks,
+            first,
             reports,
             grace: timeout + Duration::from_secs(1),
             broken: None,
@@ -334,9 +372,29 @@ impl<R: Send + 'static> RankThreads<R> {
         Ok((threads, ready))
     }
 
-    /// Ranks.
+    /// The world's rank of this process's first rank.
+    pub fn first(&self) -> usize {
+        self.first
+    }
+
+    /// Ranks of this process.
     pub fn len(&self) -> usize {
         self.ranks.len()
+    }
+
+    /// The index among this process's ranks of the world's rank `rank`, which a caller asks
+    /// for what the rank holds.
+    ///
+    /// # Errors
+    /// [`StrategyError::ElsewhereRank`] when another process holds it.
+    pub fn local(&self, rank: usize) -> Result<usize, StrategyError> {
+        rank.checked_sub(self.first)
+            .filter(|&i| i < self.ranks.len())
+            .ok_or(StrategyError::ElsewhereRank {
+                rank,
+                first: self.first,
+                last: self.first + self.ranks.len() - 1,
+            })
     }
 
     /// Sends every rank one step on its shard (`shards[rank]`) and waits for all reports.
@@ -361,7 +419,7 @@ impl<R: Send + 'static> RankThreads<R> {
         match answer.recv() {
             Ok(Some(held)) if sent => Ok(held),
             _ => Err(StrategyError::Broken {
-                culprit: self.broken.unwrap_or(rank),
+                culprit: self.broken.unwrap_or(self.first + rank),
             }),
         }
     }
@@ -378,10 +436,12 @@ impl<R: Send + 'static> RankThreads<R> {
         match answer.recv() {
             Ok(Ok(bytes)) => Ok(bytes),
             Ok(Err(error)) => Err(StrategyError::from_failures(vec![RankFailure {
-                rank,
+                rank: self.first + rank,
                 error,
             }])),
-            Err(_) => Err(StrategyError::Broken { culprit: rank }),
+            Err(_) => Err(StrategyError::Broken {
+                culprit: self.first + rank,
+            }),
         }
     }
 
@@ -404,13 +464,16 @@ impl<R: Send + 'static> RankThreads<R> {
         let failures: Vec<RankFailure> = answers
             .into_iter()
             .enumerate()
-            .filter_map(|(rank, answer)| match answer.recv() {
-                Ok(Ok(())) => None,
-                Ok(Err(error)) => Some(RankFailure { rank, error }),
-                Err(_) => Some(RankFailure {
-                    rank,
-                    error: RankError::Gone,
-                }),
+            .filter_map(|(i, answer)| {
+                let rank = self.first + i;
+                match answer.recv() {
+                    Ok(Ok(())) => None,
+                    Ok(Err(error)) => Some(RankFailure { rank, error }),
+                    Err(_) => Some(RankFailure {
+                        rank,
+                        error: RankError::Gone,
+                    }),
+                }
             })
             .collect();
         if failures.is_empty() {
@@ -421,7 +484,7 @@ impl<R: Send + 'static> RankThreads<R> {
     }
 
     fn collect(&mut self) -> Result<Vec<RankDone>, StrategyError> {
-        collect(&self.reports, self.ranks.len(), self.grace).inspect_err(|error| {
+        collect(&self.reports, self.ranks.len(), self.first, self.grace).inspect_err(|error| {
             self.broken = error.culprit();
         })
     }

@@ -9,7 +9,8 @@ use rayon::{ThreadPool, ThreadPoolBuilder};
 use super::ConfigError;
 
 /// A pool for `rank` with `threads` threads, or the machine's cores shared evenly among
-/// `ranks` when `threads` is `None`.
+/// `ranks` (every rank on the machine, in this process and the run's others) when `threads`
+/// is `None`.
 pub(crate) fn rank_pool(
     rank: usize,
     ranks: usize,

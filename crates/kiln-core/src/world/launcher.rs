@@ -104,6 +104,14 @@ impl ProcessInfo {
         }
     }
 
+    /// This process's place as the launcher that started it says (its environment).
+    ///
+    /// # Errors
+    /// As [`Self::from_env`].
+    pub fn from_launcher() -> Result<Self, WorldError> {
+        Self::from_env(&process_env)
+    }
+
     /// Reads the launcher's variables through `env`; a single process when none are set.
     ///
     /// # Errors
@@ -167,21 +175,24 @@ struct RankVars {
     launcher: Launcher,
     rank: (&'static str, &'static str),
     local: (&'static str, &'static str),
-    node: &'static str,
+    /// The node's index, when the launcher states it.
+    node: Option<&'static str>,
 }
 
 const TORCHRUN: RankVars = RankVars {
     launcher: Launcher::Torchrun,
     rank: ("RANK", "WORLD_SIZE"),
     local: ("LOCAL_RANK", "LOCAL_WORLD_SIZE"),
-    node: "GROUP_RANK",
+    node: Some("GROUP_RANK"),
 };
 
 const OPEN_MPI: RankVars = RankVars {
     launcher: Launcher::OpenMpi,
     rank: ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
     local: ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
-    node: "OMPI_COMM_WORLD_NODE_RANK",
+    // Not `OMPI_COMM_WORLD_NODE_RANK`: despite its name it is the process's rank on its node
+    // (1 for the second process of one machine), not the node's index.
+    node: None,
 };
 
 fn ranked(env: &EnvLookup<'_>, vars: &RankVars) -> Result<Option<ProcessInfo>, WorldError> {
@@ -191,7 +202,10 @@ fn ranked(env: &EnvLookup<'_>, vars: &RankVars) -> Result<Option<ProcessInfo>, W
     let (local_rank, local_processes) =
         pair(env, vars.local.0, vars.local.1)?.unwrap_or((rank, processes));
     let (derived_node, nodes) = derived_nodes(rank, processes, local_processes);
-    let node_rank = number(env, vars.node)?.unwrap_or(derived_node);
+    let node_rank = match vars.node {
+        Some(name) => number(env, name)?.unwrap_or(derived_node),
+        None => derived_node,
+    };
     Ok(Some(ProcessInfo {
         rank,
         processes,
@@ -277,6 +291,31 @@ mod tests {
         .unwrap();
         assert_eq!(info.launcher, Launcher::OpenMpi);
         assert_eq!((info.rank, info.processes), (1, 2));
+    }
+
+    #[test]
+    fn open_mpi_node_rank_is_not_the_node() {
+        // What `mpirun -n 4` on two machines of two slots sets for the fourth process: its
+        // NODE_RANK is its rank on the machine.
+        let info = read(&[
+            ("OMPI_COMM_WORLD_RANK", "3"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+            ("OMPI_COMM_WORLD_NODE_RANK", "1"),
+        ])
+        .unwrap();
+        assert_eq!((info.node_rank, info.nodes), (1, 2));
+        assert_eq!((info.local_rank, info.local_processes), (1, 2));
+        let first = read(&[
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+            ("OMPI_COMM_WORLD_NODE_RANK", "1"),
+        ])
+        .unwrap();
+        assert_eq!((first.node_rank, first.nodes), (0, 1));
     }
 
     #[test]

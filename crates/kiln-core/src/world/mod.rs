@@ -80,6 +80,8 @@ pub struct World<D> {
     process: ProcessInfo,
     devices: Vec<D>,
     mesh: Mesh,
+    /// What every process must agree on beyond the strategy's own checks (a program's config).
+    facts: Vec<(String, String)>,
 }
 
 impl<D: Clone> World<D> {
@@ -106,6 +108,7 @@ impl<D: Clone> World<D> {
             process,
             devices,
             mesh,
+            facts: Vec::new(),
         })
     }
 
@@ -133,6 +136,19 @@ impl<D: Clone> World<D> {
     /// The ranks' arrangement along named axes.
     pub fn mesh(&self) -> &Mesh {
         &self.mesh
+    }
+
+    /// The same world, whose ranks also check at start-up that they agree on `value` (say a
+    /// program's whole config): processes started with different settings are refused,
+    /// naming `name`, before they train a step.
+    pub fn agreeing_on(mut self, name: impl Into<String>, value: String) -> Self {
+        self.facts.push((name.into(), value));
+        self
+    }
+
+    /// What the ranks check they agree on, beyond the strategy's own checks.
+    pub fn facts(&self) -> &[(String, String)] {
+        &self.facts
     }
 
     /// A world whose process information comes from the launcher's environment (torchrun,

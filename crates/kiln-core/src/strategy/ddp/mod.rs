@@ -121,7 +121,7 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
             }
             .into());
         }
-        let launch = Launch::whole(world, mesh.clone(), model, config.timeout())?;
+        let launch = Launch::whole(world, model, config.timeout())?;
         Self::launch(launch, optim, data, config, "kiln-ddp")
     }
 
@@ -141,13 +141,19 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
         config.validate()?;
         let Launch {
             mesh,
+            first_rank,
+            sharing,
             ranks,
             shards,
+            facts,
         } = launch;
         let world_size = mesh.size();
-        let mut workers = Vec::with_capacity(world_size);
-        for (rank, start) in ranks.into_iter().enumerate() {
-            let pool = super::threads::rank_pool(rank, world_size, config.threads_per_rank)?;
+        let local_ranks = ranks.len();
+        let mut workers = Vec::with_capacity(local_ranks);
+        for (i, start) in ranks.into_iter().enumerate() {
+            let rank = first_rank + i;
+            let sharers = local_ranks * sharing;
+            let pool = super::threads::rank_pool(rank, sharers, config.threads_per_rank)?;
             let shard = ShardPlace::of(shards.as_ref(), start.shard_group, &mesh, rank);
             let worker = Worker {
                 replicas: mesh.degree(Mesh::DP),
@@ -164,15 +170,19 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
                     ..Default::default()
                 },
                 steps: 0,
+                facts: facts.clone(),
             };
             workers.push((worker, pool));
         }
-        let (threads, ready) = RankThreads::spawn(name, workers, config.timeout())?;
+        let (threads, ready) = RankThreads::spawn(name, first_rank, workers, config.timeout())?;
+        let mut stats = Vec::new();
+        let num_buckets = ready.first().map_or(0, |r| r.num_buckets);
+        // Start-up broadcast traffic and time belong to the ranks' totals.
+        step_output(&mut stats, ready, &mesh);
         let ddp = Self {
             threads,
-            num_buckets: ready.first().map_or(0, |r| r.num_buckets),
-            // Start-up broadcast traffic and time belong to the ranks' totals.
-            stats: ready.into_iter().map(|r| r.stats).collect(),
+            num_buckets,
+            stats,
             mesh,
             config,
             backend: std::marker::PhantomData,
@@ -209,16 +219,18 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
         for shard in &mut shards {
             shard.keep_items = keep_items;
         }
-        let per_rank = (0..self.threads.len())
+        let per_rank = self
+            .local_ranks()
             .map(|rank| shards[self.mesh.coord(rank, Mesh::DP)].clone())
             .collect();
         let mut done = self.threads.step(per_rank, lr)?;
         // The items of the first shard of each replica (the shards' items are the same).
         let items = done
             .iter_mut()
-            .enumerate()
-            .filter(|(rank, _)| self.first_shard(*rank))
-            .flat_map(|(_, d)| std::mem::take(&mut d.items))
+            .zip(self.local_ranks())
+            .filter(|(_, rank)| self.first_shard(*rank))
+            .map(|(d, _)| d)
+            .flat_map(|d| std::mem::take(&mut d.items))
             .map(|item| {
                 *item
                     .downcast::<<M as TrainStep>::Output>()
@@ -226,6 +238,12 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
             })
             .collect();
         Ok((step_output(&mut self.stats, done, &self.mesh), items))
+    }
+
+    /// The world's ranks this process holds.
+    fn local_ranks(&self) -> std::ops::Range<usize> {
+        let first = self.threads.first();
+        first..first + self.threads.len()
     }
 
     fn first_shard(&self, rank: usize) -> bool {
@@ -236,7 +254,7 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
     /// one model of the first replica without shards).
     pub(crate) fn shard_models(&self) -> Result<Vec<M>, StrategyError> {
         (0..self.mesh.degree(Mesh::TP))
-            .map(|t| self.threads.hand(self.shard_rank(t)))
+            .map(|t| self.threads.hand(self.threads.local(self.shard_rank(t))?))
             .collect()
     }
 
@@ -260,7 +278,7 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Strategy<B, M> for Ddp<B, M> {
     }
 
     fn world_size(&self) -> usize {
-        self.threads.len()
+        self.mesh.size()
     }
 
     fn step(&mut self, batch: &[usize], lr: f64) -> Result<StepOutput, StrategyError> {
@@ -276,6 +294,7 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Strategy<B, M> for Ddp<B, M> {
     }
 
     fn model(&self) -> Result<M, StrategyError> {
+        // Every replica is the same: this process's first stands for rank 0's.
         self.threads.hand(0)
     }
 
@@ -287,7 +306,10 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Strategy<B, M> for Ddp<B, M> {
         // The replicas of a shard hold the same state; the first replica's stands for all.
         let shards = self.mesh.degree(Mesh::TP);
         let parts = (0..shards)
-            .map(|t| self.threads.save_optimizer(self.shard_rank(t)))
+            .map(|t| {
+                let rank = self.threads.local(self.shard_rank(t))?;
+                self.threads.save_optimizer(rank)
+            })
             .collect::<Result<_, _>>()?;
         Ok(OptimizerState::new(self.layout(), parts))
     }
@@ -298,7 +320,8 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Strategy<B, M> for Ddp<B, M> {
             .iter()
             .map(|p| p.as_slice().into())
             .collect();
-        let per_rank = (0..self.threads.len())
+        let per_rank = self
+            .local_ranks()
             .map(|rank| parts[self.mesh.coord(rank, Mesh::TP)].clone())
             .collect();
         self.threads.load_optimizer(per_rank)

@@ -12,7 +12,8 @@ use crate::data::DataSource;
 use crate::grads::{BucketPlan, ParamSelection, broadcast_parameters};
 use crate::model::TrainModel;
 use crate::optim::{GuardedOptimizer, decode, encode, tensor_bytes};
-use crate::params::{fingerprints, floats_to_hashes, hashes_to_floats, param_bytes};
+use crate::params::{fingerprints, floats_to_hashes, hashes_to_floats, param_bytes, signature};
+use crate::strategy::agree::{Fact, agree, dtype_fact};
 use crate::strategy::handover::sync_device;
 use crate::strategy::launch::ShardPlace;
 use crate::strategy::micro_batch::local_gradients;
@@ -35,6 +36,8 @@ pub(super) struct Worker<B: AutodiffBackend, M: TrainModel<B>, O, I> {
     pub plan: Option<BucketPlan>,
     pub stats: RankStats,
     pub steps: u64,
+    /// What the ranks check they agree on at start-up (with the model and the settings).
+    pub facts: Vec<Fact>,
 }
 
 impl<B, M, O, I> RankWork for Worker<B, M, O, I>
@@ -86,6 +89,11 @@ where
     fn start_rank(&mut self) -> Result<RankDone, RankError> {
         let start = Instant::now();
         let model = self.model.take().ok_or(RankError::Gone)?.fork(&self.device);
+        let mut facts = std::mem::take(&mut self.facts);
+        facts.push(("model layout".into(), format!("{:?}", signature(&model))));
+        facts.push(dtype_fact::<B>());
+        facts.push(("ddp settings".into(), format!("{:?}", self.config)));
+        agree(self.groups.world(), &facts, &self.device)?;
         let cap = self.config.bucket_cap_bytes();
         let model = if self.replicas > 1 {
             let every_param = BucketPlan::new(&model, cap, ParamSelection::All);
@@ -101,12 +109,13 @@ where
         self.model = Some(model);
         self.stats.communication += start.elapsed();
         self.record_traffic();
-        Ok(RankDone::new(
+        RankDone::new(
             (0.0, 0),
             (Duration::ZERO, start.elapsed()),
             self.plan.as_ref(),
             &self.stats,
-        ))
+        )
+        .shared(self.groups.world(), &self.device)
     }
 
     /// Forward/backward over the shard → the guarded step (all-reduce over `dp`) → replica
@@ -172,14 +181,15 @@ where
         self.stats.compute += compute;
         self.stats.communication += communication;
         self.record_traffic();
-        Ok(RankDone::new(
+        RankDone::new(
             (local.loss_sum, local.samples),
             (compute, communication),
             self.plan.as_ref(),
             &self.stats,
         )
         .with_guard(stepped.guard)
-        .with_items(local.items))
+        .with_items(local.items)
+        .shared(self.groups.world(), &self.device)
     }
 
     fn record_traffic(&mut self) {

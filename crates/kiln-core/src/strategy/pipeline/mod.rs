@@ -38,9 +38,9 @@ use burn::tensor::backend::AutodiffBackend;
 
 pub use schedule::{Action, Schedule, peak_live};
 
-use super::launch::{Launch, ShardPlace};
+use super::launch::{Launch, ShardPlace, check_processes};
 use super::ranks::{RankThreads, Shard, step_output};
-use super::{ConfigError, RankStats, StepOutput, Strategy, StrategyError};
+use super::{ConfigError, RankStats, StepOutput, Strategy, StrategyError, StrategyKind};
 use crate::World;
 use crate::data::{DataSource, ShardPolicy};
 use crate::model::{PipelineModel, even_ranges};
@@ -195,7 +195,12 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
         config.validate()?;
         let mesh = config.mesh(world.mesh(), world.world_size())?;
         check_blocks(&model, config.stages)?;
-        let launch = Launch::whole(world, mesh, model, config.timeout())?;
+        check_processes(world, StrategyKind::Pipeline)?;
+        let world = world
+            .clone()
+            .with_mesh(mesh)
+            .map_err(|_| ConfigError::NoDevices)?;
+        let launch = Launch::whole(&world, model, config.timeout())?;
         Self::launch(launch, optim, data, config, "kiln-pipeline")
     }
 
@@ -216,8 +221,10 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
         config.validate()?;
         let Launch {
             mesh,
+            first_rank,
             ranks,
             shards,
+            ..
         } = launch;
         let world_size = mesh.size();
         let device = ranks[0].device.clone();
@@ -257,13 +264,15 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
             };
             workers.push((worker, pool));
         }
-        let (threads, ready) = RankThreads::spawn(name, workers, config.timeout())?;
+        let (threads, ready) = RankThreads::spawn(name, first_rank, workers, config.timeout())?;
+        let mut stats = Vec::new();
+        step_output(&mut stats, ready, &mesh);
         let pipeline = Self {
             threads,
             config,
             templates,
             device,
-            stats: ready.into_iter().map(|d| d.stats).collect(),
+            stats,
             mesh,
         };
         tracing::info!(

@@ -166,12 +166,13 @@ where
         self.stats.param_bytes = bytes.params;
         self.stats.grad_bytes = bytes.grads;
         self.module = Some(module);
-        Ok(RankDone::new(
+        RankDone::new(
             (0.0, 0),
             (Duration::ZERO, Duration::ZERO),
             self.plan.as_ref(),
             &self.stats,
-        ))
+        )
+        .shared(self.groups.world(), &self.device)
     }
 
     fn step_rank(&mut self, shard: &Shard, lr: f64) -> Result<RankDone, RankError> {
@@ -239,13 +240,14 @@ where
         self.stats.idle += times.idle;
         self.stats.communication += stepped.communication;
         self.record_traffic();
-        Ok(RankDone::new(
+        RankDone::new(
             (loss_sum, scored),
             (times.compute, stepped.communication),
             self.plan.as_ref(),
             &self.stats,
         )
-        .with_guard(stepped.guard))
+        .with_guard(stepped.guard)
+        .shared(self.groups.world(), &self.device)
     }
 
     fn record_traffic(&mut self) {

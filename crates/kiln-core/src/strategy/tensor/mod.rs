@@ -26,10 +26,10 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::train::TrainStep;
 
 use super::ddp::DdpConfig;
-use super::launch::{check_single_process, materialise};
+use super::launch::{check_processes, materialise};
 use super::{
     ConfigError, Engine, OptimizerSpec, PipelineConfig, RankStats, StepOutput, Strategy,
-    StrategyError,
+    StrategyError, StrategyKind,
 };
 use crate::World;
 use crate::data::{DataSource, ShardPolicy};
@@ -191,7 +191,7 @@ where
     {
         config.validate()?;
         let mesh = config.mesh(world.world_size())?;
-        check_single_process(world)?;
+        check_processes(world, StrategyKind::Tensor)?;
         // Materialised before anything reads it: a lazily initialised parameter would draw
         // new values in every clone that the checks and the shards make.
         let model = materialise(model, &world.devices()[0])?;

@@ -65,6 +65,9 @@ where
     }
     Ok(Launch {
         mesh: mesh.clone(),
+        first_rank: 0,
+        sharing: 1,
+        facts: super::super::launch::world_facts(world),
         ranks,
         shards: Some(Shards {
             count: mesh.degree(Mesh::TP),

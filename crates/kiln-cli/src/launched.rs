@@ -1,0 +1,74 @@
+//! A process that a launcher started (`kiln launch`, `mpirun`, `srun`): its place among the
+//! run's processes, the world they make together, and which of them writes. Without a
+//! launcher it is the run's only process, and everything here is the identity.
+
+use kiln_core::plan::Plan;
+use kiln_core::strategy::ConfigError;
+use kiln_core::world::{ProcessInfo, WorldError};
+
+/// This process's place in the run.
+#[derive(Debug, Clone)]
+pub struct Launched {
+    process: ProcessInfo,
+}
+
+impl Launched {
+    /// What the launcher's environment says.
+    ///
+    /// # Errors
+    /// Malformed or inconsistent launcher variables.
+    pub fn from_env() -> Result<Self, WorldError> {
+        Ok(Self {
+            process: ProcessInfo::from_launcher()?,
+        })
+    }
+
+    /// Processes in the run.
+    pub fn processes(&self) -> usize {
+        self.process.processes
+    }
+
+    /// Whether this process writes what the run writes once (reports, progress, files):
+    /// the first process, which holds rank 0.
+    pub fn is_main(&self) -> bool {
+        self.process.rank == 0
+    }
+
+    /// The ranks of the whole run: `world` when named, else every process holds the ranks of
+    /// its `devices` (one without).
+    pub fn world(&self, world: Option<usize>, devices: Option<usize>) -> Option<usize> {
+        world.or_else(|| {
+            let local = devices.or((self.processes() > 1).then_some(1))?;
+            Some(local * self.processes())
+        })
+    }
+
+    /// The cores one process may use: the machine's, shared with the run's other processes
+    /// on it.
+    pub fn cores(&self, cores: Option<usize>) -> Option<usize> {
+        cores.map(|c| (c / self.process.local_processes.max(1)).max(1))
+    }
+
+    /// `plan` spread over the run's processes, which check at start-up that they run the same
+    /// `config`, field by field (so that a difference is named by its field).
+    ///
+    /// # Errors
+    /// A plan the processes cannot share.
+    pub fn plan<C: serde::Serialize>(&self, plan: Plan, config: &C) -> Result<Plan, ConfigError> {
+        let fields = serde_json::to_value(config).expect("a config serialises");
+        let plan = plan.across(self.process.clone())?;
+        Ok(match fields {
+            serde_json::Value::Object(fields) => fields.into_iter().fold(plan, |plan, (k, v)| {
+                plan.agreeing_on(format!("config's {k}"), format!("{k} = {v}"))
+            }),
+            other => plan.agreeing_on("config", other.to_string()),
+        })
+    }
+}
+
+/// Ends the process's part in a run that succeeded: with MPI, finalises it (a process that
+/// fails exits without, and the launcher then ends the others).
+pub fn finish() {
+    #[cfg(feature = "mpi")]
+    kiln_core::collective::mpi::finalize();
+}
