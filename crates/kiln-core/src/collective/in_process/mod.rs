@@ -80,6 +80,9 @@ struct Shared<B: Backend> {
 struct Failure {
     rank: usize,
     reason: String,
+    /// The world's rank to blame when it is not the group rank `rank`'s: a failure that
+    /// `rank` only passes on from outside the group.
+    blamed: Option<usize>,
 }
 
 /// What the first rank to arrive in a round called; later ranks must match it.
@@ -173,9 +176,24 @@ impl<B: Backend> InProcess<B> {
             op,
             seq,
             rank: self.global(self.rank),
-            failed_rank: self.global(failure.rank),
+            failed_rank: failure.blamed.unwrap_or_else(|| self.global(failure.rank)),
             reason: failure.reason.clone(),
         }
+    }
+
+    /// Poisons the group on behalf of the world's rank `culprit`, which failed outside it:
+    /// every rank then reports `culprit` with `reason`.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn fail_for(&self, culprit: usize, reason: String) {
+        let mut state = self.lock();
+        if state.failure.is_none() {
+            state.failure = Some(Failure {
+                rank: self.rank,
+                reason,
+                blamed: Some(culprit),
+            });
+        }
+        self.shared.wake.notify_all();
     }
 
     fn poison(&self, reason: String) {
@@ -186,7 +204,11 @@ impl<B: Backend> InProcess<B> {
     /// Poisons the group, blaming `rank`, unless it already is, and wakes every waiter.
     fn record_failure(&self, state: &mut State<B>, rank: usize, reason: String) {
         if state.failure.is_none() {
-            state.failure = Some(Failure { rank, reason });
+            state.failure = Some(Failure {
+                rank,
+                reason,
+                blamed: None,
+            });
         }
         self.shared.wake.notify_all();
     }

@@ -102,7 +102,14 @@ impl<B: Backend> Mpi<B> {
                 }
             }
         };
-        self.local.abort(&error.to_string());
+        // The process's other members are waiting for this leader: they fail too, blaming
+        // the rank that caused it.
+        let culprit = error.culprit().unwrap_or(me);
+        let reason = match &error {
+            CollectiveError::PeerFailed { reason, .. } => reason.clone(),
+            other => other.to_string(),
+        };
+        self.local.fail_for(culprit, reason);
         error
     }
 
@@ -322,6 +329,7 @@ impl<B: Backend> Collective<B> for Mpi<B> {
         self.local.abort(reason);
         if let Ok(runtime) = runtime() {
             runtime.lock().abort(self.members[self.rank], reason);
+            runtime.flush(Duration::from_secs(1));
         }
     }
 

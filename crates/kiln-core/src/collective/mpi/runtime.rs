@@ -174,6 +174,22 @@ impl Runtime {
         })
     }
 
+    /// Waits up to `within` for the sends in flight (an abort's messages) to leave: a process
+    /// that fails exits right after, and its peers must still learn why.
+    pub fn flush(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            {
+                let mut state = self.lock();
+                state.serve();
+                if state.pending.is_empty() || Instant::now() >= deadline {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// The lock every MPI call is made under.
     pub fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
