@@ -3,7 +3,7 @@
 //! launcher it is the run's only process, and everything here is the identity.
 
 use kiln_core::plan::Plan;
-use kiln_core::strategy::ConfigError;
+use kiln_core::strategy::{ConfigError, StrategyKind};
 use kiln_core::world::{ProcessInfo, WorldError};
 
 /// This process's place in the run.
@@ -32,6 +32,22 @@ impl Launched {
     /// the first process, which holds rank 0.
     pub fn is_main(&self) -> bool {
         self.process.rank == 0
+    }
+
+    /// Refuses `strategy` when it cannot span the run's processes: before its plan is
+    /// resolved, whose own errors would speak of ranks rather than processes.
+    ///
+    /// # Errors
+    /// [`ConfigError::MultiProcess`], saying what to use instead.
+    pub fn check(&self, strategy: StrategyKind) -> Result<(), ConfigError> {
+        match strategy.single_process_only() {
+            Some(reason) if self.processes() > 1 => Err(ConfigError::MultiProcess {
+                strategy,
+                processes: self.processes(),
+                reason,
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// The ranks of the whole run: `world` when named, else every process holds the ranks of

@@ -32,8 +32,7 @@ fn mpirun(scenario: &str) -> (Output, Duration) {
 }
 
 fn text(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-        + &String::from_utf8_lossy(&output.stderr)
+    String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr)
 }
 
 /// The entry of the processes mpirun starts; a no-op in the ordinary test run.
@@ -104,8 +103,18 @@ fn run(scenario: &str, mut c: MeshCollectives<Flex>) -> String {
             let second = floats(w.recv(prev, 2, &Default::default()).unwrap());
             w.barrier().unwrap();
             // The axes: dp {0, 2} and {1, 3} cross the processes, pp {0, 1} and {2, 3} do not.
-            let dp = floats(c.axis("dp").unwrap().all_reduce(x(&[r]), ReduceOp::Sum).unwrap());
-            let pp = floats(c.axis("pp").unwrap().all_reduce(x(&[r]), ReduceOp::Sum).unwrap());
+            let dp = floats(
+                c.axis("dp")
+                    .unwrap()
+                    .all_reduce(x(&[r]), ReduceOp::Sum)
+                    .unwrap(),
+            );
+            let pp = floats(
+                c.axis("pp")
+                    .unwrap()
+                    .all_reduce(x(&[r]), ReduceOp::Sum)
+                    .unwrap(),
+            );
             format!(
                 "OPS rank {rank}: sum {sum:?} mean {mean:?} max {max:?} bcast {from3:?} gather \
                  {gathered:?} scatter {scattered:?} recv {first:?} {second:?} dp {dp:?} pp {pp:?}"
@@ -145,7 +154,10 @@ fn every_operation_across_two_processes_of_two_ranks() {
     assert!(output.status.success(), "{out}");
     for rank in 0..4usize {
         let r = rank as f32;
-        let (prev, g) = (((rank + 3) % 4) as f32, [0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 3.0, -3.0]);
+        let (prev, g) = (
+            ((rank + 3) % 4) as f32,
+            [0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 3.0, -3.0],
+        );
         let dp = if rank % 2 == 0 { 2.0 } else { 4.0 };
         let pp = if rank < 2 { 1.0 } else { 5.0 };
         let expected = format!(
@@ -162,7 +174,10 @@ fn every_operation_across_two_processes_of_two_ranks() {
             [dp],
             [pp],
         );
-        assert!(out.contains(&expected), "rank {rank}: expected\n{expected}\nin\n{out}");
+        assert!(
+            out.contains(&expected),
+            "rank {rank}: expected\n{expected}\nin\n{out}"
+        );
     }
 }
 

@@ -19,6 +19,7 @@ use kiln_nn::tensor_parallel::ShardedBackend;
 use crate::backend::{BackendKind, DeviceList, Job, Placement, dispatch, parse_devices};
 use crate::checkpoint_args::{CheckpointArgs, RunCheckpoints};
 use crate::config_file;
+use crate::launched::Launched;
 use crate::names::strategy_parser;
 use crate::optimizer_args::OptimizerArgs;
 use crate::outputs;
@@ -124,9 +125,10 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
     match command {
         AdCommand::Train(args) => {
             let args = *args;
-            let (config, plan) = args.config()?;
+            let launched = Launched::from_env()?;
+            let (config, plan) = args.config(&launched)?;
             let devices = args.devices.as_ref().map(|DeviceList(d)| d.as_slice());
-            let placement = Placement::new(plan.world_size(), devices)?;
+            let placement = Placement::new(plan.local_ranks(), devices)?;
             args.backend.check_precision(config.optimizer.precision)?;
             // Everything the run writes is checked before the data is even generated.
             outputs::check_folder("--out", &args.out)?;
@@ -148,7 +150,10 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
             let mut checkpoints = RunCheckpoints::prepare(
                 &args.checkpoint,
                 resume.as_deref(),
-                Some(("--out", &checkpoint::checkpoints(&args.out))),
+                // Only the first process writes (and locks) the run's checkpoints.
+                launched
+                    .is_main()
+                    .then_some(("--out", checkpoint::checkpoints(&args.out).as_path())),
                 &config.checkpoint,
                 &plan,
                 config.train.steps,
@@ -164,6 +169,7 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
                 plan,
                 checkpoints,
                 signals,
+                main: launched.is_main(),
             };
             dispatch(job.args.backend, &placement, job)
         }
@@ -172,8 +178,8 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 impl TrainArgs {
-    /// The config the flags and the file make, and the run's plan.
-    fn config(&self) -> Result<(AdConfig, Plan), Box<dyn std::error::Error>> {
+    /// The config the flags and the file make, and the run's plan over `launched`'s processes.
+    fn config(&self, launched: &Launched) -> Result<(AdConfig, Plan), Box<dyn std::error::Error>> {
         let mut c: AdConfig = match &self.config {
             Some(path) => config_file::load(path)?,
             None => AdConfig::default(),
@@ -185,12 +191,11 @@ impl TrainArgs {
         }
         set!(strategy => train.strategy, steps => train.steps,
              batch => train.batch, lr => train.lr, seed => seed);
-        if let Some(world) = self.world {
+        // The list names this process's ranks; an explicit --world (all processes' ranks)
+        // must agree (checked by Placement).
+        let devices = self.devices.as_ref().map(|DeviceList(d)| d.len());
+        if let Some(world) = launched.world(self.world, devices) {
             c.train.world = Some(world);
-        }
-        if let Some(DeviceList(devices)) = &self.devices {
-            // The list names the ranks; an explicit --world must agree (checked by Placement).
-            c.train.world = Some(self.world.unwrap_or(devices.len()));
         }
         self.optimizer.apply(&mut c.optimizer);
         self.checkpoint.apply(&mut c.checkpoint);
@@ -202,12 +207,14 @@ impl TrainArgs {
         if c.train.world == Some(0) {
             return Err(AdError::Zero("train.world").into());
         }
+        launched.check(c.train.strategy)?;
         let plan = Plan::resolve(PlanRequest {
             dp,
-            cpu_cores: self.backend.cpu_cores(),
+            cpu_cores: launched.cores(self.backend.cpu_cores()),
             ..c.plan_request()
         })?;
         c.optimizer.check_plan(&plan)?;
+        let plan = launched.plan(plan, &c)?;
         Ok((c, plan))
     }
 }
@@ -218,6 +225,8 @@ struct TrainJob {
     plan: Plan,
     checkpoints: RunCheckpoints,
     signals: Signals,
+    /// Whether this process writes the run (the first of its processes).
+    main: bool,
 }
 
 impl Job for TrainJob {
@@ -230,15 +239,22 @@ impl Job for TrainJob {
         let (args, config, plan) = (self.args, self.config, self.plan);
         let signals = self.signals;
         let stop = || signals.stop_requested();
+        // The run's other processes train alongside the first, which alone writes the run
+        // folder and evaluates (on one device, as `kiln ad eval` does).
+        let main = self.main;
         let options = RunOptions {
-            save_to: Some(&args.out),
+            save_to: main.then_some(args.out.as_path()),
             resume: self.checkpoints.resume.as_ref(),
             stop: Some(&stop),
             overwrite: args.checkpoint.overwrite,
-            no_eval: args.no_eval,
+            no_eval: args.no_eval || !main,
         };
         let first = self.checkpoints.resume.as_ref().map_or(0, |c| c.step());
-        let mut bars = Bars::new(config.train.steps);
+        let mut bars = if main {
+            Bars::new(config.train.steps)
+        } else {
+            Bars::quiet()
+        };
         bars.start_at(first);
         let done = kiln_ad::run::run::<B>(&config, &plan, devices, options, &mut bars)?;
         if done.train.stopped {
@@ -252,6 +268,9 @@ impl Job for TrainJob {
                     .saved
                     .map(|dir| Saved::Checkpoint(dir.into(), args.out.clone())),
             }));
+        }
+        if !main {
+            return Ok(());
         }
         let metrics = Metrics {
             config: &config,

@@ -20,6 +20,8 @@ fn bar(len: usize, what: &str) -> ProgressBar {
 pub struct Bars {
     train: ProgressBar,
     eval: Option<ProgressBar>,
+    /// Shows nothing: a process of a multi-process run other than the first.
+    quiet: bool,
 }
 
 impl Bars {
@@ -28,6 +30,16 @@ impl Bars {
         Self {
             train: bar(steps, "train"),
             eval: None,
+            quiet: false,
+        }
+    }
+
+    /// Bars that show nothing, for the processes of a run that do not tell its story.
+    pub fn quiet() -> Self {
+        Self {
+            train: ProgressBar::hidden(),
+            eval: None,
+            quiet: true,
         }
     }
 
@@ -39,6 +51,9 @@ impl Bars {
 
 impl Observer for Bars {
     fn data(&mut self, data: &Data) {
+        if self.quiet {
+            return;
+        }
         tracing::info!("{}", data.summary());
     }
 
@@ -49,6 +64,9 @@ impl Observer for Bars {
 
     fn trained(&mut self, summary: &TrainSummary) {
         self.train.finish_and_clear();
+        if self.quiet {
+            return;
+        }
         let resumed = summary
             .resumed_from
             .map(|step| format!(" (resumed at step {step})"))

@@ -208,6 +208,7 @@ impl TrainConfig {
     /// # Errors
     /// What the plan refuses, or a precision the strategy cannot run.
     pub fn plan(&self, dp: Option<usize>, launched: &Launched) -> Result<Plan, ConfigError> {
+        launched.check(self.strategy)?;
         let plan = Plan::resolve(PlanRequest {
             strategy: self.strategy,
             world: launched.world(self.world, self.devices.as_ref().map(Vec::len)),

@@ -1,0 +1,336 @@
+//! `kiln launch` end to end, on this machine's loopback: Ddp across processes (and processes
+//! of several ranks, and two "machines" of a hostfile) trains exactly as one device does, the
+//! AD job writes its run once, and the faults a user meets end the job with a clear error and
+//! no process left. Needs Open MPI (`.ci/run` installs it) and the `mpi` feature.
+#![cfg(feature = "mpi")]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::kiln;
+
+const KILN: &str = env!("CARGO_BIN_EXE_kiln");
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kiln-launch-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn text(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+/// `kiln launch <launch> -- kiln <args>`.
+fn launch(launch: &[&str], args: &[&str]) -> Output {
+    let mut all = vec!["launch"];
+    all.extend_from_slice(launch);
+    all.push("--");
+    all.push(KILN);
+    all.extend_from_slice(args);
+    kiln(&all)
+}
+
+fn report(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Trains with `args` plus `--json`, through `kiln launch` with `launch` when given.
+fn train(dir: &Path, name: &str, launch_args: Option<&[&str]>, args: &[&str]) -> serde_json::Value {
+    let json = dir.join(format!("{name}.json"));
+    let mut all = vec!["train", "--json", json.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let out = match launch_args {
+        Some(l) => launch(l, &all),
+        None => kiln(&all),
+    };
+    assert!(out.status.success(), "{name}: {}", text(&out));
+    report(&json)
+}
+
+fn assert_same_training(a: &serde_json::Value, b: &serde_json::Value, what: &str) {
+    for key in ["param_sum", "param_sq_sum", "final_loss"] {
+        let (x, y) = (a[key].as_f64().unwrap(), b[key].as_f64().unwrap());
+        let scale = x.abs().max(y.abs()).max(1e-12);
+        assert!((x - y).abs() / scale < 1e-5, "{what}: {key} {x} vs {y}");
+    }
+}
+
+#[test]
+fn ddp_across_processes_trains_as_one_device() {
+    let dir = scratch("ddp");
+    let two = ["--nproc-per-node", "2"];
+    for model in ["mlp", "transformer"] {
+        let common = ["--model", model, "--steps", "4", "--batch", "66"];
+        let with = |extra: &[&'static str]| -> Vec<&str> {
+            common
+                .iter()
+                .copied()
+                .chain(extra.iter().copied())
+                .collect()
+        };
+        let single = train(&dir, "single", None, &with(&["--strategy", "single"]));
+        // 2 processes of one rank, then of two ranks each (66 samples over 4 replicas: 17, 17,
+        // 16, 16).
+        let procs = train(&dir, "procs", Some(&two), &with(&["--strategy", "ddp"]));
+        let ranks = ["--strategy", "ddp", "--world", "4"];
+        let threads = train(&dir, "threads", Some(&two), &with(&ranks));
+        assert_eq!(procs["world"], 2);
+        assert_eq!(threads["world"], 4);
+        let samples: Vec<u64> = threads["ranks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["samples"].as_u64().unwrap())
+            .collect();
+        assert_eq!(
+            samples,
+            [68, 68, 64, 64],
+            "every rank's totals, from both processes"
+        );
+        assert_same_training(&single, &procs, &format!("{model}: 2 processes"));
+        assert_same_training(
+            &single,
+            &threads,
+            &format!("{model}: 2 processes × 2 ranks"),
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn two_machines_of_a_hostfile_run_the_same_job() {
+    // Two "machines" that are both this one: mpirun reaches each through an ssh that runs the
+    // command here.
+    let dir = scratch("hostfile");
+    let ssh = dir.join("ssh");
+    std::fs::write(
+        &ssh,
+        "#!/bin/sh\nwhile [ $# -gt 0 ]; do case \"$1\" in -*) shift;; *) break;; esac; done\n\
+         shift\nexec sh -c \"$*\"\n",
+    )
+    .unwrap();
+    let chmod = Command::new("chmod").arg("+x").arg(&ssh).status().unwrap();
+    assert!(chmod.success());
+    let hosts = dir.join("hosts");
+    std::fs::write(&hosts, "machine-a slots=2\nmachine-b slots=2\n").unwrap();
+    let agent = format!("--mpirun-arg={}", ssh.display());
+    let launch_args = [
+        "--nproc-per-node",
+        "1",
+        "--hostfile",
+        hosts.to_str().unwrap(),
+        "--mpirun-arg=--mca",
+        "--mpirun-arg=plm_rsh_agent",
+        agent.as_str(),
+    ];
+    let args = ["--strategy", "ddp", "--steps", "3"];
+    let nodes = train(&dir, "nodes", Some(&launch_args), &args);
+    let single = train(
+        &dir,
+        "single",
+        None,
+        &["--strategy", "single", "--steps", "3"],
+    );
+    assert_eq!(nodes["world"], 2);
+    assert_same_training(&single, &nodes, "two machines");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+const TINY_AD: &str = "seed = 3\n[env]\nsize = 5\nhorizon = 8\n[goals]\nheld_out = 2\n\
+    [source]\nhistories_per_goal = 2\nepisodes = 6\n[model]\ncontext = 16\nd_model = 16\n\
+    d_ff = 32\n[train]\nsteps = 4\nwarmup_steps = 1\nbatch = 6\n[eval]\nepisodes = 3\n\
+    seeds = 2\n";
+
+#[test]
+fn ad_train_under_launch_writes_one_run() {
+    let dir = scratch("ad");
+    let config = dir.join("tiny.toml");
+    std::fs::write(&config, TINY_AD).unwrap();
+    let config = config.to_str().unwrap();
+    let (launched, threads) = (dir.join("launched"), dir.join("threads"));
+    let args = |out: &Path| {
+        let out = out.to_str().unwrap().to_string();
+        vec![
+            "ad",
+            "train",
+            "--config",
+            config,
+            "--strategy",
+            "ddp",
+            "--out",
+        ]
+        .into_iter()
+        .map(String::from)
+        .chain([out])
+        .collect::<Vec<_>>()
+    };
+    let launched_args = args(&launched);
+    let refs: Vec<&str> = launched_args.iter().map(String::as_str).collect();
+    let out = launch(&["--nproc-per-node", "2"], &refs);
+    assert!(out.status.success(), "{}", text(&out));
+    // Written once: one "wrote" line, from rank 0.
+    let wrote: Vec<&str> = std::str::from_utf8(&out.stdout)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("wrote"))
+        .collect();
+    assert_eq!(wrote.len(), 1, "{}", text(&out));
+    assert!(wrote[0].starts_with("[rank 0]"), "{}", wrote[0]);
+    for file in ["metrics.json", "returns.svg", "config.toml", "checkpoints"] {
+        assert!(launched.join(file).exists(), "{file}");
+    }
+    let mut in_process = args(&threads);
+    in_process.extend(["--world".into(), "2".into()]);
+    let refs: Vec<&str> = in_process.iter().map(String::as_str).collect();
+    let out = kiln(&refs);
+    assert!(out.status.success(), "{}", text(&out));
+    let curve = |d: &Path| report(&d.join("metrics.json"))["train"]["loss_curve"].clone();
+    let (a, b) = (curve(&launched), curve(&threads));
+    let (a, b) = (a.as_array().unwrap(), b.as_array().unwrap());
+    assert_eq!(a.len(), 4);
+    for (x, y) in a.iter().zip(b) {
+        // (step, loss) pairs.
+        let (x, y) = (x[1].as_f64().unwrap(), y[1].as_f64().unwrap());
+        assert!((x - y).abs() <= 1e-5 * x.abs().max(1e-12), "{x} vs {y}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A long run under `kiln launch` whose processes write their pid to `dir/<rank>`; the
+/// launcher's child and the time it started.
+fn long_run(dir: &Path, config: Option<&Path>) -> (std::process::Child, Instant) {
+    let config = config.map_or(String::new(), |c| format!(" --config {}", c.display()));
+    let script = format!(
+        "echo $$ > {}/$OMPI_COMM_WORLD_RANK; exec {KILN} train --model transformer --strategy \
+         ddp --steps 1000000{config}",
+        dir.display()
+    );
+    let child = Command::new(KILN)
+        .args(["launch", "--nproc-per-node", "2", "--", "sh", "-c", &script])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    (child, Instant::now())
+}
+
+/// Waits until both processes have started training (wrote their pid, then 2 s more).
+fn pid_of(dir: &Path, rank: usize) -> String {
+    let path = dir.join(rank.to_string());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !path.exists() || !dir.join("0").exists() {
+        assert!(Instant::now() < deadline, "the processes did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    std::fs::read_to_string(path).unwrap().trim().to_string()
+}
+
+/// Whether any of the job's processes (by the pids in `dir`) is still alive: a zombie, dead
+/// but not yet reaped by a container's init, is not.
+fn any_left(dir: &Path) -> bool {
+    ["0", "1"].iter().any(|r| {
+        let pid = std::fs::read_to_string(dir.join(r)).unwrap();
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()));
+        // `pid (comm) state …`: the state follows the last ')'.
+        stat.is_ok_and(|s| {
+            let state = s.rsplit(')').next().unwrap_or("").trim_start();
+            !state.starts_with('Z') && !state.starts_with('X')
+        })
+    })
+}
+
+#[test]
+fn a_killed_process_ends_the_job_naming_its_rank() {
+    let dir = scratch("kill");
+    let (child, _) = long_run(&dir, None);
+    let pid = pid_of(&dir, 1);
+    let killed = Instant::now();
+    assert!(
+        Command::new("kill")
+            .args(["-9", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let out = child.wait_with_output().unwrap();
+    let took = killed.elapsed();
+    let said = text(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        took < Duration::from_secs(10),
+        "the job took {took:?} to end"
+    );
+    assert!(
+        said.contains("process rank 1 ended the job (signal 9"),
+        "{said}"
+    );
+    assert!(!any_left(&dir), "a process of the job is left");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_stopped_process_is_named_by_the_others_timeout() {
+    let dir = scratch("stop");
+    let config = dir.join("timeout.toml");
+    std::fs::write(&config, "[parallel.ddp]\ncollective_timeout_s = 3.0\n").unwrap();
+    let (child, _) = long_run(&dir, Some(&config));
+    let pid = pid_of(&dir, 1);
+    assert!(
+        Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let stopped = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    let took = stopped.elapsed();
+    let said = text(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        took < Duration::from_secs(20),
+        "the job took {took:?} to end"
+    );
+    assert!(
+        said.contains("timed out after 3s: rank(s) [1] never arrived"),
+        "{said}"
+    );
+    assert!(!any_left(&dir), "a process of the job is left");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn processes_that_disagree_are_refused_at_start_up() {
+    let lr = format!(
+        "exec {KILN} train --strategy ddp --steps 3 --lr 0.00$((OMPI_COMM_WORLD_RANK + 1))"
+    );
+    let out = kiln(&["launch", "--nproc-per-node", "2", "--", "sh", "-c", &lr]);
+    let said = text(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("[rank 1] error:") && said.contains("config's lr differs from rank 0's"),
+        "{said}"
+    );
+    let world = format!(
+        "exec {KILN} train --strategy ddp --steps 3 --world $((2 + 2 * OMPI_COMM_WORLD_RANK))"
+    );
+    let out = kiln(&["launch", "--nproc-per-node", "2", "--", "sh", "-c", &world]);
+    let said = text(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("sees another world than this one"), "{said}");
+    // A strategy that cannot span processes says so in one line per process.
+    let out = launch(
+        &["--nproc-per-node", "2"],
+        &["train", "--strategy", "single"],
+    );
+    let said = text(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("but single cannot"), "{said}");
+}
