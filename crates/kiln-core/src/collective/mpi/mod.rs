@@ -158,8 +158,9 @@ impl<B: Backend> Collective<B> for Mpi<B> {
         let partial = self.local.all_reduce(tensor, local_op)?;
         let combined = match self.leader() {
             Some(procs) => {
-                let (data, device) = (partial.to_data(), partial.device());
-                match staging::all_reduce(procs, data, combine, seq) {
+                // `into_data`: a tensor the process alone holds reaches MPI without a copy.
+                let device = partial.device();
+                match staging::all_reduce(procs, partial.into_data(), combine, seq) {
                     Ok(data) => Tensor::from_data(data, &device),
                     Err(failure) => {
                         return Err(self.fail(CollectiveOp::AllReduce(op), seq, failure));

@@ -1,17 +1,19 @@
-//! The process's MPI: initialised once, every call made under one lock, and the wait loop that
-//! gives MPI's non-blocking calls Kiln's timeouts and failure reports.
+//! The process's MPI: initialised once, and the wait that gives MPI's calls Kiln's timeouts
+//! and failure reports.
 //!
-//! MPI has no timeouts: a blocking call waits forever for a peer that stalls. Kiln therefore
-//! only makes non-blocking calls and polls them ([`wait`]), and while it polls it serves a
-//! *control* communicator (a duplicate of the world's) that carries three small messages:
+//! MPI has no timeouts: a call waits forever for a peer that stalls. Kiln therefore makes a
+//! group's blocking calls on a thread of the group's own ([`super::group`]) and waits for
+//! their result with a deadline ([`wait`]). While it waits it serves a *control* communicator
+//! (a duplicate of the world's) that carries three small messages:
 //! - `ABORT`: a process failed (its rank and reason); every waiting process returns it.
 //! - `PING` / `PONG`: when a call times out, the process asks every peer how far it got in
 //!   that group. A peer that is waiting in any call answers; one that does not answer within a
 //!   short grace (stopped, or busy far away from any collective) or answers that it has not
 //!   reached the call yet is named in the timeout error.
 //!
-//! One lock serialises every MPI call of the process (so `MPI_THREAD_SERIALIZED` is enough,
-//! whatever the library provides) and guards the control state.
+//! Threads call MPI concurrently (a group's thread its collective, a waiting rank the control
+//! channel), which needs `MPI_THREAD_MULTIPLE` (Open MPI provides it). One lock guards the
+//! control state and the control communicator.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -36,6 +38,9 @@ unsafe impl Sync for Comm {}
 const PING: Tag = 101;
 const PONG: Tag = 102;
 const ABORT: Tag = 103;
+
+/// How often a waiting rank serves the control messages (and looks at the clock).
+const SERVE_EVERY: Duration = Duration::from_millis(10);
 
 /// How long a timed-out process waits for its peers to say how far they got.
 const PING_GRACE: Duration = Duration::from_secs(2);
@@ -150,10 +155,10 @@ impl Runtime {
     fn init() -> Result<Self, String> {
         let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
             .ok_or("MPI was already initialised by someone else in this process")?;
-        if threading < Threading::Serialized {
+        if threading != Threading::Multiple {
             return Err(format!(
-                "the MPI library supports only {threading:?} threading; Kiln needs at least \
-                 Serialized (Open MPI provides it)"
+                "the MPI library supports only {threading:?} threading; Kiln needs Multiple \
+                 (MPI_THREAD_MULTIPLE, which Open MPI provides)"
             ));
         }
         let world = universe.world();
@@ -190,7 +195,7 @@ impl Runtime {
         }
     }
 
-    /// The lock every MPI call is made under.
+    /// The lock of the control state.
     pub fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -272,11 +277,10 @@ impl State {
                 PONG if count == 16 => {
                     self.pongs.insert((word(0), from), word(1));
                 }
-                ABORT if count >= 8 => {
-                    if self.aborted.is_none() {
-                        let reason = String::from_utf8_lossy(&bytes[8..]).into_owned();
-                        self.aborted = Some((word(0) as usize, reason));
-                    }
+                // The first failure reported is the one every wait returns.
+                ABORT if count >= 8 && self.aborted.is_none() => {
+                    let reason = String::from_utf8_lossy(&bytes[8..]).into_owned();
+                    self.aborted = Some((word(0) as usize, reason));
                 }
                 // Nothing else is sent on the control communicator.
                 _ => {}
@@ -294,7 +298,9 @@ pub(super) struct Waiting<'a> {
     pub timeout: Duration,
 }
 
-/// Polls `poll` (under the lock) until it yields, serving the control messages meanwhile.
+/// Waits for `poll` to yield, serving the control messages meanwhile. `poll` may block for
+/// up to the duration it is given (a channel's `recv_timeout`), and is called without the
+/// lock.
 ///
 /// # Errors
 /// [`Failure::Aborted`] when a process reports a failure first, [`Failure::Timeout`] when
@@ -302,16 +308,18 @@ pub(super) struct Waiting<'a> {
 pub(super) fn wait<T>(
     runtime: &Runtime,
     waiting: &Waiting<'_>,
-    mut poll: impl FnMut(&mut State) -> Option<T>,
+    mut poll: impl FnMut(Duration) -> Option<T>,
 ) -> Result<T, Failure> {
     let start = Instant::now();
-    let mut spins = 0u32;
     loop {
+        // A call's result wakes the wait at once; the control messages are served between
+        // slices, rarely: each probe enters MPI's progress engine, which the group's thread
+        // is using.
+        if let Some(value) = poll(SERVE_EVERY) {
+            return Ok(value);
+        }
         {
             let mut state = runtime.lock();
-            if let Some(value) = poll(&mut state) {
-                return Ok(value);
-            }
             state.serve();
             if let Some((rank, reason)) = state.aborted.clone() {
                 return Err(Failure::Aborted { rank, reason });
@@ -321,14 +329,6 @@ pub(super) fn wait<T>(
             return Err(Failure::Timeout {
                 missing: missing(runtime, waiting),
             });
-        }
-        // Poll hard at first (a collective usually completes in microseconds to a few
-        // milliseconds, and MPI progresses only inside calls), then gently.
-        spins += 1;
-        if spins < 2000 {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(Duration::from_micros(50));
         }
     }
 }

@@ -15,24 +15,18 @@ pub(super) fn all_reduce(
 ) -> Result<TensorData, Failure> {
     let (shape, dtype) = (data.shape.clone(), data.dtype);
     match dtype {
-        DType::F64 => {
-            let values = data.into_vec::<f64>().expect("f64 data");
-            Ok(TensorData::new(
-                procs.all_reduce(values, combine, seq)?,
-                shape,
-            ))
-        }
-        DType::F32 => {
-            let values = data.into_vec::<f32>().expect("f32 data");
-            Ok(TensorData::new(
-                procs.all_reduce(values, combine, seq)?,
-                shape,
-            ))
-        }
+        DType::F64 => Ok(TensorData::new(
+            procs.all_reduce::<f64>(data, combine, seq)?,
+            shape,
+        )),
+        DType::F32 => Ok(TensorData::new(
+            procs.all_reduce::<f32>(data, combine, seq)?,
+            shape,
+        )),
         // MPI cannot add half-precision numbers: sum them in f32, which is also more exact.
         _ => {
-            let values = data.convert::<f32>().into_vec::<f32>().expect("f32 data");
-            let summed = TensorData::new(procs.all_reduce(values, combine, seq)?, shape);
+            let wide = data.convert::<f32>();
+            let summed = TensorData::new(procs.all_reduce::<f32>(wide, combine, seq)?, shape);
             Ok(summed.convert_dtype(dtype))
         }
     }
