@@ -65,7 +65,9 @@ fn scenario() {
     if name == "ops" {
         kiln_core::collective::mpi::finalize();
     } else {
-        // A failed job ends without finalising, as a failed run does.
+        // A failed job ends without finalising, as a failed run does, which makes mpirun end
+        // the other process: first give it the time to report what it learned.
+        std::thread::sleep(Duration::from_secs(2));
         std::process::exit(0);
     }
 }
