@@ -236,6 +236,12 @@ pub fn run(args: LaunchArgs) -> Result<ExitCode, LaunchError> {
     if status.success() {
         return Ok(ExitCode::SUCCESS);
     }
+    let signal = FORWARDED.load(Ordering::SeqCst);
+    if signal != 0 {
+        // Each process stopped after the same step and said so; the first saved the run.
+        eprintln!("kiln launch: the job was stopped by signal {signal}");
+        return Ok(ExitCode::from(u8::try_from(128 + signal).unwrap_or(1)));
+    }
     let failure = report
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -275,20 +281,28 @@ fn relay(from: impl std::io::Read, to_stderr: bool, report: &Mutex<Report>) {
     }
 }
 
-/// Passes SIGINT and SIGTERM on to mpirun, which passes them to every process and then ends
-/// the job; killing it instead would leave the processes behind.
+/// Passes SIGINT and SIGTERM on to the job. The first becomes SIGUSR1, which mpirun forwards
+/// to every process, and which Kiln's processes take as a request to stop after the same step
+/// (the first saving the run); mpirun itself would end the job on SIGINT or SIGTERM before the
+/// save. A second signal goes to mpirun as is, which then ends the job at once. Killing mpirun
+/// instead would leave the processes behind.
 fn forward_signals(pid: u32) {
     static CHILD: AtomicI32 = AtomicI32::new(0);
     CHILD.store(pid as i32, Ordering::SeqCst);
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        // SAFETY: the handler only calls `kill`, which is async-signal-safe.
+        // SAFETY: the handler only calls `kill` and touches atomics, all async-signal-safe.
         let _ = unsafe {
             signal_hook::low_level::register(signal, move || {
-                libc::kill(CHILD.load(Ordering::SeqCst), signal);
+                let first = FORWARDED.swap(signal, Ordering::SeqCst) == 0;
+                let pass = if first { libc::SIGUSR1 } else { signal };
+                libc::kill(CHILD.load(Ordering::SeqCst), pass);
             })
         };
     }
 }
+
+/// The last signal passed on to mpirun (0: none).
+static FORWARDED: AtomicI32 = AtomicI32::new(0);
 
 #[cfg(test)]
 mod tests {

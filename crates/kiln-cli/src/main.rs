@@ -109,6 +109,9 @@ fn main() -> ExitCode {
         Err(e) => match e.downcast_ref::<signals::Interrupted>() {
             Some(interrupted) => {
                 eprintln!("{interrupted}");
+                // Every process stopped after the same step; finalising waits for the others,
+                // so that no process exits (which ends the job) while the first still saves.
+                launched::finish();
                 ExitCode::from(interrupted.exit_code())
             }
             None => {

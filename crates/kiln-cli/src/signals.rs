@@ -1,10 +1,13 @@
 //! SIGINT and SIGTERM: the first asks the run to stop after its current step (and save, when
-//! it saves); a second exits at once, as a user pressing Ctrl-C twice expects.
+//! it saves); a second exits at once, as a user pressing Ctrl-C twice expects. SIGUSR1 is the
+//! same request from a launcher: `kiln launch` passes a user's first Ctrl-C on to the
+//! processes as SIGUSR1, which `mpirun` forwards without ending the job (it ends the job on
+//! SIGINT and SIGTERM, before the first process could save).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
 
 /// The stop request of a run, set by SIGINT or SIGTERM.
 #[derive(Debug, Clone)]
@@ -41,6 +44,8 @@ pub enum Saved {
     Checkpoint(std::path::PathBuf, std::path::PathBuf),
     /// Fine-tuned adapters of the last step.
     Adapters(std::path::PathBuf),
+    /// Another process of the run: the first one saves what the run saves.
+    ByFirstProcess,
 }
 
 impl std::fmt::Display for Saved {
@@ -55,6 +60,7 @@ impl std::fmt::Display for Saved {
             Saved::Adapters(dir) => {
                 write!(f, "that step's adapters are saved in {}", dir.display())
             }
+            Saved::ByFirstProcess => f.write_str("what the run saves, its first process saves"),
         }
     }
 }
@@ -70,6 +76,7 @@ fn signal_name(signal: i32) -> &'static str {
     match signal {
         SIGINT => "SIGINT",
         SIGTERM => "SIGTERM",
+        SIGUSR1 => "the launcher (SIGUSR1)",
         _ => "a signal",
     }
 }
@@ -82,7 +89,7 @@ impl Signals {
     pub fn install() -> std::io::Result<Self> {
         let stopping = Arc::new(AtomicBool::new(false));
         let signal = Arc::new(AtomicUsize::new(0));
-        for sig in [SIGINT, SIGTERM] {
+        for sig in [SIGINT, SIGTERM, SIGUSR1] {
             // Registered first, so it sees the flag as the previous signal left it: set means
             // this is the second signal.
             let code = 128 + sig;

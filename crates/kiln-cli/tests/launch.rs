@@ -201,10 +201,10 @@ fn ad_train_under_launch_writes_one_run() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// A long run under `kiln launch` whose processes write their pid to `dir/<rank>`; the
-/// launcher's child and the time it started.
-fn long_run(dir: &Path, config: Option<&Path>) -> (std::process::Child, Instant) {
-    let config = config.map_or(String::new(), |c| format!(" --config {}", c.display()));
+/// A long run under `kiln launch` whose processes write their pid to `dir/<rank>`, with more
+/// `flags`; the launcher's child and the time it started.
+fn long_run(dir: &Path, flags: &str) -> (std::process::Child, Instant) {
+    let config = format!(" {flags}");
     let script = format!(
         "echo $$ > {}/$OMPI_COMM_WORLD_RANK; exec {KILN} train --model transformer --strategy \
          ddp --steps 1000000{config}",
@@ -249,7 +249,7 @@ fn any_left(dir: &Path) -> bool {
 #[test]
 fn a_killed_process_ends_the_job_naming_its_rank() {
     let dir = scratch("kill");
-    let (child, _) = long_run(&dir, None);
+    let (child, _) = long_run(&dir, "");
     let pid = pid_of(&dir, 1);
     let killed = Instant::now();
     assert!(
@@ -280,7 +280,7 @@ fn a_stopped_process_is_named_by_the_others_timeout() {
     let dir = scratch("stop");
     let config = dir.join("timeout.toml");
     std::fs::write(&config, "[parallel.ddp]\ncollective_timeout_s = 3.0\n").unwrap();
-    let (child, _) = long_run(&dir, Some(&config));
+    let (child, _) = long_run(&dir, &format!("--config {}", config.display()));
     let pid = pid_of(&dir, 1);
     assert!(
         Command::new("kill")
@@ -302,6 +302,37 @@ fn a_stopped_process_is_named_by_the_others_timeout() {
         said.contains("timed out after 3s: rank(s) [1] never arrived"),
         "{said}"
     );
+    assert!(!any_left(&dir), "a process of the job is left");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_signal_stops_every_process_after_the_same_step_and_the_first_saves() {
+    let dir = scratch("signal");
+    let save = dir.join("save");
+    let (child, _) = long_run(&dir, &format!("--save {}", save.display()));
+    pid_of(&dir, 1);
+    let launcher = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &launcher])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let out = child.wait_with_output().unwrap();
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(143), "{said}");
+    let step = |rank: usize| -> usize {
+        let prefix = format!("[rank {rank}] stopped by the launcher (SIGUSR1) after step ");
+        let line = said.lines().find(|l| l.starts_with(&prefix));
+        let rest = &line.unwrap_or_else(|| panic!("rank {rank} stopped:\n{said}"))[prefix.len()..];
+        rest.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let (first, second) = (step(0), step(1));
+    assert_eq!(first, second, "{said}");
+    assert!(save.join(format!("step-{first:08}")).is_dir(), "{said}");
+    assert!(said.contains("its first process saves"), "{said}");
     assert!(!any_left(&dir), "a process of the job is left");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -258,7 +258,10 @@ where
         if done == training.steps {
             break;
         }
-        if training.stop.is_some_and(|stop| stop()) {
+        // A request from another process arrives with a step (`out.stop`); this process's own
+        // stops it now, or (across processes) after the next step, with everyone.
+        let asked = training.stop.is_some_and(|stop| stop());
+        if out.stop || (asked && strategy.ask_stop()) {
             stopped = true;
             tracing::info!("stopping after step {done} of {}", training.steps);
             break;

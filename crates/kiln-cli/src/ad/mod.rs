@@ -263,10 +263,13 @@ impl Job for TrainJob {
                 signal: signals.signal().unwrap_or(signal_hook::consts::SIGINT),
                 step: done.train.last_step,
                 steps: config.train.steps,
-                saved: done
-                    .train
-                    .saved
-                    .map(|dir| Saved::Checkpoint(dir.into(), args.out.clone())),
+                saved: match main {
+                    true => done
+                        .train
+                        .saved
+                        .map(|dir| Saved::Checkpoint(dir.into(), args.out.clone())),
+                    false => Some(Saved::ByFirstProcess),
+                },
             }));
         }
         if !main {

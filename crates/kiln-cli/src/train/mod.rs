@@ -292,9 +292,12 @@ where
             signal: signals.signal().unwrap_or(signal_hook::consts::SIGINT),
             step: record.last_step,
             steps: config.steps,
-            saved: saved
-                .zip(saver.as_ref().map(|s| s.folder().root().to_path_buf()))
-                .map(|(dir, root)| Saved::Checkpoint(dir, root)),
+            saved: match main {
+                true => saved
+                    .zip(saver.as_ref().map(|s| s.folder().root().to_path_buf()))
+                    .map(|(dir, root)| Saved::Checkpoint(dir, root)),
+                false => Some(Saved::ByFirstProcess),
+            },
         }));
     }
 

@@ -256,6 +256,7 @@ where
             compute,
             communication,
             guard,
+            stop: false,
         };
         Ok((output, items))
     }

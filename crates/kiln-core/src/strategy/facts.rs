@@ -29,9 +29,11 @@ pub(crate) struct RankFacts {
     pub communication: Duration,
     /// The rank's running totals.
     pub stats: RankStats,
+    /// Whether the rank's process asked to stop.
+    pub stop: bool,
 }
 
-const FIELDS: usize = 20;
+const FIELDS: usize = 21;
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
@@ -46,6 +48,7 @@ impl RankFacts {
             compute: done.compute,
             communication: done.communication,
             stats: done.stats.clone(),
+            stop: done.stop,
         }
     }
 
@@ -72,6 +75,7 @@ impl RankFacts {
             s.shard_traffic.calls,
             s.shard_traffic.elements,
             nanos(s.shard_traffic.time),
+            u64::from(self.stop),
         ]
     }
 
@@ -104,6 +108,7 @@ impl RankFacts {
                     time: d(w[19]),
                 },
             },
+            stop: w[20] != 0,
         }
     }
 }
@@ -151,6 +156,7 @@ mod tests {
                 optimizer_bytes: 1 << 40,
                 ..Default::default()
             },
+            stop: rank == 1,
         };
         let handles = InProcess::<Flex>::group(3, Duration::from_secs(10));
         let learned: Vec<Vec<RankFacts>> = std::thread::scope(|s| {

@@ -59,6 +59,10 @@ pub struct StepOutput {
     /// What the [`PerformanceOptimizer`](crate::optim::PerformanceOptimizer)'s guard did (the
     /// global gradient norm, whether the step was skipped); `None` without one.
     pub guard: Option<GuardReport>,
+    /// Whether a process of the run asked to stop before this step
+    /// ([`Strategy::ask_stop`]): every process learns it with this step, so that all stop
+    /// after the same one.
+    pub stop: bool,
 }
 
 /// Running totals of one rank.
@@ -228,6 +232,15 @@ pub trait Strategy<B: AutodiffBackend, M: TrainModel<B>> {
     /// # Errors
     /// When a rank holding it has failed, or its state cannot be encoded.
     fn optimizer_state(&self) -> Result<OptimizerState, StrategyError>;
+
+    /// This process asks the run to stop (a signal arrived). Returns `true` when the caller
+    /// may stop now, after the step it just took: one process, the default. A strategy whose
+    /// ranks span processes returns `false` and carries the request with its next step, after
+    /// which every process's [`StepOutput::stop`] says to stop: processes that stopped after
+    /// different steps would wait for each other forever.
+    fn ask_stop(&mut self) -> bool {
+        true
+    }
 
     /// Replaces every rank's optimizer state with `state`, saved by a strategy of the same
     /// [`StateLayout`](crate::optim::StateLayout) over the same model.

@@ -41,6 +41,8 @@ pub(crate) struct RankDone {
     pub items: Vec<Box<dyn Any + Send>>,
     /// Every rank's facts of the same step, in world-rank order ([`Self::shared`]).
     pub world: Vec<RankFacts>,
+    /// Whether the rank's process asked to stop ([`Shard::stop`]).
+    pub stop: bool,
 }
 
 impl RankDone {
@@ -62,7 +64,13 @@ impl RankDone {
             guard: None,
             items: Vec::new(),
             world: Vec::new(),
+            stop: false,
         }
+    }
+
+    /// This report with the stop request its shard carried.
+    pub fn with_stop(self, stop: bool) -> Self {
+        Self { stop, ..self }
     }
 
     /// This report with every rank's facts, learned through `world` (every rank of the world
@@ -109,6 +117,7 @@ pub(crate) fn step_output(
         compute: Duration::ZERO,
         communication: Duration::ZERO,
         guard: first.guard,
+        stop: false,
     };
     let mut loss_sum = 0.0;
     stats.clear();
@@ -117,6 +126,7 @@ pub(crate) fn step_output(
             loss_sum += facts.loss_sum;
             output.samples += facts.samples;
         }
+        output.stop |= facts.stop;
         output.compute = output.compute.max(facts.compute);
         output.communication = output.communication.max(facts.communication);
         stats.push(facts.stats);
@@ -200,6 +210,8 @@ pub(crate) struct Shard {
     pub global_samples: usize,
     /// Whether the rank sends back its training-step output items.
     pub keep_items: bool,
+    /// Whether this process asked the run to stop ([`super::Strategy::ask_stop`]).
+    pub stop: bool,
 }
 
 impl Shard {
@@ -212,6 +224,7 @@ impl Shard {
                 indices: indices.into(),
                 global_samples,
                 keep_items: false,
+                stop: false,
             })
             .collect()
     }

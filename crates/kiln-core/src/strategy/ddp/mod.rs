@@ -91,6 +91,8 @@ pub struct Ddp<B: AutodiffBackend, M: TrainModel<B>> {
     config: DdpConfig,
     stats: Vec<RankStats>,
     num_buckets: usize,
+    /// This process asked to stop: the next step tells the others.
+    stop_asked: bool,
     backend: std::marker::PhantomData<B>,
 }
 
@@ -182,6 +184,7 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
         let ddp = Self {
             threads,
             num_buckets,
+            stop_asked: false,
             stats,
             mesh,
             config,
@@ -218,6 +221,7 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
         let mut shards = Shard::of_replicas(shards);
         for shard in &mut shards {
             shard.keep_items = keep_items;
+            shard.stop = self.stop_asked;
         }
         let per_rank = self
             .local_ranks()
@@ -291,6 +295,12 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Strategy<B, M> for Ddp<B, M> {
         lr: f64,
     ) -> Result<(StepOutput, Vec<<M as TrainStep>::Output>), StrategyError> {
         self.step_ranks(batch, lr, true)
+    }
+
+    fn ask_stop(&mut self) -> bool {
+        // Ranks in other processes would wait for this process's next step: tell them with it.
+        self.stop_asked = true;
+        self.threads.len() == self.mesh.size()
     }
 
     fn model(&self) -> Result<M, StrategyError> {

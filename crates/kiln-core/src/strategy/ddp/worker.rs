@@ -189,6 +189,7 @@ where
         )
         .with_guard(stepped.guard)
         .with_items(local.items)
+        .with_stop(shard.stop)
         .shared(self.groups.world(), &self.device)
     }
 
