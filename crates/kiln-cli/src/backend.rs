@@ -127,6 +127,14 @@ pub enum Placement {
     /// One device number per rank (`--devices 0,0,1`). Ranks may share a device: several CPU
     /// ranks, or two ranks on one GPU when the machine has one.
     Devices(Vec<usize>),
+    /// This many ranks from device `first` on: the ranks of the `first / count`-th process of
+    /// a machine, so that its processes take different GPUs (CPU-like backends share one).
+    From {
+        /// The first device.
+        first: usize,
+        /// Ranks.
+        count: usize,
+    },
 }
 
 impl Placement {
@@ -146,6 +154,19 @@ impl Placement {
         }
     }
 
+    /// The placement of the process that is `local_rank`-th on its machine: default ranks
+    /// move past the devices of the machine's earlier processes (each holds as many), as
+    /// torchrun's `LOCAL_RANK` picks a GPU. A device list is this process's own and stays.
+    pub fn for_local_process(self, local_rank: usize) -> Self {
+        match self {
+            Self::Ranks(count) if local_rank > 0 => Self::From {
+                first: local_rank * count,
+                count,
+            },
+            other => other,
+        }
+    }
+
     /// Each rank's device number on a backend with `available` devices, of which
     /// `default_spread` says whether default ranks take one device each (CUDA) or share
     /// device 0 (the CPU backends).
@@ -158,6 +179,8 @@ impl Placement {
         let ordinals = match self {
             Self::Ranks(n) if default_spread => (0..*n).collect(),
             Self::Ranks(n) => vec![0; *n],
+            Self::From { first, count } if default_spread => (*first..first + count).collect(),
+            Self::From { count, .. } => vec![0; *count],
             Self::Devices(list) => list.clone(),
         };
         match ordinals.iter().find(|&&d| d >= available) {
@@ -278,6 +301,12 @@ mod tests {
         assert_eq!(parse_devices("0, 0,1"), Ok(DeviceList(vec![0, 0, 1])));
         assert!(parse_devices("0,a").unwrap_err().contains("e.g. 0,0"));
         assert_eq!(Placement::new(3, None), Ok(Placement::Ranks(3)));
+        // The second process of a machine, two ranks each: GPUs 2 and 3; a CPU shares one.
+        let second = Placement::Ranks(2).for_local_process(1);
+        assert_eq!(second.ordinals(BackendKind::Flex, 1, false), Ok(vec![0, 0]));
+        assert_eq!(second.ordinals(BackendKind::Flex, 4, true), Ok(vec![2, 3]));
+        let listed = Placement::Devices(vec![1]).for_local_process(1);
+        assert_eq!(listed, Placement::Devices(vec![1]));
         assert_eq!(
             Placement::new(2, Some(&[0, 0])),
             Ok(Placement::Devices(vec![0, 0]))

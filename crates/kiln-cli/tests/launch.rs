@@ -201,6 +201,62 @@ fn ad_train_under_launch_writes_one_run() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+#[test]
+fn finetune_across_processes_writes_the_adapters_of_one_process() {
+    let dir = scratch("finetune");
+    let fixture = |p: &str| {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../kiln-nn/tests/fixtures/llm")
+            .join(p)
+            .display()
+            .to_string()
+    };
+    let (model, data) = (fixture("llama"), fixture("chat.jsonl"));
+    let args = |out: &Path| -> Vec<String> {
+        let (adapters, json) = (out.join("adapters"), out.join("run.json"));
+        [
+            "finetune",
+            "--model",
+            &model,
+            "--data",
+            &data,
+            "--steps",
+            "3",
+            "--batch",
+            "8",
+            "--seq-len",
+            "24",
+            "--lora-rank",
+            "4",
+            "--lr",
+            "0.01",
+            "--strategy",
+            "ddp",
+            "--output",
+            adapters.to_str().unwrap(),
+            "--json",
+            json.to_str().unwrap(),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let (processes, threads) = (dir.join("processes"), dir.join("threads"));
+    let launched = args(&processes);
+    let refs: Vec<&str> = launched.iter().map(String::as_str).collect();
+    let out = launch(&["--nproc-per-node", "2"], &refs);
+    assert!(out.status.success(), "{}", text(&out));
+    let mut in_process = args(&threads);
+    in_process.extend(["--world".into(), "2".into()]);
+    let refs: Vec<&str> = in_process.iter().map(String::as_str).collect();
+    let out = kiln(&refs);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(report(&processes.join("run.json"))["world"], 2);
+    // The same adapters, bit for bit: two replicas sum alike in MPI and in one process.
+    let weights = |d: &Path| std::fs::read(d.join("adapters/adapter_model.safetensors")).unwrap();
+    assert_eq!(weights(&processes), weights(&threads));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A long run under `kiln launch` whose processes write their pid to `dir/<rank>`, with more
 /// `flags`; the launcher's child and the time it started.
 fn long_run(dir: &Path, flags: &str) -> (std::process::Child, Instant) {

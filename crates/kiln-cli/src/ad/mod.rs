@@ -128,7 +128,8 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
             let launched = Launched::from_env()?;
             let (config, plan) = args.config(&launched)?;
             let devices = args.devices.as_ref().map(|DeviceList(d)| d.as_slice());
-            let placement = Placement::new(plan.local_ranks(), devices)?;
+            let placement = Placement::new(plan.local_ranks(), devices)?
+                .for_local_process(plan.process().local_rank);
             args.backend.check_precision(config.optimizer.precision)?;
             // Everything the run writes is checked before the data is even generated.
             outputs::check_folder("--out", &args.out)?;

@@ -165,16 +165,11 @@ impl FinetuneArgs {
 /// Invalid flags, config, model folder or data, or a failure while training.
 pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
     let launched = Launched::from_env()?;
-    if launched.processes() > 1 {
-        // Its adapters, checkpoints and reports are not yet written by one process alone.
-        return Err(format!(
-            "kiln finetune runs in one process so far, but the launcher started {}; run it \
-             without a launcher (its ranks are threads: --strategy ddp --world N)",
-            launched.processes()
-        )
-        .into());
-    }
     let (mut config, plan, json, checkpoints) = args.into_config(&launched)?;
+    // What the run writes (adapters, checkpoints, the merged model, the report), the first
+    // process writes alone; the others train beside it.
+    let main = launched.is_main();
+    let json = json.filter(|_| main);
     let placement = config.train.placement(&plan)?;
     config
         .train
@@ -187,7 +182,9 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(path) = &json {
         crate::outputs::check_file("--json", path)?;
     }
-    crate::outputs::check_folder("--output", &config.output)?;
+    if main {
+        crate::outputs::check_folder("--output", &config.output)?;
+    }
     if let Some(merged) = &config.merged {
         crate::outputs::check_folder("--merged", merged)?;
         let same = |a: &std::path::Path, b: &std::path::Path| {
@@ -231,7 +228,11 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
     let prepared = RunCheckpoints::prepare(
         &checkpoints.args,
         checkpoints.args.resume.as_deref(),
-        checkpoints.save.as_deref().map(|dir| ("--save", dir)),
+        checkpoints
+            .save
+            .as_deref()
+            .filter(|_| main)
+            .map(|dir| ("--save", dir)),
         &config.checkpoint,
         &plan,
         config.train.steps,
@@ -245,8 +246,12 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
         items: tokenized.items,
         checkpoints: prepared,
         signals: &signals,
+        main,
     };
     let report = dispatch(config.train.backend, &placement, job)?;
+    if !main {
+        return Ok(());
+    }
     let resumed = report
         .resumed_from
         .map(|step| format!(" (resumed at step {step})"))
@@ -288,6 +293,8 @@ struct FinetuneJob<'a> {
     items: Vec<kiln_nn::llm::LmItem>,
     checkpoints: RunCheckpoints,
     signals: &'a Signals,
+    /// Whether this process writes the run (the first of its processes).
+    main: bool,
 }
 
 /// What a fine-tuning checkpoint's manifest calls its model: the adapters alone.
@@ -306,6 +313,7 @@ impl Job for FinetuneJob<'_> {
             items,
             checkpoints,
             signals,
+            main,
         } = self;
         let train = &config.train;
         let dir = config.model_dir()?;
@@ -360,7 +368,12 @@ impl Job for FinetuneJob<'_> {
             stop: Some(&stop),
         };
         let tokens_per_step = (train.batch * config.seq_len()) as f64;
-        let bar = ProgressBar::new(train.steps as u64).with_style(
+        let bar = if main {
+            ProgressBar::new(train.steps as u64)
+        } else {
+            ProgressBar::hidden()
+        }
+        .with_style(
             ProgressStyle::with_template("{bar:40} {pos}/{len} steps  {msg}  [{elapsed}<{eta}]")
                 .expect("valid template"),
         );
@@ -396,7 +409,9 @@ impl Job for FinetuneJob<'_> {
         };
         let trained = trained.valid();
         let base_name = dir.display().to_string();
-        trained.save_peft(&config.output, &spec, &base_name)?;
+        if main {
+            trained.save_peft(&config.output, &spec, &base_name)?;
+        }
         if record.stopped {
             return Err(Box::new(Interrupted {
                 signal: signals.signal().unwrap_or(signal_hook::consts::SIGINT),
@@ -404,13 +419,14 @@ impl Job for FinetuneJob<'_> {
                 steps: train.steps,
                 saved: Some(
                     match saved.zip(saver.as_ref().map(|s| s.folder().root().to_path_buf())) {
+                        _ if !main => Saved::ByFirstProcess,
                         Some((dir, root)) => Saved::Checkpoint(dir, root),
                         None => Saved::Adapters(config.output.clone()),
                     },
                 ),
             }));
         }
-        if let Some(merged) = &config.merged {
+        if let Some(merged) = config.merged.as_ref().filter(|_| main) {
             // With the tokenizer: the folder is complete.
             trained.save_pretrained(merged, dir)?;
         }

@@ -231,7 +231,8 @@ impl TrainConfig {
     /// # Errors
     /// When `devices` is empty or disagrees with the plan's ranks.
     pub fn placement(&self, plan: &Plan) -> Result<Placement, DeviceError> {
-        Placement::new(plan.local_ranks(), self.devices.as_deref())
+        Ok(Placement::new(plan.local_ranks(), self.devices.as_deref())?
+            .for_local_process(plan.process().local_rank))
     }
 
     /// Reads a TOML config; missing fields take their defaults.
