@@ -88,3 +88,55 @@ pub fn finish() {
     #[cfg(feature = "mpi")]
     kiln_core::collective::mpi::finalize();
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_core::world::Launcher;
+
+    fn launched(processes: usize) -> Launched {
+        Launched {
+            process: ProcessInfo {
+                rank: processes - 1,
+                processes,
+                local_rank: processes - 1,
+                local_processes: processes,
+                node_rank: 0,
+                nodes: 1,
+                launcher: Launcher::OpenMpi,
+            },
+        }
+    }
+
+    #[test]
+    fn the_world_is_every_processs_ranks() {
+        let one = Launched {
+            process: ProcessInfo::single(),
+        };
+        assert_eq!(one.world(None, None), None, "the plan chooses");
+        assert_eq!(one.world(None, Some(2)), Some(2));
+        let two = launched(2);
+        assert_eq!(two.world(None, None), Some(2), "one rank per process");
+        assert_eq!(
+            two.world(None, Some(2)),
+            Some(4),
+            "this process's devices, everywhere"
+        );
+        assert_eq!(
+            two.world(Some(6), Some(2)),
+            Some(6),
+            "named: checked by Placement"
+        );
+        assert_eq!(two.cores(Some(4)), Some(2));
+        assert_eq!(two.cores(Some(1)), Some(1));
+        assert!(!two.is_main());
+    }
+
+    #[test]
+    fn strategies_of_one_process_are_refused_across_processes() {
+        assert!(launched(1).check(StrategyKind::Single).is_ok());
+        assert!(launched(2).check(StrategyKind::Ddp).is_ok());
+        let refused = launched(2).check(StrategyKind::DataParallel).unwrap_err();
+        assert!(refused.to_string().contains("use ddp"), "{refused}");
+    }
+}

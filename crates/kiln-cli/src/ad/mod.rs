@@ -195,7 +195,12 @@ impl TrainArgs {
         // The list names this process's ranks; an explicit --world (all processes' ranks)
         // must agree (checked by Placement).
         let devices = self.devices.as_ref().map(|DeviceList(d)| d.len());
-        if let Some(world) = launched.world(self.world, devices) {
+        // --world, else --devices (this process's) × the processes, else the config's, else
+        // one rank per process under a launcher.
+        let named = self
+            .world
+            .or_else(|| devices.map(|d| d * launched.processes()));
+        if let Some(world) = launched.world(named.or(c.train.world), None) {
             c.train.world = Some(world);
         }
         self.optimizer.apply(&mut c.optimizer);

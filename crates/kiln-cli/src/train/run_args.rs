@@ -68,7 +68,11 @@ impl RunArgs {
         }
         if let Some(DeviceList(devices)) = self.devices {
             // The list names this process's ranks; an explicit --world must agree (checked by
-            // Placement), and without one it makes the world (`Launched::world`).
+            // Placement), and without one it makes the world (`Launched::world`), whatever the
+            // config's `world` said.
+            if self.world.is_none() {
+                c.world = None;
+            }
             c.devices = Some(devices);
         }
         self.optimizer.apply(&mut c.optimizer);
