@@ -54,7 +54,8 @@ pub struct RunCheckpoints {
 impl RunCheckpoints {
     /// Opens and verifies `resume` (`args`' `--resume`, resolved by the job: a checkpoint of
     /// `plan`'s strategy with steps left before `steps`), and readies the folder `save` (named
-    /// by its flag) for the steps after it.
+    /// by its flag) for the steps after it when this process `writes` the run (the first of a
+    /// run's processes; the others keep the same save schedule and write nothing).
     ///
     /// # Errors
     /// A damaged, foreign or finished checkpoint, periodic saves without a folder, or a save
@@ -66,6 +67,7 @@ impl RunCheckpoints {
         config: &CheckpointConfig,
         plan: &Plan,
         steps: usize,
+        writes: bool,
     ) -> Result<Self, Box<dyn std::error::Error>> {
         let overwrite = args.overwrite;
         config.validate()?;
@@ -86,6 +88,8 @@ impl RunCheckpoints {
             None => 0,
         };
         let save = match save {
+            // Another process of the run writes it.
+            Some(_) if !writes => None,
             Some((flag, dir)) => {
                 crate::outputs::check_folder(flag, dir)?;
                 let mut folder = CheckpointFolder::new(dir, config.keep);

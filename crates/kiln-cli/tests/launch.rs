@@ -366,7 +366,8 @@ fn a_stopped_process_is_named_by_the_others_timeout() {
 fn a_signal_stops_every_process_after_the_same_step_and_the_first_saves() {
     let dir = scratch("signal");
     let save = dir.join("save");
-    let (child, _) = long_run(&dir, &format!("--save {}", save.display()));
+    // Periodic saves too: every process keeps the schedule, the first writes.
+    let (child, _) = long_run(&dir, &format!("--save {} --save-every 50", save.display()));
     pid_of(&dir, 1);
     let launcher = child.id().to_string();
     assert!(

@@ -151,13 +151,11 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
             let mut checkpoints = RunCheckpoints::prepare(
                 &args.checkpoint,
                 resume.as_deref(),
-                // Only the first process writes (and locks) the run's checkpoints.
-                launched
-                    .is_main()
-                    .then_some(("--out", checkpoint::checkpoints(&args.out).as_path())),
+                Some(("--out", &checkpoint::checkpoints(&args.out))),
                 &config.checkpoint,
                 &plan,
                 config.train.steps,
+                launched.is_main(),
             )?;
             if let Some(resumed) = &checkpoints.resume {
                 checkpoint::check_config(resumed, &config)?;

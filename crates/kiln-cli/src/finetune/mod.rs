@@ -228,14 +228,11 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
     let prepared = RunCheckpoints::prepare(
         &checkpoints.args,
         checkpoints.args.resume.as_deref(),
-        checkpoints
-            .save
-            .as_deref()
-            .filter(|_| main)
-            .map(|dir| ("--save", dir)),
+        checkpoints.save.as_deref().map(|dir| ("--save", dir)),
         &config.checkpoint,
         &plan,
         config.train.steps,
+        launched.is_main(),
     )?;
     if let Some(resumed) = &prepared.resume {
         config.check_resumed(resumed)?;

@@ -89,7 +89,7 @@ impl TrainArgs {
         // What the run writes, the first process writes alone.
         let main = launched.is_main();
         let checkpoints = Checkpoints {
-            save: self.save.filter(|_| main),
+            save: self.save,
             args: self.checkpoint,
         };
         Ok((c, plan, self.json.filter(|_| main), checkpoints))
@@ -118,6 +118,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         &config.checkpoint,
         &plan,
         config.steps,
+        launched.is_main(),
     )?;
     if let Some(resumed) = &prepared.resume {
         config.check_resumed(resumed)?;
