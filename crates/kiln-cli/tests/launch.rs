@@ -103,6 +103,68 @@ fn ddp_across_processes_trains_as_one_device() {
 }
 
 #[test]
+fn pipeline_stages_in_different_processes_train_as_one_device() {
+    let dir = scratch("pipeline");
+    let two = ["--nproc-per-node", "2"];
+    let joined = |extra: &[&str]| -> Vec<String> {
+        ["--model", "transformer", "--steps", "4", "--batch", "32"]
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let run = |name: &str, launch: Option<&[&str]>, extra: &[&str]| {
+        let args = joined(extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        train(&dir, name, launch, &args)
+    };
+    let single = run("single", None, &["--strategy", "single"]);
+    // Stage 0 in the first process, stage 1 in the second: activations and gradients cross
+    // processes, and the model and optimizer state are gathered for the report and the save.
+    let save = dir.join("save");
+    let staged = [
+        "--strategy",
+        "pipeline",
+        "--stages",
+        "2",
+        "--save",
+        save.to_str().unwrap(),
+    ];
+    let stages = run("stages", Some(&two), &staged);
+    assert!(
+        save.join("step-00000004").is_dir(),
+        "the first process saved"
+    );
+    // dp × pp = 2 × 2 over 2 processes of 2 ranks: each process one replica's two stages.
+    let grid = ["--strategy", "pipeline", "--stages", "2", "--world", "4"];
+    let grid = run("grid", Some(&two), &grid);
+    assert_eq!(
+        (stages["world"].as_u64(), grid["world"].as_u64()),
+        (Some(2), Some(4))
+    );
+    assert_same_training(&single, &stages, "2 stages in 2 processes");
+    assert_same_training(&single, &grid, "dp 2 × pp 2 over 2 processes");
+    // The checkpoint the processes wrote together resumes, across processes, bit for bit.
+    let six = |resume: Option<&Path>| {
+        let mut args = vec!["--model", "transformer", "--batch", "32", "--steps", "6"];
+        args.extend(["--strategy", "pipeline", "--stages", "2"]);
+        if let Some(save) = resume {
+            args.extend(["--resume", save.to_str().unwrap()]);
+        }
+        args.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let (straight, resumed) = (six(None), six(Some(&save)));
+    let straight: Vec<&str> = straight.iter().map(String::as_str).collect();
+    let resumed: Vec<&str> = resumed.iter().map(String::as_str).collect();
+    let straight = train(&dir, "straight", None, &straight);
+    let resumed = train(&dir, "resumed", Some(&two), &resumed);
+    for key in ["param_sum", "param_sq_sum", "final_loss"] {
+        assert_eq!(straight[key], resumed[key], "{key}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn two_machines_of_a_hostfile_run_the_same_job() {
     // Two "machines" that are both this one: mpirun reaches each through an ssh that runs the
     // command here.

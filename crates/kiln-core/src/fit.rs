@@ -282,11 +282,17 @@ where
         skipped_steps,
         wall_s,
         ranks: strategy.stats().into_iter().map(Into::into).collect(),
-        optimizer: if training.keep_optimizer_state {
-            Some(strategy.optimizer_state()?)
-        } else {
-            None
-        },
+        optimizer: None,
+    };
+    // Across processes the state is gathered through the collective, which every process must
+    // join, whether or not it keeps the state (only the one that saves does).
+    let state = match training.keep_optimizer_state || strategy.spans_processes() {
+        true => Some(strategy.optimizer_state()?),
+        false => None,
+    };
+    let record = FitRecord {
+        optimizer: state.filter(|_| training.keep_optimizer_state),
+        ..record
     };
     Ok((strategy.model()?, record))
 }

@@ -55,6 +55,17 @@ pub enum ConfigError {
         /// Processes.
         processes: usize,
     },
+    /// This process's model has another number of parameters than the first process's.
+    #[error(
+        "this process's model has {ours} parameter tensors but the first process's has \
+         {theirs}; every process must build the same model"
+    )]
+    ModelDiffers {
+        /// This process's.
+        ours: usize,
+        /// The first process's.
+        theirs: usize,
+    },
     /// The processes could not be connected.
     #[error(transparent)]
     Connect(#[from] crate::collective::ConnectError),

@@ -6,10 +6,12 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use burn::module::{Module, ParamId};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Bool, Int, Tensor};
 
 use super::agree::Fact;
+use super::exchange::all_gather_bytes;
 use super::handover::sync_device;
 use super::{ConfigError, RankFailure, StrategyError, StrategyKind};
 use crate::World;
@@ -131,8 +133,12 @@ impl<B: AutodiffBackend, M: Module<B> + Clone> Launch<B, M> {
     ) -> Result<Self, StrategyError> {
         let mesh = world.mesh().clone();
         let model = materialise(model, &world.devices()[0])?;
-        let ranks = MeshCollectives::for_world(world, timeout)
-            .map_err(ConfigError::from)?
+        let mut groups = MeshCollectives::for_world(world, timeout).map_err(ConfigError::from)?;
+        let model = match world.multi_process_enabled() {
+            true => first_process_ids(model, &mut groups, world)?,
+            false => model,
+        };
+        let ranks = groups
             .into_iter()
             .zip(world.devices())
             .map(|(groups, device)| RankStart {
@@ -164,4 +170,113 @@ pub(crate) fn world_facts<D: Clone>(world: &World<D>) -> Vec<Fact> {
     std::iter::once(("world".to_string(), layout))
         .chain(world.facts().iter().cloned())
         .collect()
+}
+
+/// `model` with the parameter ids of the first process's: ids are drawn at random when a model
+/// is built, and an optimizer's state is kept by id, so a stage's state saved by one process
+/// must name the ids the saved model carries. One all-gather over the world, made by every
+/// local rank together (each holds its part of the world group).
+fn first_process_ids<B: AutodiffBackend, M: Module<B>>(
+    model: M,
+    groups: &mut [MeshCollectives<B::InnerBackend>],
+    world: &World<B::Device>,
+) -> Result<M, StrategyError> {
+    let mine: Vec<u8> = param_ids::<B, M>(&model)
+        .iter()
+        .flat_map(|id| id.val().to_le_bytes())
+        .collect();
+    let gathered: Vec<Result<Vec<Vec<u8>>, _>> = std::thread::scope(|s| {
+        let jobs: Vec<_> = groups
+            .iter_mut()
+            .zip(world.devices())
+            .map(|(g, device)| {
+                let mine = &mine;
+                s.spawn(move || all_gather_bytes(g.world(), mine, device))
+            })
+            .collect();
+        jobs.into_iter()
+            .map(|j| j.join().expect("an id exchange does not panic"))
+            .collect()
+    });
+    let first = world.rank_of(0);
+    let mut theirs = None;
+    for result in gathered {
+        let all = result.map_err(|error| {
+            StrategyError::from_failures(vec![RankFailure {
+                rank: first,
+                error: error.into(),
+            }])
+        })?;
+        theirs.get_or_insert(all.into_iter().next().expect("rank 0's ids"));
+    }
+    let theirs = theirs.expect("a process has at least one rank");
+    if theirs.len() != mine.len() {
+        return Err(ConfigError::ModelDiffers {
+            ours: mine.len() / 8,
+            theirs: theirs.len() / 8,
+        }
+        .into());
+    }
+    let ids = theirs
+        .chunks(8)
+        .map(|b| ParamId::from(u64::from_le_bytes(b.try_into().expect("8 bytes"))))
+        .collect();
+    Ok(model.map(&mut AdoptIds {
+        ids,
+        backend: std::marker::PhantomData,
+    }))
+}
+
+/// Every parameter's id, in the order the module visits them.
+fn param_ids<B: AutodiffBackend, M: Module<B>>(model: &M) -> Vec<ParamId> {
+    struct Ids<B>(Vec<ParamId>, std::marker::PhantomData<B>);
+    impl<B: burn::tensor::backend::Backend> ModuleVisitor<B> for Ids<B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            self.0.push(param.id);
+        }
+        fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
+            self.0.push(param.id);
+        }
+        fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<B, D, Bool>>) {
+            self.0.push(param.id);
+        }
+    }
+    let mut ids = Ids(Vec::new(), std::marker::PhantomData);
+    model.visit(&mut ids);
+    ids.0
+}
+
+/// Gives the parameters, in visiting order, the ids `ids`.
+struct AdoptIds<B> {
+    ids: std::collections::VecDeque<ParamId>,
+    backend: std::marker::PhantomData<B>,
+}
+
+impl<B: AutodiffBackend> AdoptIds<B> {
+    fn next(&mut self) -> ParamId {
+        self.ids.pop_front().expect("as many ids as parameters")
+    }
+}
+
+impl<B: AutodiffBackend> ModuleMapper<B> for AdoptIds<B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (_, value, mapper) = param.consume();
+        Param::from_mapped_value(self.next(), value, mapper)
+    }
+
+    fn map_int<const D: usize>(
+        &mut self,
+        param: Param<Tensor<B, D, Int>>,
+    ) -> Param<Tensor<B, D, Int>> {
+        let (_, value, mapper) = param.consume();
+        Param::from_mapped_value(self.next(), value, mapper)
+    }
+
+    fn map_bool<const D: usize>(
+        &mut self,
+        param: Param<Tensor<B, D, Bool>>,
+    ) -> Param<Tensor<B, D, Bool>> {
+        let (_, value, mapper) = param.consume();
+        Param::from_mapped_value(self.next(), value, mapper)
+    }
 }

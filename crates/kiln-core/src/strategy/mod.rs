@@ -12,6 +12,7 @@ mod build;
 mod data_parallel;
 mod ddp;
 mod error;
+mod exchange;
 mod facts;
 mod handover;
 mod kind;
@@ -232,6 +233,13 @@ pub trait Strategy<B: AutodiffBackend, M: TrainModel<B>> {
     /// # Errors
     /// When a rank holding it has failed, or its state cannot be encoded.
     fn optimizer_state(&self) -> Result<OptimizerState, StrategyError>;
+
+    /// Whether some of the strategy's ranks live in other processes: then [`Self::model`] and
+    /// [`Self::optimizer_state`] gather through the collective, and every process must call
+    /// them at the same points (as [`fit`](crate::fit::fit) does).
+    fn spans_processes(&self) -> bool {
+        false
+    }
 
     /// This process asks the run to stop (a signal arrived). Returns `true` when the caller
     /// may stop now, after the step it just took: one process, the default. A strategy whose

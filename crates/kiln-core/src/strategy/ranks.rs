@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use burn::tensor::backend::Backend;
 
+use super::exchange::Share;
 use super::facts::{RankFacts, share};
 use super::handover::panic_error;
 use super::{ConfigError, RankError, RankFailure, RankStats, StepOutput, StrategyError};
@@ -240,6 +241,8 @@ enum Command<R> {
     SaveOptimizer(Sender<Result<Vec<u8>, RankError>>),
     /// Replace the rank's optimizer state with this one.
     LoadOptimizer(Arc<[u8]>, Sender<Result<(), RankError>>),
+    /// Gather what every rank holds, through the world's collective.
+    Share(Share, Sender<Result<Vec<Vec<u8>>, RankError>>),
     /// Leave the loop.
     Stop,
 }
@@ -259,6 +262,9 @@ pub(crate) trait RankWork {
     fn save_optimizer(&mut self) -> Result<Vec<u8>, RankError>;
     /// Replaces the rank's optimizer state with `bytes` (from [`Self::save_optimizer`]).
     fn load_optimizer(&mut self, bytes: &[u8]) -> Result<(), RankError>;
+    /// Every rank's module or optimizer state, encoded, in world-rank order: every rank of
+    /// the world makes this call together.
+    fn share(&mut self, what: Share) -> Result<Vec<Vec<u8>>, RankError>;
     /// Fails every collective group of the rank, so no peer waits for it.
     fn abort(&mut self, reason: &str);
 }
@@ -313,6 +319,19 @@ fn serve<W: RankWork>(
                 } else {
                     work.save_optimizer()
                 };
+                let _ = reply.send(result);
+            }
+            Command::Share(what, reply) => {
+                let result = if failed {
+                    Err(RankError::Gone)
+                } else {
+                    work.share(what)
+                };
+                if let Err(error) = &result {
+                    // The other ranks wait for this one in the gather: release them.
+                    work.abort(&error.to_string());
+                    failed = true;
+                }
                 let _ = reply.send(result);
             }
             Command::LoadOptimizer(bytes, reply) => {
@@ -395,21 +414,6 @@ impl<R: Send + 'static> RankThreads<R> {
         self.ranks.len()
     }
 
-    /// The index among this process's ranks of the world's rank `rank`, which a caller asks
-    /// for what the rank holds.
-    ///
-    /// # Errors
-    /// [`StrategyError::ElsewhereRank`] when another process holds it.
-    pub fn local(&self, rank: usize) -> Result<usize, StrategyError> {
-        rank.checked_sub(self.first)
-            .filter(|&i| i < self.ranks.len())
-            .ok_or(StrategyError::ElsewhereRank {
-                rank,
-                first: self.first,
-                last: self.first + self.ranks.len() - 1,
-            })
-    }
-
     /// Sends every rank one step on its shard (`shards[rank]`) and waits for all reports.
     /// After a failure the strategy is broken and every later step is refused.
     pub fn step(&mut self, shards: Vec<Shard>, lr: f64) -> Result<Vec<RankDone>, StrategyError> {
@@ -455,6 +459,47 @@ impl<R: Send + 'static> RankThreads<R> {
             Err(_) => Err(StrategyError::Broken {
                 culprit: self.first + rank,
             }),
+        }
+    }
+
+    /// What every rank of the world holds ([`Share`]), gathered through the collective by
+    /// this process's ranks (every process must ask at the same point): one answer, the same
+    /// on every rank.
+    pub fn share(&self, what: Share) -> Result<Vec<Vec<u8>>, StrategyError> {
+        if let Some(culprit) = self.broken {
+            return Err(StrategyError::Broken { culprit });
+        }
+        let answers: Vec<_> = self
+            .ranks
+            .iter()
+            .map(|rank| {
+                let (reply, answer) = mpsc::channel();
+                let _ = rank.commands.send(Command::Share(what, reply));
+                answer
+            })
+            .collect();
+        let mut gathered = None;
+        let mut failures = Vec::new();
+        for (i, answer) in answers.into_iter().enumerate() {
+            match answer.recv() {
+                Ok(Ok(all)) => {
+                    gathered.get_or_insert(all);
+                }
+                Ok(Err(error)) => failures.push(RankFailure {
+                    rank: self.first + i,
+                    error,
+                }),
+                Err(_) => failures.push(RankFailure {
+                    rank: self.first + i,
+                    error: RankError::Gone,
+                }),
+            }
+        }
+        if failures.is_empty() {
+            Ok(gathered.expect("a process has at least one rank"))
+        } else {
+            // The failed ranks answer every later command with `Gone`.
+            Err(StrategyError::from_failures(failures))
         }
     }
 

@@ -254,17 +254,28 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
         self.mesh.coord(rank, Mesh::TP) == 0
     }
 
-    /// The model of every tensor-parallel shard of the first replica, in shard order (the
-    /// one model of the first replica without shards).
+    /// The model of every tensor-parallel shard, in shard order (the one model without
+    /// shards): the replicas are identical, so this process's own stand for the first's.
     pub(crate) fn shard_models(&self) -> Result<Vec<M>, StrategyError> {
         (0..self.mesh.degree(Mesh::TP))
-            .map(|t| self.threads.hand(self.threads.local(self.shard_rank(t))?))
+            .map(|t| self.threads.hand(self.shard_rank(t)?))
             .collect()
     }
 
-    /// The rank holding shard `t` of the first replica.
-    fn shard_rank(&self, t: usize) -> usize {
-        self.mesh.rank_at(&[(Mesh::TP, t)])
+    /// This process's first rank holding shard `t` (of any replica), as an index among its
+    /// ranks.
+    fn shard_rank(&self, t: usize) -> Result<usize, StrategyError> {
+        match self
+            .local_ranks()
+            .position(|rank| self.mesh.coord(rank, Mesh::TP) == t)
+        {
+            Some(i) => Ok(i),
+            None => Err(StrategyError::ElsewhereRank {
+                rank: self.mesh.rank_at(&[(Mesh::TP, t)]),
+                first: self.threads.first(),
+                last: self.threads.first() + self.threads.len() - 1,
+            }),
+        }
     }
 
     /// The layout of the optimizer state: one state, or one per shard.
@@ -297,10 +308,14 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Strategy<B, M> for Ddp<B, M> {
         self.step_ranks(batch, lr, true)
     }
 
+    fn spans_processes(&self) -> bool {
+        self.threads.len() < self.mesh.size()
+    }
+
     fn ask_stop(&mut self) -> bool {
         // Ranks in other processes would wait for this process's next step: tell them with it.
         self.stop_asked = true;
-        self.threads.len() == self.mesh.size()
+        !self.spans_processes()
     }
 
     fn model(&self) -> Result<M, StrategyError> {
@@ -317,7 +332,7 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Strategy<B, M> for Ddp<B, M> {
         let shards = self.mesh.degree(Mesh::TP);
         let parts = (0..shards)
             .map(|t| {
-                let rank = self.threads.local(self.shard_rank(t))?;
+                let rank = self.shard_rank(t)?;
                 self.threads.save_optimizer(rank)
             })
             .collect::<Result<_, _>>()?;

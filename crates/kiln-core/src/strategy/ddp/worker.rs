@@ -14,6 +14,7 @@ use crate::model::TrainModel;
 use crate::optim::{GuardedOptimizer, decode, encode, tensor_bytes};
 use crate::params::{fingerprints, floats_to_hashes, hashes_to_floats, param_bytes, signature};
 use crate::strategy::agree::{Fact, agree, dtype_fact};
+use crate::strategy::exchange::{self, Share, encode_module};
 use crate::strategy::handover::sync_device;
 use crate::strategy::launch::ShardPlace;
 use crate::strategy::micro_batch::local_gradients;
@@ -69,6 +70,17 @@ where
     fn load_optimizer(&mut self, bytes: &[u8]) -> Result<(), RankError> {
         self.optim = decode(&self.optim, bytes, &self.device)?;
         Ok(())
+    }
+
+    fn share(&mut self, what: Share) -> Result<Vec<Vec<u8>>, RankError> {
+        let mine = match what {
+            Share::Module => {
+                sync_device::<B>(&self.device)?;
+                encode_module::<B, M>(self.model.as_ref().ok_or(RankError::Gone)?)
+            }
+            Share::Optimizer => encode(&self.optim),
+        };
+        exchange::share(self.groups.world(), mine, &self.device)
     }
 
     fn abort(&mut self, reason: &str) {

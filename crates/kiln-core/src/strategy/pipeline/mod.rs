@@ -38,6 +38,7 @@ use burn::tensor::backend::AutodiffBackend;
 
 pub use schedule::{Action, Schedule, peak_live};
 
+use super::exchange::{Share, decode_module};
 use super::launch::{Launch, ShardPlace, check_processes};
 use super::ranks::{RankThreads, Shard, step_output};
 use super::{ConfigError, RankStats, StepOutput, Strategy, StrategyError, StrategyKind};
@@ -170,8 +171,12 @@ pub struct Pipeline<B: AutodiffBackend, M: PipelineModel<B>> {
     /// The model each tensor-parallel shard started from (the one model without shards), into
     /// which [`Strategy::model`] puts the stages' parameters.
     templates: Vec<M>,
+    /// The blocks of each stage, to cut a template into stages.
+    ranges: Vec<std::ops::Range<usize>>,
     device: B::Device,
     stats: Vec<RankStats>,
+    /// This process asked to stop: the next step tells the others.
+    stop_asked: bool,
 }
 
 impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
@@ -222,24 +227,35 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
         let Launch {
             mesh,
             first_rank,
+            sharing,
             ranks,
             shards,
-            ..
+            mut facts,
         } = launch;
-        let world_size = mesh.size();
+        let local_ranks = ranks.len();
         let device = ranks[0].device.clone();
         let blocks = ranks[0].model.num_blocks();
         check_blocks(&ranks[0].model, config.stages)?;
         let ranges = even_ranges(blocks, config.stages);
+        // What every rank checks at start-up that the others hold too: the whole model's
+        // layout (each rank then holds only its stage), the dtype, the settings.
+        facts.push((
+            "model layout".into(),
+            format!("{:?}", crate::params::signature(&ranks[0].model)),
+        ));
+        facts.push(super::agree::dtype_fact::<B>());
+        facts.push(("pipeline settings".into(), format!("{config:?}")));
         // Disconnected: a template only receives the stages' parameters, and must not keep the
         // ranks' tensor-parallel groups alive.
         let templates = (0..mesh.degree(Mesh::TP))
             .map(|t| disconnect(ranks[mesh.rank_at(&[(Mesh::TP, t)])].model.clone()))
             .collect();
-        let mut workers = Vec::with_capacity(world_size);
-        for (rank, start) in ranks.into_iter().enumerate() {
+        let mut workers = Vec::with_capacity(local_ranks);
+        for (i, start) in ranks.into_iter().enumerate() {
+            let rank = first_rank + i;
             let stage = mesh.coord(rank, Mesh::PP);
-            let pool = super::threads::rank_pool(rank, world_size, config.threads_per_rank)?;
+            let sharers = local_ranks * sharing;
+            let pool = super::threads::rank_pool(rank, sharers, config.threads_per_rank)?;
             let shard = ShardPlace::of(shards.as_ref(), start.shard_group, &mesh, rank);
             let module = start.model.split(&ranges).swap_remove(stage);
             let worker = Worker::<B, M, O, I> {
@@ -261,6 +277,7 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
                     rank,
                     ..Default::default()
                 },
+                facts: facts.clone(),
             };
             workers.push((worker, pool));
         }
@@ -271,9 +288,11 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
             threads,
             config,
             templates,
+            ranges,
             device,
             stats,
             mesh,
+            stop_asked: false,
         };
         tracing::info!(
             mesh = %pipeline.mesh,
@@ -294,18 +313,39 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
 
     /// The model of every tensor-parallel shard of the first replica, stages assembled, in
     /// shard order (the one model without shards).
+    ///
+    /// Across processes every process must ask at the same point: the stages of other
+    /// processes come through the collective.
     pub(crate) fn shard_models(&self) -> Result<Vec<M>, StrategyError> {
+        let gathered = match self.spans_processes() {
+            true => Some(self.threads.share(Share::Module)?),
+            false => None,
+        };
         (0..self.mesh.degree(Mesh::TP))
             .map(|t| {
                 let stages = (0..self.config.stages)
                     .map(|s| {
                         let rank = self.mesh.rank_at(&[(Mesh::PP, s), (Mesh::TP, t)]);
-                        self.threads.hand(rank)
+                        match &gathered {
+                            None => self.threads.hand(rank),
+                            Some(all) => {
+                                let template = self.templates[t].clone().split(&self.ranges);
+                                let template = template.into_iter().nth(s).expect("a stage");
+                                decode_module(template, &all[rank], &self.device)
+                                    .map_err(StrategyError::from)
+                            }
+                        }
                     })
                     .collect::<Result<Vec<_>, _>>()?;
                 Ok(assemble(self.templates[t].clone(), &stages, &self.device))
             })
             .collect()
+    }
+
+    /// The world's ranks this process holds.
+    fn local_ranks(&self) -> std::ops::Range<usize> {
+        let first = self.threads.first();
+        first..first + self.threads.len()
     }
 
     /// The layout of the optimizer state: one state per stage, or per stage and shard.
@@ -340,7 +380,7 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Strategy<B, M> for Pipeline<B, M> 
     }
 
     fn world_size(&self) -> usize {
-        self.threads.len()
+        self.mesh.size()
     }
 
     fn step(&mut self, batch: &[usize], lr: f64) -> Result<StepOutput, StrategyError> {
@@ -348,12 +388,26 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Strategy<B, M> for Pipeline<B, M> 
         self.config.check_micro_batches(batch.len(), replicas)?;
         let shards = self.config.shard_policy.shard(batch, replicas)?;
         // Every stage (and shard) of replica d trains on shard d.
-        let shards = Shard::of_replicas(shards);
-        let per_rank = (0..self.threads.len())
+        let mut shards = Shard::of_replicas(shards);
+        for shard in &mut shards {
+            shard.stop = self.stop_asked;
+        }
+        let per_rank = self
+            .local_ranks()
             .map(|rank| shards[self.mesh.coord(rank, Mesh::DP)].clone())
             .collect();
         let done = self.threads.step(per_rank, lr)?;
         Ok(step_output(&mut self.stats, done, &self.mesh))
+    }
+
+    fn spans_processes(&self) -> bool {
+        self.threads.len() < self.mesh.size()
+    }
+
+    fn ask_stop(&mut self) -> bool {
+        // Ranks in other processes would wait for this process's next step: tell them with it.
+        self.stop_asked = true;
+        !self.spans_processes()
     }
 
     fn model(&self) -> Result<M, StrategyError> {
@@ -367,11 +421,18 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Strategy<B, M> for Pipeline<B, M> 
     fn optimizer_state(&self) -> Result<OptimizerState, StrategyError> {
         // The replicas of a stage hold the same state; the first replica's stands for all.
         let shards = self.mesh.degree(Mesh::TP);
+        let gathered = match self.spans_processes() {
+            true => Some(self.threads.share(Share::Optimizer)?),
+            false => None,
+        };
         let parts = (0..self.config.stages)
             .flat_map(|s| (0..shards).map(move |t| (s, t)))
             .map(|(s, t)| {
                 let rank = self.mesh.rank_at(&[(Mesh::PP, s), (Mesh::TP, t)]);
-                self.threads.save_optimizer(rank)
+                match &gathered {
+                    None => self.threads.save_optimizer(rank),
+                    Some(all) => Ok(all[rank].clone()),
+                }
             })
             .collect::<Result<_, _>>()?;
         Ok(OptimizerState::new(self.layout(), parts))
@@ -384,7 +445,8 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Strategy<B, M> for Pipeline<B, M> 
             .map(|p| p.as_slice().into())
             .collect();
         let shards = self.mesh.degree(Mesh::TP);
-        let per_rank = (0..self.threads.len())
+        let per_rank = self
+            .local_ranks()
             .map(|rank| {
                 let (s, t) = (
                     self.mesh.coord(rank, Mesh::PP),

@@ -23,6 +23,8 @@ use crate::model::PipelineModel;
 use crate::optim::{GuardedOptimizer, decode, encode, tensor_bytes};
 use crate::params::param_bytes;
 use crate::stages::{Activation, recv_activation, send_activation};
+use crate::strategy::agree::{Fact, agree};
+use crate::strategy::exchange::{self, Share, encode_module};
 use crate::strategy::handover::sync_device;
 use crate::strategy::launch::ShardPlace;
 use crate::strategy::ranks::{RankDone, RankWork, Shard};
@@ -58,6 +60,8 @@ pub(super) struct Worker<B: AutodiffBackend, M: PipelineModel<B>, O, I> {
     pub data: DataSource<B, I, <M as burn::train::TrainStep>::Input>,
     pub groups: MeshCollectives<B::InnerBackend>,
     pub config: PipelineConfig,
+    /// What the ranks check they agree on at start-up.
+    pub facts: Vec<Fact>,
     pub plan: Option<BucketPlan>,
     pub stats: RankStats,
 }
@@ -139,6 +143,17 @@ where
         Ok(())
     }
 
+    fn share(&mut self, what: Share) -> Result<Vec<Vec<u8>>, RankError> {
+        let mine = match what {
+            Share::Module => {
+                sync_device::<B>(&self.device)?;
+                encode_module::<B, M::Stage>(self.module.as_ref().ok_or(RankError::Gone)?)
+            }
+            Share::Optimizer => encode(&self.optim),
+        };
+        exchange::share(self.groups.world(), mine, &self.device)
+    }
+
     fn abort(&mut self, reason: &str) {
         self.groups.abort(reason);
         if let Some(shard) = &self.place.shard {
@@ -155,6 +170,7 @@ where
 {
     /// Moves the stage to this rank's device and plans its gradient buckets.
     fn start_rank(&mut self) -> Result<RankDone, RankError> {
+        agree(self.groups.world(), &self.facts, &self.device)?;
         let module = self
             .module
             .take()
@@ -176,6 +192,7 @@ where
     }
 
     fn step_rank(&mut self, shard: &Shard, lr: f64) -> Result<RankDone, RankError> {
+        let stop = shard.stop;
         let global_samples = shard.global_samples;
         let shard = &shard.indices[..];
         let shard_len = shard.len();
@@ -247,6 +264,7 @@ where
             &self.stats,
         )
         .with_guard(stepped.guard)
+        .with_stop(stop)
         .shared(self.groups.world(), &self.device)
     }
 
