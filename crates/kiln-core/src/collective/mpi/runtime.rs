@@ -29,8 +29,10 @@ use mpi::topology::{Color, Communicator, SimpleCommunicator};
 /// A communicator that may cross threads.
 pub(super) struct Comm(pub SimpleCommunicator);
 
-// SAFETY: an MPI communicator is a process-wide handle; every call through one is made while
-// holding the runtime's lock (`Runtime::lock`), so no two threads use MPI at once.
+// SAFETY: an MPI communicator is a process-wide handle, and MPI is initialised with
+// `MPI_THREAD_MULTIPLE` (`Runtime::init` refuses less), under which any thread may call MPI on
+// any communicator. Each group's collectives are made by its own thread only, in order; the
+// control communicator is used under the runtime's lock.
 unsafe impl Send for Comm {}
 // SAFETY: as above.
 unsafe impl Sync for Comm {}
@@ -60,6 +62,8 @@ pub(super) struct Runtime {
     state: Mutex<State>,
 }
 
+/// What the runtime's lock guards: MPI itself (until finalised), the control communicator and
+/// what the control messages told this process.
 pub(super) struct State {
     universe: Option<Universe>,
     /// A duplicate of the world's communicator for the control messages.
@@ -79,13 +83,15 @@ pub(super) struct State {
     next_group: u64,
 }
 
-/// A send MPI may still be reading from, and the buffer it reads.
+/// A send MPI may still be reading from, and the buffer it reads (kept in the runtime's state,
+/// tested under its lock).
 pub(super) struct Pending {
     request: Option<Request<'static, [u8]>>,
     buffer: *mut [u8],
 }
 
-// SAFETY: the request and its buffer are only touched under the runtime's lock.
+// SAFETY: the request and its buffer move to the runtime's state and are only touched under
+// its lock, with MPI initialised for any thread (`MPI_THREAD_MULTIPLE`).
 unsafe impl Send for Pending {}
 
 impl Pending {
