@@ -56,7 +56,8 @@ enum Command {
     Bench(bench::BenchCommand),
     /// Start a job of several processes through Open MPI's mpirun, one or more per machine:
     /// `kiln launch --nproc-per-node 2 -- kiln train --strategy ddp`. Each output line is
-    /// prefixed with its rank; a failed rank is named. (A build with the `mpi` feature.)
+    /// prefixed with its rank; a failed rank is named. The processes need a build with the
+    /// `mpi` feature.
     Launch(launch::LaunchArgs),
 }
 
