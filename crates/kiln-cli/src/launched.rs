@@ -40,14 +40,7 @@ impl Launched {
     /// # Errors
     /// [`ConfigError::MultiProcess`], saying what to use instead.
     pub fn check(&self, strategy: StrategyKind) -> Result<(), ConfigError> {
-        match strategy.single_process_only() {
-            Some(reason) if self.processes() > 1 => Err(ConfigError::MultiProcess {
-                strategy,
-                processes: self.processes(),
-                reason,
-            }),
-            _ => Ok(()),
-        }
+        strategy.check_processes(self.processes())
     }
 
     /// The ranks of the whole run: `world` when named, else every process holds the ranks of

@@ -8,16 +8,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use burn::backend::Flex;
-use common::{assert_one_line_error, kiln};
+use common::{assert_one_line_error, finetune_args, fixture, kiln};
 use kiln_nn::llm::load;
-
-fn fixture(path: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../kiln-nn/tests/fixtures/llm")
-        .join(path)
-        .display()
-        .to_string()
-}
 
 /// A fresh folder for one test's outputs.
 fn scratch(name: &str) -> PathBuf {
@@ -31,40 +23,6 @@ fn scratch(name: &str) -> PathBuf {
 /// `extra` flags; its JSON summary.
 fn finetune(out: &Path, extra: &[&str]) -> serde_json::Value {
     finetune_for(out, "3", extra)
-}
-
-/// The flags of a fine-tuning run of the llama fixture on the chat data for `steps` steps of 8
-/// sequences of 24 tokens, writing into `out` (`adapters/`, `run.json`), then `extra`.
-fn finetune_args(out: &Path, steps: &str, extra: &[&str]) -> Vec<String> {
-    let (model, data) = (fixture("llama"), fixture("chat.jsonl"));
-    let (adapters, json) = (out.join("adapters"), out.join("run.json"));
-    let mut args: Vec<String> = [
-        "finetune",
-        "--model",
-        &model,
-        "--data",
-        &data,
-        "--steps",
-        steps,
-        "--batch",
-        "8",
-        "--seq-len",
-        "24",
-        "--lora-rank",
-        "4",
-        "--lr",
-        "0.01",
-        "--threads-per-rank",
-        "1",
-        "--output",
-        adapters.to_str().unwrap(),
-        "--json",
-        json.to_str().unwrap(),
-    ]
-    .map(String::from)
-    .to_vec();
-    args.extend(extra.iter().map(|s| s.to_string()));
-    args
 }
 
 /// [`finetune`] for `steps` steps.

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::kiln;
+use common::{finetune_args, kiln};
 
 const KILN: &str = env!("CARGO_BIN_EXE_kiln");
 
@@ -266,42 +266,8 @@ fn ad_train_under_launch_writes_one_run() {
 #[test]
 fn finetune_across_processes_writes_the_adapters_of_one_process() {
     let dir = scratch("finetune");
-    let fixture = |p: &str| {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../kiln-nn/tests/fixtures/llm")
-            .join(p)
-            .display()
-            .to_string()
-    };
-    let (model, data) = (fixture("llama"), fixture("chat.jsonl"));
-    let args = |out: &Path| -> Vec<String> {
-        let (adapters, json) = (out.join("adapters"), out.join("run.json"));
-        [
-            "finetune",
-            "--model",
-            &model,
-            "--data",
-            &data,
-            "--steps",
-            "3",
-            "--batch",
-            "8",
-            "--seq-len",
-            "24",
-            "--lora-rank",
-            "4",
-            "--lr",
-            "0.01",
-            "--strategy",
-            "ddp",
-            "--output",
-            adapters.to_str().unwrap(),
-            "--json",
-            json.to_str().unwrap(),
-        ]
-        .map(String::from)
-        .to_vec()
-    };
+    // The fixture run of the fine-tuning tests, through Ddp.
+    let args = |out: &Path| finetune_args(out, "3", &["--strategy", "ddp"]);
     let (processes, threads) = (dir.join("processes"), dir.join("threads"));
     let launched = args(&processes);
     let refs: Vec<&str> = launched.iter().map(String::as_str).collect();

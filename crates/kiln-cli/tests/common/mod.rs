@@ -2,6 +2,7 @@
 
 #![allow(dead_code)] // each test binary uses a different part
 
+use std::path::Path;
 use std::process::{Command, Output};
 
 /// Runs `kiln` with `args`, logs at warn.
@@ -21,4 +22,47 @@ pub fn assert_one_line_error(args: &[&str], needle: &str) {
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "{args:?}: {stderr}");
     assert!(lines[0].contains(needle), "{args:?}: {stderr}");
+}
+
+/// The path of `path` in the LLM fixtures (the committed llama model and chat data).
+pub fn fixture(path: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../kiln-nn/tests/fixtures/llm")
+        .join(path)
+        .display()
+        .to_string()
+}
+
+/// The flags of a fine-tuning run of the llama fixture on the chat data for `steps` steps of 8
+/// sequences of 24 tokens, writing into `out` (`adapters/`, `run.json`), then `extra`.
+pub fn finetune_args(out: &Path, steps: &str, extra: &[&str]) -> Vec<String> {
+    let (model, data) = (fixture("llama"), fixture("chat.jsonl"));
+    let (adapters, json) = (out.join("adapters"), out.join("run.json"));
+    let mut args: Vec<String> = [
+        "finetune",
+        "--model",
+        &model,
+        "--data",
+        &data,
+        "--steps",
+        steps,
+        "--batch",
+        "8",
+        "--seq-len",
+        "24",
+        "--lora-rank",
+        "4",
+        "--lr",
+        "0.01",
+        "--threads-per-rank",
+        "1",
+        "--output",
+        adapters.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
 }

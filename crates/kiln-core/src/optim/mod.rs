@@ -37,4 +37,4 @@ pub use precision::{MixedPrecision, Precision};
 pub use report::{NonFinite, NonFiniteValue};
 pub use scaler::{LossScale, LossScaleConfig};
 pub use state::{OptimizerState, StateError, StateLayout};
-pub(crate) use state::{decode, encode, tensor_bytes};
+pub(crate) use state::{decode, encode, recorder, tensor_bytes};

@@ -152,7 +152,8 @@ pub enum StateError {
     Decode(String),
 }
 
-fn recorder() -> NamedMpkBytesRecorder<FullPrecisionSettings> {
+/// The encoding of optimizer states, and of the modules ranks hand across processes.
+pub(crate) fn recorder() -> NamedMpkBytesRecorder<FullPrecisionSettings> {
     NamedMpkBytesRecorder::new()
 }
 

@@ -202,13 +202,7 @@ impl Plan {
                     processes,
                 });
             }
-            if let Some(reason) = self.strategy.single_process_only() {
-                return Err(ConfigError::MultiProcess {
-                    strategy: self.strategy,
-                    processes,
-                    reason,
-                });
-            }
+            self.strategy.check_processes(processes)?;
         }
         self.process = process;
         Ok(self)

@@ -6,12 +6,12 @@
 use std::collections::VecDeque;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
-use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
+use burn::record::Recorder;
 use burn::tensor::{Bool, Int, Tensor, backend::Backend};
 
 use super::RankError;
 use crate::collective::{Collective, CollectiveError};
-use crate::optim::StateError;
+use crate::optim::{StateError, recorder};
 use crate::params::{floats_to_hashes, hashes_to_floats};
 
 /// What [`super::ranks::RankThreads::share`] gathers from every rank.
@@ -21,10 +21,6 @@ pub(crate) enum Share {
     Module,
     /// The rank's optimizer state, encoded.
     Optimizer,
-}
-
-fn recorder() -> NamedMpkBytesRecorder<FullPrecisionSettings> {
-    NamedMpkBytesRecorder::new()
 }
 
 /// `module`'s parameters, encoded.

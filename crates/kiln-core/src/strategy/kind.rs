@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use super::ConfigError;
+
 /// A strategy chosen by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -31,7 +33,7 @@ impl fmt::Display for StrategyKind {
 
 impl StrategyKind {
     /// Why this strategy cannot span processes, and what to use instead; `None` when it can.
-    pub const fn single_process_only(self) -> Option<&'static str> {
+    const fn single_process_only(self) -> Option<&'static str> {
         match self {
             StrategyKind::Ddp | StrategyKind::Pipeline | StrategyKind::Auto => None,
             StrategyKind::Single => Some(
@@ -46,6 +48,22 @@ impl StrategyKind {
                 "its shards connect inside one process so far; use ddp or pipeline across \
                  processes, and tensor within one",
             ),
+        }
+    }
+
+    /// Refuses to span `processes` processes when this strategy cannot (one process is
+    /// always fine).
+    ///
+    /// # Errors
+    /// [`ConfigError::MultiProcess`], saying why and what to use instead.
+    pub fn check_processes(self, processes: usize) -> Result<(), ConfigError> {
+        match self.single_process_only() {
+            Some(reason) if processes > 1 => Err(ConfigError::MultiProcess {
+                strategy: self,
+                processes,
+                reason,
+            }),
+            _ => Ok(()),
         }
     }
 

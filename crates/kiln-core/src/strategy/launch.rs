@@ -24,14 +24,7 @@ pub(crate) fn check_processes<D: Clone>(
     world: &World<D>,
     strategy: StrategyKind,
 ) -> Result<(), ConfigError> {
-    match strategy.single_process_only() {
-        Some(reason) if world.multi_process_enabled() => Err(ConfigError::MultiProcess {
-            strategy,
-            processes: world.process().processes,
-            reason,
-        }),
-        _ => Ok(()),
-    }
+    strategy.check_processes(world.process().processes)
 }
 
 /// `model` with its parameters materialised on `device`, once, before rank threads copy it.

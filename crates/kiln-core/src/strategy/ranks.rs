@@ -466,77 +466,57 @@ impl<R: Send + 'static> RankThreads<R> {
     /// this process's ranks (every process must ask at the same point): one answer, the same
     /// on every rank.
     pub fn share(&self, what: Share) -> Result<Vec<Vec<u8>>, StrategyError> {
+        let answers = self.ask_each(|_, reply| Command::Share(what, reply))?;
+        Ok(answers
+            .into_iter()
+            .next()
+            .expect("a process has at least one rank"))
+    }
+
+    /// Loads `parts[rank]` into every rank's optimizer.
+    pub fn load_optimizer(&self, parts: Vec<Arc<[u8]>>) -> Result<(), StrategyError> {
+        assert_eq!(parts.len(), self.ranks.len(), "one state per rank");
+        self.ask_each(|i, reply| Command::LoadOptimizer(parts[i].clone(), reply))
+            .map(drop)
+    }
+
+    /// Sends every rank the command `command(rank's index, reply)` makes and waits for every
+    /// answer; the failures are named by their rank in the world.
+    fn ask_each<T>(
+        &self,
+        command: impl Fn(usize, Sender<Result<T, RankError>>) -> Command<R>,
+    ) -> Result<Vec<T>, StrategyError> {
         if let Some(culprit) = self.broken {
             return Err(StrategyError::Broken { culprit });
         }
         let answers: Vec<_> = self
             .ranks
             .iter()
-            .map(|rank| {
+            .enumerate()
+            .map(|(i, rank)| {
                 let (reply, answer) = mpsc::channel();
-                let _ = rank.commands.send(Command::Share(what, reply));
+                // A rank whose thread is gone is noticed by its missing answer.
+                let _ = rank.commands.send(command(i, reply));
                 answer
             })
             .collect();
-        let mut gathered = None;
+        let mut done = Vec::with_capacity(answers.len());
         let mut failures = Vec::new();
         for (i, answer) in answers.into_iter().enumerate() {
+            let rank = self.first + i;
             match answer.recv() {
-                Ok(Ok(all)) => {
-                    gathered.get_or_insert(all);
-                }
-                Ok(Err(error)) => failures.push(RankFailure {
-                    rank: self.first + i,
-                    error,
-                }),
+                Ok(Ok(value)) => done.push(value),
+                Ok(Err(error)) => failures.push(RankFailure { rank, error }),
                 Err(_) => failures.push(RankFailure {
-                    rank: self.first + i,
+                    rank,
                     error: RankError::Gone,
                 }),
             }
         }
         if failures.is_empty() {
-            Ok(gathered.expect("a process has at least one rank"))
+            Ok(done)
         } else {
             // The failed ranks answer every later command with `Gone`.
-            Err(StrategyError::from_failures(failures))
-        }
-    }
-
-    /// Loads `parts[rank]` into every rank's optimizer.
-    pub fn load_optimizer(&self, parts: Vec<Arc<[u8]>>) -> Result<(), StrategyError> {
-        if let Some(culprit) = self.broken {
-            return Err(StrategyError::Broken { culprit });
-        }
-        assert_eq!(parts.len(), self.ranks.len(), "one state per rank");
-        let answers: Vec<_> = self
-            .ranks
-            .iter()
-            .zip(parts)
-            .map(|(rank, bytes)| {
-                let (reply, answer) = mpsc::channel();
-                let _ = rank.commands.send(Command::LoadOptimizer(bytes, reply));
-                answer
-            })
-            .collect();
-        let failures: Vec<RankFailure> = answers
-            .into_iter()
-            .enumerate()
-            .filter_map(|(i, answer)| {
-                let rank = self.first + i;
-                match answer.recv() {
-                    Ok(Ok(())) => None,
-                    Ok(Err(error)) => Some(RankFailure { rank, error }),
-                    Err(_) => Some(RankFailure {
-                        rank,
-                        error: RankError::Gone,
-                    }),
-                }
-            })
-            .collect();
-        if failures.is_empty() {
-            Ok(())
-        } else {
             Err(StrategyError::from_failures(failures))
         }
     }
