@@ -1,7 +1,7 @@
-//! `kiln launch` end to end, on this machine's loopback: Ddp across processes (and processes
-//! of several ranks, and two "machines" of a hostfile) trains exactly as one device does, the
-//! AD job writes its run once, and the faults a user meets end the job with a clear error and
-//! no process left. Needs Open MPI (`.ci/run` installs it) and the `mpi` feature.
+//! `kiln launch` end to end, on this machine's loopback: Ddp, Pipeline and Tensor across
+//! processes (and processes of several ranks, and two "machines" of a hostfile) train exactly
+//! as one device does, the AD job writes its run once, and the faults a user meets end the job
+//! with a clear error and no process left. Needs Open MPI (`.ci/run` installs it) and the `mpi` feature.
 #![cfg(feature = "mpi")]
 
 mod common;
@@ -158,6 +158,92 @@ fn pipeline_stages_in_different_processes_train_as_one_device() {
     let resumed: Vec<&str> = resumed.iter().map(String::as_str).collect();
     let straight = train(&dir, "straight", None, &straight);
     let resumed = train(&dir, "resumed", Some(&two), &resumed);
+    for key in ["param_sum", "param_sq_sum", "final_loss"] {
+        assert_eq!(straight[key], resumed[key], "{key}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn tensor_shards_in_different_processes_train_as_one_device() {
+    let dir = scratch("tensor");
+    let two = ["--nproc-per-node", "2"];
+    let run = |name: &str, launch: Option<&[&str]>, extra: &[&str]| {
+        let args: Vec<&str> = ["--model", "transformer", "--batch", "32"]
+            .iter()
+            .chain(extra)
+            .copied()
+            .collect();
+        train(&dir, name, launch, &args)
+    };
+    let single = run("single", None, &["--strategy", "single", "--steps", "4"]);
+    // Shard 0 in the first process, shard 1 in the second: every sharded layer's all-reduce and
+    // all-gather crosses processes, inside the forward and the backward.
+    let save = dir.join("save");
+    let across = [
+        "--strategy",
+        "tensor",
+        "--tp",
+        "2",
+        "--steps",
+        "4",
+        "--save",
+        save.to_str().unwrap(),
+    ];
+    let across = run("across", Some(&two), &across);
+    // 2 processes of 2 ranks: the shards meet in a process, the replicas (or the stages)
+    // across processes.
+    let replicas = [
+        "--strategy",
+        "tensor",
+        "--tp",
+        "2",
+        "--dp",
+        "2",
+        "--world",
+        "4",
+    ];
+    let replicas = run(
+        "replicas",
+        Some(&two),
+        &[&replicas[..], &["--steps", "4"]].concat(),
+    );
+    let stages = [
+        "--strategy",
+        "tensor",
+        "--tp",
+        "2",
+        "--stages",
+        "2",
+        "--micro-batches",
+        "2",
+        "--world",
+        "4",
+        "--steps",
+        "4",
+    ];
+    let stages = run("stages", Some(&two), &stages);
+    for (report, mesh) in [
+        (&across, "dp=1 × tp=2"),
+        (&replicas, "dp=2 × tp=2"),
+        (&stages, "dp=1 × pp=2 × tp=2"),
+    ] {
+        assert_eq!(report["mesh"], mesh);
+        assert_same_training(&single, report, mesh);
+        for rank in report["ranks"].as_array().unwrap() {
+            assert!(rank["tp_calls"].as_u64().unwrap() > 0, "{mesh}: {rank}");
+        }
+    }
+    // The shards and their optimizer states, gathered from both processes into one checkpoint,
+    // resume across processes bit for bit.
+    let six = |name: &str, resume: Option<&Path>| {
+        let mut args = vec!["--strategy", "tensor", "--tp", "2", "--steps", "6"];
+        if let Some(save) = resume {
+            args.extend(["--resume", save.to_str().unwrap()]);
+        }
+        run(name, Some(&two), &args)
+    };
+    let (straight, resumed) = (six("straight", None), six("resumed", Some(&save)));
     for key in ["param_sum", "param_sq_sum", "final_loss"] {
         assert_eq!(straight[key], resumed[key], "{key}");
     }

@@ -92,6 +92,50 @@ impl<B: Backend> MeshCollectives<B> {
         }
     }
 
+    /// The groups along `axis` alone of this process's ranks of `world`, element `i` for local
+    /// rank `i`, connected as [`Self::for_world`] connects them: for a group on another
+    /// backend than the rest of the mesh's (the tensor-parallel layers' wire).
+    ///
+    /// # Errors
+    /// [`ConnectError`] when the world spans processes and they cannot be connected.
+    ///
+    /// # Panics
+    /// When the world's mesh has no `axis`: the caller built that mesh.
+    pub fn axis_for_world<D: Clone>(
+        world: &World<D>,
+        axis: &str,
+        timeout: Duration,
+    ) -> Result<Vec<Box<dyn Collective<B>>>, ConnectError> {
+        let groups = world
+            .mesh()
+            .groups(axis)
+            .expect("the caller's mesh has the axis");
+        if !world.multi_process_enabled() {
+            let mut handles: Vec<Option<Box<dyn Collective<B>>>> =
+                (0..world.world_size()).map(|_| None).collect();
+            for members in groups {
+                let local = InProcess::subgroup(members.clone(), timeout);
+                for (rank, handle) in members.into_iter().zip(local) {
+                    handles[rank] = Some(Box::new(handle));
+                }
+            }
+            return Ok(handles
+                .into_iter()
+                .map(|h| h.expect("every rank is in one group"))
+                .collect());
+        }
+        #[cfg(feature = "mpi")]
+        {
+            Ok(super::mpi::axis_collectives(world, axis, timeout)?)
+        }
+        #[cfg(not(feature = "mpi"))]
+        {
+            Err(ConnectError::NoMpi {
+                processes: world.process().processes,
+            })
+        }
+    }
+
     /// A rank's handles from its world group; axes are added with [`Self::push_axis`].
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub(crate) fn from_groups(rank: usize, world: Box<dyn Collective<B>>) -> Self {

@@ -235,7 +235,7 @@ where
         optim: &S,
         data: DataSource<B, I, M::Input>,
     ) -> Result<Box<dyn Strategy<B, M>>, StrategyError> {
-        let world = World::local(devices).map_err(|_| ConfigError::NoDevices)?;
+        let world = world_on(devices, plan)?;
         let configs = plan.configs();
         Ok(Box::new(Tensor::new(
             &world,

@@ -35,7 +35,10 @@ impl StrategyKind {
     /// Why this strategy cannot span processes, and what to use instead; `None` when it can.
     const fn single_process_only(self) -> Option<&'static str> {
         match self {
-            StrategyKind::Ddp | StrategyKind::Pipeline | StrategyKind::Auto => None,
+            StrategyKind::Ddp
+            | StrategyKind::Pipeline
+            | StrategyKind::Tensor
+            | StrategyKind::Auto => None,
             StrategyKind::Single => Some(
                 "it trains on one device; under a launcher use ddp (one replica per process), or \
                  run one process",
@@ -43,10 +46,6 @@ impl StrategyKind {
             StrategyKind::DataParallel => Some(
                 "it gathers every replica's gradients on one main device, which only threads of \
                  one process share; use ddp, which all-reduces them",
-            ),
-            StrategyKind::Tensor => Some(
-                "its shards connect inside one process so far; use ddp or pipeline across \
-                 processes, and tensor within one",
             ),
         }
     }

@@ -58,6 +58,10 @@ pub(crate) struct Launch<B: AutodiffBackend, M> {
     pub ranks: Vec<RankStart<B, M>>,
     /// How the model is sharded, when it is.
     pub shards: Option<Shards>,
+    /// One model per tensor-parallel shard, in shard order (the whole model without shards),
+    /// disconnected from every group: what the ranks' parameters are decoded into when they
+    /// are gathered from other processes, or assembled from stages.
+    pub templates: Vec<M>,
 }
 
 /// What one rank starts with.
@@ -148,6 +152,7 @@ impl<B: AutodiffBackend, M: Module<B> + Clone> Launch<B, M> {
             facts: world_facts(world),
             ranks,
             shards: None,
+            templates: vec![model],
         })
     }
 }
@@ -169,7 +174,7 @@ pub(crate) fn world_facts<D: Clone>(world: &World<D>) -> Vec<Fact> {
 /// is built, and an optimizer's state is kept by id, so a stage's state saved by one process
 /// must name the ids the saved model carries. One all-gather over the world, made by every
 /// local rank together (each holds its part of the world group).
-fn first_process_ids<B: AutodiffBackend, M: Module<B>>(
+pub(crate) fn first_process_ids<B: AutodiffBackend, M: Module<B>>(
     model: M,
     groups: &mut [MeshCollectives<B::InnerBackend>],
     world: &World<B::Device>,

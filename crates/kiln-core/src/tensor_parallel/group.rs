@@ -85,9 +85,20 @@ impl<B: TpBackend> TpGroup<B> {
     /// shards `size` ways before any group exists. Its operators panic (one rank: they are
     /// identities, as [`Self::single`]'s).
     pub fn unconnected(size: usize) -> Self {
+        Self::unconnected_rank(0, size)
+    }
+
+    /// Rank `rank` of a group of `size` that is connected to nothing: for cutting shard `rank`
+    /// of a model where that shard's rank lives elsewhere (another process), as a template
+    /// that receives the shard's parameters. Its operators panic, as [`Self::unconnected`]'s.
+    ///
+    /// # Panics
+    /// When `rank` is not below `size`.
+    pub fn unconnected_rank(rank: usize, size: usize) -> Self {
+        assert!(rank < size, "rank {rank} of a group of {size}");
         Self {
             shared: None,
-            rank: 0,
+            rank,
             size,
             backend: PhantomData,
         }

@@ -14,6 +14,7 @@
 //! a failure is told to every process, and a timed-out rank names the processes' ranks that
 //! never arrived.
 
+mod connect;
 mod group;
 mod runtime;
 mod staging;
@@ -23,11 +24,8 @@ use std::time::Duration;
 
 use burn::tensor::{Tensor, backend::Backend};
 
-use super::{
-    Collective, CollectiveCounters, CollectiveError, CollectiveOp, InProcess, MeshCollectives,
-    ReduceOp,
-};
-use crate::world::World;
+use super::{Collective, CollectiveCounters, CollectiveError, CollectiveOp, InProcess, ReduceOp};
+pub use connect::{axis_collectives, mesh_collectives};
 use group::{Combine, ProcessGroup};
 pub use runtime::finalize;
 use runtime::{Failure, runtime};
@@ -366,160 +364,4 @@ pub enum MpiError {
         /// MPI's number of processes.
         mpi_processes: usize,
     },
-}
-
-/// Checks that every process sees the world alike (ranks, ranks per process, mesh) before the
-/// groups are cut from it: processes that disagree would otherwise cut different groups and
-/// wait for each other forever.
-fn check_layout<D: Clone>(
-    runtime: &'static runtime::Runtime,
-    world: &World<D>,
-    timeout: Duration,
-) -> Result<(), MpiError> {
-    use sha2::{Digest, Sha256};
-    let layout = format!(
-        "{} ranks, {} per process, mesh {}",
-        world.world_size(),
-        world.local_ranks(),
-        world.mesh()
-    );
-    let digest = Sha256::digest(layout.as_bytes())[..8].to_vec();
-    let processes: Vec<usize> = (0..world.process().processes).collect();
-    let id = runtime.lock().reserve_id();
-    let comm = runtime::Comm(mpi::topology::SimpleCommunicator::world());
-    let everyone = ProcessGroup::new(runtime, comm, id, processes, timeout);
-    let all = everyone
-        .all_gather(digest.clone(), 0)
-        .map_err(|failure| match failure {
-            Failure::Aborted { rank, reason } => {
-                MpiError::Layout(format!("rank {rank} failed before the start: {reason}"))
-            }
-            Failure::Timeout { missing } => MpiError::Layout(format!(
-                "process(es) {missing:?} did not start within {timeout:?}"
-            )),
-        })?;
-    match all.chunks(8).position(|theirs| theirs != digest.as_slice()) {
-        Some(other) => Err(MpiError::Layout(format!(
-            "process {other} sees another world than this one ({layout}); start every process \
-             with the same --world, --devices and strategy flags"
-        ))),
-        None => Ok(()),
-    }
-}
-
-/// This process's ranks' groups on `world`'s mesh, connected through MPI to the other
-/// processes; calls time out after `timeout`. Every process of the world must call this at the
-/// same point. Element `i` belongs to local rank `i`.
-///
-/// # Errors
-/// [`MpiError`] when MPI cannot start or its world is not the launcher's.
-pub fn mesh_collectives<B: Backend, D: Clone>(
-    world: &World<D>,
-    timeout: Duration,
-) -> Result<Vec<MeshCollectives<B>>, MpiError> {
-    let runtime = runtime().map_err(MpiError::Init)?;
-    let process = world.process();
-    {
-        let state = runtime.lock();
-        if (state.process, state.processes) != (process.rank, process.processes) {
-            return Err(MpiError::NotTheLaunchersWorld {
-                rank: process.rank,
-                processes: process.processes,
-                mpi_rank: state.process,
-                mpi_processes: state.processes,
-            });
-        }
-    }
-    check_layout(runtime, world, timeout)?;
-    let mut state = runtime.lock();
-    let per_process = world.local_ranks();
-    let first = world.rank_of(0);
-    let mine = first..first + per_process;
-    // Creates one group (every process, in the same order) and hands this process's members
-    // their handles, by world rank.
-    let mut group = |members: Vec<usize>| -> Vec<(usize, Mpi<B>)> {
-        let process_of_rank = |r: usize| r / per_process;
-        let mut processes: Vec<usize> = members.iter().map(|&r| process_of_rank(r)).collect();
-        processes.dedup();
-        let member = processes.contains(&process.rank);
-        let procs = if processes.len() > 1 {
-            let (comm, id) = state.split(member);
-            comm.map(|comm| {
-                Arc::new(ProcessGroup::new(
-                    runtime,
-                    comm,
-                    id,
-                    processes.clone(),
-                    timeout,
-                ))
-            })
-        } else {
-            None
-        };
-        if !member {
-            return Vec::new();
-        }
-        let local: Vec<usize> = members
-            .iter()
-            .copied()
-            .filter(|r| mine.contains(r))
-            .collect();
-        let first_local = members
-            .iter()
-            .position(|r| mine.contains(r))
-            .expect("a member");
-        let wait = if procs.is_some() {
-            timeout + LEADER_GRACE
-        } else {
-            timeout
-        };
-        let process_of = members
-            .iter()
-            .map(|&r| {
-                processes
-                    .iter()
-                    .position(|&p| p == process_of_rank(r))
-                    .expect("listed")
-            })
-            .collect::<Vec<_>>();
-        InProcess::subgroup(local.clone(), wait)
-            .into_iter()
-            .zip(local)
-            .map(|(handle, global)| {
-                let rank = members.iter().position(|&r| r == global).expect("a member");
-                let mpi = Mpi {
-                    rank,
-                    size: members.len(),
-                    members: members.clone(),
-                    process_of: process_of.clone(),
-                    first_local,
-                    local: handle,
-                    procs: procs.clone(),
-                    seq: 0,
-                    counters: CollectiveCounters::default(),
-                };
-                (global, mpi)
-            })
-            .collect()
-    };
-    let mesh = world.mesh();
-    let mut worlds: Vec<Option<Mpi<B>>> = (0..per_process).map(|_| None).collect();
-    for (global, handle) in group((0..mesh.size()).collect()) {
-        worlds[global - first] = Some(handle);
-    }
-    let mut ranks: Vec<MeshCollectives<B>> = worlds
-        .into_iter()
-        .enumerate()
-        .map(|(i, handle)| {
-            MeshCollectives::from_groups(first + i, Box::new(handle.expect("every local rank")))
-        })
-        .collect();
-    for axis in mesh.axes() {
-        for members in mesh.groups(&axis.name).expect("the mesh's own axis") {
-            for (global, handle) in group(members) {
-                ranks[global - first].push_axis(&axis.name, Box::new(handle));
-            }
-        }
-    }
-    Ok(ranks)
 }

@@ -24,6 +24,7 @@ use std::time::Duration;
 use burn::tensor::backend::AutodiffBackend;
 use burn::train::TrainStep;
 
+use super::exchange::{Share, decode_module};
 use super::launch::{Launch, ShardPlace};
 use super::ranks::{RankThreads, Shard, step_output};
 use super::{ConfigError, RankStats, StepOutput, Strategy, StrategyError};
@@ -93,6 +94,11 @@ pub struct Ddp<B: AutodiffBackend, M: TrainModel<B>> {
     num_buckets: usize,
     /// This process asked to stop: the next step tells the others.
     stop_asked: bool,
+    /// Every shard's template, when some shard lives only in other processes: its parameters
+    /// then arrive as bytes (see [`Self::shard_models`]).
+    elsewhere: Option<Vec<M>>,
+    /// This process's first device: where gathered shards are decoded.
+    device: B::Device,
     backend: std::marker::PhantomData<B>,
 }
 
@@ -148,9 +154,17 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
             ranks,
             shards,
             facts,
+            templates,
         } = launch;
         let world_size = mesh.size();
         let local_ranks = ranks.len();
+        let device = ranks[0].device.clone();
+        let local = first_rank..first_rank + local_ranks;
+        // Consecutive ranks cover every shard once a process holds `tp` of them: then every
+        // process holds all, else none does, and each process decides alike.
+        let elsewhere = (0..mesh.degree(Mesh::TP))
+            .any(|t| !local.clone().any(|rank| mesh.coord(rank, Mesh::TP) == t))
+            .then_some(templates);
         let mut workers = Vec::with_capacity(local_ranks);
         for (i, start) in ranks.into_iter().enumerate() {
             let rank = first_rank + i;
@@ -188,6 +202,8 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
             stats,
             mesh,
             config,
+            elsewhere,
+            device,
             backend: std::marker::PhantomData,
         };
         tracing::info!(
@@ -256,9 +272,24 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
 
     /// The model of every tensor-parallel shard, in shard order (the one model without
     /// shards): the replicas are identical, so this process's own stand for the first's.
+    ///
+    /// When shards live only in other processes every process must ask at the same point:
+    /// they come through the collective.
     pub(crate) fn shard_models(&self) -> Result<Vec<M>, StrategyError> {
-        (0..self.mesh.degree(Mesh::TP))
-            .map(|t| self.threads.hand(self.shard_rank(t)?))
+        let Some(templates) = &self.elsewhere else {
+            return (0..self.mesh.degree(Mesh::TP))
+                .map(|t| self.threads.hand(self.shard_rank(t)?))
+                .collect();
+        };
+        let all = self.threads.share(Share::Module)?;
+        templates
+            .iter()
+            .enumerate()
+            .map(|(t, template)| {
+                let rank = self.mesh.rank_at(&[(Mesh::TP, t)]);
+                decode_module(template.clone(), &all[rank], &self.device)
+                    .map_err(StrategyError::from)
+            })
             .collect()
     }
 
@@ -330,12 +361,17 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Strategy<B, M> for Ddp<B, M> {
     fn optimizer_state(&self) -> Result<OptimizerState, StrategyError> {
         // The replicas of a shard hold the same state; the first replica's stands for all.
         let shards = self.mesh.degree(Mesh::TP);
-        let parts = (0..shards)
-            .map(|t| {
-                let rank = self.shard_rank(t)?;
-                self.threads.save_optimizer(rank)
-            })
-            .collect::<Result<_, _>>()?;
+        let parts = match self.elsewhere {
+            Some(_) => {
+                let all = self.threads.share(Share::Optimizer)?;
+                (0..shards)
+                    .map(|t| all[self.mesh.rank_at(&[(Mesh::TP, t)])].clone())
+                    .collect()
+            }
+            None => (0..shards)
+                .map(|t| self.threads.save_optimizer(self.shard_rank(t)?))
+                .collect::<Result<_, _>>()?,
+        };
         Ok(OptimizerState::new(self.layout(), parts))
     }
 

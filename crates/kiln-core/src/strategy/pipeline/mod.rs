@@ -47,7 +47,6 @@ use crate::data::{DataSource, ShardPolicy};
 use crate::model::{PipelineModel, even_ranges};
 use crate::optim::{GuardedOptimizer, OptimizerState, StateLayout};
 use crate::stages::assemble;
-use crate::tensor_parallel::disconnect;
 use crate::world::Mesh;
 use worker::{Place, Worker};
 
@@ -231,6 +230,7 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
             ranks,
             shards,
             mut facts,
+            templates,
         } = launch;
         let local_ranks = ranks.len();
         let device = ranks[0].device.clone();
@@ -245,11 +245,6 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
         ));
         facts.push(super::agree::dtype_fact::<B>());
         facts.push(("pipeline settings".into(), format!("{config:?}")));
-        // Disconnected: a template only receives the stages' parameters, and must not keep the
-        // ranks' tensor-parallel groups alive.
-        let templates = (0..mesh.degree(Mesh::TP))
-            .map(|t| disconnect(ranks[mesh.rank_at(&[(Mesh::TP, t)])].model.clone()))
-            .collect();
         let mut workers = Vec::with_capacity(local_ranks);
         for (i, start) in ranks.into_iter().enumerate() {
             let rank = first_rank + i;

@@ -26,10 +26,10 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::train::TrainStep;
 
 use super::ddp::DdpConfig;
-use super::launch::{check_processes, materialise};
+use super::launch::materialise;
 use super::{
     ConfigError, Engine, OptimizerSpec, PipelineConfig, RankStats, StepOutput, Strategy,
-    StrategyError, StrategyKind,
+    StrategyError,
 };
 use crate::World;
 use crate::data::{DataSource, ShardPolicy};
@@ -176,7 +176,7 @@ where
     /// # Errors
     /// [`ConfigError`] for an impossible configuration: a world that is not a multiple of
     /// `stages × tp`, a width that does not divide by `tp`, stages of a model whose shards do
-    /// not split into stages, a multi-process world.
+    /// not split into stages, processes that cannot be connected.
     pub fn new<S, I>(
         world: &World<B::Device>,
         model: M,
@@ -191,7 +191,6 @@ where
     {
         config.validate()?;
         let mesh = config.mesh(world.world_size())?;
-        check_processes(world, StrategyKind::Tensor)?;
         // Materialised before anything reads it: a lazily initialised parameter would draw
         // new values in every clone that the checks and the shards make.
         let model = materialise(model, &world.devices()[0])?;
@@ -277,6 +276,14 @@ where
 
     fn model(&self) -> Result<M, StrategyError> {
         Ok(M::gather(self.engine.shard_models()?))
+    }
+
+    fn spans_processes(&self) -> bool {
+        self.engine.spans_processes()
+    }
+
+    fn ask_stop(&mut self) -> bool {
+        self.engine.ask_stop()
     }
 
     fn stats(&self) -> Vec<RankStats> {

@@ -9,16 +9,18 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 
 use crate::World;
-use crate::collective::{InProcess, MeshCollectives};
+use crate::collective::MeshCollectives;
 use crate::model::{ShardError, TensorParallelModel};
-use crate::strategy::launch::{Launch, RankStart, Shards};
+use crate::strategy::launch::{Launch, RankStart, Shards, first_process_ids, world_facts};
 use crate::strategy::{ConfigError, StrategyError};
 use crate::tensor_parallel::{TpBackend, TpGroup};
 use crate::world::Mesh;
 
-/// The ranks of `world` on `mesh` (with a `tp` axis), each holding its shard of `model` (whose
-/// parameters are materialised) over its `tp` group; the other groups (world, `dp`, `pp`) stay
-/// with the rank.
+/// This process's ranks of `world` on `mesh` (with a `tp` axis), each holding its shard of
+/// `model` (whose parameters are materialised) over its `tp` group; the other groups (world,
+/// `dp`, `pp`) stay with the rank. Across processes every process cuts its ranks' shards from
+/// its own copy of the model (built from the same seed, as the pipeline's stages are), under
+/// the first process's parameter ids.
 pub(super) fn launch<B, M>(
     world: &World<B::Device>,
     mesh: &Mesh,
@@ -29,32 +31,32 @@ where
     B: AutodiffBackend + TpBackend,
     M: TensorParallelModel<B>,
 {
+    let world = world
+        .clone()
+        .with_mesh(mesh.clone())
+        .expect("the tensor mesh has the world's size");
+    let mut groups = MeshCollectives::for_world(&world, timeout).map_err(ConfigError::from)?;
+    let model = match world.multi_process_enabled() {
+        true => first_process_ids(model.clone(), &mut groups, &world)?,
+        false => model.clone(),
+    };
     // The `tp` groups move the tensors of the layers' wire backend; the others, the
     // strategy's gradients and facts.
-    let mut tp_groups: Vec<Option<TpGroup<B>>> = (0..mesh.size()).map(|_| None).collect();
-    for members in mesh.groups(Mesh::TP).expect("a tensor mesh has tp") {
-        let handles = InProcess::<B::Wire>::subgroup(members.clone(), timeout);
-        for (rank, handle) in members.into_iter().zip(handles) {
-            tp_groups[rank] = Some(TpGroup::new(Box::new(handle)));
-        }
-    }
-    let mut ranks = Vec::with_capacity(mesh.size());
+    let tp_groups = MeshCollectives::<B::Wire>::axis_for_world(&world, Mesh::TP, timeout)
+        .map_err(ConfigError::from)?;
+    let tp = mesh.degree(Mesh::TP);
+    let mut ranks = Vec::with_capacity(groups.len());
     let mut replicated = None;
-    for ((mut groups, device), group) in MeshCollectives::in_process(mesh, timeout)
-        .into_iter()
-        .zip(world.devices())
-        .zip(tp_groups)
-    {
+    for ((mut groups, device), group) in groups.into_iter().zip(world.devices()).zip(tp_groups) {
         // The strategy's own copy of the `tp` axis is not used: the layers hold theirs.
         drop(groups.take_axis(Mesh::TP));
-        let group = group.expect("every rank is in a tp group");
+        let group = TpGroup::<B>::new(group);
         let shard = model
             .shard(group.clone())
             .map_err(ConfigError::from)?
             .fork(device);
         // Every shard is checked: each is cut by its own rank's slice.
-        let found = classify::<B, M, M::Sharded>(model, &shard, mesh.degree(Mesh::TP))
-            .map_err(ConfigError::from)?;
+        let found = classify::<B, M, M::Sharded>(&model, &shard, tp).map_err(ConfigError::from)?;
         replicated.get_or_insert(found);
         ranks.push(RankStart {
             device: device.clone(),
@@ -63,16 +65,22 @@ where
             shard_group: Some(Box::new(group)),
         });
     }
+    // Every shard, this process's or not: the ranks of other processes send theirs as bytes.
+    let templates = (0..tp)
+        .map(|t| model.shard(TpGroup::unconnected_rank(t, tp)))
+        .collect::<Result<_, _>>()
+        .map_err(ConfigError::from)?;
     Ok(Launch {
         mesh: mesh.clone(),
-        first_rank: 0,
-        sharing: 1,
-        facts: super::super::launch::world_facts(world),
+        first_rank: world.rank_of(0),
+        sharing: world.process().local_processes,
+        facts: world_facts(&world),
         ranks,
         shards: Some(Shards {
-            count: mesh.degree(Mesh::TP),
+            count: tp,
             replicated: Arc::new(replicated.unwrap_or_default()),
         }),
+        templates,
     })
 }
 
