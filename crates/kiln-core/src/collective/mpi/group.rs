@@ -16,6 +16,7 @@ use mpi::datatype::Equivalence;
 use mpi::point_to_point::Source;
 use mpi::topology::{Communicator, SimpleCommunicator};
 
+use super::buffers::ReceiveBuffers;
 use super::runtime::{Comm, Failure, Pending, Runtime, Waiting, wait};
 
 /// How a group's processes combine their buffers.
@@ -44,6 +45,8 @@ pub(super) struct ProcessGroup {
     jobs: Mutex<Option<Sender<Job>>>,
     /// Says when the group's thread has ended (and let go of the communicator).
     ended: Mutex<Receiver<()>>,
+    /// Spent inputs that receive later all-reduces of their size.
+    buffers: Mutex<ReceiveBuffers>,
     /// The group's id, the same in every process.
     pub id: u64,
     /// World process ranks, in communicator order.
@@ -81,6 +84,7 @@ impl ProcessGroup {
             comm,
             jobs: Mutex::new(Some(jobs)),
             ended: Mutex::new(ended),
+            buffers: Mutex::default(),
             id,
             processes,
             index,
@@ -130,14 +134,23 @@ impl ProcessGroup {
         data: TensorData,
         combine: Combine,
         seq: u64,
-    ) -> Result<Vec<T>, Failure> {
-        self.run(seq, move |comm| {
+    ) -> Result<TensorData, Failure> {
+        let mut output = self.buffers().take::<T>(&data);
+        let (input, output) = self.run(seq, move |comm| {
             // Read in place: a tensor's host copy is not copied again.
             let input = data.as_slice::<T>().expect("the values' own dtype");
-            let mut output = vec![T::default(); input.len()];
-            comm.all_reduce_into(input, &mut output[..], combine.op());
-            output
-        })
+            let into = output
+                .as_mut_slice::<T>()
+                .expect("a buffer of the values' dtype");
+            comm.all_reduce_into(input, into, combine.op());
+            (data, output)
+        })?;
+        self.buffers().keep(input);
+        Ok(output)
+    }
+
+    fn buffers(&self) -> std::sync::MutexGuard<'_, ReceiveBuffers> {
+        self.buffers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The root process's `bytes` on every process (the same length everywhere).

@@ -14,6 +14,7 @@
 //! a failure is told to every process, and a timed-out rank names the processes' ranks that
 //! never arrived.
 
+mod buffers;
 mod connect;
 mod group;
 mod runtime;

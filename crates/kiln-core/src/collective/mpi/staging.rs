@@ -13,20 +13,12 @@ pub(super) fn all_reduce(
     combine: Combine,
     seq: u64,
 ) -> Result<TensorData, Failure> {
-    let (shape, dtype) = (data.shape.clone(), data.dtype);
-    match dtype {
-        DType::F64 => Ok(TensorData::new(
-            procs.all_reduce::<f64>(data, combine, seq)?,
-            shape,
-        )),
-        DType::F32 => Ok(TensorData::new(
-            procs.all_reduce::<f32>(data, combine, seq)?,
-            shape,
-        )),
+    match data.dtype {
+        DType::F64 => procs.all_reduce::<f64>(data, combine, seq),
+        DType::F32 => procs.all_reduce::<f32>(data, combine, seq),
         // MPI cannot add half-precision numbers: sum them in f32, which is also more exact.
-        _ => {
-            let wide = data.convert::<f32>();
-            let summed = TensorData::new(procs.all_reduce::<f32>(wide, combine, seq)?, shape);
+        dtype => {
+            let summed = procs.all_reduce::<f32>(data.convert::<f32>(), combine, seq)?;
             Ok(summed.convert_dtype(dtype))
         }
     }
