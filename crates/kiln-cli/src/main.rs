@@ -26,8 +26,10 @@ use tracing_subscriber::EnvFilter;
 /// output, and the AD model's are 0.1–2 MB: glibc serves those from fresh `mmap`s or trims
 /// them back to the kernel when freed, so each step paid page faults and zeroing for its
 /// whole working set again (a fifth of the AD step in `perf`). mimalloc keeps the pages.
+/// Counted: each rank's peak memory in the reports comes from here.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: kiln_core::memory::Counted<mimalloc::MiMalloc> =
+    kiln_core::memory::Counted::new(mimalloc::MiMalloc);
 
 /// Train one Burn model on many devices through pluggable parallelism strategies.
 #[derive(Parser, Debug)]

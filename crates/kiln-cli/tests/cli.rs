@@ -516,3 +516,70 @@ fn flags_the_strategy_would_ignore_are_refused() {
         "--bucket-cap-mb applies to ddp, pipeline, tensor",
     );
 }
+
+#[test]
+fn each_rank_s_peak_memory_is_counted_when_asked() {
+    let report = |name: &str, batch: &str, count: bool| {
+        let path = json_path(name);
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"));
+        command.args([
+            "train",
+            "--model",
+            "transformer",
+            "--strategy",
+            "ddp",
+            "--world",
+            "2",
+        ]);
+        command.args([
+            "--steps",
+            "2",
+            "--batch",
+            batch,
+            "--threads-per-rank",
+            "1",
+            "--json",
+        ]);
+        command.arg(&path).env("RUST_LOG", "warn");
+        if count {
+            command.env(kiln_core::memory::SWITCH, "1");
+        }
+        let out = command.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(path).unwrap()).unwrap()
+    };
+    let peaks = |report: &serde_json::Value| -> Vec<u64> {
+        let ranks = report["ranks"].as_array().unwrap();
+        ranks
+            .iter()
+            .map(|r| r["peak_bytes"].as_u64().unwrap())
+            .collect()
+    };
+    let off = report("mem-off", "16", false);
+    assert!(
+        off["ranks"][0]["peak_bytes"].is_null(),
+        "not asked: not counted"
+    );
+    let (small, large) = (report("mem-16", "16", true), report("mem-256", "256", true));
+    let (small_peaks, large_peaks) = (peaks(&small), peaks(&large));
+    for (rank, (s, l)) in small_peaks.iter().zip(&large_peaks).enumerate() {
+        // Activations grow with the batch: 128 samples per rank hold more than 8.
+        assert!(l > s, "rank {rank}: {l} bytes at batch 256, {s} at 16");
+        let held = large["ranks"][rank]["optimizer_bytes"].as_u64().unwrap();
+        assert!(
+            *l > held,
+            "rank {rank}: a peak of {l} below the optimizer state's {held}"
+        );
+    }
+    // What the operating system saw bounds what the ranks counted, together.
+    let resident = large["peak_resident_bytes"].as_u64().unwrap();
+    let counted: u64 = large_peaks.iter().sum();
+    assert!(
+        counted < resident,
+        "counted {counted}, resident at most {resident}"
+    );
+}

@@ -35,6 +35,7 @@ pub mod data;
 pub mod fit;
 pub mod grads;
 pub mod learner;
+pub mod memory;
 pub mod model;
 pub mod optim;
 pub mod params;

@@ -65,6 +65,10 @@ pub struct RankTimes {
     /// `compute_ms`, since they run inside the forward and backward.
     #[serde(default)]
     pub tp_ms: f64,
+    /// Most bytes of host memory the rank held at once; `None` when the process does not
+    /// count its memory.
+    #[serde(default)]
+    pub peak_bytes: Option<u64>,
 }
 
 impl ScenarioResult {
@@ -97,6 +101,7 @@ impl ScenarioResult {
                     tp_calls: s.shard_traffic.calls as f64 / steps as f64,
                     tp_elements: s.shard_traffic.elements as f64 / steps as f64,
                     tp_ms: per_step(s.shard_traffic.time),
+                    peak_bytes: s.peak_bytes,
                 })
                 .collect(),
         }
@@ -110,6 +115,11 @@ impl ScenarioResult {
             .map(|r| r.param_bytes + r.optimizer_bytes)
             .max()
             .unwrap_or(0)
+    }
+
+    /// The largest peak memory over the ranks, when counted.
+    fn peak_bytes(&self) -> Option<u64> {
+        self.ranks.iter().filter_map(|r| r.peak_bytes).max()
     }
 
     /// The mean over ranks of (compute, tensor-parallel calls within it, communication,
@@ -145,14 +155,15 @@ pub fn markdown(report: &Report) -> String {
          rotating order, 1 intra-op thread per rank. Step time: median (min–max) over rounds; \
          rank times: mean over ranks, per step, in the median round (tp ms: the part of compute \
          spent in tensor-parallel calls inside the forward and backward); held: the most bytes \
-         of parameters and optimizer state on one rank.\n\n",
+         of parameters and optimizer state on one rank; peak: the most bytes of host memory one \
+         rank held at once (activations and buffers included; – when not counted).\n\n",
         report.backend, m.scale, m.warmup, m.steps, m.rounds
     );
     out.push_str(
-        "| model | strategy | world | batch | step ms | samples/s | speed-up (ideal) | compute ms | tp ms | comm ms | idle ms | held KiB |\n",
+        "| model | strategy | world | batch | step ms | samples/s | speed-up (ideal) | compute ms | tp ms | comm ms | idle ms | held KiB | peak KiB |\n",
     );
     out.push_str(
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for r in &report.results {
         let s = &r.scenario;
@@ -161,9 +172,12 @@ pub fn markdown(report: &Report) -> String {
             .map(|b| format!("{:.2}× ({})", r.samples_per_s / b.samples_per_s, s.world))
             .unwrap_or_else(|| "–".into());
         let (compute, tp, comm, idle) = r.mean_times();
+        let peak = r
+            .peak_bytes()
+            .map_or_else(|| "–".to_string(), |b| format!("{:.0}", b as f64 / 1024.0));
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {:.2} ({:.2}–{:.2}) | {:.0} | {speedup} | {compute:.2} | {tp:.2} | {comm:.2} | {idle:.2} | {:.0} |",
+            "| {} | {} | {} | {} | {:.2} ({:.2}–{:.2}) | {:.0} | {speedup} | {compute:.2} | {tp:.2} | {comm:.2} | {idle:.2} | {:.0} | {peak} |",
             s.model,
             s.strategy,
             s.world,

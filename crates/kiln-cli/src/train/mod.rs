@@ -327,5 +327,6 @@ where
         samples_per_s: (record.losses.len() * config.batch) as f64
             / record.wall_s.max(f64::MIN_POSITIVE),
         ranks: record.ranks,
+        peak_resident_bytes: kiln_core::memory::peak_resident_bytes(),
     })
 }

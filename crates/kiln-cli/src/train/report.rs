@@ -51,4 +51,7 @@ pub struct TrainReport {
     pub samples_per_s: f64,
     /// Per-rank totals.
     pub ranks: Vec<RankReport>,
+    /// This process's high-water mark of resident memory, in bytes (Linux's `VmHWM`): an
+    /// independent bound on its ranks' `peak_bytes` together; `null` where unknown.
+    pub peak_resident_bytes: Option<u64>,
 }

@@ -91,9 +91,12 @@ where
             devices.len()
         );
         let stats = (0..devices.len())
-            .map(|rank| RankStats {
-                rank,
-                ..Default::default()
+            .map(|rank| {
+                crate::memory::restart_rank_peak(rank);
+                RankStats {
+                    rank,
+                    ..Default::default()
+                }
             })
             .collect();
         // Forking materialises lazily initialised parameters; replica threads read them next.
@@ -213,6 +216,7 @@ where
             stats.steps += 1;
             stats.samples += local.samples as u64;
             stats.compute += local.compute;
+            stats.peak_bytes = crate::memory::rank(stats.rank).map(|c| c.peak);
         }
         let items = locals
             .iter_mut()

@@ -33,7 +33,7 @@ pub(crate) struct RankFacts {
     pub stop: bool,
 }
 
-const FIELDS: usize = 21;
+const FIELDS: usize = 22;
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
@@ -76,6 +76,8 @@ impl RankFacts {
             s.shard_traffic.elements,
             nanos(s.shard_traffic.time),
             u64::from(self.stop),
+            // 0 for "not counted", else one more than the bytes.
+            s.peak_bytes.map_or(0, |b| b + 1),
         ]
     }
 
@@ -107,6 +109,7 @@ impl RankFacts {
                     elements: w[18],
                     time: d(w[19]),
                 },
+                peak_bytes: w[21].checked_sub(1),
             },
             stop: w[20] != 0,
         }
@@ -154,6 +157,7 @@ mod tests {
                 rank,
                 param_bytes: u64::MAX - rank as u64,
                 optimizer_bytes: 1 << 40,
+                peak_bytes: (rank > 0).then_some(u64::MAX - 1 - rank as u64),
                 ..Default::default()
             },
             stop: rank == 1,

@@ -100,6 +100,12 @@ pub struct RankStats {
     /// The traffic of the rank's tensor-parallel group (inside forward and backward); zero
     /// without tensor parallelism.
     pub shard_traffic: TpTraffic,
+    /// Most bytes of host memory the rank's threads held at once since it started: its
+    /// parameters, gradients, optimizer state, activations and buffers (see
+    /// [`memory`](crate::memory)). `None` when the process does not count its memory (its
+    /// global allocator is not [`Counted`](crate::memory::Counted)), and for memory of a
+    /// device of its own (CUDA, wgpu).
+    pub peak_bytes: Option<u64>,
 }
 
 impl RankStats {
@@ -159,6 +165,8 @@ pub struct RankReport {
     pub tp_elements: u64,
     /// Seconds in tensor-parallel calls, inside forward and backward.
     pub tp_communication_s: f64,
+    /// Most bytes of host memory the rank held at once; `null` when not counted.
+    pub peak_bytes: Option<u64>,
 }
 
 impl From<RankStats> for RankReport {
@@ -178,6 +186,7 @@ impl From<RankStats> for RankReport {
             tp_calls: s.shard_traffic.calls,
             tp_elements: s.shard_traffic.elements,
             tp_communication_s: s.shard_traffic.time.as_secs_f64(),
+            peak_bytes: s.peak_bytes,
         }
     }
 }

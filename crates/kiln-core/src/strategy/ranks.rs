@@ -81,6 +81,7 @@ impl RankDone {
         world: &mut dyn Collective<B>,
         device: &B::Device,
     ) -> Result<Self, RankError> {
+        self.stats.peak_bytes = crate::memory::rank(self.stats.rank).map(|c| c.peak);
         self.world = share(world, &RankFacts::of(&self), device)?;
         Ok(self)
     }
@@ -383,7 +384,12 @@ impl<R: Send + 'static> RankThreads<R> {
             let reports = report_tx.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("{name}-rank{}", first + rank))
-                .spawn(move || pool.install(move || serve(work, rank, inbox, reports)))
+                .spawn(move || {
+                    // The rank's peak starts with it (a rank of an earlier strategy in this
+                    // process may have had its number).
+                    crate::memory::restart_rank_peak(first + rank);
+                    pool.install(move || serve(work, rank, inbox, reports))
+                })
                 .map_err(|e| ConfigError::ThreadPool {
                     rank,
                     reason: e.to_string(),

@@ -27,6 +27,8 @@ pub(crate) fn rank_pool(
     ThreadPoolBuilder::new()
         .num_threads(threads)
         .thread_name(move |i| format!("kiln-rank{rank}-{i}"))
+        // What the rank computes is counted as its memory.
+        .start_handler(move |_| crate::memory::count_thread_as(rank))
         .build()
         .map_err(|e| ConfigError::ThreadPool {
             rank,

@@ -1,0 +1,74 @@
+//! Memory accounting on the CPU: how many bytes each rank holds, and held at its most.
+//!
+//! A process whose global allocator is [`Counted`] (the `kiln` binary's is), started with
+//! `KILN_COUNT_MEMORY=1` ([`SWITCH`]), counts every allocation against the rank whose thread
+//! made it: the strategies tag their ranks' threads
+//! (the rank's own and its intra-op pool's) with [`count_thread_as`]. A block freed on another
+//! thread is still given back to the rank that allocated it, so a rank's count is exact: its
+//! parameters, gradients, optimizer state, activations and buffers, whatever thread frees them.
+//! Without a `Counted` allocator, or the switch, nothing is counted and every query answers
+//! `None`.
+//!
+//! Devices with memory of their own (CUDA, wgpu) are not counted here: their tensors live in
+//! the device's memory, not the process's.
+
+mod counted;
+
+use std::sync::atomic::Ordering::Relaxed;
+
+pub use counted::{COUNTED_FROM, Counted, SWITCH};
+use counted::{COUNTING, RANKS, THREAD_SLOT};
+
+/// Slots for ranks, plus one for untagged threads: as many as one process may drive.
+const SLOTS: usize = crate::plan::Plan::MAX_RANKS + 1;
+
+/// Bytes allocated and not yet freed: now, and at their most since the peak last restarted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    /// Bytes held now.
+    pub live: u64,
+    /// Most bytes held at once.
+    pub peak: u64,
+}
+
+/// Whether this process counts its memory (its global allocator is a [`Counted`]).
+pub fn counting() -> bool {
+    COUNTING.load(Relaxed)
+}
+
+fn slot(rank: usize) -> usize {
+    1 + rank % (SLOTS - 1)
+}
+
+/// Counts the calling thread's allocations, from now on, as rank `rank`'s.
+pub fn count_thread_as(rank: usize) {
+    THREAD_SLOT.with(|s| s.set(slot(rank)));
+}
+
+/// Counts the calling thread's allocations as no rank's again.
+pub fn count_thread_as_none() {
+    THREAD_SLOT.with(|s| s.set(0));
+}
+
+/// Rank `rank`'s bytes (in this process), when the process counts.
+pub fn rank(rank: usize) -> Option<Counts> {
+    counting().then(|| RANKS[slot(rank)].counts())
+}
+
+/// Starts rank `rank`'s peak again from what it holds now (say, when the rank starts).
+pub fn restart_rank_peak(rank: usize) {
+    RANKS[slot(rank)].restart_peak();
+}
+
+/// The process's high-water mark of resident memory (Linux's `VmHWM`), in bytes: what the
+/// operating system saw, an independent bound on the ranks' counted peaks together. `None`
+/// where `/proc` does not say.
+pub fn peak_resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests;
