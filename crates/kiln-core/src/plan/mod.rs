@@ -8,6 +8,8 @@
 //! `ParallelDims`): each strategy owns some axes (`ddp`: `dp`; `pipeline`: `dp × pp`;
 //! `tensor`: `dp × pp × tp`), and the world is their product.
 
+pub mod cost;
+
 use std::fmt;
 
 use crate::optim::StateLayout;

@@ -1,0 +1,164 @@
+//! The devices a plan runs on: how many, how they group into machines, and what each can
+//! hold, compute and move.
+
+use serde::{Deserialize, Serialize};
+
+/// Devices, their machines and their links.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Cluster {
+    /// Devices in all.
+    pub devices: usize,
+    /// Devices per machine (node): groups within one talk over the fast link.
+    pub per_node: usize,
+    /// Bytes of memory per device.
+    pub memory: u64,
+    /// Dense FLOP/s of one device at its peak.
+    pub peak_flops: f64,
+    /// The share of the peak a real training step reaches (0.5: half).
+    pub efficiency: f64,
+    /// Bytes per second one device moves to another of its machine.
+    pub intra_bandwidth: f64,
+    /// Bytes per second one device moves to a device of another machine.
+    pub inter_bandwidth: f64,
+    /// Seconds one collective step costs before any byte moves, within a machine and across.
+    pub intra_latency: f64,
+    /// See `intra_latency`.
+    pub inter_latency: f64,
+}
+
+impl Cluster {
+    /// FLOP/s a device reaches on a training step.
+    pub fn flops(&self) -> f64 {
+        self.peak_flops * self.efficiency
+    }
+}
+
+/// Data-centre GPUs, by the names `--device` takes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Preset {
+    /// The name.
+    pub name: &'static str,
+    /// Bytes of memory.
+    pub memory: u64,
+    /// Dense bf16 peak, in TFLOP/s.
+    pub peak_tflops: f64,
+    /// Per-direction NVLink bandwidth, GB/s.
+    pub intra_gbps: f64,
+    /// Per-GPU network bandwidth, GB/s (one 400 Gb/s or 200 Gb/s adapter per GPU).
+    pub inter_gbps: f64,
+}
+
+const GIB: u64 = 1 << 30;
+
+/// The GPUs `--device` knows: vendors' data sheets (dense bf16, no sparsity).
+pub const PRESETS: [Preset; 4] = [
+    Preset {
+        name: "h100-sxm",
+        memory: 80 * GIB,
+        peak_tflops: 989.0,
+        intra_gbps: 450.0,
+        inter_gbps: 50.0,
+    },
+    Preset {
+        name: "h200",
+        memory: 141_000_000_000,
+        peak_tflops: 989.0,
+        intra_gbps: 450.0,
+        inter_gbps: 50.0,
+    },
+    Preset {
+        name: "a100-80g",
+        memory: 80 * GIB,
+        peak_tflops: 312.0,
+        intra_gbps: 300.0,
+        inter_gbps: 25.0,
+    },
+    Preset {
+        name: "a100-40g",
+        memory: 40 * GIB,
+        peak_tflops: 312.0,
+        intra_gbps: 300.0,
+        inter_gbps: 25.0,
+    },
+];
+
+/// The share of peak FLOP/s a large transformer's training step reaches on a GPU when nobody
+/// says: about what Megatron-LM and PaLM report (40 to 55 % model FLOPs utilisation).
+pub const DEFAULT_EFFICIENCY: f64 = 0.5;
+
+impl Preset {
+    /// The preset named `name`.
+    pub fn named(name: &str) -> Option<Preset> {
+        PRESETS.iter().copied().find(|p| p.name == name)
+    }
+
+    /// `devices` of these, `per_node` to a machine, reaching `efficiency` of their peak.
+    pub fn cluster(&self, devices: usize, per_node: usize, efficiency: f64) -> Cluster {
+        Cluster {
+            devices,
+            per_node,
+            memory: self.memory,
+            peak_flops: self.peak_tflops * 1e12,
+            efficiency,
+            intra_bandwidth: self.intra_gbps * 1e9,
+            inter_bandwidth: self.inter_gbps * 1e9,
+            intra_latency: 5e-6,
+            inter_latency: 10e-6,
+        }
+    }
+}
+
+/// Reads a size such as `80GiB`, `141GB`, `512MiB` or `1000000` (bytes).
+///
+/// # Errors
+/// What is wrong with the text, in words.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size: give a number and a unit, as 80GiB"))?;
+    let scale = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => GIB as f64,
+        "tib" => GIB as f64 * 1024.0,
+        other => {
+            return Err(format!(
+                "`{other}` is not a unit of size: use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"
+            ));
+        }
+    };
+    Ok((number * scale) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_in_both_units() {
+        assert_eq!(parse_bytes("80GiB"), Ok(80 * GIB));
+        assert_eq!(parse_bytes("141 GB"), Ok(141_000_000_000));
+        assert_eq!(parse_bytes("1.5KiB"), Ok(1536));
+        assert_eq!(parse_bytes("42"), Ok(42));
+        assert!(parse_bytes("80 GiBs").unwrap_err().contains("not a unit"));
+        assert!(parse_bytes("lots").unwrap_err().contains("not a size"));
+    }
+
+    #[test]
+    fn a_preset_makes_a_cluster() {
+        let h100 = Preset::named("h100-sxm").unwrap().cluster(64, 8, 0.5);
+        assert_eq!(h100.memory, 80 * GIB);
+        assert!((h100.flops() - 494.5e12).abs() < 1e9);
+        assert!(Preset::named("tpu").is_none());
+    }
+}

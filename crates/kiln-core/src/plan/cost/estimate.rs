@@ -1,0 +1,145 @@
+//! One layout's memory per device and step time, from the workload and the cluster.
+//!
+//! The arithmetic is Megatron-LM's and torchtitan's back-of-the-envelope model: a device holds
+//! `1 / (pp · tp)` of the weights and trainable state and its stage's activations for the
+//! micro-batches in flight; a step costs three forward passes of FLOPs split over every
+//! device, plus the pipeline bubble, plus each collective as a ring over its slowest link,
+//! without overlap with compute (an upper bound where a framework overlaps).
+
+use serde::{Deserialize, Serialize};
+
+use super::{Cluster, Workload};
+
+/// How a step runs: the mesh and how each replica's share of the batch is cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layout {
+    /// Replicas.
+    pub dp: usize,
+    /// Pipeline stages.
+    pub pp: usize,
+    /// Tensor-parallel shards.
+    pub tp: usize,
+    /// Micro-batches per replica and step (pipeline micro-batches, or gradient accumulation
+    /// without stages).
+    pub micro_batches: usize,
+    /// Samples per micro-batch.
+    pub micro_batch: usize,
+    /// Stages keep only each micro-batch's input and recompute their forward in the backward
+    /// (Kiln's `[parallel.pipeline] recompute`; with stages only).
+    pub recompute: bool,
+}
+
+/// Bytes one device holds at its most (the first stage's, which holds the most micro-batches).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Memory {
+    /// Its share of the weights.
+    pub weights: f64,
+    /// Gradients, optimizer moments and master copies of its trainable share.
+    pub trainable_state: f64,
+    /// Activations kept for the backward: its blocks', for the micro-batches in flight.
+    pub activations: f64,
+    /// All of it.
+    pub total: f64,
+}
+
+/// Seconds of one optimizer step, by part.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct StepTime {
+    /// Forward and backward FLOPs over the device's speed.
+    pub compute: f64,
+    /// Stages waiting for the pipeline to fill and drain.
+    pub bubble: f64,
+    /// The gradients' all-reduce over the replicas.
+    pub data_parallel: f64,
+    /// The shards' all-reduces inside every block, forward and backward.
+    pub tensor_parallel: f64,
+    /// Activations and their gradients between stages.
+    pub pipeline: f64,
+    /// The step.
+    pub total: f64,
+}
+
+/// The device memory `layout` needs for `work`.
+pub fn memory(work: &Workload, layout: &Layout) -> Memory {
+    let split = (layout.pp * layout.tp) as f64;
+    let weights = work.params as f64 * work.weight_bytes / split;
+    let trainable_state = work.trainable as f64 * work.trainable_extra_bytes / split;
+    let blocks = work.layers.div_ceil(layout.pp) as f64;
+    // 1F1B: the first stage holds up to `pp` micro-batches' activations; without stages, one.
+    let in_flight = layout.micro_batches.min(layout.pp) as f64;
+    let per_block = work.block_activation_bytes[layout.tp - 1];
+    let micro_batch = layout.micro_batch as f64;
+    let stage = per_block * blocks * micro_batch;
+    let activations = match layout.recompute {
+        // The inputs of the micro-batches in flight, and one micro-batch's stage recomputed.
+        true => work.boundary_bytes * micro_batch * in_flight + stage,
+        false => stage * in_flight,
+    };
+    Memory {
+        weights,
+        trainable_state,
+        activations,
+        total: weights + trainable_state + activations,
+    }
+}
+
+/// Seconds of a ring collective moving `bytes` among `n` devices over `bandwidth`.
+fn ring(bytes: f64, n: usize, bandwidth: f64, latency: f64) -> f64 {
+    if n <= 1 {
+        return 0.0;
+    }
+    let steps = 2.0 * (n - 1) as f64;
+    steps / n as f64 * bytes / bandwidth + steps * latency
+}
+
+/// The link of a group of `n` devices `stride` ranks apart (the mesh is `dp × pp × tp`, `tp`
+/// innermost): the machine's own when the group fits in one machine, the network otherwise.
+fn link(cluster: &Cluster, stride: usize, n: usize) -> (f64, f64) {
+    match stride * n <= cluster.per_node {
+        true => (cluster.intra_bandwidth, cluster.intra_latency),
+        false => (cluster.inter_bandwidth, cluster.inter_latency),
+    }
+}
+
+/// The time of one step of `work` laid out as `layout` on `cluster`.
+pub fn step_time(work: &Workload, cluster: &Cluster, layout: &Layout) -> StepTime {
+    let Layout {
+        dp,
+        pp,
+        tp,
+        micro_batches,
+        micro_batch,
+        recompute,
+    } = *layout;
+    let samples = (micro_batches * micro_batch) as f64;
+    // A forward, a backward of twice its FLOPs, and with recomputation a second forward.
+    let passes = if recompute { 4.0 } else { 3.0 };
+    let compute = passes * work.forward_flops * samples / (pp * tp) as f64 / cluster.flops();
+    let bubble = compute * (pp - 1) as f64 / micro_batches as f64;
+    let grads = work.trainable as f64 * work.activation_bytes / (pp * tp) as f64;
+    let (bw, lat) = link(cluster, pp * tp, dp);
+    let data_parallel = ring(grads, dp, bw, lat);
+    let blocks = work.layers.div_ceil(pp) as f64;
+    let (bw, lat) = link(cluster, 1, tp);
+    // Four all-reduces a block, each of a quarter of `tp_bytes`.
+    let per_call = work.tp_bytes / 4.0 * micro_batch as f64;
+    let tensor_parallel = blocks * micro_batches as f64 * 4.0 * ring(per_call, tp, bw, lat);
+    let pipeline = match pp {
+        1 => 0.0,
+        _ => {
+            let (bw, lat) = link(cluster, tp, pp);
+            let transfer = work.boundary_bytes * micro_batch as f64 / bw + lat;
+            // Each micro-batch's activation forward and its gradient back, on the critical
+            // path of the last stage.
+            2.0 * micro_batches as f64 * transfer
+        }
+    };
+    StepTime {
+        compute,
+        bubble,
+        data_parallel,
+        tensor_parallel,
+        pipeline,
+        total: compute + bubble + data_parallel + tensor_parallel + pipeline,
+    }
+}

@@ -1,0 +1,17 @@
+//! The planner's cost model: for a workload (a model, its precision and batch) and a cluster
+//! (devices, machines, links), every layout `dp × pp × tp` with its micro-batching, its memory
+//! per device and its step time, and the fastest that fits. `kiln plan` prints it; it answers
+//! for hardware this machine does not have.
+
+mod cluster;
+mod estimate;
+mod search;
+mod workload;
+
+pub use cluster::{Cluster, DEFAULT_EFFICIENCY, PRESETS, Preset, parse_bytes};
+pub use estimate::{Layout, Memory, StepTime, memory, step_time};
+pub use search::{Candidate, PlanError, Planned, USABLE_MEMORY, search};
+pub use workload::{Precision, TransformerShape, Workload};
+
+#[cfg(test)]
+mod tests;

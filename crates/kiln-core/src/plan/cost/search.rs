@@ -1,0 +1,251 @@
+//! Every layout of a cluster's devices, estimated, and the fastest that fits.
+
+use serde::{Deserialize, Serialize};
+
+use super::estimate::{Layout, Memory, StepTime, memory, step_time};
+use super::{Cluster, Workload};
+use crate::strategy::StrategyKind;
+
+/// The share of a device's memory a plan may fill: the rest is for the framework, kernels'
+/// workspaces and the allocator's fragmentation.
+pub const USABLE_MEMORY: f64 = 0.9;
+
+/// One way to lay the devices out, with its estimates and verdict.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Candidate {
+    /// The strategy that runs it.
+    pub strategy: StrategyKind,
+    /// The mesh and micro-batches.
+    pub layout: Layout,
+    /// Memory per device.
+    pub memory: Memory,
+    /// Step time.
+    pub time: StepTime,
+    /// Model FLOPs utilisation: the step's model FLOPs over what the devices could do at
+    /// their peak in the step's time.
+    pub utilisation: f64,
+    /// Why it cannot run; `None` when it can.
+    pub rejected: Option<String>,
+}
+
+/// The candidates of a cluster, best first, and the reason for the first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Planned {
+    /// Every candidate: the ones that fit, fastest first, then the rejected.
+    pub candidates: Vec<Candidate>,
+    /// Why the first was chosen, in one line.
+    pub reason: String,
+}
+
+impl Planned {
+    /// The chosen candidate.
+    pub fn chosen(&self) -> &Candidate {
+        &self.candidates[0]
+    }
+}
+
+/// Nothing fits the cluster.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlanError {
+    /// Every layout needs more memory than a device has.
+    #[error(
+        "nothing fits: the smallest layout ({layout}) needs {needed:.1} GiB per device and the \
+         devices have {usable:.1} GiB usable (90 % of {memory:.1}); {fix}"
+    )]
+    NothingFits {
+        /// The least memory a layout needs, GiB.
+        needed: f64,
+        /// Its layout.
+        layout: String,
+        /// The devices' memory, GiB.
+        memory: f64,
+        /// What a plan may use of it, GiB.
+        usable: f64,
+        /// What would fit: more devices, or more memory per device.
+        fix: String,
+    },
+    /// The cluster or the workload cannot be laid out at all.
+    #[error("no layout: {0}")]
+    NoLayout(String),
+}
+
+fn divisors(n: usize) -> impl Iterator<Item = usize> {
+    (1..=n).filter(move |d| n.is_multiple_of(*d))
+}
+
+fn strategy(layout: &Layout, devices: usize) -> StrategyKind {
+    match (layout.pp, layout.tp) {
+        _ if devices == 1 => StrategyKind::Single,
+        (1, 1) => StrategyKind::Ddp,
+        (_, 1) => StrategyKind::Pipeline,
+        _ => StrategyKind::Tensor,
+    }
+}
+
+fn describe(layout: &Layout) -> String {
+    format!(
+        "dp={} pp={} tp={}, {} micro-batch(es) of {}{}",
+        layout.dp,
+        layout.pp,
+        layout.tp,
+        layout.micro_batches,
+        layout.micro_batch,
+        if layout.recompute { ", recomputed" } else { "" }
+    )
+}
+
+/// The best way to run mesh `(dp, pp, tp)`: the fastest micro-batching (and, with stages,
+/// recomputation or not) that fits, else the one needing the least memory, rejected.
+fn best_micro_batching(
+    work: &Workload,
+    cluster: &Cluster,
+    (dp, pp, tp): (usize, usize, usize),
+) -> Candidate {
+    let usable = cluster.memory as f64 * USABLE_MEMORY;
+    let per_replica = work.global_batch / dp;
+    let make = |(micro_batches, recompute): (usize, bool)| {
+        let layout = Layout {
+            dp,
+            pp,
+            tp,
+            micro_batches,
+            micro_batch: per_replica / micro_batches,
+            recompute,
+        };
+        let (memory, time) = (memory(work, &layout), step_time(work, cluster, &layout));
+        let model_flops = 3.0 * work.forward_flops * work.global_batch as f64;
+        let peak = time.total * cluster.devices as f64 * cluster.peak_flops;
+        let utilisation = model_flops / peak;
+        Candidate {
+            strategy: strategy(&layout, cluster.devices),
+            layout,
+            memory,
+            time,
+            utilisation,
+            rejected: None,
+        }
+    };
+    let recompute: &[bool] = if pp > 1 { &[false, true] } else { &[false] };
+    let all: Vec<Candidate> = divisors(per_replica)
+        .flat_map(|m| recompute.iter().map(move |&r| (m, r)))
+        .map(make)
+        .collect();
+    let fastest = all
+        .iter()
+        .filter(|c| c.memory.total <= usable)
+        .min_by(|a, b| a.time.total.total_cmp(&b.time.total));
+    match fastest {
+        Some(c) => c.clone(),
+        None => {
+            let mut least = all
+                .into_iter()
+                .min_by(|a, b| a.memory.total.total_cmp(&b.memory.total))
+                .expect("a replica has at least one sample");
+            least.rejected = Some(format!(
+                "needs {:.1} GiB per device, {:.1} GiB usable",
+                least.memory.total / GIB,
+                usable / GIB
+            ));
+            least
+        }
+    }
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Every layout of `cluster` for `work`, estimated; the fastest that fits first.
+///
+/// # Errors
+/// [`PlanError::NothingFits`] naming the least memory any layout needs and what would fit;
+/// [`PlanError::NoLayout`] for an empty cluster or batch.
+pub fn search(work: &Workload, cluster: &Cluster) -> Result<Planned, PlanError> {
+    let candidates = candidates(work, cluster)?;
+    let (mut fit, rejected): (Vec<_>, Vec<_>) =
+        candidates.into_iter().partition(|c| c.rejected.is_none());
+    fit.sort_by(|a, b| a.time.total.total_cmp(&b.time.total));
+    let Some(best) = fit.first() else {
+        return Err(nothing_fits(work, cluster, &rejected));
+    };
+    let reason = format!(
+        "{}: the fastest of {} layouts that fit ({} rejected): {}, {:.1} ms a step predicted \
+         ({:.0} % model FLOPs utilisation), {:.1} of {:.1} GiB per device",
+        best.strategy.name(),
+        fit.len(),
+        rejected.len(),
+        describe(&best.layout),
+        best.time.total * 1e3,
+        best.utilisation * 100.0,
+        best.memory.total / GIB,
+        cluster.memory as f64 / GIB,
+    );
+    fit.extend(rejected);
+    Ok(Planned {
+        candidates: fit,
+        reason,
+    })
+}
+
+fn candidates(work: &Workload, cluster: &Cluster) -> Result<Vec<Candidate>, PlanError> {
+    if cluster.devices == 0 || cluster.per_node == 0 {
+        return Err(PlanError::NoLayout("a cluster of no devices".into()));
+    }
+    if work.global_batch == 0 {
+        return Err(PlanError::NoLayout("a global batch of no samples".into()));
+    }
+    let mut found = Vec::new();
+    for tp in divisors(cluster.devices).filter(|&t| t <= work.max_tp()) {
+        for pp in divisors(cluster.devices / tp).filter(|&p| p <= work.layers) {
+            let dp = cluster.devices / (tp * pp);
+            if !work.global_batch.is_multiple_of(dp) {
+                continue;
+            }
+            let mut candidate = best_micro_batching(work, cluster, (dp, pp, tp));
+            if tp > cluster.per_node {
+                candidate.rejected = Some(format!(
+                    "{tp} shards span machines of {} devices: every block's all-reduces would \
+                     cross the network",
+                    cluster.per_node
+                ));
+            }
+            found.push(candidate);
+        }
+    }
+    if found.is_empty() {
+        return Err(PlanError::NoLayout(format!(
+            "no mesh of {} devices divides a global batch of {}",
+            cluster.devices, work.global_batch
+        )));
+    }
+    Ok(found)
+}
+
+fn nothing_fits(work: &Workload, cluster: &Cluster, rejected: &[Candidate]) -> PlanError {
+    let least = rejected
+        .iter()
+        .min_by(|a, b| a.memory.total.total_cmp(&b.memory.total))
+        .expect("nothing fits, so something was rejected");
+    // The fewest devices (whole machines, doubling) with which a layout fits.
+    let more = (1..=20).map(|k| cluster.devices << k).find(|&devices| {
+        let bigger = Cluster {
+            devices,
+            ..cluster.clone()
+        };
+        candidates(work, &bigger).is_ok_and(|all| all.iter().any(|c| c.rejected.is_none()))
+    });
+    let memory = cluster.memory as f64 / GIB;
+    let needed = least.memory.total / GIB;
+    let fix = match more {
+        Some(devices) => format!(
+            "{devices} such devices would fit, or {:.1} GiB per device",
+            needed / USABLE_MEMORY
+        ),
+        None => format!("devices of {:.1} GiB would fit", needed / USABLE_MEMORY),
+    };
+    PlanError::NothingFits {
+        needed,
+        layout: describe(&least.layout),
+        memory,
+        usable: memory * USABLE_MEMORY,
+        fix,
+    }
+}

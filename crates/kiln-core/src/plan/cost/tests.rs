@@ -1,0 +1,170 @@
+//! The planner's decisions on described hardware.
+
+use super::*;
+use crate::strategy::StrategyKind;
+
+fn shape(layers: usize, hidden: usize, heads: usize, ffn: usize) -> TransformerShape {
+    TransformerShape {
+        layers,
+        hidden,
+        heads,
+        ffn,
+        seq: 4096,
+        vocab: 32000,
+        gated: true,
+        tied: false,
+    }
+}
+
+fn llama(b: u32) -> TransformerShape {
+    match b {
+        7 => shape(32, 4096, 32, 11008),
+        70 => shape(80, 8192, 64, 28672),
+        _ => unreachable!(),
+    }
+}
+
+fn h100(devices: usize) -> Cluster {
+    Preset::named("h100-sxm")
+        .unwrap()
+        .cluster(devices, 8.min(devices), DEFAULT_EFFICIENCY)
+}
+
+fn work(shape: &TransformerShape, batch: usize) -> Workload {
+    Workload::transformer(shape, Precision::Bf16, batch, shape.heads)
+}
+
+#[test]
+fn one_device_trains_alone() {
+    let small = shape(4, 512, 8, 2048);
+    let planned = search(&work(&small, 8), &h100(1)).unwrap();
+    assert_eq!(planned.chosen().strategy, StrategyKind::Single);
+    assert_eq!(planned.candidates.len(), 1);
+}
+
+#[test]
+fn a_model_that_fits_everywhere_is_replicated() {
+    let small = shape(12, 768, 12, 3072);
+    let planned = search(&work(&small, 64), &h100(8)).unwrap();
+    let chosen = planned.chosen();
+    assert_eq!(chosen.strategy, StrategyKind::Ddp, "{}", planned.reason);
+    assert_eq!(chosen.layout.dp, 8);
+    assert!(
+        planned.reason.starts_with("ddp: the fastest of"),
+        "{}",
+        planned.reason
+    );
+}
+
+#[test]
+fn a_model_too_big_for_one_device_is_split_and_says_why_replicas_were_not_enough() {
+    // 70 B parameters at 16 bytes each is 1.1 TB: no device holds a replica.
+    let planned = search(&work(&llama(70), 512), &h100(64)).unwrap();
+    let chosen = planned.chosen();
+    assert!(
+        chosen.layout.pp * chosen.layout.tp > 1,
+        "{}",
+        planned.reason
+    );
+    assert!(matches!(
+        chosen.strategy,
+        StrategyKind::Pipeline | StrategyKind::Tensor
+    ));
+    assert!(chosen.memory.total <= 80.0 * (1u64 << 30) as f64 * USABLE_MEMORY);
+    let replicas = planned
+        .candidates
+        .iter()
+        .find(|c| c.layout.pp == 1 && c.layout.tp == 1)
+        .unwrap();
+    let why = replicas.rejected.as_deref().unwrap();
+    assert!(
+        why.starts_with("needs ") && why.contains("GiB per device"),
+        "{why}"
+    );
+    // Tensor parallelism never spans machines.
+    assert!(
+        planned
+            .candidates
+            .iter()
+            .filter(|c| c.layout.tp > 8)
+            .all(|c| c.rejected.as_deref().unwrap().contains("span machines"))
+    );
+    // A plausible utilisation, as large runs report (30 to 60 %).
+    assert!(
+        (0.2..0.6).contains(&chosen.utilisation),
+        "{}",
+        chosen.utilisation
+    );
+}
+
+#[test]
+fn nothing_fitting_names_the_memory_and_the_devices_that_would() {
+    let a100 = Preset::named("a100-40g").unwrap().cluster(2, 2, 0.5);
+    let error = search(&work(&llama(70), 8), &a100).unwrap_err();
+    let PlanError::NothingFits { needed, fix, .. } = &error else {
+        panic!("{error}");
+    };
+    assert!(*needed > 36.0, "{error}");
+    assert!(fix.contains("such devices would fit"), "{error}");
+    let text = error.to_string();
+    assert!(
+        text.starts_with("nothing fits: the smallest layout"),
+        "{text}"
+    );
+}
+
+#[test]
+fn replicas_hold_sixteen_bytes_a_parameter_and_their_activations() {
+    let seven = llama(7);
+    let w = work(&seven, 8);
+    let layout = Layout {
+        dp: 1,
+        pp: 1,
+        tp: 1,
+        micro_batches: 8,
+        micro_batch: 1,
+        recompute: false,
+    };
+    let m = memory(&w, &layout);
+    let params = seven.params() as f64;
+    assert!((m.weights + m.trainable_state - 16.0 * params).abs() < 1.0);
+    assert!((m.activations - 32.0 * seven.block_activation_bytes(1, 2.0)).abs() < 1.0);
+    // Two stages halve the state and the blocks, and hold two micro-batches.
+    let staged = memory(&w, &Layout { pp: 2, ..layout });
+    assert!((staged.weights - m.weights / 2.0).abs() < 1.0);
+    assert!((staged.activations - m.activations).abs() < 1.0);
+    // Recomputed, a stage keeps two micro-batches' inputs and one micro-batch's blocks.
+    let recomputed = memory(
+        &w,
+        &Layout {
+            pp: 2,
+            recompute: true,
+            ..layout
+        },
+    );
+    let expected = 2.0 * w.boundary_bytes + 16.0 * seven.block_activation_bytes(1, 2.0);
+    assert!((recomputed.activations - expected).abs() < 1.0);
+}
+
+#[test]
+fn the_bubble_shrinks_with_micro_batches_and_rings_cost_by_their_link() {
+    let w = work(&llama(7), 64);
+    let cluster = h100(16);
+    let layout = |micro_batches| Layout {
+        dp: 2,
+        pp: 8,
+        tp: 1,
+        micro_batches,
+        micro_batch: 32 / micro_batches,
+        recompute: false,
+    };
+    let few = step_time(&w, &cluster, &layout(8));
+    let many = step_time(&w, &cluster, &layout(32));
+    assert!((few.compute - many.compute).abs() < 1e-9);
+    assert!((few.bubble - few.compute * 7.0 / 8.0).abs() < 1e-9);
+    assert!(many.bubble < few.bubble / 3.0);
+    // The replicas are 8 ranks apart: across the two machines, over the network.
+    let bytes = w.trainable as f64 * 2.0 / 8.0;
+    let expected = bytes / cluster.inter_bandwidth + 2.0 * cluster.inter_latency;
+    assert!((few.data_parallel - expected).abs() < 1e-9);
+}

@@ -1,0 +1,204 @@
+//! What one training step asks of the hardware: parameters, FLOPs and activation bytes, from a
+//! transformer's shape or given as they are.
+
+use serde::{Deserialize, Serialize};
+
+/// Bytes a training step keeps per parameter, and per value it computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// Everything in f32.
+    F32,
+    /// Weights, activations and gradients in bf16, with f32 master weights and moments.
+    Bf16,
+}
+
+impl Precision {
+    /// Bytes of a stored weight: the copy the forward reads.
+    pub fn weight_bytes(self) -> f64 {
+        match self {
+            Precision::F32 => 4.0,
+            Precision::Bf16 => 2.0,
+        }
+    }
+
+    /// Bytes of an activation (and of a gradient of one).
+    pub fn activation_bytes(self) -> f64 {
+        self.weight_bytes()
+    }
+
+    /// Bytes per trainable parameter besides its weight: its gradient, AdamW's two f32
+    /// moments, and an f32 master copy under bf16 (16 bytes a parameter in all, either way).
+    pub fn trainable_extra_bytes(self) -> f64 {
+        match self {
+            Precision::F32 => 4.0 + 8.0,
+            Precision::Bf16 => 2.0 + 8.0 + 4.0,
+        }
+    }
+}
+
+/// A transformer by its shape, as a Hugging Face `config.json` gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransformerShape {
+    /// Blocks.
+    pub layers: usize,
+    /// Model width.
+    pub hidden: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Width of the feed-forward layer.
+    pub ffn: usize,
+    /// Tokens per sample.
+    pub seq: usize,
+    /// Vocabulary.
+    pub vocab: usize,
+    /// A gated feed-forward (SwiGLU: three matrices instead of two), as in LLaMA.
+    pub gated: bool,
+    /// The output head shares the embedding's weights.
+    pub tied: bool,
+}
+
+impl TransformerShape {
+    /// Parameters of one block: attention's four `h × h` projections, the feed-forward's two
+    /// or three `h × ffn` matrices, two norms.
+    pub fn block_params(&self) -> u64 {
+        let (h, f) = (self.hidden as u64, self.ffn as u64);
+        let matrices = if self.gated { 3 } else { 2 };
+        4 * h * h + matrices * h * f + 2 * h
+    }
+
+    /// Every parameter: the blocks, the embedding, the head unless tied, the final norm.
+    pub fn params(&self) -> u64 {
+        let embed = (self.vocab * self.hidden) as u64;
+        let head = if self.tied { 0 } else { embed };
+        self.layers as u64 * self.block_params() + embed + head + self.hidden as u64
+    }
+
+    /// Forward FLOPs of one sample: two per weight a token meets (the blocks' and the head's;
+    /// an embedding is a lookup), and attention's scores and mixing, `4 · s² · h` a block.
+    pub fn forward_flops(&self) -> f64 {
+        let (s, h) = (self.seq as f64, self.hidden as f64);
+        let weights = self.layers as f64 * self.block_params() as f64 + h * self.vocab as f64;
+        2.0 * s * weights + 4.0 * self.layers as f64 * s * s * h
+    }
+
+    /// Bytes one block keeps for the backward per sample, its activations split over `tp`
+    /// shards: `s · h · (10 + 24 / t + 5 · a · s / (h · t))` at 2 bytes a value (Korthikanti
+    /// et al., 2022, without recomputation or sequence parallelism), scaled to `bytes`.
+    pub fn block_activation_bytes(&self, tp: usize, bytes: f64) -> f64 {
+        let (s, h, a, t) = (
+            self.seq as f64,
+            self.hidden as f64,
+            self.heads as f64,
+            tp as f64,
+        );
+        s * h * (10.0 + 24.0 / t + 5.0 * a * s / (h * t)) * bytes / 2.0
+    }
+}
+
+/// What a step of training asks, whatever the model: the planner's input.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Workload {
+    /// Parameters.
+    pub params: u64,
+    /// Parameters that train (all, or a LoRA adapter's few): they have gradients and moments.
+    pub trainable: u64,
+    /// Bytes per stored weight (2 in bf16, 4 in f32, about 0.56 in 4-bit NF4).
+    pub weight_bytes: f64,
+    /// Bytes per trainable parameter besides its weight (gradient, moments, master copy).
+    pub trainable_extra_bytes: f64,
+    /// Bytes of an activation value.
+    pub activation_bytes: f64,
+    /// Forward FLOPs per sample; a training step costs three times that (the backward twice).
+    pub forward_flops: f64,
+    /// Blocks a pipeline can split the model into.
+    pub layers: usize,
+    /// Activation bytes one block keeps per sample, by tensor-parallel degree (index `t - 1`
+    /// for `t` shards; one entry when the model cannot be sharded).
+    pub block_activation_bytes: Vec<f64>,
+    /// Bytes per sample that cross a stage boundary (a block's output).
+    pub boundary_bytes: f64,
+    /// Bytes per sample one block all-reduces across its shards, forward and backward
+    /// together (Megatron-LM's two all-reduces each way, of a block's output each).
+    pub tp_bytes: f64,
+    /// Samples per optimizer step.
+    pub global_batch: usize,
+}
+
+impl Workload {
+    /// The workload of training all of `shape` in `precision` on `global_batch` samples a step;
+    /// `max_tp` shard counts are described.
+    pub fn transformer(
+        shape: &TransformerShape,
+        precision: Precision,
+        global_batch: usize,
+        max_tp: usize,
+    ) -> Self {
+        let act = precision.activation_bytes();
+        let block_out = shape.seq as f64 * shape.hidden as f64 * act;
+        Self {
+            params: shape.params(),
+            trainable: shape.params(),
+            weight_bytes: precision.weight_bytes(),
+            trainable_extra_bytes: precision.trainable_extra_bytes(),
+            activation_bytes: act,
+            forward_flops: shape.forward_flops(),
+            layers: shape.layers,
+            block_activation_bytes: (1..=max_tp.max(1))
+                .map(|t| shape.block_activation_bytes(t, act))
+                .collect(),
+            boundary_bytes: block_out,
+            tp_bytes: 4.0 * block_out,
+            global_batch,
+        }
+    }
+
+    /// The most shards the description allows.
+    pub fn max_tp(&self) -> usize {
+        self.block_activation_bytes.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// LLaMA-2 7B's configuration.
+    pub(crate) fn llama_7b() -> TransformerShape {
+        TransformerShape {
+            layers: 32,
+            hidden: 4096,
+            heads: 32,
+            ffn: 11008,
+            seq: 4096,
+            vocab: 32000,
+            gated: true,
+            tied: false,
+        }
+    }
+
+    #[test]
+    fn a_7b_model_counts_its_published_parameters_and_flops() {
+        let shape = llama_7b();
+        // Meta reports 6.74 B parameters (the norms included).
+        let params = shape.params() as f64;
+        assert!((params - 6.738e9).abs() < 0.01e9, "{params}");
+        // About 6 · N FLOPs a token for a training step, plus attention.
+        let per_token = 3.0 * shape.forward_flops() / shape.seq as f64;
+        let six_n = 6.0 * params;
+        assert!(
+            per_token > six_n && per_token < 1.3 * six_n,
+            "{per_token} vs {six_n}"
+        );
+    }
+
+    #[test]
+    fn sharding_shrinks_a_block_s_activations() {
+        let shape = llama_7b();
+        let one = shape.block_activation_bytes(1, 2.0);
+        // s · h · (34 + 5 a s / h) bytes at 2 bytes a value.
+        let expected = 4096.0 * 4096.0 * (34.0 + 5.0 * 32.0 * 4096.0 / 4096.0);
+        assert!((one - expected).abs() < 1.0, "{one} vs {expected}");
+        assert!(shape.block_activation_bytes(8, 2.0) < one / 4.0);
+    }
+}
