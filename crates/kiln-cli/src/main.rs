@@ -13,6 +13,7 @@ mod names;
 mod optimizer_args;
 mod outputs;
 mod parallel_args;
+mod plan;
 mod signals;
 mod train;
 
@@ -56,6 +57,11 @@ enum Command {
     /// or `cuda` feature).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// How a model should train on a cluster, and how fast: every layout dp × pp × tp with
+    /// its memory per device and step time, from a description of the model (a Hugging Face
+    /// config.json, a transformer's shape, or totals) and of the devices (`--device h100-sxm
+    /// --devices 64`). Nothing needs to be here.
+    Plan(Box<plan::PlanArgs>),
     /// Start a job of several processes through Open MPI's mpirun, one or more per machine:
     /// `kiln launch --nproc-per-node 2 -- kiln train --strategy ddp`. Each output line is
     /// prefixed with its rank; a failed rank is named. The processes need a build with the
@@ -100,6 +106,7 @@ fn main() -> ExitCode {
         Command::Generate(args) => generate::run(*args),
         Command::Ad(command) => ad::run(command),
         Command::Bench(command) => bench::run(command),
+        Command::Plan(args) => plan::run(*args),
         Command::Launch(_) => unreachable!("handled above"),
     };
     match result {

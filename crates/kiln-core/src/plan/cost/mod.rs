@@ -10,7 +10,7 @@ mod workload;
 
 pub use cluster::{Cluster, DEFAULT_EFFICIENCY, PRESETS, Preset, parse_bytes};
 pub use estimate::{Layout, Memory, StepTime, memory, step_time};
-pub use search::{Candidate, PlanError, Planned, USABLE_MEMORY, search};
+pub use search::{CLOSE, Candidate, PlanError, Planned, USABLE_MEMORY, search};
 pub use workload::{Precision, TransformerShape, Workload};
 
 #[cfg(test)]

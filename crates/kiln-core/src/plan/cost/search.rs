@@ -6,6 +6,10 @@ use super::estimate::{Layout, Memory, StepTime, memory, step_time};
 use super::{Cluster, Workload};
 use crate::strategy::StrategyKind;
 
+/// Step times closer than this share are the same to the model, whose error is larger: the
+/// simpler layout of the two is chosen.
+pub const CLOSE: f64 = 0.05;
+
 /// The share of a device's memory a plan may fill: the rest is for the framework, kernels'
 /// workspaces and the allocator's fragmentation.
 pub const USABLE_MEMORY: f64 = 0.9;
@@ -31,7 +35,7 @@ pub struct Candidate {
 /// The candidates of a cluster, best first, and the reason for the first.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Planned {
-    /// Every candidate: the ones that fit, fastest first, then the rejected.
+    /// Every candidate: the chosen, the others that fit, fastest first, then the rejected.
     pub candidates: Vec<Candidate>,
     /// Why the first was chosen, in one line.
     pub reason: String,
@@ -163,14 +167,34 @@ pub fn search(work: &Workload, cluster: &Cluster) -> Result<Planned, PlanError> 
     let (mut fit, rejected): (Vec<_>, Vec<_>) =
         candidates.into_iter().partition(|c| c.rejected.is_none());
     fit.sort_by(|a, b| a.time.total.total_cmp(&b.time.total));
-    let Some(best) = fit.first() else {
+    let Some(fastest) = fit.first().map(|c| c.time.total) else {
         return Err(nothing_fits(work, cluster, &rejected));
     };
+    // Within the model's error of the fastest, the simplest layout: fewest devices per
+    // replica, then fewest micro-batches, then no recomputation.
+    let simplest = fit
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.time.total <= fastest * (1.0 + CLOSE))
+        .min_by_key(|(_, c)| {
+            let l = &c.layout;
+            (l.pp * l.tp, l.micro_batches, l.recompute)
+        })
+        .map(|(i, _)| i)
+        .expect("the fastest is close to itself");
+    let best = fit.remove(simplest);
+    let why = match simplest {
+        0 => format!("the fastest of {} layouts that fit", fit.len() + 1),
+        _ => format!(
+            "the simplest of the {} layouts that fit within {:.0} % of the fastest",
+            fit.len() + 1,
+            CLOSE * 100.0
+        ),
+    };
     let reason = format!(
-        "{}: the fastest of {} layouts that fit ({} rejected): {}, {:.1} ms a step predicted \
-         ({:.0} % model FLOPs utilisation), {:.1} of {:.1} GiB per device",
+        "{}: {why} ({} rejected): {}, {:.1} ms a step predicted ({:.0} % model FLOPs \
+         utilisation), {:.1} of {:.1} GiB per device",
         best.strategy.name(),
-        fit.len(),
         rejected.len(),
         describe(&best.layout),
         best.time.total * 1e3,
@@ -178,6 +202,7 @@ pub fn search(work: &Workload, cluster: &Cluster) -> Result<Planned, PlanError> 
         best.memory.total / GIB,
         cluster.memory as f64 / GIB,
     );
+    fit.insert(0, best);
     fit.extend(rejected);
     Ok(Planned {
         candidates: fit,
@@ -193,7 +218,7 @@ fn candidates(work: &Workload, cluster: &Cluster) -> Result<Vec<Candidate>, Plan
         return Err(PlanError::NoLayout("a global batch of no samples".into()));
     }
     let mut found = Vec::new();
-    for tp in divisors(cluster.devices).filter(|&t| t <= work.max_tp()) {
+    for tp in divisors(cluster.devices).filter(|&t| work.shards_into(t)) {
         for pp in divisors(cluster.devices / tp).filter(|&p| p <= work.layers) {
             let dp = cluster.devices / (tp * pp);
             if !work.global_batch.is_multiple_of(dp) {

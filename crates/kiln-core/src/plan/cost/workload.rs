@@ -44,8 +44,10 @@ pub struct TransformerShape {
     pub layers: usize,
     /// Model width.
     pub hidden: usize,
-    /// Attention heads.
+    /// Attention (query) heads.
     pub heads: usize,
+    /// Key and value heads: fewer than `heads` under grouped-query attention.
+    pub kv_heads: usize,
     /// Width of the feed-forward layer.
     pub ffn: usize,
     /// Tokens per sample.
@@ -59,12 +61,24 @@ pub struct TransformerShape {
 }
 
 impl TransformerShape {
-    /// Parameters of one block: attention's four `h × h` projections, the feed-forward's two
-    /// or three `h × ffn` matrices, two norms.
+    /// Parameters of one block: the query and output projections (`h × h` each), the key and
+    /// value projections (`h × kv_heads · head width` each), the feed-forward's two or three
+    /// `h × ffn` matrices, two norms.
     pub fn block_params(&self) -> u64 {
         let (h, f) = (self.hidden as u64, self.ffn as u64);
+        let kv = h * self.kv_heads as u64 / self.heads as u64;
         let matrices = if self.gated { 3 } else { 2 };
-        4 * h * h + matrices * h * f + 2 * h
+        2 * h * h + 2 * h * kv + matrices * h * f + 2 * h
+    }
+
+    /// The most shards its attention splits into evenly: every shard needs whole query and
+    /// key-value heads.
+    pub fn max_shards(&self) -> usize {
+        let (mut a, mut b) = (self.heads, self.kv_heads);
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a.max(1)
     }
 
     /// Every parameter: the blocks, the embedding, the head unless tied, the final norm.
@@ -116,6 +130,8 @@ pub struct Workload {
     /// Activation bytes one block keeps per sample, by tensor-parallel degree (index `t - 1`
     /// for `t` shards; one entry when the model cannot be sharded).
     pub block_activation_bytes: Vec<f64>,
+    /// Shard counts must divide this (the heads; 1 when the model cannot be sharded).
+    pub shardable: usize,
     /// Bytes per sample that cross a stage boundary (a block's output).
     pub boundary_bytes: f64,
     /// Bytes per sample one block all-reduces across its shards, forward and backward
@@ -126,14 +142,13 @@ pub struct Workload {
 }
 
 impl Workload {
-    /// The workload of training all of `shape` in `precision` on `global_batch` samples a step;
-    /// `max_tp` shard counts are described.
+    /// The workload of training all of `shape` in `precision` on `global_batch` samples a step.
     pub fn transformer(
         shape: &TransformerShape,
         precision: Precision,
         global_batch: usize,
-        max_tp: usize,
     ) -> Self {
+        let max_tp = shape.max_shards();
         let act = precision.activation_bytes();
         let block_out = shape.seq as f64 * shape.hidden as f64 * act;
         Self {
@@ -144,18 +159,19 @@ impl Workload {
             activation_bytes: act,
             forward_flops: shape.forward_flops(),
             layers: shape.layers,
-            block_activation_bytes: (1..=max_tp.max(1))
+            block_activation_bytes: (1..=max_tp)
                 .map(|t| shape.block_activation_bytes(t, act))
                 .collect(),
+            shardable: max_tp,
             boundary_bytes: block_out,
             tp_bytes: 4.0 * block_out,
             global_batch,
         }
     }
 
-    /// The most shards the description allows.
-    pub fn max_tp(&self) -> usize {
-        self.block_activation_bytes.len()
+    /// Whether the model splits into `tp` shards.
+    pub fn shards_into(&self, tp: usize) -> bool {
+        tp <= self.block_activation_bytes.len() && self.shardable.is_multiple_of(tp)
     }
 }
 
@@ -169,6 +185,7 @@ mod tests {
             layers: 32,
             hidden: 4096,
             heads: 32,
+            kv_heads: 32,
             ffn: 11008,
             seq: 4096,
             vocab: 32000,

@@ -1,0 +1,194 @@
+//! The workload and the cluster `kiln plan`'s flags describe.
+
+use kiln_core::plan::cost::{Cluster, PRESETS, Preset, TransformerShape, Workload, parse_bytes};
+use kiln_nn::llm::LlmConfig;
+
+use super::PlanArgs;
+
+/// A description `kiln plan` cannot use.
+#[derive(Debug, thiserror::Error)]
+pub enum DescribeError {
+    /// No model, or half of one.
+    #[error(
+        "describe the model: --model-config PATH, or --layers --hidden --heads --seq --vocab \
+         (a transformer), or --params --flops-per-sample --activation-bytes-per-sample --layers \
+         (totals); missing: {0}"
+    )]
+    Model(String),
+    /// The Hugging Face config.
+    #[error("{0}")]
+    Config(#[from] kiln_nn::llm::LlmError),
+    /// A device kind `--device` does not know.
+    #[error(
+        "unknown --device {name}: use one of {known}, and override its figures with \
+             --device-memory, --device-tflops, --intra-node-gbps, --inter-node-gbps"
+    )]
+    Device {
+        /// What was given.
+        name: String,
+        /// What is known.
+        known: String,
+    },
+    /// A number that cannot be.
+    #[error("{0}")]
+    Value(String),
+}
+
+/// The model's name and what a step of it asks.
+pub fn workload(args: &PlanArgs) -> Result<(String, Workload), DescribeError> {
+    let precision = args.precision.into();
+    if let Some(path) = &args.model_config {
+        let file = match path.is_dir() {
+            true => path.join("config.json"),
+            false => path.clone(),
+        };
+        let config = LlmConfig::from_file(&file)?;
+        let shape = TransformerShape {
+            layers: config.num_hidden_layers,
+            hidden: config.hidden_size,
+            heads: config.num_attention_heads,
+            kv_heads: config.num_key_value_heads,
+            ffn: config.intermediate_size,
+            seq: args.seq.unwrap_or(config.max_position_embeddings),
+            vocab: config.vocab_size,
+            gated: true,
+            tied: config.tie_word_embeddings,
+        };
+        let name = format!("{} ({})", file.display(), config.model_type);
+        return Ok((name, Workload::transformer(&shape, precision, batch(args)?)));
+    }
+    if let Some(params) = args.params {
+        let missing = [
+            ("--flops-per-sample", args.flops_per_sample.is_none()),
+            (
+                "--activation-bytes-per-sample",
+                args.activation_bytes_per_sample.is_none(),
+            ),
+            ("--layers", args.layers.is_none()),
+        ];
+        check_missing(&missing)?;
+        let layers = positive("--layers", args.layers.unwrap_or(0))?;
+        let activations = args.activation_bytes_per_sample.unwrap_or(0.0);
+        let name = format!("{params} parameters");
+        return Ok((
+            name,
+            Workload {
+                params,
+                trainable: params,
+                weight_bytes: precision.weight_bytes(),
+                trainable_extra_bytes: precision.trainable_extra_bytes(),
+                activation_bytes: precision.activation_bytes(),
+                forward_flops: args.flops_per_sample.unwrap_or(0.0),
+                layers,
+                // Totals say nothing of a block's shape: no sharding, no stage traffic.
+                block_activation_bytes: vec![activations / layers as f64],
+                shardable: 1,
+                boundary_bytes: 0.0,
+                tp_bytes: 0.0,
+                global_batch: batch(args)?,
+            },
+        ));
+    }
+    let missing = [
+        ("--layers", args.layers.is_none()),
+        ("--hidden", args.hidden.is_none()),
+        ("--heads", args.heads.is_none()),
+        ("--seq", args.seq.is_none()),
+        ("--vocab", args.vocab.is_none()),
+    ];
+    check_missing(&missing)?;
+    let hidden = positive("--hidden", args.hidden.unwrap_or(0))?;
+    let heads = positive("--heads", args.heads.unwrap_or(0))?;
+    let kv_heads = positive("--kv-heads", args.kv_heads.unwrap_or(heads))?;
+    if !heads.is_multiple_of(kv_heads) || !hidden.is_multiple_of(heads) {
+        return Err(DescribeError::Value(format!(
+            "--hidden {hidden}, --heads {heads}, --kv-heads {kv_heads}: the heads must divide \
+             the width, and the key-value heads the heads"
+        )));
+    }
+    let shape = TransformerShape {
+        layers: positive("--layers", args.layers.unwrap_or(0))?,
+        hidden,
+        heads,
+        kv_heads,
+        ffn: args.ffn.unwrap_or(4 * hidden),
+        seq: positive("--seq", args.seq.unwrap_or(0))?,
+        vocab: positive("--vocab", args.vocab.unwrap_or(0))?,
+        gated: args.gated,
+        tied: args.tied,
+    };
+    let name = format!(
+        "a transformer of {} blocks, width {hidden}, {heads} heads",
+        shape.layers
+    );
+    Ok((
+        name,
+        Workload::transformer(&shape, args.precision.into(), batch(args)?),
+    ))
+}
+
+fn check_missing(flags: &[(&str, bool)]) -> Result<(), DescribeError> {
+    let missing: Vec<&str> = flags.iter().filter(|(_, m)| *m).map(|(f, _)| *f).collect();
+    match missing.is_empty() {
+        true => Ok(()),
+        false => Err(DescribeError::Model(missing.join(", "))),
+    }
+}
+
+fn positive(flag: &str, value: usize) -> Result<usize, DescribeError> {
+    match value {
+        0 => Err(DescribeError::Value(format!("{flag} must be at least 1"))),
+        v => Ok(v),
+    }
+}
+
+fn batch(args: &PlanArgs) -> Result<usize, DescribeError> {
+    positive("--global-batch", args.global_batch)
+}
+
+/// The devices the flags describe: a preset, with any figure overridden.
+pub fn cluster(args: &PlanArgs) -> Result<Cluster, DescribeError> {
+    let preset = Preset::named(&args.device).ok_or_else(|| DescribeError::Device {
+        name: args.device.clone(),
+        known: PRESETS.map(|p| p.name).join(", "),
+    })?;
+    let devices = positive("--devices", args.devices)?;
+    let per_node = positive(
+        "--gpus-per-node",
+        args.gpus_per_node.unwrap_or(devices.min(8)),
+    )?;
+    if !(args.efficiency > 0.0 && args.efficiency <= 1.0) {
+        return Err(DescribeError::Value(format!(
+            "--efficiency {} is a share of the peak: give a number in (0, 1]",
+            args.efficiency
+        )));
+    }
+    let mut cluster = preset.cluster(devices, per_node, args.efficiency);
+    if let Some(memory) = &args.device_memory {
+        cluster.memory = parse_bytes(memory).map_err(DescribeError::Value)?;
+    }
+    let rate = |flag: &str, value: Option<f64>, unit: f64, current: f64| match value {
+        Some(v) if v > 0.0 => Ok(v * unit),
+        Some(v) => Err(DescribeError::Value(format!("{flag} {v} must be positive"))),
+        None => Ok(current),
+    };
+    cluster.peak_flops = rate(
+        "--device-tflops",
+        args.device_tflops,
+        1e12,
+        cluster.peak_flops,
+    )?;
+    cluster.intra_bandwidth = rate(
+        "--intra-node-gbps",
+        args.intra_node_gbps,
+        1e9,
+        cluster.intra_bandwidth,
+    )?;
+    cluster.inter_bandwidth = rate(
+        "--inter-node-gbps",
+        args.inter_node_gbps,
+        1e9,
+        cluster.inter_bandwidth,
+    )?;
+    Ok(cluster)
+}

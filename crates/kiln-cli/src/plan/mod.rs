@@ -1,0 +1,152 @@
+//! `kiln plan`: how a model should train on a cluster, and how fast, from its description and
+//! the cluster's, without either being here. Prints every layout `dp × pp × tp` the cost model
+//! ([`kiln_core::plan::cost`]) estimates, best first, and why the first was chosen.
+
+mod describe;
+mod table;
+
+use std::path::PathBuf;
+
+use kiln_core::plan::cost::{Precision, search};
+
+/// `kiln plan`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct PlanArgs {
+    /// A Hugging Face model (LLaMA family): its folder or its `config.json`.
+    #[arg(long, value_name = "PATH")]
+    model_config: Option<PathBuf>,
+    /// Blocks (a transformer described by its shape).
+    #[arg(long)]
+    layers: Option<usize>,
+    /// Model width.
+    #[arg(long)]
+    hidden: Option<usize>,
+    /// Attention heads.
+    #[arg(long)]
+    heads: Option<usize>,
+    /// Key-value heads (grouped-query attention) [default: --heads].
+    #[arg(long)]
+    kv_heads: Option<usize>,
+    /// Feed-forward width [default: 4 × --hidden].
+    #[arg(long)]
+    ffn: Option<usize>,
+    /// Tokens per sample [default with --model-config: its max_position_embeddings].
+    #[arg(long)]
+    seq: Option<usize>,
+    /// Vocabulary.
+    #[arg(long)]
+    vocab: Option<usize>,
+    /// A gated (SwiGLU) feed-forward, three matrices instead of two.
+    #[arg(long)]
+    gated: bool,
+    /// The output head shares the embedding.
+    #[arg(long)]
+    tied: bool,
+    /// Parameters (a model described by its totals, with --flops-per-sample and
+    /// --activation-bytes-per-sample; it cannot be tensor-parallel).
+    #[arg(long)]
+    params: Option<u64>,
+    /// Forward FLOPs per sample.
+    #[arg(long)]
+    flops_per_sample: Option<f64>,
+    /// Activation bytes one sample keeps for the backward, all blocks together.
+    #[arg(long)]
+    activation_bytes_per_sample: Option<f64>,
+    /// Samples per optimizer step.
+    #[arg(long)]
+    global_batch: usize,
+    /// Training precision: bf16 (with f32 master weights and moments) or f32.
+    #[arg(long, value_enum, default_value = "bf16")]
+    precision: PrecisionArg,
+    /// The devices' kind: h100-sxm, h200, a100-80g or a100-40g (the flags below override
+    /// its figures).
+    #[arg(long, default_value = "h100-sxm")]
+    device: String,
+    /// Devices in all.
+    #[arg(long, default_value_t = 8)]
+    devices: usize,
+    /// Devices per machine [default: 8, or --devices when fewer].
+    #[arg(long)]
+    gpus_per_node: Option<usize>,
+    /// Memory per device, e.g. 80GiB.
+    #[arg(long)]
+    device_memory: Option<String>,
+    /// Dense peak TFLOP/s per device.
+    #[arg(long)]
+    device_tflops: Option<f64>,
+    /// The share of the peak a training step reaches.
+    #[arg(long, default_value_t = kiln_core::plan::cost::DEFAULT_EFFICIENCY)]
+    efficiency: f64,
+    /// Bandwidth between two devices of a machine, GB/s.
+    #[arg(long)]
+    intra_node_gbps: Option<f64>,
+    /// Bandwidth from a device to another machine, GB/s.
+    #[arg(long)]
+    inter_node_gbps: Option<f64>,
+    /// Candidates printed (every one goes to --json).
+    #[arg(long, default_value_t = 10)]
+    top: usize,
+    /// Also write every candidate as JSON here (`-` for standard output, instead of the
+    /// table).
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+}
+
+/// Training precisions `--precision` takes.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum PrecisionArg {
+    Bf16,
+    F32,
+}
+
+impl From<PrecisionArg> for Precision {
+    fn from(p: PrecisionArg) -> Self {
+        match p {
+            PrecisionArg::Bf16 => Precision::Bf16,
+            PrecisionArg::F32 => Precision::F32,
+        }
+    }
+}
+
+/// What `kiln plan --json` writes.
+#[derive(Debug, serde::Serialize)]
+struct PlanReport<'a> {
+    /// What a step asks.
+    workload: &'a kiln_core::plan::cost::Workload,
+    /// The devices.
+    cluster: &'a kiln_core::plan::cost::Cluster,
+    /// Why the first candidate was chosen.
+    reason: &'a str,
+    /// Every candidate: the chosen, the others that fit (fastest first), then the rejected.
+    candidates: &'a [kiln_core::plan::cost::Candidate],
+}
+
+/// Runs `kiln plan`.
+///
+/// # Errors
+/// A model or cluster described wrongly, or nothing that fits (naming what would).
+pub fn run(args: PlanArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let (name, work) = describe::workload(&args)?;
+    let cluster = describe::cluster(&args)?;
+    let planned = search(&work, &cluster)?;
+    let report = PlanReport {
+        workload: &work,
+        cluster: &cluster,
+        reason: &planned.reason,
+        candidates: &planned.candidates,
+    };
+    let json = serde_json::to_string_pretty(&report)?;
+    match args.json.as_deref().and_then(|p| p.to_str()) {
+        Some("-") => println!("{json}"),
+        other => {
+            if let Some(path) = other {
+                std::fs::write(path, json + "\n")?;
+            }
+            print!(
+                "{}",
+                table::render(&name, &work, &cluster, &planned, args.top)
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,206 @@
+//! `kiln plan` end to end: described models and clusters, its JSON, and its errors.
+
+mod common;
+
+use common::{assert_one_line_error, fixture, kiln};
+
+const LLAMA_70B: [&str; 16] = [
+    "--layers",
+    "80",
+    "--hidden",
+    "8192",
+    "--heads",
+    "64",
+    "--kv-heads",
+    "8",
+    "--ffn",
+    "28672",
+    "--seq",
+    "4096",
+    "--vocab",
+    "32000",
+    "--gated",
+    "--tied",
+];
+
+fn plan_json(args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["plan", "--json", "-"];
+    all.extend_from_slice(args);
+    let out = kiln(&all);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn a_70b_model_on_64_gpus_is_split_and_every_layout_is_listed() {
+    let args = [
+        &LLAMA_70B[..],
+        &["--global-batch", "512", "--devices", "64"],
+    ]
+    .concat();
+    let report = plan_json(&args);
+    let candidates = report["candidates"].as_array().unwrap();
+    // Every mesh of 64 devices whose tp divides the 8 key-value heads and pp the 80 blocks,
+    // and whose dp divides the batch: tp ∈ {1, 2, 4, 8}, pp ∈ divisors of 64 / tp.
+    assert_eq!(candidates.len(), 7 + 6 + 5 + 4, "{report}");
+    for c in candidates {
+        let l = &c["layout"];
+        let devices = ["dp", "pp", "tp"].map(|k| l[k].as_u64().unwrap());
+        assert_eq!(devices.iter().product::<u64>(), 64, "{c}");
+        let samples = l["micro_batches"].as_u64().unwrap() * l["micro_batch"].as_u64().unwrap();
+        assert_eq!(samples * devices[0], 512, "{c}");
+        for key in ["weights", "trainable_state", "activations", "total"] {
+            assert!(c["memory"][key].as_f64().unwrap() >= 0.0, "{c}");
+        }
+    }
+    let chosen = &candidates[0];
+    assert!(chosen["rejected"].is_null());
+    let split = chosen["layout"]["pp"].as_u64().unwrap() * chosen["layout"]["tp"].as_u64().unwrap();
+    assert!(split > 1, "no device holds a replica: {chosen}");
+    // The chosen, then the others that fit, fastest first.
+    let fits: Vec<f64> = candidates
+        .iter()
+        .skip(1)
+        .take_while(|c| c["rejected"].is_null())
+        .map(|c| c["time"]["total"].as_f64().unwrap())
+        .collect();
+    assert!(fits.windows(2).all(|w| w[0] <= w[1]), "{fits:?}");
+    let replicas = candidates
+        .iter()
+        .find(|c| c["layout"]["pp"] == 1 && c["layout"]["tp"] == 1)
+        .unwrap();
+    assert!(
+        replicas["rejected"]
+            .as_str()
+            .unwrap()
+            .contains("GiB per device")
+    );
+    let reason = report["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("the fastest of") && reason.contains("rejected"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn the_table_shows_the_best_and_the_choice() {
+    let args = [
+        &["plan"][..],
+        &LLAMA_70B,
+        &["--global-batch", "512", "--devices", "64", "--top", "3"],
+    ]
+    .concat();
+    let out = kiln(&args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("68.") && text.contains("B parameters"),
+        "{text}"
+    );
+    assert_eq!(text.matches("| fits |").count(), 3, "{text}");
+    assert!(text.contains("(19 more: --top 22 or --json)"), "{text}");
+    assert!(text.contains("\nChosen: "), "{text}");
+}
+
+#[test]
+fn one_device_trains_alone_and_a_small_model_is_replicated() {
+    let small = [
+        "--layers",
+        "2",
+        "--hidden",
+        "64",
+        "--heads",
+        "4",
+        "--seq",
+        "32",
+        "--vocab",
+        "100",
+        "--global-batch",
+        "16",
+    ];
+    let one = plan_json(&[&small[..], &["--devices", "1"]].concat());
+    assert_eq!(one["candidates"][0]["strategy"], "single");
+    // GPT-2 small at 1024 tokens: it fits on every device, and replicas waste nothing.
+    let gpt2 = [
+        "--layers",
+        "12",
+        "--hidden",
+        "768",
+        "--heads",
+        "12",
+        "--seq",
+        "1024",
+        "--vocab",
+        "50257",
+        "--tied",
+        "--global-batch",
+        "64",
+    ];
+    let eight = plan_json(&[&gpt2[..], &["--devices", "8"]].concat());
+    assert_eq!(eight["candidates"][0]["strategy"], "ddp");
+    assert_eq!(eight["candidates"][0]["layout"]["dp"], 8);
+}
+
+#[test]
+fn a_hugging_face_config_is_planned_with_its_own_parameter_count() {
+    let folder = fixture("llama");
+    let report = plan_json(&[
+        "--model-config",
+        &folder,
+        "--global-batch",
+        "8",
+        "--devices",
+        "2",
+    ]);
+    let config = std::path::Path::new(&folder).join("config.json");
+    let expected = kiln_nn::llm::LlmConfig::from_file(&config)
+        .unwrap()
+        .parameters();
+    assert_eq!(report["workload"]["params"], expected as u64);
+}
+
+#[test]
+fn what_cannot_be_planned_is_said_in_one_line() {
+    assert_one_line_error(
+        &[
+            &["plan"][..],
+            &LLAMA_70B,
+            &[
+                "--global-batch",
+                "8",
+                "--devices",
+                "2",
+                "--device",
+                "a100-40g",
+            ],
+        ]
+        .concat(),
+        "nothing fits: the smallest layout",
+    );
+    assert_one_line_error(
+        &["plan", "--layers", "2", "--global-batch", "8"],
+        "missing: --hidden, --heads, --seq, --vocab",
+    );
+    assert_one_line_error(
+        &[
+            &["plan"][..],
+            &LLAMA_70B,
+            &["--global-batch", "8", "--device", "tpu"],
+        ]
+        .concat(),
+        "unknown --device tpu: use one of h100-sxm",
+    );
+    assert_one_line_error(
+        &[
+            &["plan"][..],
+            &LLAMA_70B,
+            &["--global-batch", "8", "--device-memory", "80 bananas"],
+        ]
+        .concat(),
+        "is not a unit of size",
+    );
+}
