@@ -75,6 +75,9 @@ pub fn workload(args: &PlanArgs) -> Result<(String, Workload), DescribeError> {
             Workload {
                 params,
                 trainable: params,
+                // Totals say nothing of where the parameters sit: spread over the blocks.
+                embedding_params: 0,
+                head_params: 0,
                 weight_bytes: precision.weight_bytes(),
                 trainable_extra_bytes: precision.trainable_extra_bytes(),
                 activation_bytes: precision.activation_bytes(),

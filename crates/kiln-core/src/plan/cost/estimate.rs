@@ -59,27 +59,44 @@ pub struct StepTime {
     pub total: f64,
 }
 
-/// The device memory `layout` needs for `work`.
+/// The device memory `layout` needs for `work`: its most loaded device's, the first stage's
+/// (the embeddings, the most micro-batches in flight) or the last's (the head).
 pub fn memory(work: &Workload, layout: &Layout) -> Memory {
-    let split = (layout.pp * layout.tp) as f64;
-    let weights = work.params as f64 * work.weight_bytes / split;
-    let trainable_state = work.trainable as f64 * work.trainable_extra_bytes / split;
+    let (embedding, head) = (work.embedding_params as f64, work.head_params as f64);
+    let per_block_params = (work.params as f64 - embedding - head) / work.layers as f64;
+    // The stage with the most blocks (Kiln gives the first stages the remainder).
     let blocks = work.layers.div_ceil(layout.pp) as f64;
-    // 1F1B: the first stage holds up to `pp` micro-batches' activations; without stages, one.
-    let in_flight = layout.micro_batches.min(layout.pp) as f64;
+    let sharded = per_block_params * blocks / layout.tp as f64;
+    let trainable_share = work.trainable as f64 / work.params.max(1) as f64;
     let per_block = work.block_activation_bytes[layout.tp - 1];
     let micro_batch = layout.micro_batch as f64;
-    let stage = per_block * blocks * micro_batch;
-    let activations = match layout.recompute {
-        // The inputs of the micro-batches in flight, and one micro-batch's stage recomputed.
-        true => work.boundary_bytes * micro_batch * in_flight + stage,
-        false => stage * in_flight,
+    let stage = |edges: f64, in_flight: f64| {
+        let params = sharded + edges;
+        let weights = params * work.weight_bytes;
+        let trainable_state = params * trainable_share * work.trainable_extra_bytes;
+        let kept = per_block * blocks * micro_batch;
+        let activations = match layout.recompute {
+            // The inputs of the micro-batches in flight, and one micro-batch's stage
+            // recomputed.
+            true => work.boundary_bytes * micro_batch * in_flight + kept,
+            false => kept * in_flight,
+        };
+        Memory {
+            weights,
+            trainable_state,
+            activations,
+            total: weights + trainable_state + activations,
+        }
     };
-    Memory {
-        weights,
-        trainable_state,
-        activations,
-        total: weights + trainable_state + activations,
+    if layout.pp == 1 {
+        return stage(embedding + head, 1.0);
+    }
+    // 1F1B: the first stage holds up to `pp` micro-batches' activations, the last one.
+    let first = stage(embedding, layout.micro_batches.min(layout.pp) as f64);
+    let last = stage(head, 1.0);
+    match first.total >= last.total {
+        true => first,
+        false => last,
     }
 }
 
@@ -116,7 +133,10 @@ pub fn step_time(work: &Workload, cluster: &Cluster, layout: &Layout) -> StepTim
     let passes = if recompute { 4.0 } else { 3.0 };
     let compute = passes * work.forward_flops * samples / (pp * tp) as f64 / cluster.flops();
     let bubble = compute * (pp - 1) as f64 / micro_batches as f64;
-    let grads = work.trainable as f64 * work.activation_bytes / (pp * tp) as f64;
+    // The most loaded device's gradients (every replica group all-reduces at once).
+    let held = memory(work, layout);
+    let grads = held.trainable_state / work.trainable_extra_bytes.max(f64::MIN_POSITIVE)
+        * work.activation_bytes;
     let (bw, lat) = link(cluster, pp * tp, dp);
     let data_parallel = ring(grads, dp, bw, lat);
     let blocks = work.layers.div_ceil(pp) as f64;

@@ -117,6 +117,12 @@ pub struct Workload {
     pub params: u64,
     /// Parameters that train (all, or a LoRA adapter's few): they have gradients and moments.
     pub trainable: u64,
+    /// Parameters of the input side (embeddings): the first stage holds them, whole on every
+    /// shard (Kiln replicates embeddings under tensor parallelism).
+    pub embedding_params: u64,
+    /// Parameters of the output side (the head unless tied, the final norm): the last stage
+    /// holds them, whole on every shard.
+    pub head_params: u64,
     /// Bytes per stored weight (2 in bf16, 4 in f32, about 0.56 in 4-bit NF4).
     pub weight_bytes: f64,
     /// Bytes per trainable parameter besides its weight (gradient, moments, master copy).
@@ -151,9 +157,13 @@ impl Workload {
         let max_tp = shape.max_shards();
         let act = precision.activation_bytes();
         let block_out = shape.seq as f64 * shape.hidden as f64 * act;
+        let embedding = (shape.vocab * shape.hidden) as u64;
+        let head = if shape.tied { 0 } else { embedding };
         Self {
             params: shape.params(),
             trainable: shape.params(),
+            embedding_params: embedding,
+            head_params: head + shape.hidden as u64,
             weight_bytes: precision.weight_bytes(),
             trainable_extra_bytes: precision.trainable_extra_bytes(),
             activation_bytes: act,
