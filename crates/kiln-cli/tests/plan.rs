@@ -164,6 +164,41 @@ fn a_hugging_face_config_is_planned_with_its_own_parameter_count() {
 }
 
 #[test]
+fn qlora_plans_the_everyday_fine_tune_on_one_small_gpu() {
+    let seven = [
+        "--layers",
+        "32",
+        "--hidden",
+        "4096",
+        "--heads",
+        "32",
+        "--ffn",
+        "11008",
+        "--gated",
+        "--seq",
+        "512",
+        "--vocab",
+        "32000",
+        "--global-batch",
+        "4",
+        "--devices",
+        "1",
+        "--device-memory",
+        "24GiB",
+    ];
+    let full = [&["plan"][..], &seven].concat();
+    assert_one_line_error(&full, "nothing fits");
+    let qlora = plan_json(&[&seven[..], &["--lora-rank", "16", "--load-in-4bit"]].concat());
+    assert_eq!(qlora["workload"]["trainable"], 39_976_960);
+    assert_eq!(qlora["candidates"][0]["strategy"], "single");
+    assert!(qlora["candidates"][0]["rejected"].is_null());
+    assert_one_line_error(
+        &[&full[..], &["--load-in-4bit"]].concat(),
+        "add --lora-rank",
+    );
+}
+
+#[test]
 fn what_cannot_be_planned_is_said_in_one_line() {
     assert_one_line_error(
         &[
@@ -250,6 +285,7 @@ fn memory_predictions_match_the_bytes_kiln_s_strategies_hold() {
         trainable_extra_bytes: 12.0,
         activation_bytes: 4.0,
         forward_flops: 0.0,
+        backward_passes: 2.0,
         layers: 2,
         block_activation_bytes: vec![0.0; 4],
         shardable: 4,

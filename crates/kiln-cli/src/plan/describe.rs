@@ -1,6 +1,8 @@
 //! The workload and the cluster `kiln plan`'s flags describe.
 
-use kiln_core::plan::cost::{Cluster, PRESETS, Preset, TransformerShape, Workload, parse_bytes};
+use kiln_core::plan::cost::{
+    Cluster, PRESETS, Precision, Preset, TransformerShape, Workload, parse_bytes,
+};
 use kiln_nn::llm::LlmConfig;
 
 use super::PlanArgs;
@@ -36,7 +38,7 @@ pub enum DescribeError {
 
 /// The model's name and what a step of it asks.
 pub fn workload(args: &PlanArgs) -> Result<(String, Workload), DescribeError> {
-    let precision = args.precision.into();
+    let precision: Precision = args.precision.into();
     if let Some(path) = &args.model_config {
         let file = match path.is_dir() {
             true => path.join("config.json"),
@@ -55,9 +57,16 @@ pub fn workload(args: &PlanArgs) -> Result<(String, Workload), DescribeError> {
             tied: config.tie_word_embeddings,
         };
         let name = format!("{} ({})", file.display(), config.model_type);
-        return Ok((name, Workload::transformer(&shape, precision, batch(args)?)));
+        return Ok((name, of_shape(args, &shape)?));
     }
     if let Some(params) = args.params {
+        if args.lora_rank.is_some() || args.load_in_4bit {
+            return Err(DescribeError::Value(
+                "--lora-rank and --load-in-4bit need the model's shape (--model-config, or \
+                 --layers --hidden ...), not its totals"
+                    .into(),
+            ));
+        }
         let missing = [
             ("--flops-per-sample", args.flops_per_sample.is_none()),
             (
@@ -82,6 +91,7 @@ pub fn workload(args: &PlanArgs) -> Result<(String, Workload), DescribeError> {
                 trainable_extra_bytes: precision.trainable_extra_bytes(),
                 activation_bytes: precision.activation_bytes(),
                 forward_flops: args.flops_per_sample.unwrap_or(0.0),
+                backward_passes: 2.0,
                 layers,
                 // Totals say nothing of a block's shape: no sharding, no stage traffic.
                 block_activation_bytes: vec![activations / layers as f64],
@@ -124,10 +134,27 @@ pub fn workload(args: &PlanArgs) -> Result<(String, Workload), DescribeError> {
         "a transformer of {} blocks, width {hidden}, {heads} heads",
         shape.layers
     );
-    Ok((
-        name,
-        Workload::transformer(&shape, args.precision.into(), batch(args)?),
-    ))
+    Ok((name, of_shape(args, &shape)?))
+}
+
+/// Training all of `shape`, or its LoRA adapters over a (4-bit) frozen base.
+fn of_shape(args: &PlanArgs, shape: &TransformerShape) -> Result<Workload, DescribeError> {
+    let (precision, batch) = (args.precision.into(), batch(args)?);
+    match (args.lora_rank, args.load_in_4bit) {
+        (None, false) => Ok(Workload::transformer(shape, precision, batch)),
+        (None, true) => Err(DescribeError::Value(
+            "--load-in-4bit freezes the base, which then trains through adapters: add \
+             --lora-rank"
+                .into(),
+        )),
+        (Some(rank), four_bit) => Ok(Workload::lora(
+            shape,
+            precision,
+            batch,
+            positive("--lora-rank", rank)?,
+            four_bit,
+        )),
+    }
 }
 
 fn check_missing(flags: &[(&str, bool)]) -> Result<(), DescribeError> {

@@ -52,6 +52,14 @@ pub struct PlanArgs {
     /// Activation bytes one sample keeps for the backward, all blocks together.
     #[arg(long)]
     activation_bytes_per_sample: Option<f64>,
+    /// Fine-tune LoRA adapters of this rank on every projection, the base frozen (as `kiln
+    /// finetune`), instead of training every weight.
+    #[arg(long)]
+    lora_rank: Option<usize>,
+    /// The frozen base in 4 bits (QLoRA, as `kiln finetune --load-in-4bit`); needs
+    /// --lora-rank.
+    #[arg(long)]
+    load_in_4bit: bool,
     /// Samples per optimizer step.
     #[arg(long)]
     global_batch: usize,

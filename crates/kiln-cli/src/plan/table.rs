@@ -17,18 +17,20 @@ pub fn render(
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "Model: {name}: {:.2} B parameters, {:.3} TFLOPs forward per sample, global batch {}.",
-        work.params as f64 / 1e9,
-        work.forward_flops / 1e12,
+        "Model: {name}: {} parameters ({} training), {}FLOPs forward per sample, global \
+         batch {}.",
+        count(work.params as f64),
+        count(work.trainable as f64),
+        count(work.forward_flops),
         work.global_batch
     );
     let _ = writeln!(
         out,
-        "Devices: {} ({} per machine), {:.0} GiB each, {:.0} TFLOP/s peak at {:.0} % \
+        "Devices: {} ({} per machine), {} each, {:.0} TFLOP/s peak at {:.0} % \
          efficiency, {:.0} GB/s within a machine, {:.0} GB/s across.",
         cluster.devices,
         cluster.per_node,
-        cluster.memory as f64 / GIB,
+        bytes(cluster.memory as f64),
         cluster.peak_flops / 1e12,
         cluster.efficiency * 100.0,
         cluster.intra_bandwidth / 1e9,
@@ -36,8 +38,8 @@ pub fn render(
     );
     let _ = writeln!(
         out,
-        "\n| # | strategy | dp | pp | tp | micro-batches | GiB/device (weights+state+act) \
-         | ms/step (compute+bubble+dp+tp+pp) | MFU | verdict |\n\
+        "\n| # | strategy | dp | pp | tp | micro-batches | per device (weights + state + \
+         activations) | step (compute + bubble + dp + tp + pp) | MFU | verdict |\n\
          | ---: | --- | ---: | ---: | ---: | --- | --- | --- | ---: | --- |"
     );
     for (i, c) in planned.candidates.iter().take(top).enumerate() {
@@ -56,13 +58,41 @@ pub fn render(
     out
 }
 
+/// `n` with a unit prefix: 6.74 G, 40.0 M, 512.
+fn count(n: f64) -> String {
+    match n {
+        n if n >= 1e12 => format!("{:.2} T", n / 1e12),
+        n if n >= 1e9 => format!("{:.2} G", n / 1e9),
+        n if n >= 1e6 => format!("{:.1} M", n / 1e6),
+        n if n >= 1e3 => format!("{:.1} k", n / 1e3),
+        n => format!("{n:.0} "),
+    }
+}
+
+/// `b` bytes in the largest binary unit that keeps a digit before the point.
+fn bytes(b: f64) -> String {
+    match b {
+        b if b >= GIB => format!("{:.1} GiB", b / GIB),
+        b if b >= 1024.0 * 1024.0 => format!("{:.1} MiB", b / 1024.0 / 1024.0),
+        b => format!("{:.1} KiB", b / 1024.0),
+    }
+}
+
+/// `s` seconds in milliseconds, three significant digits for short steps.
+fn ms(s: f64) -> String {
+    match s * 1e3 {
+        ms if ms >= 100.0 => format!("{ms:.0}"),
+        ms if ms >= 1.0 => format!("{ms:.1}"),
+        ms => format!("{ms:.3}"),
+    }
+}
+
 fn row(i: usize, c: &Candidate) -> String {
     let l = &c.layout;
     let (m, t) = (&c.memory, &c.time);
-    let ms = |s: f64| s * 1e3;
     format!(
-        "| {i} | {} | {} | {} | {} | {} × {}{} | {:.1} ({:.1}+{:.1}+{:.1}) | {:.0} \
-         ({:.0}+{:.0}+{:.0}+{:.0}+{:.0}) | {:.0} % | {} |",
+        "| {i} | {} | {} | {} | {} | {} × {}{} | {} ({} + {} + {}) | {} ms ({} + {} + {} + {} \
+         + {}) | {:.0} % | {} |",
         c.strategy.name(),
         l.dp,
         l.pp,
@@ -70,10 +100,10 @@ fn row(i: usize, c: &Candidate) -> String {
         l.micro_batches,
         l.micro_batch,
         if l.recompute { ", recomputed" } else { "" },
-        m.total / GIB,
-        m.weights / GIB,
-        m.trainable_state / GIB,
-        m.activations / GIB,
+        bytes(m.total),
+        bytes(m.weights),
+        bytes(m.trainable_state),
+        bytes(m.activations),
         ms(t.total),
         ms(t.compute),
         ms(t.bubble),

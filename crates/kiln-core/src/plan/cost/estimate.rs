@@ -129,8 +129,8 @@ pub fn step_time(work: &Workload, cluster: &Cluster, layout: &Layout) -> StepTim
         recompute,
     } = *layout;
     let samples = (micro_batches * micro_batch) as f64;
-    // A forward, a backward of twice its FLOPs, and with recomputation a second forward.
-    let passes = if recompute { 4.0 } else { 3.0 };
+    // A forward, the backward, and with recomputation a second forward.
+    let passes = 1.0 + work.backward_passes + if recompute { 1.0 } else { 0.0 };
     let compute = passes * work.forward_flops * samples / (pp * tp) as f64 / cluster.flops();
     let bubble = compute * (pp - 1) as f64 / micro_batches as f64;
     // The most loaded device's gradients (every replica group all-reduces at once).

@@ -117,7 +117,8 @@ fn best_micro_batching(
             recompute,
         };
         let (memory, time) = (memory(work, &layout), step_time(work, cluster, &layout));
-        let model_flops = 3.0 * work.forward_flops * work.global_batch as f64;
+        let model_flops =
+            (1.0 + work.backward_passes) * work.forward_flops * work.global_batch as f64;
         let peak = time.total * cluster.devices as f64 * cluster.peak_flops;
         let utilisation = model_flops / peak;
         Candidate {

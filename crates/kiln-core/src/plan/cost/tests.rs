@@ -121,6 +121,28 @@ fn nothing_fitting_names_the_memory_and_the_devices_that_would() {
 }
 
 #[test]
+fn qlora_fits_a_7b_model_on_one_24_gib_device_where_full_training_cannot() {
+    let seven = llama(7);
+    let mut small = Preset::named("a100-40g").unwrap().cluster(1, 1, 0.5);
+    small.memory = 24 << 30;
+    let short = TransformerShape { seq: 512, ..seven };
+    let full = Workload::transformer(&short, Precision::Bf16, 4);
+    assert!(matches!(
+        search(&full, &small),
+        Err(PlanError::NothingFits { .. })
+    ));
+    let qlora = Workload::lora(&short, Precision::Bf16, 4, 16, true);
+    // LoRA rank 16 on every projection of LLaMA-2 7B: 40.0 M adapter weights, as PEFT counts.
+    assert_eq!(qlora.trainable, 39_976_960);
+    let planned = search(&qlora, &small).unwrap();
+    let chosen = planned.chosen();
+    assert_eq!(chosen.strategy, StrategyKind::Single);
+    // About 3.9 GB of 4-bit base, 0.5 GB of embeddings and head, the adapters' state.
+    let weights = chosen.memory.weights / (1u64 << 30) as f64;
+    assert!((3.5..5.0).contains(&weights), "{weights} GiB");
+}
+
+#[test]
 fn replicas_hold_sixteen_bytes_a_parameter_and_their_activations() {
     let seven = llama(7);
     let w = work(&seven, 8);

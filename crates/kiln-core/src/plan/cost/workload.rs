@@ -129,8 +129,11 @@ pub struct Workload {
     pub trainable_extra_bytes: f64,
     /// Bytes of an activation value.
     pub activation_bytes: f64,
-    /// Forward FLOPs per sample; a training step costs three times that (the backward twice).
+    /// Forward FLOPs per sample.
     pub forward_flops: f64,
+    /// The backward's FLOPs in forwards: 2 when every weight trains (the inputs' gradients
+    /// and the weights'), 1 when the base is frozen and only small adapters train.
+    pub backward_passes: f64,
     /// Blocks a pipeline can split the model into.
     pub layers: usize,
     /// Activation bytes one block keeps per sample, by tensor-parallel degree (index `t - 1`
@@ -168,6 +171,7 @@ impl Workload {
             trainable_extra_bytes: precision.trainable_extra_bytes(),
             activation_bytes: act,
             forward_flops: shape.forward_flops(),
+            backward_passes: 2.0,
             layers: shape.layers,
             block_activation_bytes: (1..=max_tp)
                 .map(|t| shape.block_activation_bytes(t, act))
@@ -176,6 +180,47 @@ impl Workload {
             boundary_bytes: block_out,
             tp_bytes: 4.0 * block_out,
             global_batch,
+        }
+    }
+
+    /// The workload of fine-tuning LoRA adapters of rank `rank` on every projection of
+    /// `shape`'s blocks (Kiln's `TARGET_MODULES`: the attention's four, the feed-forward's),
+    /// its base frozen, and with `four_bit` quantised to NF4 with f32 scales (0.5625 bytes a
+    /// weight; embeddings, norms and head stay in `precision`). Adapters train in f32.
+    pub fn lora(
+        shape: &TransformerShape,
+        precision: Precision,
+        global_batch: usize,
+        rank: usize,
+        four_bit: bool,
+    ) -> Self {
+        let whole = Self::transformer(shape, precision, global_batch);
+        let (h, f, r) = (shape.hidden as u64, shape.ffn as u64, rank as u64);
+        let kv = h * shape.kv_heads as u64 / shape.heads as u64;
+        let attention = r * ((h + h) + 2 * (h + kv) + (h + h));
+        let feed_forward = match shape.gated {
+            true => r * (2 * (h + f) + (f + h)),
+            false => r * ((h + f) + (f + h)),
+        };
+        let adapters = shape.layers as u64 * (attention + feed_forward);
+        let block_weights = shape.layers as u64 * (shape.block_params() - 2 * h);
+        let others = whole.params - block_weights;
+        let base_bytes = match four_bit {
+            true => 0.5625,
+            false => precision.weight_bytes(),
+        };
+        let bytes = block_weights as f64 * base_bytes
+            + others as f64 * precision.weight_bytes()
+            + adapters as f64 * 4.0;
+        let params = whole.params + adapters;
+        Self {
+            params,
+            trainable: adapters,
+            weight_bytes: bytes / params as f64,
+            // An f32 gradient and AdamW's two f32 moments per adapter weight.
+            trainable_extra_bytes: 12.0,
+            backward_passes: 1.0,
+            ..whole
         }
     }
 
