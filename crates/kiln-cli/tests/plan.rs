@@ -98,7 +98,7 @@ fn the_table_shows_the_best_and_the_choice() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(
-        text.contains("68.") && text.contains("B parameters"),
+        text.contains(": 68.71 G parameters (68.71 G training)"),
         "{text}"
     );
     assert_eq!(text.matches("| fits |").count(), 3, "{text}");
