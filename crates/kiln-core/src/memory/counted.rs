@@ -11,10 +11,11 @@ use super::{Counts, SLOTS};
 /// threads a strategy tags with [`count_thread_as`](super::count_thread_as)), and their peak,
 /// around another allocator `A` that does the allocating.
 ///
-/// ```ignore
+/// ```no_run
 /// #[global_allocator]
 /// static ALLOCATOR: kiln_core::memory::Counted<mimalloc::MiMalloc> =
 ///     kiln_core::memory::Counted::new(mimalloc::MiMalloc);
+/// # fn main() {}
 /// ```
 ///
 /// It counts only in a process started with the environment variable [`SWITCH`] set to `1`
