@@ -73,9 +73,25 @@ pub enum PlanError {
     NoLayout(String),
 }
 
+/// The divisors of `n`, in increasing order (found up to its square root).
 fn divisors(n: usize) -> impl Iterator<Item = usize> {
-    (1..=n).filter(move |d| n.is_multiple_of(*d))
+    let mut small = Vec::new();
+    let mut large = Vec::new();
+    let mut d = 1;
+    while d * d <= n {
+        if n.is_multiple_of(d) {
+            small.push(d);
+            if d * d != n {
+                large.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    small.into_iter().chain(large.into_iter().rev())
 }
+
+/// The largest cluster the "what would fit" search tries: beyond the largest built.
+const MOST_DEVICES: usize = 1 << 20;
 
 fn strategy(layout: &Layout, devices: usize) -> StrategyKind {
     match (layout.pp, layout.tp) {
@@ -226,7 +242,7 @@ fn candidates(work: &Workload, cluster: &Cluster) -> Result<Vec<Candidate>, Plan
                 continue;
             }
             let mut candidate = best_micro_batching(work, cluster, (dp, pp, tp));
-            if tp > cluster.per_node {
+            if tp > cluster.per_node || !cluster.per_node.is_multiple_of(tp) {
                 candidate.rejected = Some(format!(
                     "{tp} shards span machines of {} devices: every block's all-reduces would \
                      cross the network",
@@ -251,13 +267,16 @@ fn nothing_fits(work: &Workload, cluster: &Cluster, rejected: &[Candidate]) -> P
         .min_by(|a, b| a.memory.total.total_cmp(&b.memory.total))
         .expect("nothing fits, so something was rejected");
     // The fewest devices (whole machines, doubling) with which a layout fits.
-    let more = (1..=20).map(|k| cluster.devices << k).find(|&devices| {
-        let bigger = Cluster {
-            devices,
-            ..cluster.clone()
-        };
-        candidates(work, &bigger).is_ok_and(|all| all.iter().any(|c| c.rejected.is_none()))
-    });
+    let more = (1..=20)
+        .map(|k| cluster.devices << k)
+        .take_while(|&devices| devices <= MOST_DEVICES)
+        .find(|&devices| {
+            let bigger = Cluster {
+                devices,
+                ..cluster.clone()
+            };
+            candidates(work, &bigger).is_ok_and(|all| all.iter().any(|c| c.rejected.is_none()))
+        });
     let memory = cluster.memory as f64 / GIB;
     let needed = least.memory.total / GIB;
     let fix = match more {

@@ -143,6 +143,38 @@ fn qlora_fits_a_7b_model_on_one_24_gib_device_where_full_training_cannot() {
 }
 
 #[test]
+fn what_fits_nowhere_is_said_at_once() {
+    // A million tokens a sample: one block's activations for one sample outgrow any device,
+    // however many there are; the search for "how many would fit" stops at a million devices.
+    let endless = TransformerShape {
+        seq: 1 << 20,
+        ..llama(7)
+    };
+    let start = std::time::Instant::now();
+    let error = search(&work(&endless, 1024), &h100(3072)).unwrap_err();
+    assert!(start.elapsed().as_secs() < 10, "{:?}", start.elapsed());
+    let text = error.to_string();
+    assert!(
+        text.contains("devices of") && text.contains("GiB would fit"),
+        "{text}"
+    );
+}
+
+#[test]
+fn shards_that_straddle_machines_are_rejected() {
+    let six = Preset::named("h100-sxm").unwrap().cluster(12, 6, 0.5);
+    let planned = search(&work(&llama(7), 48), &six).unwrap();
+    for c in &planned.candidates {
+        if c.layout.tp == 4 {
+            assert!(
+                c.rejected.as_deref().unwrap().contains("span machines"),
+                "{c:?}"
+            );
+        }
+    }
+}
+
+#[test]
 fn replicas_hold_sixteen_bytes_a_parameter_and_their_activations() {
     let seven = llama(7);
     let w = work(&seven, 8);
