@@ -147,20 +147,24 @@ fn one_device_trains_alone_and_a_small_model_is_replicated() {
 
 #[test]
 fn a_hugging_face_config_is_planned_with_its_own_parameter_count() {
-    let folder = fixture("llama");
-    let report = plan_json(&[
-        "--model-config",
-        &folder,
-        "--global-batch",
-        "8",
-        "--devices",
-        "2",
-    ]);
-    let config = std::path::Path::new(&folder).join("config.json");
-    let expected = kiln_nn::llm::LlmConfig::from_file(&config)
-        .unwrap()
-        .parameters();
-    assert_eq!(report["workload"]["params"], expected as u64);
+    // LLaMA, and Qwen2 with its query, key and value biases.
+    for model in ["llama", "qwen2"] {
+        let folder = fixture(model);
+        let args = [
+            "--model-config",
+            &folder,
+            "--global-batch",
+            "8",
+            "--devices",
+            "2",
+        ];
+        let report = plan_json(&args);
+        let config = std::path::Path::new(&folder).join("config.json");
+        let expected = kiln_nn::llm::LlmConfig::from_file(&config)
+            .unwrap()
+            .parameters();
+        assert_eq!(report["workload"]["params"], expected as u64, "{model}");
+    }
 }
 
 #[test]

@@ -50,6 +50,9 @@ pub fn workload(args: &PlanArgs) -> Result<(String, Workload), DescribeError> {
             hidden: config.hidden_size,
             heads: config.num_attention_heads,
             kv_heads: config.num_key_value_heads,
+            head_dim: config.head_dim,
+            qkv_bias: config.qkv_bias,
+            o_bias: config.o_bias,
             ffn: config.intermediate_size,
             seq: args.seq.unwrap_or(config.max_position_embeddings),
             vocab: config.vocab_size,
@@ -78,6 +81,17 @@ pub fn workload(args: &PlanArgs) -> Result<(String, Workload), DescribeError> {
         check_missing(&missing)?;
         let layers = positive("--layers", args.layers.unwrap_or(0))?;
         let activations = args.activation_bytes_per_sample.unwrap_or(0.0);
+        let flops = args.flops_per_sample.unwrap_or(0.0);
+        for (flag, value) in [
+            ("--flops-per-sample", flops),
+            ("--activation-bytes-per-sample", activations),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(DescribeError::Value(format!(
+                    "{flag} {value} must be a finite number of at least 0"
+                )));
+            }
+        }
         let name = format!("{params} parameters");
         return Ok((
             name,
@@ -90,7 +104,7 @@ pub fn workload(args: &PlanArgs) -> Result<(String, Workload), DescribeError> {
                 weight_bytes: precision.weight_bytes(),
                 trainable_extra_bytes: precision.trainable_extra_bytes(),
                 activation_bytes: precision.activation_bytes(),
-                forward_flops: args.flops_per_sample.unwrap_or(0.0),
+                forward_flops: flops,
                 backward_passes: 2.0,
                 layers,
                 // Totals say nothing of a block's shape: no sharding, no stage traffic.
@@ -124,6 +138,9 @@ pub fn workload(args: &PlanArgs) -> Result<(String, Workload), DescribeError> {
         hidden,
         heads,
         kv_heads,
+        head_dim: hidden / heads,
+        qkv_bias: false,
+        o_bias: false,
         ffn: args.ffn.unwrap_or(4 * hidden),
         seq: positive("--seq", args.seq.unwrap_or(0))?,
         vocab: positive("--vocab", args.vocab.unwrap_or(0))?,

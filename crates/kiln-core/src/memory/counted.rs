@@ -3,7 +3,7 @@
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering::Relaxed};
 
 use super::{Counts, SLOTS};
 
@@ -84,8 +84,6 @@ impl Slot {
 
 /// Slot 0 is every thread no strategy tagged; rank `r`'s is `1 + r % (SLOTS - 1)`.
 pub(super) static RANKS: [Slot; SLOTS] = [const { Slot::new() }; SLOTS];
-/// Whether the process's allocator is a [`Counted`] (it has allocated through one).
-pub(super) static COUNTING: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     /// The slot of this thread's allocations.
@@ -100,9 +98,10 @@ pub const SWITCH: &str = "KILN_COUNT_MEMORY";
 const SWITCH_C: &std::ffi::CStr = c"KILN_COUNT_MEMORY";
 
 /// Whether blocks of `size` bytes are counted (and carry a header): the switch is on, and
-/// they are large enough. Called first by an allocation, which fixes the switch.
+/// they are large enough. The switch is read first, so the process's first allocation (before
+/// `main`, while it has one thread and nothing has changed its environment) fixes it.
 fn counted(size: usize) -> bool {
-    size >= COUNTED_FROM && switched_on()
+    switched_on() && size >= COUNTED_FROM
 }
 
 /// Not yet read, off, on.
@@ -118,7 +117,7 @@ fn switched_on() -> bool {
             // SAFETY: `getenv` returns null or a NUL-terminated string.
             let on =
                 !value.is_null() && unsafe { std::ffi::CStr::from_ptr(value) }.to_bytes() == b"1";
-            // Two threads may race here; they read the same variable and agree.
+            // Read at the process's first allocation, on its only thread.
             SWITCHED.store(if on { 2 } else { 1 }, Relaxed);
             on
         }
@@ -151,7 +150,6 @@ impl<A: GlobalAlloc> Counted<A> {
         if base.is_null() {
             return base;
         }
-        COUNTING.store(true, Relaxed);
         let slot = THREAD_SLOT.try_with(Cell::get).unwrap_or(0);
         // SAFETY: the block has `header + size` bytes; the slot goes in the header's last 8.
         let ptr = unsafe { base.add(header) };
@@ -188,7 +186,11 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counted<A> {
         if !counted(layout.size()) {
             return unsafe { self.inner.dealloc(ptr, layout) };
         }
-        let (outer, header) = outer(layout).expect("a layout that was allocated");
+        // Allocated with this layout, so its outer layout exists; unwinding out of an
+        // allocator is undefined, hence no panic.
+        let Some((outer, header)) = outer(layout) else {
+            std::process::abort()
+        };
         let slot = unsafe { slot_of(ptr) };
         RANKS[slot].release(layout.size());
         unsafe { self.inner.dealloc(ptr.sub(header), outer) }
@@ -212,8 +214,15 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counted<A> {
                 return moved;
             }
         }
-        let (outer, header) = outer(layout).expect("a layout that was allocated");
-        let Some(new_outer) = new_size.checked_add(header) else {
+        let Some((outer, header)) = outer(layout) else {
+            std::process::abort()
+        };
+        // The inner allocator's contract: the new size, rounded to the alignment, fits.
+        let new_outer = match new_size.checked_add(header) {
+            Some(size) => Layout::from_size_align(size, layout.align()).ok(),
+            None => None,
+        };
+        let Some(new_outer) = new_outer.map(|l| l.size()) else {
             return std::ptr::null_mut();
         };
         let slot = unsafe { slot_of(ptr) };

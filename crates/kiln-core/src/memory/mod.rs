@@ -17,7 +17,7 @@ mod counted;
 use std::sync::atomic::Ordering::Relaxed;
 
 pub use counted::{COUNTED_FROM, Counted, SWITCH};
-use counted::{COUNTING, RANKS, THREAD_SLOT};
+use counted::{RANKS, SWITCHED, THREAD_SLOT};
 
 /// Slots for ranks, plus one for untagged threads: as many as one process may drive.
 const SLOTS: usize = crate::plan::Plan::MAX_RANKS + 1;
@@ -31,9 +31,10 @@ pub struct Counts {
     pub peak: u64,
 }
 
-/// Whether this process counts its memory (its global allocator is a [`Counted`]).
+/// Whether this process counts its memory: its global allocator is a [`Counted`] (the only
+/// reader of the switch) and the switch is on.
 pub fn counting() -> bool {
-    COUNTING.load(Relaxed)
+    SWITCHED.load(Relaxed) == 2
 }
 
 fn slot(rank: usize) -> usize {

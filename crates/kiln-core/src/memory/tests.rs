@@ -26,7 +26,7 @@ fn a_block_counts_against_the_rank_that_allocated_it_wherever_it_is_freed() {
     let layout = Layout::from_size_align(10_000, 64).unwrap();
     let block = unsafe { COUNTED.alloc(layout) };
     assert!(!block.is_null());
-    assert!(counting(), "the process has allocated through a Counted");
+    assert!(counting(), "the switch is on");
     assert_eq!(block as usize % 64, 0, "the alignment asked for");
     unsafe { block.write_bytes(1, 10_000) };
     assert_eq!(counts(7).live, before.live + 10_000);

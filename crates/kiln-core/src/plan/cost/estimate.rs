@@ -110,9 +110,11 @@ fn ring(bytes: f64, n: usize, bandwidth: f64, latency: f64) -> f64 {
 }
 
 /// The link of a group of `n` devices `stride` ranks apart (the mesh is `dp × pp × tp`, `tp`
-/// innermost): the machine's own when the group fits in one machine, the network otherwise.
+/// innermost): the machine's own when every such group lies in one machine (the groups tile
+/// the machines), the network otherwise.
 fn link(cluster: &Cluster, stride: usize, n: usize) -> (f64, f64) {
-    match stride * n <= cluster.per_node {
+    let span = stride * n;
+    match span <= cluster.per_node && cluster.per_node.is_multiple_of(span) {
         true => (cluster.intra_bandwidth, cluster.intra_latency),
         false => (cluster.inter_bandwidth, cluster.inter_latency),
     }

@@ -78,7 +78,7 @@ fn divisors(n: usize) -> impl Iterator<Item = usize> {
     let mut small = Vec::new();
     let mut large = Vec::new();
     let mut d = 1;
-    while d * d <= n {
+    while d <= n / d {
         if n.is_multiple_of(d) {
             small.push(d);
             if d * d != n {
@@ -262,10 +262,20 @@ fn candidates(work: &Workload, cluster: &Cluster) -> Result<Vec<Candidate>, Plan
 }
 
 fn nothing_fits(work: &Workload, cluster: &Cluster, rejected: &[Candidate]) -> PlanError {
+    let usable = cluster.memory as f64 * USABLE_MEMORY;
+    // The least memory among the layouts rejected for memory (a layout rejected for its
+    // shards' spanning machines may need less, and would contradict the message).
     let least = rejected
         .iter()
-        .min_by(|a, b| a.memory.total.total_cmp(&b.memory.total))
-        .expect("nothing fits, so something was rejected");
+        .filter(|c| c.memory.total > usable)
+        .min_by(|a, b| a.memory.total.total_cmp(&b.memory.total));
+    let Some(least) = least else {
+        return PlanError::NoLayout(format!(
+            "every layout that fits splits its layers over more shards than a machine's {} \
+             devices: give machines of more devices (--gpus-per-node), or more memory per device",
+            cluster.per_node
+        ));
+    };
     // The fewest devices (whole machines, doubling) with which a layout fits.
     let more = (1..=20)
         .map(|k| cluster.devices << k)

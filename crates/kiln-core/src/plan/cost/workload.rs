@@ -48,6 +48,12 @@ pub struct TransformerShape {
     pub heads: usize,
     /// Key and value heads: fewer than `heads` under grouped-query attention.
     pub kv_heads: usize,
+    /// Width of one head (`hidden / heads` in most models; some configs set it apart).
+    pub head_dim: usize,
+    /// The query, key and value projections have biases (Qwen2).
+    pub qkv_bias: bool,
+    /// The attention's output projection has a bias.
+    pub o_bias: bool,
     /// Width of the feed-forward layer.
     pub ffn: usize,
     /// Tokens per sample.
@@ -61,14 +67,21 @@ pub struct TransformerShape {
 }
 
 impl TransformerShape {
-    /// Parameters of one block: the query and output projections (`h × h` each), the key and
-    /// value projections (`h × kv_heads · head width` each), the feed-forward's two or three
-    /// `h × ffn` matrices, two norms.
+    /// Widths of all query heads together and of all key (or value) heads together.
+    fn attention_widths(&self) -> (u64, u64) {
+        let d = self.head_dim as u64;
+        (self.heads as u64 * d, self.kv_heads as u64 * d)
+    }
+
+    /// Parameters of one block: the query and output projections (`h × heads · head_dim`
+    /// each), the key and value projections (`h × kv_heads · head_dim` each), their biases
+    /// where the model has them, the feed-forward's two or three `h × ffn` matrices, two norms.
     pub fn block_params(&self) -> u64 {
         let (h, f) = (self.hidden as u64, self.ffn as u64);
-        let kv = h * self.kv_heads as u64 / self.heads as u64;
+        let (q, kv) = self.attention_widths();
         let matrices = if self.gated { 3 } else { 2 };
-        2 * h * h + 2 * h * kv + matrices * h * f + 2 * h
+        let bias = if self.qkv_bias { q + 2 * kv } else { 0 } + if self.o_bias { h } else { 0 };
+        2 * h * q + 2 * h * kv + matrices * h * f + 2 * h + bias
     }
 
     /// The most shards its attention splits into evenly: every shard needs whole query and
@@ -196,8 +209,8 @@ impl Workload {
     ) -> Self {
         let whole = Self::transformer(shape, precision, global_batch);
         let (h, f, r) = (shape.hidden as u64, shape.ffn as u64, rank as u64);
-        let kv = h * shape.kv_heads as u64 / shape.heads as u64;
-        let attention = r * ((h + h) + 2 * (h + kv) + (h + h));
+        let (q, kv) = shape.attention_widths();
+        let attention = r * ((h + q) + 2 * (h + kv) + (q + h));
         let feed_forward = match shape.gated {
             true => r * (2 * (h + f) + (f + h)),
             false => r * ((h + f) + (f + h)),
@@ -241,6 +254,9 @@ mod tests {
             hidden: 4096,
             heads: 32,
             kv_heads: 32,
+            head_dim: 128,
+            qkv_bias: false,
+            o_bias: false,
             ffn: 11008,
             seq: 4096,
             vocab: 32000,
