@@ -3,6 +3,7 @@
 //! configs or models would otherwise all-reduce buffers that do not correspond, and train on
 //! a wrong sum without a word.
 
+use burn::module::Module;
 use burn::tensor::{Element, Tensor, backend::Backend};
 
 use super::RankError;
@@ -17,6 +18,24 @@ pub(crate) fn dtype_fact<B: Backend>() -> Fact {
     (
         "float dtype".into(),
         format!("{:?}", <B::FloatElem as Element>::dtype()),
+    )
+}
+
+/// The fact of `model`'s parameter values, exactly (every value's bits): processes that cut
+/// stages or shards from their own copies of a model must have built the same one, or they
+/// would train a mix of models. (Ddp needs no such fact: its replicas take rank 0's values.)
+pub(crate) fn values_fact<B: Backend, M: Module<B>>(model: &M) -> Fact {
+    let all: String = crate::params::fingerprints::<B, M>(model)
+        .iter()
+        .map(|f| format!("{:016x}", f.hash))
+        .collect();
+    (
+        "model's values digest".into(),
+        format!(
+            "digest {:016x}; every process must build the model from the same seed or \
+             checkpoint",
+            digest(&all)
+        ),
     )
 }
 
@@ -103,5 +122,28 @@ mod tests {
             message.contains("lr 0.2") && message.contains("rank 0"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn the_values_fact_tells_models_apart_by_their_values_alone() {
+        use burn::module::Param;
+        use burn::nn::LinearConfig;
+        let device = Default::default();
+        let model = LinearConfig::new(4, 3).init::<Flex>(&device);
+        // Read first: Burn draws a lazily initialised parameter on first use, in each clone
+        // that has not been read (why the strategies materialise a model before copying it).
+        let same = values_fact::<Flex, _>(&model);
+        assert_eq!(values_fact::<Flex, _>(&model.clone()), same);
+        // The same ids and shapes, one value one ulp apart.
+        let weight = model.weight.val();
+        let nudged = weight.clone().slice([0..1, 0..1]).add_scalar(1e-7);
+        let other = burn::nn::Linear {
+            weight: Param::initialized(model.weight.id, weight.slice_assign([0..1, 0..1], nudged)),
+            bias: model.bias.clone(),
+        };
+        let (name, value) = values_fact::<Flex, _>(&other);
+        assert_eq!(name, "model's values digest");
+        assert_ne!(value, same.1);
+        assert!(value.contains("same seed or checkpoint"), "{value}");
     }
 }

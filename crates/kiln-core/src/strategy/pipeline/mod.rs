@@ -245,6 +245,11 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
         ));
         facts.push(super::agree::dtype_fact::<B>());
         facts.push(("pipeline settings".into(), format!("{config:?}")));
+        // Across processes each cuts its stages from its own copy of the whole model (a
+        // sharded model's values are checked before sharding).
+        if local_ranks < mesh.size() && shards.is_none() {
+            facts.push(super::agree::values_fact::<B, M>(&ranks[0].model));
+        }
         let mut workers = Vec::with_capacity(local_ranks);
         for (i, start) in ranks.into_iter().enumerate() {
             let rank = first_rank + i;

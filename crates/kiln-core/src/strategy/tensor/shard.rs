@@ -11,6 +11,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use crate::World;
 use crate::collective::MeshCollectives;
 use crate::model::{ShardError, TensorParallelModel};
+use crate::strategy::agree::values_fact;
 use crate::strategy::launch::{Launch, RankStart, Shards, first_process_ids, world_facts};
 use crate::strategy::{ConfigError, StrategyError};
 use crate::tensor_parallel::{TpBackend, TpGroup};
@@ -36,8 +37,13 @@ where
         .with_mesh(mesh.clone())
         .expect("the tensor mesh has the world's size");
     let mut groups = MeshCollectives::for_world(&world, timeout).map_err(ConfigError::from)?;
+    let mut facts = world_facts(&world);
     let model = match world.multi_process_enabled() {
-        true => first_process_ids(model.clone(), &mut groups, &world)?,
+        true => {
+            // Each process cuts its shards from its own copy: they must be the same model.
+            facts.push(values_fact::<B, M>(model));
+            first_process_ids(model.clone(), &mut groups, &world)?
+        }
         false => model.clone(),
     };
     // The `tp` groups move the tensors of the layers' wire backend; the others, the
@@ -74,7 +80,7 @@ where
         mesh: mesh.clone(),
         first_rank: world.rank_of(0),
         sharing: world.process().local_processes,
-        facts: world_facts(&world),
+        facts,
         ranks,
         shards: Some(Shards {
             count: tp,
