@@ -52,15 +52,11 @@ impl<B: Backend> MeshCollectives<B> {
             })
             .collect();
         for axis in mesh.axes() {
-            let groups = mesh.groups(&axis.name).expect("the mesh's own axis");
-            for members in groups {
-                let handles = InProcess::subgroup(members.clone(), timeout);
-                for (rank, handle) in members.into_iter().zip(handles) {
-                    ranks[rank].axes.push((
-                        axis.name.clone(),
-                        Box::new(handle) as Box<dyn Collective<B>>,
-                    ));
-                }
+            for (rank, handle) in in_process_axis(mesh, &axis.name, timeout)
+                .into_iter()
+                .enumerate()
+            {
+                ranks[rank].axes.push((axis.name.clone(), handle));
             }
         }
         ranks
@@ -106,23 +102,8 @@ impl<B: Backend> MeshCollectives<B> {
         axis: &str,
         timeout: Duration,
     ) -> Result<Vec<Box<dyn Collective<B>>>, ConnectError> {
-        let groups = world
-            .mesh()
-            .groups(axis)
-            .expect("the caller's mesh has the axis");
         if !world.multi_process_enabled() {
-            let mut handles: Vec<Option<Box<dyn Collective<B>>>> =
-                (0..world.world_size()).map(|_| None).collect();
-            for members in groups {
-                let local = InProcess::subgroup(members.clone(), timeout);
-                for (rank, handle) in members.into_iter().zip(local) {
-                    handles[rank] = Some(Box::new(handle));
-                }
-            }
-            return Ok(handles
-                .into_iter()
-                .map(|h| h.expect("every rank is in one group"))
-                .collect());
+            return Ok(in_process_axis(world.mesh(), axis, timeout));
         }
         #[cfg(feature = "mpi")]
         {
@@ -239,6 +220,28 @@ impl<B: Backend> MeshCollectives<B> {
             group.abort(reason);
         }
     }
+}
+
+/// Every rank's in-process group along `axis` of `mesh`, in rank order.
+///
+/// # Panics
+/// When `mesh` has no `axis`: the caller names one of its own.
+fn in_process_axis<B: Backend>(
+    mesh: &Mesh,
+    axis: &str,
+    timeout: Duration,
+) -> Vec<Box<dyn Collective<B>>> {
+    let mut handles: Vec<Option<Box<dyn Collective<B>>>> = (0..mesh.size()).map(|_| None).collect();
+    for members in mesh.groups(axis).expect("the mesh's own axis") {
+        let local = InProcess::subgroup(members.clone(), timeout);
+        for (rank, handle) in members.into_iter().zip(local) {
+            handles[rank] = Some(Box::new(handle));
+        }
+    }
+    handles
+        .into_iter()
+        .map(|h| h.expect("every rank is in one group"))
+        .collect()
 }
 
 #[cfg(test)]
