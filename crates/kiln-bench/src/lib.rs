@@ -19,5 +19,6 @@ pub mod kernels;
 pub mod launches;
 pub mod llm;
 pub mod memory;
+pub mod plan;
 pub mod stats;
 pub mod strategies;

@@ -216,3 +216,44 @@ fn kernel_benchmarks_name_the_missing_feature() {
         "backend cuda is not compiled in; rebuild with `--features cuda`",
     );
 }
+
+#[test]
+fn the_plan_bench_sets_every_candidate_s_prediction_beside_its_measurement() {
+    let dir = out_dir("plan");
+    let args = [
+        "bench",
+        "plan",
+        "--models",
+        "transformer",
+        "--worlds",
+        "1,2",
+        "--global-batch",
+        "8",
+        "--rounds",
+        "1",
+        "--seconds",
+        "0",
+        "--out",
+        dir.to_str().unwrap(),
+    ];
+    let out = kiln(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("plan.json")).unwrap()).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    // Single at world 1; Ddp, pipeline and tensor at world 2.
+    assert_eq!(rows.len(), 4, "{report}");
+    for row in rows {
+        assert!(row["measured"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["predicted"]["total"].as_f64().unwrap() > 0.0, "{row}");
+    }
+    assert_eq!(rows.iter().filter(|r| r["chosen"] == true).count(), 2);
+    let table = std::fs::read_to_string(dir.join("plan.md")).unwrap();
+    assert!(table.contains("rank correlation"), "{table}");
+    assert!(table.contains("world 2: auto chooses"), "{table}");
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -289,6 +289,7 @@ fn memory_predictions_match_the_bytes_kiln_s_strategies_hold() {
         trainable_extra_bytes: 12.0,
         activation_bytes: 4.0,
         forward_flops: 0.0,
+        head_flops: 0.0,
         backward_passes: 2.0,
         layers: 2,
         block_activation_bytes: vec![0.0; 4],
@@ -296,6 +297,7 @@ fn memory_predictions_match_the_bytes_kiln_s_strategies_hold() {
         boundary_bytes: 0.0,
         tp_bytes: 0.0,
         global_batch: 8,
+        fixed_bytes: 0.0,
     };
     let layout = |dp, pp, tp| Layout {
         dp,
@@ -356,4 +358,95 @@ fn memory_predictions_match_the_bytes_kiln_s_strategies_hold() {
             );
         }
     }
+}
+
+/// `kiln plan --model`: the built-in transformer measured on this machine, its candidates on
+/// `devices` ranks.
+fn measured_candidates(devices: usize) -> Vec<serde_json::Value> {
+    let devices = devices.to_string();
+    let report = plan_json(&[
+        "--model",
+        "transformer",
+        "--global-batch",
+        "8",
+        "--devices",
+        &devices,
+    ]);
+    let cluster = &report["cluster"];
+    for key in ["per_sample", "per_micro_batch", "per_update"] {
+        assert!(
+            cluster["measured"][key].as_f64().unwrap() >= 0.0,
+            "{cluster}"
+        );
+    }
+    assert!(
+        cluster["intra_latency"].as_f64().unwrap() > 0.0,
+        "{cluster}"
+    );
+    report["candidates"].as_array().unwrap().clone()
+}
+
+#[test]
+fn every_plan_auto_can_choose_here_trains_as_one_device_does() {
+    use kiln_core::plan::cost::Candidate;
+    use kiln_core::strategy::StrategyConfigs;
+    let run = |name: &str, strategy: &str, world: usize, parallel: Option<toml::Value>| {
+        let mut config = toml::Table::new();
+        config.insert("model".into(), "transformer".into());
+        config.insert("strategy".into(), strategy.into());
+        config.insert("world".into(), (world as i64).into());
+        if let Some(parallel) = parallel {
+            config.insert("parallel".into(), parallel);
+        }
+        let path =
+            std::env::temp_dir().join(format!("kiln-plan-{}-{name}.toml", std::process::id()));
+        std::fs::write(&path, toml::to_string(&config).unwrap()).unwrap();
+        let report = train(name, &["--config", path.to_str().unwrap()]);
+        std::fs::remove_file(path).ok();
+        report
+    };
+    let single = run("single", "single", 1, None);
+    let expected = single["param_sq_sum"].as_f64().unwrap();
+    let mut layouts = 0;
+    for devices in [2, 4] {
+        for value in measured_candidates(devices) {
+            let c: Candidate = serde_json::from_value(value).unwrap();
+            if c.rejected.is_some() {
+                continue;
+            }
+            let parallel = toml::Value::try_from(c.configs(&StrategyConfigs::default())).unwrap();
+            let name = format!(
+                "{}-{}-{}-{}-{}",
+                c.strategy.name(),
+                c.layout.dp,
+                c.layout.pp,
+                c.layout.tp,
+                c.layout.micro_batches
+            );
+            let report = run(&name, c.strategy.name(), c.ranks(), Some(parallel));
+            assert_eq!(
+                report["mesh"].as_str().unwrap().contains("pp="),
+                c.layout.pp > 1 || c.strategy.name() == "pipeline",
+                "{name}: {report}"
+            );
+            let found = report["param_sq_sum"].as_f64().unwrap();
+            assert!(
+                (found - expected).abs() <= 1e-5 * expected,
+                "{name}: sum of squares {found}, one device {expected}"
+            );
+            layouts += 1;
+        }
+    }
+    // Ddp, pipeline and tensor at 2 ranks; at 4, their meshes and the 3-D one.
+    assert!(layouts >= 6, "{layouts} layouts");
+}
+
+#[test]
+fn auto_says_what_it_planned_with() {
+    let report = train("auto", &[]);
+    let reason = report["strategy_reason"].as_str().unwrap();
+    assert!(
+        reason.contains("ms a step predicted") && reason.contains("layouts that fit"),
+        "{reason}"
+    );
 }

@@ -3,6 +3,7 @@
 
 mod kernels;
 mod llm;
+mod plan;
 mod strategies;
 
 use clap::Subcommand;
@@ -20,6 +21,11 @@ pub enum BenchCommand {
     /// measure the host memory of loading it in f32 and in 4 bits, and time LoRA / QLoRA
     /// fine-tuning through strategies side by side, on the CPU.
     Llm(Box<llm::LlmArgs>),
+    /// Measure this machine as `auto` does, then train and time every candidate layout the
+    /// planner estimates for the built-in models at several world sizes: predicted step time
+    /// and memory next to measured, the rank correlation, and whether `auto`'s choice was the
+    /// fastest.
+    Plan(plan::PlanBenchArgs),
 }
 
 /// Runs a bench command.
@@ -28,5 +34,6 @@ pub fn run(command: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
         BenchCommand::Kernels(args) => kernels::run(args),
         BenchCommand::Strategies(args) => strategies::run(args),
         BenchCommand::Llm(args) => llm::run(*args),
+        BenchCommand::Plan(args) => plan::run(args),
     }
 }

@@ -105,6 +105,7 @@ pub fn workload(args: &PlanArgs) -> Result<(String, Workload), DescribeError> {
                 trainable_extra_bytes: precision.trainable_extra_bytes(),
                 activation_bytes: precision.activation_bytes(),
                 forward_flops: flops,
+                head_flops: 0.0,
                 backward_passes: 2.0,
                 layers,
                 // Totals say nothing of a block's shape: no sharding, no stage traffic.
@@ -113,6 +114,7 @@ pub fn workload(args: &PlanArgs) -> Result<(String, Workload), DescribeError> {
                 boundary_bytes: 0.0,
                 tp_bytes: 0.0,
                 global_batch: batch(args)?,
+                fixed_bytes: 0.0,
             },
         ));
     }
@@ -199,7 +201,7 @@ pub fn cluster(args: &PlanArgs) -> Result<Cluster, DescribeError> {
         name: args.device.clone(),
         known: PRESETS.map(|p| p.name).join(", "),
     })?;
-    let devices = positive("--devices", args.devices)?;
+    let devices = positive("--devices", args.devices.unwrap_or(8))?;
     let per_node = positive(
         "--gpus-per-node",
         args.gpus_per_node.unwrap_or(devices.min(8)),

@@ -3,15 +3,24 @@
 //! ([`kiln_core::plan::cost`]) estimates, best first, and why the first was chosen.
 
 mod describe;
+mod machine;
 mod table;
+
+pub use machine::planner;
 
 use std::path::PathBuf;
 
-use kiln_core::plan::cost::{Precision, search};
+use kiln_core::plan::cost::{Cluster, Precision, Workload, search};
+
+use crate::train::{ModelKind, TrainConfig};
 
 /// `kiln plan`'s flags.
 #[derive(clap::Args, Debug)]
 pub struct PlanArgs {
+    /// A built-in model (`kiln train --model`), measured on this machine's CPU cores: its
+    /// step timed on one core, the collective probed between two ranks.
+    #[arg(long, value_enum)]
+    model: Option<ModelKind>,
     /// A Hugging Face model (LLaMA family): its folder or its `config.json`.
     #[arg(long, value_name = "PATH")]
     model_config: Option<PathBuf>,
@@ -70,9 +79,9 @@ pub struct PlanArgs {
     /// its figures).
     #[arg(long, default_value = "h100-sxm")]
     device: String,
-    /// Devices in all.
-    #[arg(long, default_value_t = 8)]
-    devices: usize,
+    /// Devices in all [default: 8; with --model, this machine's cores].
+    #[arg(long)]
+    devices: Option<usize>,
     /// Devices per machine [default: 8, or --devices when fewer].
     #[arg(long)]
     gpus_per_node: Option<usize>,
@@ -134,8 +143,13 @@ struct PlanReport<'a> {
 /// # Errors
 /// A model or cluster described wrongly, or nothing that fits (naming what would).
 pub fn run(args: PlanArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let (name, work) = describe::workload(&args)?;
-    let cluster = describe::cluster(&args)?;
+    let (name, work, cluster) = match args.model {
+        Some(model) => measured(&args, model)?,
+        None => {
+            let (name, work) = describe::workload(&args)?;
+            (name, work, describe::cluster(&args)?)
+        }
+    };
     let planned = search(&work, &cluster)?;
     let report = PlanReport {
         workload: &work,
@@ -157,4 +171,25 @@ pub fn run(args: PlanArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     Ok(())
+}
+
+/// The built-in `model` and this machine, measured.
+fn measured(
+    args: &PlanArgs,
+    model: ModelKind,
+) -> Result<(String, Workload, Cluster), Box<dyn std::error::Error>> {
+    let config = TrainConfig {
+        model,
+        batch: args.global_batch,
+        ..TrainConfig::default()
+    };
+    config.validate()?;
+    let planner = planner(&config)?;
+    let cores = planner.cluster.devices;
+    let devices = args.devices.unwrap_or(cores);
+    if devices == 0 {
+        return Err("--devices must be at least 1".into());
+    }
+    let name = format!("the built-in {} (measured on this machine)", model.name());
+    Ok((name, planner.workload.clone(), planner.cluster(devices)))
 }

@@ -24,22 +24,42 @@ pub fn render(
         count(work.forward_flops),
         work.global_batch
     );
-    let _ = writeln!(
-        out,
-        "Devices: {} ({} per machine), {} each, {:.0} TFLOP/s peak at {:.0} % \
-         efficiency, {:.0} GB/s within a machine, {:.0} GB/s across.",
-        cluster.devices,
-        cluster.per_node,
-        bytes(cluster.memory as f64),
-        cluster.peak_flops / 1e12,
-        cluster.efficiency * 100.0,
-        cluster.intra_bandwidth / 1e9,
-        cluster.inter_bandwidth / 1e9
-    );
+    match &cluster.measured {
+        None => {
+            let _ = writeln!(
+                out,
+                "Devices: {} ({} per machine), {} each, {:.0} TFLOP/s peak at {:.0} % \
+                 efficiency, {:.0} GB/s within a machine, {:.0} GB/s across.",
+                cluster.devices,
+                cluster.per_node,
+                bytes(cluster.memory as f64),
+                cluster.peak_flops / 1e12,
+                cluster.efficiency * 100.0,
+                cluster.intra_bandwidth / 1e9,
+                cluster.inter_bandwidth / 1e9
+            );
+        }
+        Some(m) => {
+            let _ = writeln!(
+                out,
+                "Devices: {} ranks on {} CPU core(s), {} each. Measured on one core: {} µs a \
+                 sample, {} µs a micro-batch, {} µs an update; the collective {:.1} µs a \
+                 step and {:.1} GB/s.",
+                cluster.devices,
+                cluster.cores.unwrap_or(cluster.devices),
+                bytes(cluster.memory as f64),
+                us(m.per_sample),
+                us(m.per_micro_batch),
+                us(m.per_update),
+                cluster.intra_latency * 1e6,
+                cluster.intra_bandwidth / 1e9
+            );
+        }
+    }
     let _ = writeln!(
         out,
         "\n| # | strategy | dp | pp | tp | micro-batches | per device (weights + state + \
-         activations) | step (compute + bubble + dp + tp + pp) | MFU | verdict |\n\
+         activations) | step (compute + update + bubble + dp + tp + pp + sync) | MFU | verdict |\n\
          | ---: | --- | ---: | ---: | ---: | --- | --- | --- | ---: | --- |"
     );
     for (i, c) in planned.candidates.iter().take(top).enumerate() {
@@ -78,6 +98,15 @@ fn bytes(b: f64) -> String {
     }
 }
 
+/// `s` seconds in microseconds, three significant digits.
+fn us(s: f64) -> String {
+    match s * 1e6 {
+        us if us >= 100.0 => format!("{us:.0}"),
+        us if us >= 1.0 => format!("{us:.1}"),
+        us => format!("{us:.3}"),
+    }
+}
+
 /// `s` seconds in milliseconds, three significant digits for short steps.
 fn ms(s: f64) -> String {
     match s * 1e3 {
@@ -92,7 +121,7 @@ fn row(i: usize, c: &Candidate) -> String {
     let (m, t) = (&c.memory, &c.time);
     format!(
         "| {i} | {} | {} | {} | {} | {} × {}{} | {} ({} + {} + {}) | {} ms ({} + {} + {} + {} \
-         + {}) | {:.0} % | {} |",
+         + {} + {} + {}) | {:.0} % | {} |",
         c.strategy.name(),
         l.dp,
         l.pp,
@@ -106,10 +135,12 @@ fn row(i: usize, c: &Candidate) -> String {
         bytes(m.activations),
         ms(t.total),
         ms(t.compute),
+        ms(t.update),
         ms(t.bubble),
         ms(t.data_parallel),
         ms(t.tensor_parallel),
         ms(t.pipeline),
+        ms(t.sync),
         c.utilisation * 100.0,
         c.rejected.as_deref().unwrap_or("fits")
     )

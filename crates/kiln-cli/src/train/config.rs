@@ -139,6 +139,9 @@ pub enum ConfigError {
     /// A checkpoint setting that cannot work.
     #[error(transparent)]
     Checkpoint(#[from] kiln_core::checkpoint::CheckpointError),
+    /// `auto` could not measure the model on this machine.
+    #[error("auto could not measure the model on this machine: {0}; name a --strategy")]
+    Measure(String),
     /// A learning rate that cannot train.
     #[error("--lr must be a positive finite number, got {0}")]
     LearningRate(f64),
@@ -209,14 +212,33 @@ impl TrainConfig {
     /// What the plan refuses, or a precision the strategy cannot run.
     pub fn plan(&self, dp: Option<usize>, launched: &Launched) -> Result<Plan, ConfigError> {
         launched.check(self.strategy)?;
-        let plan = Plan::resolve(PlanRequest {
+        let request = PlanRequest {
             strategy: self.strategy,
             world: launched.world(self.world, self.devices.as_ref().map(Vec::len)),
             dp,
             configs: self.parallel.clone(),
             global_batch: self.batch,
             cpu_cores: launched.cores(self.backend.cpu_cores()),
-        })?;
+            planner: None,
+        };
+        // Checked first as it stands (the ranks, the batch), before `auto` spends a second
+        // measuring the model.
+        let mut plan = Plan::resolve(request.clone())?;
+        // `auto` plans with the model measured here, when there is more than one rank to lay
+        // out; processes of a launched run would each measure their own and could choose
+        // apart, so they keep a replica per rank.
+        if self.strategy == StrategyKind::Auto
+            && plan.world_size() > 1
+            && launched.processes() == 1
+            && self.backend.is_cpu()
+        {
+            let planner =
+                crate::plan::planner(self).map_err(|e| ConfigError::Measure(e.to_string()))?;
+            plan = Plan::resolve(PlanRequest {
+                planner: Some(planner),
+                ..request
+            })?;
+        }
         self.optimizer.check_plan(&plan)?;
         // Every process's own devices may differ; the rest of the config may not.
         let shared = Self {

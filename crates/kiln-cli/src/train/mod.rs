@@ -1,5 +1,6 @@
 //! `kiln train`: a built-in model on built-in synthetic data, through any strategy.
 
+mod builtin;
 mod config;
 mod report;
 mod run_args;
@@ -16,10 +17,9 @@ use kiln_core::model::ParallelModel;
 use kiln_core::params::checksum;
 use kiln_core::plan::Plan;
 use kiln_core::strategy::{PerformanceSpec, StepOutput};
-use kiln_nn::models::{MlpConfig, TransformerConfig};
-use kiln_nn::tasks::{ClassificationBatcher, FibonacciTask, SequenceBatcher, TeacherTask};
 use kiln_nn::tensor_parallel::ShardedBackend;
 
+pub(crate) use builtin::{ModelJob, with_builtin, workload as builtin_workload};
 pub use config::{ConfigError, ModelKind, TrainConfig};
 use report::TrainReport;
 pub use run_args::RunArgs;
@@ -190,30 +190,25 @@ fn train_on_devices<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBa
     devices: Vec<B::Device>,
 ) -> Result<TrainReport, Box<dyn std::error::Error>> {
     let config = job.config;
-    B::seed(&devices[0], config.seed);
-    match config.model {
-        ModelKind::Mlp => {
-            let model = MlpConfig::new().init::<B>(&devices[0]);
-            let task = TeacherTask {
-                samples: config.samples,
-                features: 32,
-                classes: 10,
-                seed: config.seed,
-            };
-            let data = DataSource::new(task.dataset(), ClassificationBatcher);
-            train_model(job, devices, model, data)
-        }
-        ModelKind::Transformer => {
-            let model = TransformerConfig::new().init::<B>(&devices[0]);
-            let task = FibonacciTask {
-                samples: config.samples,
-                len: 16,
-                vocab: 16,
-                seed: config.seed,
-            };
-            let data = DataSource::new(task.dataset(), SequenceBatcher);
-            train_model(job, devices, model, data)
-        }
+    let device = devices[0].clone();
+    builtin::with_builtin::<B, _>(config, &device, Train { job, devices })
+}
+
+/// Training, as a job on whichever built-in model the config names.
+struct Train<'a, B: AutodiffBackend> {
+    job: TrainJob<'a>,
+    devices: Vec<B::Device>,
+}
+
+impl<B: AutodiffBackend + ShardedBackend> builtin::ModelJob<B> for Train<'_, B> {
+    type Output = Result<TrainReport, Box<dyn std::error::Error>>;
+
+    fn run<M, I>(self, model: M, data: DataSource<B, I, M::Input>) -> Self::Output
+    where
+        M: ParallelModel<B>,
+        I: Send + Sync + Clone + 'static,
+    {
+        train_model(self.job, self.devices, model, data)
     }
 }
 

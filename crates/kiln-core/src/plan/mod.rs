@@ -8,13 +8,17 @@
 //! `ParallelDims`): each strategy owns some axes (`ddp`: `dp`; `pipeline`: `dp × pp`;
 //! `tensor`: `dp × pp × tp`), and the world is their product.
 
+mod auto;
 pub mod cost;
+pub mod measure;
 
 use std::fmt;
 
 use crate::optim::StateLayout;
 use crate::strategy::{ConfigError, StrategyConfigs, StrategyKind};
 use crate::world::{Mesh, ProcessInfo};
+
+pub use auto::Planner;
 
 /// What a run asks for, before it is resolved.
 #[derive(Debug, Clone)]
@@ -35,6 +39,9 @@ pub struct PlanRequest {
     /// When the ranks share a CPU: its cores, which `auto` makes ranks when nobody named a
     /// world. `None` for devices that are not shared cores (GPUs).
     pub cpu_cores: Option<usize>,
+    /// The model and the devices, for `auto` to plan with; without them `auto` gives every
+    /// rank a full replica (Ddp).
+    pub planner: Option<Planner>,
 }
 
 impl PlanRequest {
@@ -47,6 +54,7 @@ impl PlanRequest {
             configs: StrategyConfigs::default(),
             global_batch,
             cpu_cores: None,
+            planner: None,
         }
     }
 
@@ -97,6 +105,7 @@ impl Plan {
             mut configs,
             global_batch,
             cpu_cores,
+            planner,
         } = request;
         if world == Some(0) {
             return Err(ConfigError::NoDevices);
@@ -105,7 +114,14 @@ impl Plan {
             return Err(ConfigError::ZeroReplicas);
         }
         let (strategy, reason, world) = match strategy {
-            StrategyKind::Auto => auto(world.or(dp), cpu_cores, &configs, global_batch),
+            StrategyKind::Auto => {
+                let from_cores = world.or(dp).is_none() && cpu_cores.is_some();
+                let ranks = auto_ranks(world.or(dp), cpu_cores, &configs, global_batch);
+                let (kind, chosen, reason) =
+                    auto::choose(ranks, from_cores, planner.as_ref(), &configs)?;
+                configs = chosen;
+                (kind, reason, Some(ranks))
+            }
             kind => (kind, "chosen by the user".to_string(), world),
         };
         let (dp, pp, tp) = match strategy {
@@ -302,45 +318,21 @@ impl fmt::Display for Plan {
     }
 }
 
-/// `auto`'s choice for `ranks` named ranks (or the CPU's cores, or one): the strategy, why,
-/// and the ranks it then runs on.
-fn auto(
+/// The ranks `auto` plans for: those named, else the CPU's cores (as many as the batch can
+/// feed, each of `threads_per_rank` threads), else one device.
+fn auto_ranks(
     ranks: Option<usize>,
     cpu_cores: Option<usize>,
     configs: &StrategyConfigs,
     global_batch: usize,
-) -> (StrategyKind, String, Option<usize>) {
-    let from_cores = ranks.is_none() && cpu_cores.is_some();
-    let ranks = ranks.unwrap_or_else(|| match cpu_cores {
+) -> usize {
+    ranks.unwrap_or_else(|| match cpu_cores {
         Some(cores) => {
             let threads = configs.ddp.threads_per_rank.unwrap_or(1).max(1);
             StrategyKind::auto_cpu_world(cores / threads, global_batch)
         }
         None => 1,
-    });
-    let (kind, reason) = if ranks == 1 {
-        (
-            StrategyKind::Single,
-            "one rank: nothing to parallelise".to_string(),
-        )
-    } else if from_cores {
-        (
-            StrategyKind::Ddp,
-            format!(
-                "the CPU's cores as {ranks} Ddp ranks, which train as one rank does up to \
-                 float rounding (--world 1 trains on one rank)"
-            ),
-        )
-    } else {
-        (
-            StrategyKind::Ddp,
-            format!(
-                "{ranks} ranks: a full replica per rank (memory-aware planning is not \
-                 implemented yet, so the model is assumed to fit on every device)"
-            ),
-        )
-    };
-    (kind, reason, Some(ranks))
+    })
 }
 
 /// The data-parallel replicas of a world of `world` ranks (if named), `dp` replicas (if

@@ -10,6 +10,9 @@ use crate::optim::{NonFinite, StateError};
 /// A strategy configuration that cannot work.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ConfigError {
+    /// `auto`'s planner found no layout of the ranks that fits the model.
+    #[error("auto: {0}")]
+    Unplannable(#[from] crate::plan::cost::PlanError),
     /// No device to train on.
     #[error("no device given; pass at least one device (the CPU device may repeat)")]
     NoDevices,

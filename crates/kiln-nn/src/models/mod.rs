@@ -9,6 +9,7 @@ mod mlp_stages;
 mod transformer;
 mod transformer_stages;
 mod transformer_tp;
+mod workload;
 
 pub use lora_transformer::{LoraModel, LoraTransformer, LoraTransformerConfig};
 pub use lora_transformer_stages::{LoraStage, LoraTransformerStage};

@@ -38,15 +38,20 @@ pub struct Memory {
     pub trainable_state: f64,
     /// Activations kept for the backward: its blocks', for the micro-batches in flight.
     pub activations: f64,
-    /// All of it.
+    /// All of it, with the workload's `fixed_bytes`.
     pub total: f64,
 }
 
 /// Seconds of one optimizer step, by part.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct StepTime {
-    /// Forward and backward FLOPs over the device's speed.
+    /// Forward and backward passes of the busiest device: its FLOPs over its speed, or its
+    /// [`Measured`](super::Measured) costs.
     pub compute: f64,
+    /// The optimizer's update of the device's parameters (measured devices only; a large
+    /// model's update is a sliver of its step).
+    #[serde(default)]
+    pub update: f64,
     /// Stages waiting for the pipeline to fill and drain.
     pub bubble: f64,
     /// The gradients' all-reduce over the replicas.
@@ -55,6 +60,10 @@ pub struct StepTime {
     pub tensor_parallel: f64,
     /// Activations and their gradients between stages.
     pub pipeline: f64,
+    /// Every device's facts of the step (loss, samples, times) gathered over all of them:
+    /// one small collective a step.
+    #[serde(default)]
+    pub sync: f64,
     /// The step.
     pub total: f64,
 }
@@ -85,7 +94,7 @@ pub fn memory(work: &Workload, layout: &Layout) -> Memory {
             weights,
             trainable_state,
             activations,
-            total: weights + trainable_state + activations,
+            total: weights + trainable_state + activations + work.fixed_bytes,
         }
     };
     if layout.pp == 1 {
@@ -100,14 +109,25 @@ pub fn memory(work: &Workload, layout: &Layout) -> Memory {
     }
 }
 
-/// Seconds of a ring collective moving `bytes` among `n` devices over `bandwidth`.
-fn ring(bytes: f64, n: usize, bandwidth: f64, latency: f64) -> f64 {
+/// Seconds of an all-reduce of `bytes` among `n` devices over a link of `bandwidth` and
+/// `latency`: a ring between devices of their own (`2 (n - 1)` steps, each moving `bytes / n`
+/// over each link); between ranks sharing a CPU (`cluster.cores`), Kiln's in-process
+/// rendezvous, where the ranks meet once (one latency: the last to arrive wakes the others)
+/// and the `n` tensors are summed in memory.
+fn all_reduce(cluster: &Cluster, bytes: f64, n: usize, (bandwidth, latency): (f64, f64)) -> f64 {
     if n <= 1 {
         return 0.0;
+    }
+    if cluster.cores.is_some() {
+        return latency + (n - 1) as f64 * bytes / bandwidth;
     }
     let steps = 2.0 * (n - 1) as f64;
     steps / n as f64 * bytes / bandwidth + steps * latency
 }
+
+/// Bytes of a step's facts (loss, samples, times and running totals of every rank) that every
+/// rank gathers once a step (`strategy/facts.rs`): a few hundred bytes a rank.
+const FACT_BYTES: f64 = 256.0;
 
 /// The link of a group of `n` devices `stride` ranks apart (the mesh is `dp × pp × tp`, `tp`
 /// innermost): the machine's own when every such group lies in one machine (the groups tile
@@ -117,6 +137,39 @@ fn link(cluster: &Cluster, stride: usize, n: usize) -> (f64, f64) {
     match span <= cluster.per_node && cluster.per_node.is_multiple_of(span) {
         true => (cluster.intra_bandwidth, cluster.intra_latency),
         false => (cluster.inter_bandwidth, cluster.inter_latency),
+    }
+}
+
+/// What the busiest stage of `layout` does of the whole model's work: its share of the
+/// FLOPs, of the ops (a block or the head each count one; tensor parallelism splits an op's
+/// size, not the op) and of the parameters. The first stage has the most blocks (Kiln gives the
+/// first stages the remainder), the last the head: the slower of the two sets the pace.
+fn busiest_stage(work: &Workload, layout: &Layout) -> (f64, f64, f64) {
+    let layers = work.layers as f64;
+    let head = (work.head_flops / work.forward_flops.max(f64::MIN_POSITIVE)).clamp(0.0, 1.0);
+    let per_block = (1.0 - head) / layers / layout.tp as f64;
+    let params = work.params.max(1) as f64;
+    let block_params = (params - work.embedding_params as f64 - work.head_params as f64) / layers;
+    let stage = |blocks: f64, first: bool, last: bool| {
+        let flops = blocks * per_block + if last { head } else { 0.0 };
+        let ops = (blocks + if last { 1.0 } else { 0.0 }) / (layers + 1.0);
+        let held = blocks * block_params / layout.tp as f64
+            + if first {
+                work.embedding_params as f64
+            } else {
+                0.0
+            }
+            + if last { work.head_params as f64 } else { 0.0 };
+        (flops, ops, held / params)
+    };
+    if layout.pp == 1 {
+        return stage(layers, true, true);
+    }
+    let first = stage(work.layers.div_ceil(layout.pp) as f64, true, false);
+    let last = stage((work.layers / layout.pp) as f64, false, true);
+    match first.0 + first.1 >= last.0 + last.1 {
+        true => first,
+        false => last,
     }
 }
 
@@ -130,22 +183,46 @@ pub fn step_time(work: &Workload, cluster: &Cluster, layout: &Layout) -> StepTim
         micro_batch,
         recompute,
     } = *layout;
-    let samples = (micro_batches * micro_batch) as f64;
     // A forward, the backward, and with recomputation a second forward.
     let passes = 1.0 + work.backward_passes + if recompute { 1.0 } else { 0.0 };
-    let compute = passes * work.forward_flops * samples / (pp * tp) as f64 / cluster.flops();
-    let bubble = compute * (pp - 1) as f64 / micro_batches as f64;
+    let (flops_share, ops_share, params_share) = busiest_stage(work, layout);
+    // Seconds of the whole model on one device: per sample, per micro-batch, per update.
+    let (per_sample, per_micro_batch, per_update) = match &cluster.measured {
+        Some(m) => (
+            m.per_sample * passes / (1.0 + work.backward_passes),
+            m.per_micro_batch,
+            m.per_update,
+        ),
+        None => (passes * work.forward_flops / cluster.flops(), 0.0, 0.0),
+    };
+    let crowding = cluster.crowding();
+    // One micro-batch's forward and backward on the busiest stage.
+    let stage =
+        crowding * (ops_share * per_micro_batch + flops_share * per_sample * micro_batch as f64);
+    let compute = stage * micro_batches as f64;
+    let update = crowding * params_share * per_update;
+    // 1F1B: the busiest stage waits `pp - 1` micro-batches' worth while the pipeline fills
+    // and drains.
+    let bubble = stage * (pp - 1) as f64;
     // The most loaded device's gradients (every replica group all-reduces at once).
     let held = memory(work, layout);
     let grads = held.trainable_state / work.trainable_extra_bytes.max(f64::MIN_POSITIVE)
         * work.activation_bytes;
     let (bw, lat) = link(cluster, pp * tp, dp);
-    let data_parallel = ring(grads, dp, bw, lat);
+    let data_parallel = all_reduce(cluster, grads, dp, (bw, lat));
     let blocks = work.layers.div_ceil(pp) as f64;
     let (bw, lat) = link(cluster, 1, tp);
     // Four all-reduces a block, each of a quarter of `tp_bytes`.
     let per_call = work.tp_bytes / 4.0 * micro_batch as f64;
-    let tensor_parallel = blocks * micro_batches as f64 * 4.0 * ring(per_call, tp, bw, lat);
+    let tensor_parallel =
+        blocks * micro_batches as f64 * 4.0 * all_reduce(cluster, per_call, tp, (bw, lat));
+    let devices = dp * pp * tp;
+    let sync = all_reduce(
+        cluster,
+        FACT_BYTES * devices as f64,
+        devices,
+        link(cluster, 1, devices),
+    );
     let pipeline = match pp {
         1 => 0.0,
         _ => {
@@ -158,10 +235,12 @@ pub fn step_time(work: &Workload, cluster: &Cluster, layout: &Layout) -> StepTim
     };
     StepTime {
         compute,
+        update,
         bubble,
         data_parallel,
         tensor_parallel,
         pipeline,
-        total: compute + bubble + data_parallel + tensor_parallel + pipeline,
+        sync,
+        total: compute + update + bubble + data_parallel + tensor_parallel + pipeline + sync,
     }
 }

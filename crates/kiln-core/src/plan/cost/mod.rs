@@ -5,11 +5,13 @@
 
 mod cluster;
 mod estimate;
+mod measured;
 mod search;
 mod workload;
 
 pub use cluster::{Cluster, DEFAULT_EFFICIENCY, PRESETS, Preset, parse_bytes};
 pub use estimate::{Layout, Memory, StepTime, memory, step_time};
+pub use measured::{FitError, Measured, Timing};
 pub use search::{CLOSE, Candidate, PlanError, Planned, USABLE_MEMORY, search};
 pub use workload::{Precision, TransformerShape, Workload};
 

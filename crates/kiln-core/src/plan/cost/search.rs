@@ -7,7 +7,8 @@ use super::{Cluster, Workload};
 use crate::strategy::StrategyKind;
 
 /// Step times closer than this share are the same to the model, whose error is larger: the
-/// simpler layout of the two is chosen.
+/// simpler layout of the two is chosen (a measured cluster may widen it:
+/// [`Cluster::tolerance`]).
 pub const CLOSE: f64 = 0.05;
 
 /// The share of a device's memory a plan may fill: the rest is for the framework, kernels'
@@ -122,7 +123,11 @@ fn best_micro_batching(
     (dp, pp, tp): (usize, usize, usize),
 ) -> Candidate {
     let usable = cluster.memory as f64 * USABLE_MEMORY;
-    let per_replica = work.global_batch / dp;
+    // Replicas of a batch that does not divide take one sample more or less (Kiln's uneven
+    // shards): the largest sets the pace and the memory, and the smallest must fill every
+    // micro-batch.
+    let per_replica = work.global_batch.div_ceil(dp);
+    let smallest = work.global_batch / dp;
     let make = |(micro_batches, recompute): (usize, bool)| {
         let layout = Layout {
             dp,
@@ -148,6 +153,7 @@ fn best_micro_batching(
     };
     let recompute: &[bool] = if pp > 1 { &[false, true] } else { &[false] };
     let all: Vec<Candidate> = divisors(per_replica)
+        .filter(|&m| m <= smallest)
         .flat_map(|m| recompute.iter().map(move |&r| (m, r)))
         .map(make)
         .collect();
@@ -189,10 +195,11 @@ pub fn search(work: &Workload, cluster: &Cluster) -> Result<Planned, PlanError> 
     };
     // Within the model's error of the fastest, the simplest layout: fewest devices per
     // replica, then fewest micro-batches, then no recomputation.
+    let tolerance = cluster.tolerance();
     let simplest = fit
         .iter()
         .enumerate()
-        .filter(|(_, c)| c.time.total <= fastest * (1.0 + CLOSE))
+        .filter(|(_, c)| c.time.total <= fastest * (1.0 + tolerance))
         .min_by_key(|(_, c)| {
             let l = &c.layout;
             (l.pp * l.tp, l.micro_batches, l.recompute)
@@ -205,7 +212,7 @@ pub fn search(work: &Workload, cluster: &Cluster) -> Result<Planned, PlanError> 
         _ => format!(
             "the simplest of the {} layouts that fit within {:.0} % of the fastest",
             fit.len() + 1,
-            CLOSE * 100.0
+            tolerance * 100.0
         ),
     };
     let reason = format!(
@@ -238,7 +245,7 @@ fn candidates(work: &Workload, cluster: &Cluster) -> Result<Vec<Candidate>, Plan
     for tp in divisors(cluster.devices).filter(|&t| work.shards_into(t)) {
         for pp in divisors(cluster.devices / tp).filter(|&p| p <= work.layers) {
             let dp = cluster.devices / (tp * pp);
-            if !work.global_batch.is_multiple_of(dp) {
+            if work.global_batch < dp {
                 continue;
             }
             let mut candidate = best_micro_batching(work, cluster, (dp, pp, tp));
@@ -254,7 +261,7 @@ fn candidates(work: &Workload, cluster: &Cluster) -> Result<Vec<Candidate>, Plan
     }
     if found.is_empty() {
         return Err(PlanError::NoLayout(format!(
-            "no mesh of {} devices divides a global batch of {}",
+            "no layout of {} devices gives every replica a sample of a global batch of {}",
             cluster.devices, work.global_batch
         )));
     }

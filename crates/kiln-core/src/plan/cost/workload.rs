@@ -144,6 +144,10 @@ pub struct Workload {
     pub activation_bytes: f64,
     /// Forward FLOPs per sample.
     pub forward_flops: f64,
+    /// The part of `forward_flops` on the output side (the head): the last stage runs it,
+    /// whole on every shard.
+    #[serde(default)]
+    pub head_flops: f64,
     /// The backward's FLOPs in forwards: 2 when every weight trains (the inputs' gradients
     /// and the weights'), 1 when the base is frozen and only small adapters train.
     pub backward_passes: f64,
@@ -161,6 +165,10 @@ pub struct Workload {
     pub tp_bytes: f64,
     /// Samples per optimizer step.
     pub global_batch: usize,
+    /// Bytes every device holds whatever its share of the model: the framework's own buffers,
+    /// measured on a device that is here (0 for a described model).
+    #[serde(default)]
+    pub fixed_bytes: f64,
 }
 
 impl Workload {
@@ -184,6 +192,7 @@ impl Workload {
             trainable_extra_bytes: precision.trainable_extra_bytes(),
             activation_bytes: act,
             forward_flops: shape.forward_flops(),
+            head_flops: 2.0 * shape.seq as f64 * shape.hidden as f64 * shape.vocab as f64,
             backward_passes: 2.0,
             layers: shape.layers,
             block_activation_bytes: (1..=max_tp)
@@ -193,6 +202,7 @@ impl Workload {
             boundary_bytes: block_out,
             tp_bytes: 4.0 * block_out,
             global_batch,
+            fixed_bytes: 0.0,
         }
     }
 

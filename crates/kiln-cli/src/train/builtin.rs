@@ -1,0 +1,70 @@
+//! The built-in models with their synthetic data, handed to whatever runs them: training, or
+//! the planner's timing of a step. One place builds them, so what `auto` times is what trains.
+
+use burn::tensor::backend::AutodiffBackend;
+use kiln_core::data::DataSource;
+use kiln_core::model::ParallelModel;
+use kiln_core::plan::cost::Workload;
+use kiln_nn::models::{MlpConfig, TransformerConfig};
+use kiln_nn::tasks::{ClassificationBatcher, FibonacciTask, SequenceBatcher, TeacherTask};
+use kiln_nn::tensor_parallel::ShardedBackend;
+
+use super::{ModelKind, TrainConfig};
+
+/// Tokens of each sequence of the transformer's task.
+const SEQUENCE: usize = 16;
+
+/// Something run on a built-in model and its data, whichever the model.
+pub(crate) trait ModelJob<B: AutodiffBackend + ShardedBackend> {
+    /// What it returns.
+    type Output;
+
+    /// Runs on `model` and `data`.
+    fn run<M, I>(self, model: M, data: DataSource<B, I, M::Input>) -> Self::Output
+    where
+        M: ParallelModel<B>,
+        I: Send + Sync + Clone + 'static;
+}
+
+/// Builds `config`'s model on `device` (from its seed) and its data set, and runs `job` on
+/// them.
+pub(crate) fn with_builtin<B, J>(config: &TrainConfig, device: &B::Device, job: J) -> J::Output
+where
+    B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend,
+    J: ModelJob<B>,
+{
+    B::seed(device, config.seed);
+    match config.model {
+        ModelKind::Mlp => {
+            let model = MlpConfig::new().init::<B>(device);
+            let task = TeacherTask {
+                samples: config.samples,
+                features: 32,
+                classes: 10,
+                seed: config.seed,
+            };
+            job.run(
+                model,
+                DataSource::new(task.dataset(), ClassificationBatcher),
+            )
+        }
+        ModelKind::Transformer => {
+            let model = TransformerConfig::new().init::<B>(device);
+            let task = FibonacciTask {
+                samples: config.samples,
+                len: SEQUENCE,
+                vocab: 16,
+                seed: config.seed,
+            };
+            job.run(model, DataSource::new(task.dataset(), SequenceBatcher))
+        }
+    }
+}
+
+/// What a step of `config`'s model asks of the planner.
+pub(crate) fn workload(config: &TrainConfig) -> Workload {
+    match config.model {
+        ModelKind::Mlp => MlpConfig::new().workload(config.batch),
+        ModelKind::Transformer => TransformerConfig::new().workload(SEQUENCE, config.batch),
+    }
+}

@@ -1,0 +1,203 @@
+//! A workload's step timed on one device, as three costs the cost model scales to any layout.
+//!
+//! FLOPs over a device's peak predict large models on GPUs, whose steps are their matmuls. A
+//! small model on a CPU core spends much of its step dispatching ops, whatever their size, and
+//! updating its parameters: costs that do not shrink when a batch is split. So a model that is
+//! here to run is timed at a few batch sizes and micro-batch counts on one device, and the
+//! step's time is fitted as `per_update + micro_batches · per_micro_batch + samples ·
+//! per_sample` (least squares): the three parts a layout divides differently.
+
+use serde::{Deserialize, Serialize};
+
+/// One timed step on one device: its samples, the micro-batches they were cut into, and its
+/// seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Timing {
+    /// Samples of the step.
+    pub samples: usize,
+    /// Micro-batches (forward and backward passes) the samples were cut into.
+    pub micro_batches: usize,
+    /// Seconds of one step (a median over several).
+    pub seconds: f64,
+    /// How much the steps' times varied: their interquartile range over their median.
+    #[serde(default)]
+    pub spread: f64,
+    /// The rank's peak bytes over the steps, where the process counts its memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_bytes: Option<u64>,
+}
+
+/// A workload's costs on one device, the whole model. See the [module docs](self).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Measured {
+    /// Seconds of forward and backward per sample.
+    pub per_sample: f64,
+    /// Seconds of a forward and backward that do not grow with its samples (every op's
+    /// dispatch).
+    pub per_micro_batch: f64,
+    /// Seconds of a step spent once, whatever its micro-batches: the optimizer's update of
+    /// every parameter.
+    pub per_update: f64,
+    /// The timings it was fitted to.
+    pub timings: Vec<Timing>,
+}
+
+/// Timings that cannot be fitted.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error(
+    "the step timings cannot be fitted ({0}): time at least three steps that differ in their \
+     samples and in their micro-batches"
+)]
+pub struct FitError(String);
+
+impl Measured {
+    /// The costs that fit `timings` best (least squares), none negative.
+    ///
+    /// # Errors
+    /// [`FitError`] for fewer than three timings, a time that is not positive and finite, or
+    /// timings that do not vary in both samples and micro-batches.
+    pub fn fit(timings: &[Timing]) -> Result<Self, FitError> {
+        if timings.len() < 3 {
+            return Err(FitError(format!("{} timing(s)", timings.len())));
+        }
+        if let Some(t) = timings
+            .iter()
+            .find(|t| !(t.seconds.is_finite() && t.seconds > 0.0) || t.micro_batches == 0)
+        {
+            return Err(FitError(format!("{t:?}")));
+        }
+        // Normal equations of `seconds = u + m · a + s · b`, rows scaled to relative error:
+        // a step of 1 ms counts as much as one of 100 ms.
+        let rows: Vec<([f64; 3], f64)> = timings
+            .iter()
+            .map(|t| {
+                let w = 1.0 / t.seconds;
+                (
+                    [w, t.micro_batches as f64 * w, t.samples as f64 * w],
+                    t.seconds * w,
+                )
+            })
+            .collect();
+        let mut a = [[0.0f64; 3]; 3];
+        let mut y = [0.0f64; 3];
+        for (x, target) in &rows {
+            for i in 0..3 {
+                y[i] += x[i] * target;
+                for j in 0..3 {
+                    a[i][j] += x[i] * x[j];
+                }
+            }
+        }
+        let [update, micro_batch, sample] =
+            solve(a, y).ok_or_else(|| FitError("they do not vary enough".into()))?;
+        Ok(Self {
+            per_sample: sample.max(0.0),
+            per_micro_batch: micro_batch.max(0.0),
+            per_update: update.max(0.0),
+            timings: timings.to_vec(),
+        })
+    }
+
+    /// How precisely the steps were timed: the median of the timings' spreads. Layouts whose
+    /// predicted times differ by less are the same to the planner.
+    pub fn noise(&self) -> f64 {
+        let mut spreads: Vec<f64> = self.timings.iter().map(|t| t.spread).collect();
+        spreads.sort_by(f64::total_cmp);
+        spreads.get(spreads.len() / 2).copied().unwrap_or(0.0)
+    }
+
+    /// The rank's peak memory as a line in the micro-batch's samples, `(bytes whatever the
+    /// batch, bytes per sample)`, from the timings of one micro-batch whose peaks were
+    /// counted; `None` without two such timings of different sizes.
+    pub fn memory_line(&self) -> Option<(f64, f64)> {
+        let points: Vec<(f64, f64)> = self
+            .timings
+            .iter()
+            .filter(|t| t.micro_batches == 1)
+            .filter_map(|t| Some((t.samples as f64, t.peak_bytes? as f64)))
+            .collect();
+        let (small, large) = (
+            points.iter().min_by(|a, b| a.0.total_cmp(&b.0))?,
+            points.iter().max_by(|a, b| a.0.total_cmp(&b.0))?,
+        );
+        if large.0 <= small.0 {
+            return None;
+        }
+        let per_sample = ((large.1 - small.1) / (large.0 - small.0)).max(0.0);
+        Some(((large.1 - per_sample * large.0).max(0.0), per_sample))
+    }
+
+    /// The fitted time of a step of `samples` in `micro_batches`, the whole model on one
+    /// device.
+    pub fn seconds(&self, samples: usize, micro_batches: usize) -> f64 {
+        self.per_update
+            + micro_batches as f64 * self.per_micro_batch
+            + samples as f64 * self.per_sample
+    }
+}
+
+/// `x` with `a · x = y`, by Gaussian elimination with partial pivoting; `None` when `a` is
+/// singular.
+fn solve(mut a: [[f64; 3]; 3], mut y: [f64; 3]) -> Option<[f64; 3]> {
+    let scale = a.iter().flatten().fold(0.0f64, |m, v| m.max(v.abs()));
+    for col in 0..3 {
+        let pivot = (col..3).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
+        if a[pivot][col].abs() <= scale * 1e-12 {
+            return None;
+        }
+        a.swap(col, pivot);
+        y.swap(col, pivot);
+        let pivot_row = a[col];
+        for row in col + 1..3 {
+            let f = a[row][col] / pivot_row[col];
+            for (value, above) in a[row].iter_mut().zip(pivot_row).skip(col) {
+                *value -= f * above;
+            }
+            y[row] -= f * y[col];
+        }
+    }
+    let mut x = [0.0; 3];
+    for row in (0..3).rev() {
+        let rest: f64 = (row + 1..3).map(|k| a[row][k] * x[k]).sum();
+        x[row] = (y[row] - rest) / a[row][row];
+    }
+    Some(x)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timing(samples: usize, micro_batches: usize, seconds: f64) -> Timing {
+        Timing {
+            samples,
+            micro_batches,
+            seconds,
+            spread: 0.0,
+            peak_bytes: None,
+        }
+    }
+
+    #[test]
+    fn the_three_costs_are_recovered_from_exact_timings() {
+        let truth = |s: usize, m: usize| 2e-3 + m as f64 * 5e-4 + s as f64 * 1e-5;
+        let timings: Vec<_> = [(64, 1), (16, 1), (64, 4), (32, 2)]
+            .into_iter()
+            .map(|(s, m)| timing(s, m, truth(s, m)))
+            .collect();
+        let fit = Measured::fit(&timings).unwrap();
+        assert!((fit.per_update - 2e-3).abs() < 1e-9, "{fit:?}");
+        assert!((fit.per_micro_batch - 5e-4).abs() < 1e-9, "{fit:?}");
+        assert!((fit.per_sample - 1e-5).abs() < 1e-12, "{fit:?}");
+        assert!((fit.seconds(128, 8) - truth(128, 8)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn timings_that_cannot_separate_the_costs_are_refused() {
+        let same_micro_batches = [timing(64, 1, 3e-3), timing(16, 1, 2e-3), timing(8, 1, 1e-3)];
+        assert!(Measured::fit(&same_micro_batches).is_err());
+        assert!(Measured::fit(&same_micro_batches[..2]).is_err());
+        let broken = [timing(64, 1, 3e-3), timing(16, 1, 0.0), timing(64, 4, 1e-3)];
+        assert!(Measured::fit(&broken).is_err());
+    }
+}

@@ -1,0 +1,402 @@
+//! The planner's inputs measured on this machine: a model's step timed on one rank
+//! ([`calibrate`]), and the collective's latency and bandwidth between two ranks
+//! ([`probe_links`]). `kiln plan --model` and `auto` feed them to the cost model; the plan
+//! benchmark times every candidate with [`time_steps`].
+
+use std::time::{Duration, Instant};
+
+use burn::optim::AdamWConfig;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Tensor, TensorData};
+
+use super::cost::{Cluster, FitError, Measured, Timing, Workload};
+use super::{Plan, PlanRequest, Planner};
+use crate::collective::{Collective, CollectiveError, InProcess, ReduceOp};
+use crate::data::{DataSource, EpochSampler};
+use crate::model::ParallelModel;
+use crate::strategy::{RankStats, StrategyConfigs, StrategyError, StrategyKind, build};
+use crate::tensor_parallel::TpBackend;
+
+/// Why the machine could not be measured.
+#[derive(Debug, thiserror::Error)]
+pub enum MeasureError {
+    /// A timed step failed.
+    #[error("timing the model's step: {0}")]
+    Step(#[from] StrategyError),
+    /// The timings do not separate the step's costs.
+    #[error(transparent)]
+    Fit(#[from] FitError),
+    /// The collective's probe failed.
+    #[error("probing the collective: {0}")]
+    Probe(#[from] CollectiveError),
+}
+
+/// The learning rate of timed steps: any rate trains at the same speed.
+const LR: f64 = 1e-3;
+
+/// Steps a timing runs before it starts the clock: fresh threads start with cold allocator
+/// arenas and caches.
+pub const WARMUP: usize = 2;
+
+/// What [`time_steps`] measured.
+#[derive(Debug, Clone)]
+pub struct TimedSteps {
+    /// Seconds of each timed step.
+    pub steps: Vec<f64>,
+    /// Each rank's statistics over the timed steps.
+    pub ranks: Vec<RankStats>,
+}
+
+impl TimedSteps {
+    /// The median step's seconds: a noisy machine's outliers left out.
+    pub fn median(&self) -> f64 {
+        median(&self.steps)
+    }
+
+    /// The steps' interquartile range over their median.
+    pub fn spread(&self) -> f64 {
+        let mut sorted = self.steps.clone();
+        sorted.sort_by(f64::total_cmp);
+        let n = sorted.len();
+        if n < 4 {
+            return 0.0;
+        }
+        (sorted[3 * n / 4] - sorted[n / 4]) / self.median().max(f64::MIN_POSITIVE)
+    }
+}
+
+/// The median of `values` (0 for none).
+pub fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
+/// How many steps a timing takes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Budget {
+    /// Untimed steps first.
+    pub warmup: usize,
+    /// Timed steps at least.
+    pub steps: usize,
+    /// Then more, until the timed steps took this many seconds together (a fast step is
+    /// noisy: many are needed for a steady median) ...
+    pub seconds: f64,
+    /// ... or this many were timed.
+    pub most_steps: usize,
+}
+
+impl Budget {
+    /// `steps` timed steps exactly, after `warmup`.
+    pub fn steps(warmup: usize, steps: usize) -> Self {
+        Self {
+            warmup,
+            steps,
+            seconds: 0.0,
+            most_steps: steps,
+        }
+    }
+}
+
+/// Trains `model` through `plan`'s strategy on `devices` (AdamW) for the `budget`'s untimed,
+/// then timed, steps, on batches of `data` in a fixed order from `seed`.
+///
+/// # Errors
+/// What building the strategy or a step returns.
+pub fn time_steps<B, M, I>(
+    plan: &Plan,
+    devices: &[B::Device],
+    model: M,
+    data: DataSource<B, I, M::Input>,
+    budget: Budget,
+    seed: u64,
+) -> Result<TimedSteps, StrategyError>
+where
+    B: AutodiffBackend + TpBackend,
+    M: ParallelModel<B>,
+    I: Send + 'static,
+{
+    // Epoch after epoch, as training reads them.
+    let sampler = EpochSampler::new(data.len(), plan.global_batch(), seed)?;
+    let mut batches = sampler.batches();
+    let model = model.fork(&devices[0]);
+    let mut strategy = build(plan, devices.to_vec(), model, &AdamWConfig::new(), data)?;
+    for batch in batches.by_ref().take(budget.warmup) {
+        strategy.step(&batch, LR)?;
+    }
+    let before = strategy.stats();
+    let mut times = Vec::with_capacity(budget.steps);
+    let mut total = 0.0;
+    for batch in batches {
+        let enough = times.len() >= budget.steps && total >= budget.seconds;
+        if enough || times.len() >= budget.most_steps.max(budget.steps) {
+            break;
+        }
+        let start = Instant::now();
+        strategy.step(&batch, LR)?;
+        let seconds = start.elapsed().as_secs_f64();
+        total += seconds;
+        times.push(seconds);
+    }
+    let ranks = before
+        .into_iter()
+        .zip(strategy.stats())
+        .map(|(before, after)| after.since(&before))
+        .collect();
+    Ok(TimedSteps {
+        steps: times,
+        ranks,
+    })
+}
+
+/// The samples and micro-batches [`calibrate`] times a model at, for a global batch of
+/// `batch`: the batch whole and in four micro-batches, a quarter of it whole and in eight.
+/// The costs differ by orders of magnitude (a micro-batch's dispatch is a few percent of a
+/// step), so the points must separate them well: the quarter in eight micro-batches of a few
+/// samples each is mostly dispatch.
+fn calibration_points(batch: usize) -> Vec<(usize, usize)> {
+    let quarter = batch.div_ceil(4).max(2);
+    let mut points = vec![
+        (batch.max(2), 1),
+        (quarter, 1),
+        (quarter, quarter.min(8)),
+        (batch.max(2), batch.clamp(2, 4)),
+    ];
+    for p in &mut points {
+        // Micro-batches of equal size.
+        p.0 = p.0 / p.1 * p.1;
+    }
+    points.dedup();
+    points
+}
+
+/// Times a step of `model` on one rank of `device` (one intra-op thread, as CPU ranks run)
+/// at several batch sizes and micro-batch counts around `batch`, each as long as `budget`
+/// says, and fits the [`Measured`] costs.
+///
+/// Ranks that share a CPU compute side by side: the cores share the memory bus and caches,
+/// and each runs slower than it does alone (5 to 10 % for the transformer on this project's
+/// 2-core machine). So `beside` more copies of the same step run on threads of their own
+/// while one is timed, as the other cores' ranks would. Where the process counts its memory
+/// ([`crate::memory`]), the steps of one micro-batch run once more alone, for the rank's
+/// peak bytes.
+///
+/// # Errors
+/// What a step returns, or timings that cannot be fitted.
+pub fn calibrate<B, M, I>(
+    device: &B::Device,
+    model: &M,
+    data: &DataSource<B, I, M::Input>,
+    (batch, beside): (usize, usize),
+    budget: Budget,
+    seed: u64,
+) -> Result<Measured, MeasureError>
+where
+    B: AutodiffBackend + TpBackend,
+    M: ParallelModel<B>,
+    I: Send + 'static,
+{
+    let mut timings = Vec::new();
+    for (samples, micro_batches) in calibration_points(batch) {
+        let mut configs = StrategyConfigs::default();
+        configs.set_threads_per_rank(1);
+        configs.set_grad_accumulation(micro_batches);
+        let plan = Plan::resolve(
+            PlanRequest::new(StrategyKind::Single, samples)
+                .with_world(1)
+                .with_configs(configs),
+        )
+        .map_err(StrategyError::from)?;
+        let plan = &plan;
+        let time = move |model: M, data: DataSource<B, I, M::Input>, budget: Budget| {
+            time_steps(
+                plan,
+                std::slice::from_ref(device),
+                model,
+                data,
+                budget,
+                seed,
+            )
+        };
+        // The companions run a little longer than the timed copy, so it is never alone.
+        let longer = Budget {
+            seconds: budget.seconds * 1.5,
+            most_steps: budget.most_steps * 3 / 2 + 1,
+            steps: budget.steps * 3 / 2 + 1,
+            ..budget
+        };
+        let timed = std::thread::scope(|s| {
+            let companions: Vec<_> = (0..beside)
+                .map(|_| {
+                    let (model, data) = (model.clone(), data.clone());
+                    s.spawn(move || time(model, data, longer))
+                })
+                .collect();
+            let timed = time(model.clone(), data.clone(), budget);
+            for companion in companions {
+                companion
+                    .join()
+                    .unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+            }
+            timed
+        })?;
+        timings.push(Timing {
+            samples,
+            micro_batches,
+            seconds: timed.median(),
+            spread: timed.spread(),
+            peak_bytes: match crate::memory::counting() && micro_batches == 1 {
+                // Counted alone: the companions' ranks are numbered as this one's.
+                true => time(model.clone(), data.clone(), Budget::steps(1, 2))?
+                    .ranks
+                    .first()
+                    .and_then(|r| r.peak_bytes),
+                false => None,
+            },
+        });
+    }
+    Ok(Measured::fit(&timings)?)
+}
+
+/// A link between ranks: what a collective costs before any byte moves, and its bytes per
+/// second.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Link {
+    /// Seconds.
+    pub latency: f64,
+    /// Bytes per second.
+    pub bandwidth: f64,
+}
+
+/// The in-process collective between two ranks on `device`, `calls` timed each way after a
+/// warm-up:
+/// - its latency: the second rank sleeps before each all-reduce of 16 values, so the first
+///   is asleep in the call when the second arrives, as ranks reach a step's collectives one
+///   after the other; the latency is the time from the second's arrival to the first's
+///   return (waking a thread, on a machine of few cores, is most of a small collective);
+/// - its bandwidth: all-reduces of 1 Mi values (4 MiB) against ones of 16, back to back.
+///
+/// # Errors
+/// A collective that fails (a timeout: a rank that does not arrive in `timeout`).
+pub fn probe_links<B: AutodiffBackend>(
+    device: &B::Device,
+    calls: usize,
+    timeout: Duration,
+) -> Result<Link, MeasureError> {
+    const SMALL: usize = 16;
+    const LARGE: usize = 1 << 20;
+    /// How long the second rank sleeps before each latency call: enough for the first to
+    /// fall asleep waiting.
+    const LATE: Duration = Duration::from_micros(300);
+    let rounds = calls + WARMUP;
+    let arrivals: Vec<std::sync::OnceLock<Instant>> =
+        (0..rounds).map(|_| std::sync::OnceLock::new()).collect();
+    let run = |mut rank: InProcess<B>| -> Result<(f64, f64, f64), CollectiveError> {
+        let tensor = |len: usize| {
+            Tensor::<B, 1>::from_data(TensorData::new(vec![1.0f32; len], [len]), device)
+        };
+        let (small, large) = (tensor(SMALL), tensor(LARGE));
+        let mut woken = Vec::with_capacity(calls);
+        for (call, arrival) in arrivals.iter().enumerate() {
+            if rank.rank() == 1 {
+                std::thread::sleep(LATE);
+                let _ = arrival.set(Instant::now());
+            }
+            let _ = rank.all_reduce(small.clone(), ReduceOp::Sum)?.into_data();
+            if rank.rank() == 0 && call >= WARMUP {
+                let arrived = *arrival.get().expect("the second rank arrived first");
+                woken.push(arrived.elapsed().as_secs_f64());
+            }
+        }
+        let mut back_to_back = |tensor: &Tensor<B, 1>| -> Result<f64, CollectiveError> {
+            let mut times = Vec::with_capacity(calls);
+            for call in 0..rounds {
+                let start = Instant::now();
+                // The result read back, as a step's gradients are used.
+                let _ = rank.all_reduce(tensor.clone(), ReduceOp::Sum)?.into_data();
+                if call >= WARMUP {
+                    times.push(start.elapsed().as_secs_f64());
+                }
+            }
+            Ok(median(&times))
+        };
+        Ok((median(&woken), back_to_back(&small)?, back_to_back(&large)?))
+    };
+    let [first, second]: [InProcess<B>; 2] = InProcess::group(2, timeout)
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("a group of two"));
+    let (latency, small, large) = std::thread::scope(|s| {
+        let other = s.spawn(|| run(second));
+        let mine = run(first);
+        let theirs = other
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        theirs.and(mine)
+    })?;
+    let bytes = (LARGE * 4) as f64;
+    Ok(Link {
+        latency,
+        bandwidth: bytes / (large - small).max(f64::MIN_POSITIVE),
+    })
+}
+
+/// This machine's `cores` as the planner's devices, running `workload` as `measured` on one
+/// core, linked as `link` says: what `auto` plans a CPU run with. Their memory is the
+/// machine's (Linux's `MemTotal`, or 8 GiB where `/proc` does not say), shared among the
+/// ranks.
+///
+/// Where the calibration counted the rank's memory, the workload's activations are scaled to
+/// the measured bytes per sample, and what the rank held beyond its parameters, gradients,
+/// moments and activations becomes the workload's `fixed_bytes`.
+pub fn cpu_planner(
+    mut workload: Workload,
+    measured: Measured,
+    link: Link,
+    cores: usize,
+) -> Planner {
+    if let Some((base, per_sample)) = measured.memory_line() {
+        let predicted = workload.block_activation_bytes[0] * workload.layers as f64;
+        if predicted > 0.0 {
+            let scale = per_sample / predicted;
+            for bytes in &mut workload.block_activation_bytes {
+                *bytes *= scale;
+            }
+            workload.boundary_bytes *= scale.max(1.0);
+        }
+        let state = workload.params as f64 * workload.weight_bytes
+            + workload.trainable as f64 * workload.trainable_extra_bytes;
+        workload.fixed_bytes = (base - state).max(0.0);
+    }
+    // The model's own FLOPs over its measured time a sample: the "peak" its utilisation is
+    // read against is one core's speed on this model.
+    let per_sample = measured.per_sample.max(f64::MIN_POSITIVE);
+    let flops = (1.0 + workload.backward_passes) * workload.forward_flops / per_sample;
+    let cluster = Cluster {
+        devices: cores,
+        per_node: cores,
+        memory: machine_memory(),
+        peak_flops: flops,
+        efficiency: 1.0,
+        intra_bandwidth: link.bandwidth,
+        inter_bandwidth: link.bandwidth,
+        intra_latency: link.latency,
+        inter_latency: link.latency,
+        cores: Some(cores),
+        measured: Some(measured),
+    };
+    Planner { workload, cluster }
+}
+
+/// The machine's memory (Linux's `MemTotal`), or 8 GiB where `/proc` does not say.
+fn machine_memory() -> u64 {
+    let read = || -> Option<u64> {
+        let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+        Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+    };
+    read().unwrap_or(8 << 30)
+}
