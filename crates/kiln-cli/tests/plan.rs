@@ -442,6 +442,29 @@ fn every_plan_auto_can_choose_here_trains_as_one_device_does() {
 }
 
 #[test]
+fn auto_plans_batches_smaller_than_its_calibration() {
+    // Two samples over two ranks: the step is timed at 8 samples, and Ddp runs.
+    let out = kiln(&[
+        "train",
+        "--batch",
+        "2",
+        "--world",
+        "2",
+        "--steps",
+        "1",
+        "--samples",
+        "16",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("with ddp on 2 rank(s)"), "{text}");
+}
+
+#[test]
 fn auto_says_what_it_planned_with() {
     let report = train("auto", &[]);
     let reason = report["strategy_reason"].as_str().unwrap();

@@ -200,6 +200,9 @@ where
     M: ParallelModel<B>,
     I: Send + 'static,
 {
+    // The fit needs points that differ in samples and micro-batches, and a step's costs are
+    // linear in its samples: a batch of fewer than 8 is timed at 8 (as the data allows).
+    let batch = batch.max(8).min(data.len()).max(1);
     let mut timings = Vec::new();
     for (samples, micro_batches) in calibration_points(batch) {
         let mut configs = StrategyConfigs::default();
@@ -399,4 +402,27 @@ fn machine_memory() -> u64 {
         Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
     };
     read().unwrap_or(8 << 30)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calibration_points_separate_the_three_costs() {
+        for batch in [8, 9, 64, 96, 1000] {
+            let points = calibration_points(batch);
+            assert!(points.len() >= 3, "{batch}: {points:?}");
+            // Two sizes at one micro-batch, and two micro-batch counts at one size.
+            let single: Vec<_> = points.iter().filter(|p| p.1 == 1).collect();
+            assert!(
+                single.len() >= 2 && single[0].0 != single[1].0,
+                "{points:?}"
+            );
+            assert!(points.iter().any(|p| p.1 > 1), "{points:?}");
+            for &(samples, micro_batches) in &points {
+                assert!(samples.is_multiple_of(micro_batches) && samples >= micro_batches);
+            }
+        }
+    }
 }
