@@ -1,6 +1,7 @@
 //! `kiln plan`: how a model should train on a cluster, and how fast, from its description and
-//! the cluster's, without either being here. Prints every layout `dp × pp × tp` the cost model
-//! ([`kiln_core::plan::cost`]) estimates, best first, and why the first was chosen.
+//! the cluster's, without either being here, or for a built-in model measured on this
+//! machine's cores (`--model`, as `auto` plans). Prints every layout `dp × pp × tp` the cost
+//! model ([`kiln_core::plan::cost`]) estimates, best first, and why the first was chosen.
 
 mod describe;
 mod machine;

@@ -2,9 +2,11 @@
 //!
 //! The arithmetic is Megatron-LM's and torchtitan's back-of-the-envelope model: a device holds
 //! `1 / (pp · tp)` of the weights and trainable state and its stage's activations for the
-//! micro-batches in flight; a step costs three forward passes of FLOPs split over every
-//! device, plus the pipeline bubble, plus each collective as a ring over its slowest link,
-//! without overlap with compute (an upper bound where a framework overlaps).
+//! micro-batches in flight; a step costs the busiest device's three forward passes of FLOPs
+//! (or, for a model timed here, its [`Measured`](super::Measured) costs), plus the pipeline
+//! bubble, plus each collective over its slowest link (a ring between devices of their own,
+//! Kiln's in-process rendezvous between ranks sharing a CPU), without overlap with compute (an
+//! upper bound where a framework overlaps).
 
 use serde::{Deserialize, Serialize};
 

@@ -1,7 +1,8 @@
 //! The planner's cost model: for a workload (a model, its precision and batch) and a cluster
 //! (devices, machines, links), every layout `dp × pp × tp` with its micro-batching, its memory
 //! per device and its step time, and the fastest that fits. `kiln plan` prints it; it answers
-//! for hardware this machine does not have.
+//! for hardware this machine does not have, and, with a model's step [`Measured`] here, for
+//! this machine's cores (what `auto` runs).
 
 mod cluster;
 mod estimate;
