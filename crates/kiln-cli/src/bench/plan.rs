@@ -12,7 +12,7 @@ use kiln_bench::stats::rotation;
 use kiln_core::data::DataSource;
 use kiln_core::model::ParallelModel;
 use kiln_core::plan::cost::Candidate;
-use kiln_core::plan::measure::{Budget, TimedSteps, median, time_steps};
+use kiln_core::plan::measure::{Budget, TimedSteps, median, spread, time_steps};
 use kiln_core::plan::{Plan, PlanRequest, Planner};
 use kiln_core::strategy::StrategyConfigs;
 use kiln_nn::tensor_parallel::ShardedBackend;
@@ -135,7 +135,8 @@ impl Job for Candidates<'_> {
         self,
         devices: Vec<B::Device>,
     ) -> Result<Self::Output, Box<dyn std::error::Error>> {
-        let mut all: Vec<(usize, Candidate, bool)> = Vec::new();
+        // Every candidate that fits, and whether `auto` chooses it at its world size.
+        let mut all: Vec<(Candidate, bool)> = Vec::new();
         for &world in self.worlds {
             let planned = match self.planner.plan(world) {
                 Ok(planned) => planned,
@@ -143,7 +144,7 @@ impl Job for Candidates<'_> {
             };
             for (i, c) in planned.candidates.into_iter().enumerate() {
                 if c.rejected.is_none() {
-                    all.push((world, c, i == 0));
+                    all.push((c, i == 0));
                 }
             }
         }
@@ -151,21 +152,21 @@ impl Job for Candidates<'_> {
         let mut peaks: Vec<Option<u64>> = vec![None; all.len()];
         for round in 0..self.rounds {
             for i in rotation(all.len(), round) {
-                let (world, candidate, _) = &all[i];
+                let (candidate, _) = &all[i];
                 tracing::info!(
-                    "round {} {} world {world}: {} {:?}",
+                    "round {} {} world {}: {} {:?}",
                     round + 1,
                     self.config.model.name(),
+                    candidate.ranks(),
                     candidate.strategy.name(),
                     candidate.layout
                 );
                 let job = Timed {
                     candidate,
-                    world: *world,
                     batch: self.config.batch,
                     seed: self.config.seed,
                     budget: self.budget,
-                    devices: &devices[..*world],
+                    devices: &devices[..candidate.ranks()],
                 };
                 let timed = match with_builtin::<B, _>(self.config, &devices[0], job) {
                     Ok(t) => t,
@@ -179,23 +180,17 @@ impl Job for Candidates<'_> {
         Ok(Ok(all
             .into_iter()
             .zip(times.iter().zip(peaks))
-            .map(|((world, c, chosen), (steps, peak))| {
-                let timed = TimedSteps {
-                    steps: steps.clone(),
-                    ranks: Vec::new(),
-                };
-                PlanRow {
-                    model: self.config.model.name().into(),
-                    world,
-                    strategy: c.strategy,
-                    layout: c.layout,
-                    predicted: c.time,
-                    measured: median(steps),
-                    spread: timed.spread(),
-                    predicted_bytes: c.memory.total,
-                    measured_bytes: peak,
-                    chosen,
-                }
+            .map(|((c, chosen), (steps, peak))| PlanRow {
+                model: self.config.model.name().into(),
+                world: c.ranks(),
+                strategy: c.strategy,
+                layout: c.layout,
+                predicted: c.time,
+                measured: median(steps),
+                spread: spread(steps),
+                predicted_bytes: c.memory.total,
+                measured_bytes: peak,
+                chosen,
             })
             .collect()))
     }
@@ -204,7 +199,6 @@ impl Job for Candidates<'_> {
 /// One round of one candidate, on the built-in model.
 struct Timed<'a, B: AutodiffBackend> {
     candidate: &'a Candidate,
-    world: usize,
     batch: usize,
     seed: u64,
     budget: Budget,
@@ -222,7 +216,7 @@ impl<B: AutodiffBackend + ShardedBackend> ModelJob<B> for Timed<'_, B> {
         let mut base = StrategyConfigs::default();
         base.set_threads_per_rank(1);
         let plan = Plan::resolve(PlanRequest {
-            world: Some(self.world),
+            world: Some(self.candidate.ranks()),
             configs: self.candidate.configs(&base),
             ..PlanRequest::new(self.candidate.strategy, self.batch)
         })

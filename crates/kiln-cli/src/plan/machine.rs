@@ -56,7 +56,7 @@ pub fn planner(config: &TrainConfig) -> Result<Planner, MachineError> {
     }
     let cores = config.backend.cpu_cores().unwrap_or(1);
     let placement = Placement::new(1, None).map_err(|e| MachineError::Backend(e.to_string()))?;
-    let (measured, link) = dispatch(config.backend, &placement, Measure { config })
+    let (measured, link) = dispatch(config.backend, &placement, Measure { config, cores })
         .map_err(|e| MachineError::Backend(e.to_string()))??;
     Ok(cpu_planner(builtin_workload(config), measured, link, cores))
 }
@@ -64,6 +64,8 @@ pub fn planner(config: &TrainConfig) -> Result<Planner, MachineError> {
 /// The measurement, as a job on the config's backend.
 struct Measure<'a> {
     config: &'a TrainConfig,
+    /// The machine's cores: the timed rank's and its companions'.
+    cores: usize,
 }
 
 impl Job for Measure<'_> {
@@ -80,7 +82,7 @@ impl Job for Measure<'_> {
             Calibrate {
                 device,
                 batch: self.config.batch,
-                beside: self.config.backend.cpu_cores().unwrap_or(1) - 1,
+                beside: self.cores - 1,
                 seed: self.config.seed,
             },
         );
