@@ -4,7 +4,8 @@
 //! ```text
 //! cargo bench --bench ad_step [-- STEPS ROUNDS [FILTER]]
 //! ```
-//! `FILTER` keeps the runners whose name contains it (e.g. `flex`).
+//! `FILTER` keeps the runners whose name contains it (e.g. `flex`); `--batch N` (anywhere among
+//! the arguments) trains at batch `N` instead of the config's 32.
 //! Each round times `STEPS` steps (after 3 untimed warm-up steps) of a plain Burn loop, of
 //! Kiln's `Single` strategy, and of `Single` with the PerformanceOptimizer's guards (global-norm
 //! clipping and the NaN guard), in rotating order, each inside a one-thread pool; it prints the
@@ -18,9 +19,16 @@
 //! counts instead of timing: the kernel launches and host synchronisations of each training
 //! step of `Single` on wgpu (lavapipe on a machine without a GPU), which are the same on every
 //! CubeCL runtime, CUDA included (`kiln_bench::launches`).
+//!
+//! With `--features cuda` the same runners also run on `CudaDevice::default()` (names ending in
+//! `cuda`): the step in f32, bf16 and f16, each timed between two device synchronisations. This is
+//! the bench `benches/peer/ad_step.py --device cuda` stands beside.
 
+use std::sync::OnceLock;
 use std::time::Instant;
 
+#[cfg(feature = "cuda")]
+use burn::backend::Cuda;
 use burn::backend::{Autodiff, Flex, NdArray};
 use burn::data::dataloader::batcher::Batcher;
 use burn::module::Module;
@@ -28,19 +36,26 @@ use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use kiln::ad::config::AdConfig;
 use kiln::ad::dataset::{AdBatch, WindowBatcher, WindowDataset, WindowRef};
-use kiln::ad::train::generate;
+use kiln::ad::train::{Data, generate};
 use kiln::core::data::{DataSource, EpochSampler};
 use kiln::core::optim::{
     MixedPrecision, NanPolicy, PerformanceConfig, PerformanceOptimizer, Precision,
 };
 use kiln::core::strategy::{Single, SingleConfig, Strategy};
-use kiln::kernels::KernelBackend;
+use kiln::kernels::{FusedAdamWConfig, KernelBackend};
 
 const LR: f64 = 1e-3;
 
 /// The `kiln` binary's allocator, so that the bench times what the binary runs.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// The source's learning histories, generated once per process: every runner and round trains
+/// on the same data, and generating it is not what is timed.
+fn histories(config: &AdConfig) -> &'static Data {
+    static DATA: OnceLock<Data> = OnceLock::new();
+    DATA.get_or_init(|| generate(config).expect("default config"))
+}
 
 fn one_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     rayon::ThreadPoolBuilder::new()
@@ -50,12 +65,12 @@ fn one_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
         .install(f)
 }
 
-fn plain<B: AutodiffBackend + KernelBackend>(
+fn plain<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
     config: &AdConfig,
     batches: &[Vec<usize>],
     steps: usize,
 ) -> f64 {
-    let data = generate(config).expect("default config");
+    let data = histories(config);
     let context = config.model.context;
     let windows = WindowDataset::new(data.histories.clone(), context).expect("default context");
     let batcher = WindowBatcher::new(data.histories.clone(), context);
@@ -85,10 +100,10 @@ fn plain<B: AutodiffBackend + KernelBackend>(
 }
 
 /// The AD data set as Kiln reads it.
-fn ad_source<B: AutodiffBackend + KernelBackend>(
+fn ad_source<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
     config: &AdConfig,
 ) -> DataSource<B, WindowRef, AdBatch<B>> {
-    let data = generate(config).expect("default config");
+    let data = histories(config);
     let context = config.model.context;
     DataSource::new(
         WindowDataset::new(data.histories.clone(), context).expect("default context"),
@@ -96,7 +111,7 @@ fn ad_source<B: AutodiffBackend + KernelBackend>(
     )
 }
 
-fn kiln_single<B: AutodiffBackend + KernelBackend>(
+fn kiln_single<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
     config: &AdConfig,
     batches: &[Vec<usize>],
     steps: usize,
@@ -104,7 +119,7 @@ fn kiln_single<B: AutodiffBackend + KernelBackend>(
     kiln_single_with::<B>(config, batches, steps, None)
 }
 
-fn kiln_guarded<B: AutodiffBackend + KernelBackend>(
+fn kiln_guarded<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
     config: &AdConfig,
     batches: &[Vec<usize>],
     steps: usize,
@@ -115,7 +130,7 @@ fn kiln_guarded<B: AutodiffBackend + KernelBackend>(
     kiln_single_with::<B>(config, batches, steps, Some(guards))
 }
 
-fn kiln_bf16<B: AutodiffBackend + KernelBackend>(
+fn kiln_bf16<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
     config: &AdConfig,
     batches: &[Vec<usize>],
     steps: usize,
@@ -123,7 +138,7 @@ fn kiln_bf16<B: AutodiffBackend + KernelBackend>(
     kiln_in::<B>(config, batches, steps, Precision::Bf16)
 }
 
-fn kiln_f16<B: AutodiffBackend + KernelBackend>(
+fn kiln_f16<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
     config: &AdConfig,
     batches: &[Vec<usize>],
     steps: usize,
@@ -132,7 +147,7 @@ fn kiln_f16<B: AutodiffBackend + KernelBackend>(
 }
 
 /// `Single` over the AD model wrapped in [`MixedPrecision`].
-fn kiln_in<B: AutodiffBackend + KernelBackend>(
+fn kiln_in<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
     config: &AdConfig,
     batches: &[Vec<usize>],
     steps: usize,
@@ -146,27 +161,32 @@ fn kiln_in<B: AutodiffBackend + KernelBackend>(
         grad_accumulation: 1,
         threads_per_rank: Some(1),
     };
-    let optim = AdamWConfig::new().init::<B, _>();
-    let mut strategy = Single::new(model, optim, source, device, single).expect("single");
-    time_steps(&mut strategy, batches, steps)
+    let optim = FusedAdamWConfig::new().init::<B, _>();
+    let mut strategy = Single::new(model, optim, source, device.clone(), single).expect("single");
+    time_steps(&mut strategy, &device, batches, steps)
 }
 
+/// Milliseconds per step of `steps` steps after 3 untimed ones; the device is synchronised
+/// before the clock starts and before it stops, so that a GPU's queued work is counted.
 fn time_steps<B: AutodiffBackend, M: kiln::core::model::TrainModel<B>>(
     strategy: &mut dyn Strategy<B, M>,
+    device: &B::Device,
     batches: &[Vec<usize>],
     steps: usize,
 ) -> f64 {
     let mut timed = Instant::now();
     for (i, batch) in batches.iter().take(steps + 3).enumerate() {
         if i == 3 {
+            B::sync(device).expect("sync");
             timed = Instant::now();
         }
         strategy.step(batch, LR).expect("step");
     }
+    B::sync(device).expect("sync");
     1e3 * timed.elapsed().as_secs_f64() / steps as f64
 }
 
-fn kiln_single_with<B: AutodiffBackend + KernelBackend>(
+fn kiln_single_with<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
     config: &AdConfig,
     batches: &[Vec<usize>],
     steps: usize,
@@ -176,19 +196,20 @@ fn kiln_single_with<B: AutodiffBackend + KernelBackend>(
     let device = B::Device::default();
     B::seed(&device, 1);
     let model = config.model.init::<B>(&config.env, &device);
-    let optim = AdamWConfig::new().init::<B, _>();
+    let optim = FusedAdamWConfig::new().init::<B, _>();
     let single = SingleConfig {
         grad_accumulation: 1,
         threads_per_rank: Some(1),
     };
+    let on = device.clone();
     let mut strategy: Box<dyn Strategy<B, _>> = match guards {
-        None => Box::new(Single::new(model, optim, source, device, single).expect("single")),
+        None => Box::new(Single::new(model, optim, source, on, single).expect("single")),
         Some(guards) => {
             let optim = PerformanceOptimizer::new(optim, guards).expect("valid guards");
-            Box::new(Single::new(model, optim, source, device, single).expect("single"))
+            Box::new(Single::new(model, optim, source, on, single).expect("single"))
         }
     };
-    time_steps(strategy.as_mut(), batches, steps)
+    time_steps(strategy.as_mut(), &device, batches, steps)
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -212,7 +233,7 @@ fn count_launches(config: &AdConfig, batches: &[Vec<usize>], steps: usize) {
             grad_accumulation: 1,
             threads_per_rank: Some(1),
         };
-        let optim = AdamWConfig::new().init::<G, _>();
+        let optim = FusedAdamWConfig::new().init::<G, _>();
         let mut strategy: Box<dyn Strategy<G, _>> = if guarded {
             let guards = PerformanceConfig::new().with_clip_norm(Some(1.0));
             let optim = PerformanceOptimizer::new(optim, guards).expect("valid guards");
@@ -253,10 +274,19 @@ fn count_launches(config: &AdConfig, batches: &[Vec<usize>], steps: usize) {
 }
 
 fn main() {
-    let mut args = std::env::args()
+    let mut raw: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| a != "--bench")
-        .peekable();
+        .collect();
+    let batch = raw.iter().position(|a| a == "--batch").map(|at| {
+        let n = raw
+            .get(at + 1)
+            .and_then(|n| n.parse::<usize>().ok())
+            .expect("--batch takes a number of samples");
+        raw.drain(at..at + 2);
+        n
+    });
+    let mut args = raw.into_iter().peekable();
     let counting = args.peek().is_some_and(|a| a == "launches");
     if counting {
         args.next();
@@ -265,8 +295,11 @@ fn main() {
     let steps: usize = args.next().map_or(20, |s| s.parse().expect("STEPS"));
     let rounds: usize = args.next().map_or(5, |s| s.parse().expect("ROUNDS"));
     let filter = args.next().unwrap_or_default();
-    let config = AdConfig::default();
-    let data = generate(&config).expect("default config");
+    let mut config = AdConfig::default();
+    if let Some(batch) = batch {
+        config.train.batch = batch;
+    }
+    let data = histories(&config);
     let windows = data.histories.count() * (data.histories.len() - config.model.context + 1);
     let batches: Vec<Vec<usize>> = EpochSampler::new(windows, config.train.batch, 7)
         .expect("sampler")
@@ -300,6 +333,14 @@ fn main() {
         ("kiln bf16, flex", kiln_bf16::<Autodiff<Flex>>),
         ("kiln f16, flex", kiln_f16::<Autodiff<Flex>>),
         ("burn loop, ndarray", plain::<Autodiff<NdArray>>),
+        #[cfg(feature = "cuda")]
+        ("burn loop, cuda", plain::<Autodiff<Cuda>>),
+        #[cfg(feature = "cuda")]
+        ("kiln single, cuda", kiln_single::<Autodiff<Cuda>>),
+        #[cfg(feature = "cuda")]
+        ("kiln bf16, cuda", kiln_bf16::<Autodiff<Cuda>>),
+        #[cfg(feature = "cuda")]
+        ("kiln f16, cuda", kiln_f16::<Autodiff<Cuda>>),
     ]
     .into_iter()
     .filter(|(name, _)| name.contains(filter.as_str()))
@@ -313,7 +354,7 @@ fn main() {
     }
     let medians: Vec<f64> = times.into_iter().map(median).collect();
     for ((name, _), ms) in runners.iter().zip(&medians) {
-        println!("{name:<20} {ms:7.1} ms/step");
+        println!("{name:<20} {ms:8.2} ms/step");
     }
     let ms = |name: &str| {
         runners
@@ -327,6 +368,11 @@ fn main() {
     for half in ["kiln bf16, flex", "kiln f16, flex"] {
         if let (Some(h), Some(kiln)) = (ms(half), ms("kiln single, flex")) {
             println!("{half} / kiln single (flex, f32): {:.3}", h / kiln);
+        }
+    }
+    for half in ["kiln bf16, cuda", "kiln f16, cuda"] {
+        if let (Some(h), Some(kiln)) = (ms(half), ms("kiln single, cuda")) {
+            println!("{half} / kiln single (cuda, f32): {:.3}", h / kiln);
         }
     }
     if let (Some(guarded), Some(kiln)) = (ms("kiln guarded, flex"), ms("kiln single, flex")) {

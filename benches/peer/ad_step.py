@@ -1,12 +1,14 @@
 """PyTorch peer of `benches/ad_step.rs`: time per training step of the Algorithm Distillation
-transformer on one CPU thread, to put Kiln's (Burn's) number next to a plain eager PyTorch loop.
+transformer on one CPU thread or one CUDA GPU, to put Kiln's (Burn's) number next to a plain eager
+PyTorch loop.
 
 The model mirrors `crates/kiln-ad/src/model.rs` with its defaults (and `kiln-nn`'s
 `PreNormBlock` / `CausalSelfAttention`): multi-hot step tokens of the default 9x9 Dark Room
 (feature width 2*9 + (5+1) + 3 = 27) through a bias-free linear embedding plus learned positions
 [60, 64]; 2 pre-norm blocks (LayerNorm eps 1e-5; attention with 4 heads, biased q/k/v and output
 projections; feed-forward 64 -> 256 -> 64 with ReLU; no dropout); a final LayerNorm; a linear
-head to the 5 actions. Loss: mean cross-entropy over every position of a [32, 60] batch.
+head to the 5 actions. Loss: mean cross-entropy over every position of a [batch, 60] batch
+(`--batch`, default 32 as Kiln's).
 Optimizer: AdamW with Burn's `AdamWConfig` defaults (betas 0.9/0.999, eps 1e-5, weight decay
 1e-4) at lr 1e-3. Batches are random (exactly four ones per token, as Kiln's encoding has),
 pre-generated and cycled through, so no data preparation is timed.
@@ -16,7 +18,12 @@ Run (CPU-only wheel; plain `pip install torch` works too):
     python3 -m venv /tmp/torchvenv
     /tmp/torchvenv/bin/pip install torch --index-url https://download.pytorch.org/whl/cpu
     taskset -c 1 /tmp/torchvenv/bin/python benches/peer/ad_step.py [--steps 100 --rounds 3
-        --warmup 5 --attention sdpa|manual]
+        --warmup 5 --attention sdpa|manual --batch 32]
+    python3 benches/peer/ad_step.py --device cuda [--dtype bf16] --batch 256
+
+On CUDA the timed steps run between two `torch.cuda.synchronize()` calls (the loss is never
+read inside them, as a PyTorch user's loop does not); `--dtype bf16|f16` runs the forward and
+backward under `torch.autocast` with f32 master weights, as Kiln's `MixedPrecision` does.
 
 `--attention sdpa` uses `F.scaled_dot_product_attention(is_causal=True)` (a fused CPU kernel,
 what a PyTorch user writes today); `manual` writes out scores, a causal `masked_fill` and a
@@ -36,7 +43,6 @@ ROOM_SIZE = 9  # DarkRoomConfig::default().size
 ACTIONS = 5  # crates/kiln-ad/src/env.rs
 FEATURE_WIDTH = 2 * ROOM_SIZE + (ACTIONS + 1) + 3  # x, y, previous action or none, reward 0/1/none
 CONTEXT, D_MODEL, LAYERS, HEADS, D_FF = 60, 64, 2, 4, 256  # AdModelConfig::default()
-BATCH = 32  # AdTrainConfig::default().batch
 
 
 class CausalSelfAttention(nn.Module):
@@ -87,19 +93,20 @@ class AdTransformer(nn.Module):
         return self.head(self.norm(x))
 
 
-def random_batch(generator):
-    """[BATCH, CONTEXT, FEATURE_WIDTH] multi-hot features and [BATCH, CONTEXT] actions."""
-    draw = lambda n: torch.randint(n, (BATCH, CONTEXT, 1), generator=generator)
+def random_batch(generator, batch):
+    """[batch, CONTEXT, FEATURE_WIDTH] multi-hot features and [batch, CONTEXT] actions."""
+    draw = lambda n: torch.randint(n, (batch, CONTEXT, 1), generator=generator)
     hot = torch.cat([draw(ROOM_SIZE), ROOM_SIZE + draw(ROOM_SIZE),
                      2 * ROOM_SIZE + draw(ACTIONS + 1), 2 * ROOM_SIZE + ACTIONS + 1 + draw(3)], dim=-1)
-    features = torch.zeros(BATCH, CONTEXT, FEATURE_WIDTH).scatter_(-1, hot, 1.0)
-    return features, torch.randint(ACTIONS, (BATCH, CONTEXT), generator=generator)
+    features = torch.zeros(batch, CONTEXT, FEATURE_WIDTH).scatter_(-1, hot, 1.0)
+    return features, torch.randint(ACTIONS, (batch, CONTEXT), generator=generator)
 
 
-def train_step(model, optimizer, features, targets):
+def train_step(model, optimizer, features, targets, dtype=None):
     optimizer.zero_grad(set_to_none=True)
-    logits = model(features)
-    loss = F.cross_entropy(logits.reshape(-1, ACTIONS), targets.reshape(-1))
+    with torch.autocast(features.device.type, dtype=dtype, enabled=dtype is not None):
+        logits = model(features)
+        loss = F.cross_entropy(logits.reshape(-1, ACTIONS).float(), targets.reshape(-1))
     loss.backward()
     optimizer.step()
     return loss
@@ -107,15 +114,20 @@ def train_step(model, optimizer, features, targets):
 
 def run_round(args, batches, seed):
     torch.manual_seed(seed)
-    model = AdTransformer(manual=args.attention == "manual")
+    model = AdTransformer(manual=args.attention == "manual").to(args.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-5, weight_decay=1e-4)
+    dtype = {"f32": None, "bf16": torch.bfloat16, "f16": torch.float16}[args.dtype]
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     for i in range(args.warmup):
-        train_step(model, optimizer, *batches[i % len(batches)])
+        train_step(model, optimizer, *batches[i % len(batches)], dtype)
+    sync()
     start = time.perf_counter()
     for i in range(args.warmup, args.warmup + args.steps):
-        loss = train_step(model, optimizer, *batches[i % len(batches)])
-    loss.item()
-    return 1e3 * (time.perf_counter() - start) / args.steps
+        loss = train_step(model, optimizer, *batches[i % len(batches)], dtype)
+    sync()
+    elapsed = time.perf_counter() - start
+    assert torch.isfinite(loss).item(), "the loss is not finite"
+    return 1e3 * elapsed / args.steps
 
 
 def main():
@@ -124,14 +136,23 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps before each round")
     parser.add_argument("--attention", choices=["sdpa", "manual"], default="sdpa")
+    parser.add_argument("--batch", type=int, default=32, help="samples per step (Kiln's default 32)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--dtype", choices=["f32", "bf16", "f16"], default="f32",
+                        help="autocast precision of the forward and backward (f32 master weights)")
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    torch.set_num_interop_threads(1)
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+        torch.set_num_interop_threads(1)
+    else:
+        # Kiln's f32 matmuls are TF32 on CUDA tensor cores; the peer is allowed the same.
+        torch.backends.cuda.matmul.allow_tf32 = True
     generator = torch.Generator().manual_seed(7)
-    batches = [random_batch(generator) for _ in range(64)]
-    print(f"torch {torch.__version__}; AD step: batch {BATCH}, context {CONTEXT}, features {FEATURE_WIDTH}, "
-          f"d_model {D_MODEL}, {LAYERS} layers, {HEADS} heads, d_ff {D_FF}, attention {args.attention}; "
-          f"one thread; {args.steps} steps x {args.rounds} rounds after {args.warmup} warm-up")
+    batches = [tuple(t.to(args.device) for t in random_batch(generator, args.batch)) for _ in range(64)]
+    where = "one thread" if args.device == "cpu" else torch.cuda.get_device_name()
+    print(f"torch {torch.__version__}; AD step: batch {args.batch}, context {CONTEXT}, features {FEATURE_WIDTH}, "
+          f"d_model {D_MODEL}, {LAYERS} layers, {HEADS} heads, d_ff {D_FF}, attention {args.attention}, "
+          f"{args.dtype}; {where}; {args.steps} steps x {args.rounds} rounds after {args.warmup} warm-up")
     times = []
     for r in range(args.rounds):
         times.append(run_round(args, batches, seed=r))
