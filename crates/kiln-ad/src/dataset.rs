@@ -7,6 +7,7 @@ use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
+use kiln_core::data::dense_tensor;
 
 use crate::env::{ACTIONS, DarkRoomConfig};
 use crate::error::AdError;
@@ -122,8 +123,8 @@ impl<B: Backend> Batcher<B, WindowRef, AdBatch<B>> for WindowBatcher {
             }
         }
         AdBatch {
-            features: Tensor::from_data(TensorData::new(features, [n, k, width]), device),
-            targets: Tensor::from_data(TensorData::new(targets, [n, k]), device),
+            features: dense_tensor(TensorData::new(features, [n, k, width]), device),
+            targets: dense_tensor(TensorData::new(targets, [n, k]), device),
         }
     }
 }

@@ -1,8 +1,9 @@
 //! In-context evaluation: the frozen model acts on held-out goals for many consecutive
 //! episodes, next to a random policy and the source algorithm on the same goals.
 
+use burn::tensor::TensorData;
 use burn::tensor::activation::softmax;
-use burn::tensor::{Tensor, TensorData};
+use kiln_core::data::dense_tensor;
 use kiln_kernels::KernelBackend;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -171,7 +172,7 @@ pub fn in_context<B: KernelBackend>(
             }
         }
         let input =
-            Tensor::<B, 3>::from_data(TensorData::new(features, [n, new.len(), width]), device);
+            dense_tensor::<B, 3, _>(TensorData::new(features, [n, new.len(), width]), device);
         let last = model
             .forward_cached(input, &mut cache)
             .slice([0..n, new.len() - 1..new.len()])
@@ -283,7 +284,7 @@ fn mix(seed: u64, i: usize) -> u64 {
 mod tests {
     use burn::backend::Flex;
     use burn::module::Param;
-    use burn::tensor::Distribution;
+    use burn::tensor::{Distribution, Tensor};
 
     use super::*;
     use crate::model::AdModelConfig;

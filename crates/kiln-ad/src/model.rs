@@ -217,10 +217,13 @@ fn embed_at<B: Backend>(
         "a window of {} steps exceeds the context of {context}",
         start + seq
     );
-    let positions = positions
-        .val()
-        .narrow(0, start, seq)
-        .reshape([1, seq, d_model]);
+    // The whole table as it is when the window covers it (training's case): a narrowed view
+    // would cost its backward two launches, zeros and a slice-assign, on a GPU.
+    let positions = match (start, seq == context) {
+        (0, true) => positions.val(),
+        _ => positions.val().narrow(0, start, seq),
+    }
+    .reshape([1, seq, d_model]);
     linear_rows(embed, features) + positions
 }
 

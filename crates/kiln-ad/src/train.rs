@@ -4,13 +4,13 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use burn::optim::AdamWConfig;
 use burn::tensor::backend::AutodiffBackend;
 use kiln_core::checkpoint::{Checkpoint, CheckpointFolder};
 use kiln_core::data::DataSource;
 use kiln_core::fit::{SaveHooks, Training, fit};
 use kiln_core::plan::Plan;
 use kiln_core::strategy::{ConfigError, PerformanceSpec, RankReport, StepOutput};
+use kiln_kernels::FusedAdamWConfig;
 use kiln_nn::tensor_parallel::ShardedBackend;
 use serde::{Deserialize, Serialize};
 
@@ -173,7 +173,7 @@ pub fn train<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
         stop: session.stop,
     };
     let optim = PerformanceSpec::new(
-        AdamWConfig::new().with_weight_decay(t.weight_decay as f32),
+        FusedAdamWConfig::new().with_weight_decay(t.weight_decay as f32),
         config.optimizer.clone(),
     )?;
     let on_step = |step, out: &StepOutput| on_step(step, out.loss);

@@ -146,6 +146,21 @@ impl<B: KernelBackend> Backward<B, 2> for SwigluBackward {
 }
 
 #[derive(Debug)]
+struct ReluBackward;
+
+impl<B: KernelBackend> Backward<B, 1> for ReluBackward {
+    type State = FloatTensor<B>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node] = ops.parents;
+        let dy = grads.consume::<B>(&ops.node);
+        if let Some(node) = node {
+            grads.register::<B>(node.id, <B as KernelBackend>::relu_backward(dy, ops.state));
+        }
+    }
+}
+
+#[derive(Debug)]
 struct CrossEntropyBackward;
 
 impl<B: KernelBackend> Backward<B, 1> for CrossEntropyBackward {
@@ -339,6 +354,23 @@ impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let (dg, du) = B::swiglu_backward(dy.primitive, gate.primitive, up.primitive);
         (constant::<B, C>(dg), constant::<B, C>(du))
+    }
+
+    fn relu_forward(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let nodes = [x.node.clone()];
+        let y = B::relu_forward(x.primitive);
+        match ReluBackward.prepare::<C>(nodes).compute_bound().stateful() {
+            // The backward needs only the output, which the graph keeps anyway.
+            OpsKind::Tracked(prep) => prep.finish(y.clone(), y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        }
+    }
+
+    fn relu_backward(dy: FloatTensor<Self>, y: FloatTensor<Self>) -> FloatTensor<Self> {
+        constant::<B, C>(<B as KernelBackend>::relu_backward(
+            dy.primitive,
+            y.primitive,
+        ))
     }
 
     fn cross_entropy_forward(

@@ -149,6 +149,16 @@ pub trait KernelBackend: Backend {
         (unwrap(dg), unwrap(du))
     }
 
+    /// ReLU over a `[len]` tensor.
+    fn relu_forward(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        unwrap(reference::relu::forward::<Self, 1>(wrap(x)))
+    }
+
+    /// ReLU's backward from its output `y`: `dy` where `y > 0`, else 0.
+    fn relu_backward(dy: FloatTensor<Self>, y: FloatTensor<Self>) -> FloatTensor<Self> {
+        unwrap(reference::relu::backward::<Self, 1>(wrap(dy), wrap(y)))
+    }
+
     /// Softmax cross-entropy of `logits [rows, classes]` against `targets [rows]`:
     /// `(loss [rows], lse [rows])`. Targets must lie in `0..classes`.
     fn cross_entropy_forward(

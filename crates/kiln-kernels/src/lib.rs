@@ -1,6 +1,6 @@
 //! Kiln's kernels as a Burn backend extension: the QLoRA matmul over 4-bit (NF4 / int4)
-//! block-quantised weights and fused RMSNorm, LayerNorm, causal attention, SwiGLU, softmax
-//! cross-entropy, AdamW and a global squared norm with a non-finite check.
+//! block-quantised weights and fused RMSNorm, LayerNorm, causal attention, SwiGLU, ReLU,
+//! softmax cross-entropy, AdamW and a global squared norm with a non-finite check.
 //!
 //! [`KernelBackend`] is implemented four ways (the book's kernels page explains why):
 //! - for Burn's CubeCL backends (`CubeBackend<R, ..>`: wgpu, CUDA) by the kernels in [`cube`],

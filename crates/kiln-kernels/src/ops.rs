@@ -222,6 +222,14 @@ pub fn swiglu<B: KernelBackend, const D: usize>(
     Ok(wrap::<B, 1>(y).reshape(shape))
 }
 
+/// ReLU, `max(x, 0)`, element-wise: one launch each way on a GPU, where Burn's is a compare
+/// and a masked fill forward and again backward.
+pub fn relu<B: KernelBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    let shape = x.shape();
+    let len = shape.num_elements();
+    wrap::<B, 1>(B::relu_forward(unwrap(x.reshape([len])))).reshape(shape)
+}
+
 /// Softmax cross-entropy per row of `logits: [rows, classes]` against class indices
 /// `targets: [rows]` (each in `0..classes`): `[rows]` losses, for the caller to reduce.
 /// The backward recomputes the softmax from a saved log-sum-exp per row instead of keeping

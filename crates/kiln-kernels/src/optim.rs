@@ -1,13 +1,14 @@
 //! AdamW on the fused kernel, as a Burn optimizer: `FusedAdamWConfig::init()` drops in wherever
 //! `AdamWConfig::init()` does (Kiln strategies, burn-train's `Learner`, hand-written loops).
+//! Its state is Burn's own [`AdamWState`], so a checkpoint written with either optimizer resumes
+//! with the other.
 
 use burn::config::Config;
 use burn::module::AutodiffModule;
-use burn::optim::SimpleOptimizer;
 use burn::optim::adaptor::OptimizerAdaptor;
-use burn::record::Record;
+use burn::optim::{AdamWState, AdaptiveMomentumState, SimpleOptimizer};
 use burn::tensor::Tensor;
-use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::backend::AutodiffBackend;
 
 use crate::{AdamWStep, KernelBackend, ops};
 
@@ -35,17 +36,6 @@ pub struct FusedAdamW {
     config: FusedAdamWConfig,
 }
 
-/// The moments and step count of one parameter.
-#[derive(Record, Clone, Debug)]
-pub struct FusedAdamWState<B: Backend, const D: usize> {
-    /// First moment.
-    pub m: Tensor<B, D>,
-    /// Second moment.
-    pub v: Tensor<B, D>,
-    /// Steps taken.
-    pub time: usize,
-}
-
 impl FusedAdamWConfig {
     /// The optimizer for module `M` on autodiff backend `B`.
     pub fn init<B, M>(&self) -> OptimizerAdaptor<FusedAdamW, M, B>
@@ -60,7 +50,7 @@ impl FusedAdamWConfig {
 }
 
 impl<B: KernelBackend> SimpleOptimizer<B> for FusedAdamW {
-    type State<const D: usize> = FusedAdamWState<B, D>;
+    type State<const D: usize> = AdamWState<B, D>;
 
     fn step<const D: usize>(
         &self,
@@ -71,7 +61,11 @@ impl<B: KernelBackend> SimpleOptimizer<B> for FusedAdamW {
     ) -> (Tensor<B, D>, Option<Self::State<D>>) {
         // A first step starts from zero moments, which is Burn's first-step formula.
         let (m, v, time) = match state {
-            Some(s) => (s.m, s.v, s.time + 1),
+            Some(s) => (
+                s.momentum.moment_1,
+                s.momentum.moment_2,
+                s.momentum.time + 1,
+            ),
             None => (grad.zeros_like(), grad.zeros_like(), 1),
         };
         let c = &self.config;
@@ -85,14 +79,13 @@ impl<B: KernelBackend> SimpleOptimizer<B> for FusedAdamW {
         };
         let (tensor, m, v) = ops::adamw_step(tensor, grad, m, v, &step)
             .expect("Burn hands the optimizer a gradient of the parameter's shape");
-        (tensor, Some(FusedAdamWState { m, v, time }))
+        let momentum = AdaptiveMomentumState::new(time, m, v);
+        (tensor, Some(AdamWState { momentum }))
     }
 
     fn to_device<const D: usize>(state: Self::State<D>, device: &B::Device) -> Self::State<D> {
-        FusedAdamWState {
-            m: state.m.to_device(device),
-            v: state.v.to_device(device),
-            time: state.time,
+        AdamWState {
+            momentum: state.momentum.to_device(device),
         }
     }
 }

@@ -1,6 +1,6 @@
-//! The fused kernels (RMSNorm, SwiGLU, softmax cross-entropy, AdamW, global norm) against the
-//! plain-Burn reference on wgpu (lavapipe in CI), f32 and f16, with sizes that are not
-//! multiples of the 256-unit cubes. Gradients are compared with Burn's own autodiff of the
+//! The fused kernels (RMSNorm, SwiGLU, ReLU, softmax cross-entropy, LayerNorm, causal
+//! attention, AdamW, global norm) against the plain-Burn reference on wgpu (lavapipe in CI), f32 and f16,
+//! with sizes that are not multiples of the 256-unit cubes. Gradients are compared with Burn's own autodiff of the
 //! reference composite, so the hand-written backward formulas are checked too.
 //!
 //! Tolerances (relative to the scale of the expected tensor, see `assert_close`):
@@ -124,6 +124,29 @@ fn swiglu_matches_the_reference() {
     check_everywhere!("swiglu", swiglu, ["y", "dgate", "dup"]);
 }
 
+// ---------------------------------------------------------------- ReLU
+
+fn relu<B: AutodiffBackend + KernelBackend>(
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    let x = tensor::<B, 2>(&values(LEN, 3.0, 31, half), [7, 143], device).require_grad();
+    let probe = tensor::<B, 2>(&values(LEN, 1.0, 32, half), [7, 143], device);
+    let y = if fused {
+        ops::relu(x.clone())
+    } else {
+        reference::relu::forward(x.clone())
+    };
+    let grads = (y.clone() * probe).sum().backward();
+    vec![to_vec(y), to_vec(x.grad(&grads).unwrap())]
+}
+
+#[test]
+fn relu_matches_the_reference() {
+    check_everywhere!("relu", relu, ["y", "dx"]);
+}
+
 // ---------------------------------------------------------------- cross-entropy
 
 const CE_ROWS: usize = 11;
@@ -169,6 +192,124 @@ fn an_out_of_range_target_gives_a_nan_loss_on_the_gpu() {
     let targets = Tensor::<Gpu32, 1, Int>::from_data(TensorData::new(vec![1i64, 5], [2]), &device);
     let loss = to_vec(ops::cross_entropy(logits, targets).unwrap());
     assert!(loss[0].is_finite() && loss[1].is_nan(), "{loss:?}");
+}
+
+// ---------------------------------------------------------------- LayerNorm
+
+/// More rows than one column-sum chunk (64) and a width that is no multiple of its 32 columns.
+const LN_ROWS: usize = 150;
+const LN_D: usize = 75;
+
+fn layer_norm<B: AutodiffBackend + KernelBackend>(
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    // A mean away from zero, so that the centring is exercised.
+    let x = tensor::<B, 3>(
+        &values(LN_ROWS * LN_D, 2.0, 11, half),
+        [1, LN_ROWS, LN_D],
+        device,
+    )
+    .add_scalar(0.75)
+    .require_grad();
+    let gamma = tensor::<B, 1>(&values(LN_D, 1.5, 12, half), [LN_D], device).require_grad();
+    let beta = tensor::<B, 1>(&values(LN_D, 0.5, 13, half), [LN_D], device).require_grad();
+    let probe = tensor::<B, 3>(
+        &values(LN_ROWS * LN_D, 1.0, 14, half),
+        [1, LN_ROWS, LN_D],
+        device,
+    );
+    let y = if fused {
+        ops::layer_norm(x.clone(), gamma.clone(), beta.clone(), 1e-5).unwrap()
+    } else {
+        let (y, _, _) = reference::layer_norm::forward(
+            x.clone().reshape([LN_ROWS, LN_D]),
+            gamma.clone(),
+            beta.clone(),
+            1e-5,
+        );
+        y.reshape([1, LN_ROWS, LN_D])
+    };
+    let grads = (y.clone() * probe).sum().backward();
+    vec![
+        to_vec(y),
+        to_vec(x.grad(&grads).unwrap()),
+        to_vec(gamma.grad(&grads).unwrap()),
+        to_vec(beta.grad(&grads).unwrap()),
+    ]
+}
+
+#[test]
+fn layer_norm_matches_the_reference() {
+    check_everywhere!("layer_norm", layer_norm, ["y", "dx", "dgamma", "dbeta"]);
+}
+
+// ---------------------------------------------------------------- causal attention
+
+const BATCH: usize = 2;
+const HEADS: usize = 3;
+const D_HEAD: usize = 5;
+const KV_LEN: usize = 9;
+
+/// Attention of the last `q_len` positions over `KV_LEN` keys, through the fused op or the
+/// written-out reference; the output and the three input gradients.
+fn attention<B: AutodiffBackend + KernelBackend>(
+    q_len: usize,
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    let width = HEADS * D_HEAD;
+    let input = |len: usize, seed: u64| {
+        tensor::<B, 3>(
+            &values(BATCH * len * width, 1.5, seed, half),
+            [BATCH, len, width],
+            device,
+        )
+        .require_grad()
+    };
+    let (q, k, v) = (input(q_len, 21), input(KV_LEN, 22), input(KV_LEN, 23));
+    let probe = tensor::<B, 3>(
+        &values(BATCH * q_len * width, 1.0, 24, half),
+        [BATCH, q_len, width],
+        device,
+    );
+    let out = if fused {
+        ops::causal_attention(q.clone(), k.clone(), v.clone(), HEADS).unwrap()
+    } else {
+        reference::attention::forward(q.clone(), k.clone(), v.clone(), HEADS).0
+    };
+    let grads = (out.clone() * probe).sum().backward();
+    vec![
+        to_vec(out),
+        to_vec(q.grad(&grads).unwrap()),
+        to_vec(k.grad(&grads).unwrap()),
+        to_vec(v.grad(&grads).unwrap()),
+    ]
+}
+
+fn self_attention<B: AutodiffBackend + KernelBackend>(
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    attention::<B>(KV_LEN, fused, half, device)
+}
+
+fn last_queries_attention<B: AutodiffBackend + KernelBackend>(
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    attention::<B>(4, fused, half, device)
+}
+
+#[test]
+fn causal_attention_matches_the_reference() {
+    let names = ["out", "dq", "dk", "dv"];
+    check_everywhere!("self attention", self_attention, names);
+    check_everywhere!("last queries", last_queries_attention, names);
 }
 
 // ---------------------------------------------------------------- AdamW

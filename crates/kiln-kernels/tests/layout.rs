@@ -188,6 +188,93 @@ fn cross_entropy_reads_strided_inputs_and_writes_dense_outputs() {
 }
 
 #[test]
+fn layer_norm_reads_strided_inputs_and_writes_dense_outputs() {
+    let x = values(ROWS * D, 2.0, 11, false);
+    let dy = values(ROWS * D, 1.0, 12, false);
+    let gamma = values(D, 1.5, 13, false);
+    let beta = values(D, 0.5, 14, false);
+    same_for_every_layout("layer_norm", |layout| {
+        let (y, mean, rstd) = G::layer_norm_forward(
+            matrix(&x, ROWS, D, layout),
+            vector(&gamma, false),
+            vector(&beta, true),
+            1e-5,
+        );
+        let (dx, dgamma, dbeta) = G::layer_norm_backward(
+            matrix(&dy, ROWS, D, layout),
+            matrix(&x, ROWS, D, layout),
+            vector(&gamma, true),
+            mean.clone(),
+            rstd.clone(),
+        );
+        vec![
+            read("y", y),
+            read("mean", mean),
+            read("rstd", rstd),
+            read("dx", dx),
+            read("dgamma", dgamma),
+            read("dbeta", dbeta),
+        ]
+    });
+}
+
+/// `values` as a `[batch, len, width]` primitive: the `[batch·len, width]` matrix of `layout`
+/// seen with a batch dimension (a view, no copy).
+fn batched(
+    values: &[f32],
+    batch: usize,
+    len: usize,
+    width: usize,
+    layout: Layout,
+) -> FloatTensor<G> {
+    let mut t = matrix(values, batch * len, width, layout);
+    let strides = t.meta.strides().to_vec();
+    t.meta = Box::new(Metadata::new(
+        [batch, len, width],
+        [len * strides[0], strides[0], strides[1]],
+    ));
+    t
+}
+
+#[test]
+fn causal_attention_reads_strided_inputs_and_writes_dense_outputs() {
+    const BATCH: usize = 2;
+    const HEADS: usize = 3;
+    const WIDTH: usize = 3 * 4;
+    const Q_LEN: usize = 5;
+    const KV_LEN: usize = 7;
+    let q = values(BATCH * Q_LEN * WIDTH, 1.0, 21, false);
+    let k = values(BATCH * KV_LEN * WIDTH, 1.0, 22, false);
+    let v = values(BATCH * KV_LEN * WIDTH, 1.0, 23, false);
+    let dout = values(BATCH * Q_LEN * WIDTH, 1.0, 24, false);
+    same_for_every_layout("causal_attention", |layout| {
+        let qkv = || {
+            [
+                batched(&q, BATCH, Q_LEN, WIDTH, layout),
+                batched(&k, BATCH, KV_LEN, WIDTH, layout),
+                batched(&v, BATCH, KV_LEN, WIDTH, layout),
+            ]
+        };
+        let [q3, k3, v3] = qkv();
+        let (out, lse) = G::causal_attention_forward(q3, k3, v3, HEADS);
+        let [dq, dk, dv] = G::causal_attention_backward(
+            batched(&dout, BATCH, Q_LEN, WIDTH, layout),
+            qkv(),
+            out.clone(),
+            lse.clone(),
+            HEADS,
+        );
+        vec![
+            read("out", out),
+            read("lse", lse),
+            read("dq", dq),
+            read("dk", dk),
+            read("dv", dv),
+        ]
+    });
+}
+
+#[test]
 fn element_wise_kernels_read_stepped_inputs_and_write_dense_outputs() {
     const LEN: usize = 301;
     let (gate, up, dy) = (
@@ -221,10 +308,15 @@ fn element_wise_kernels_read_stepped_inputs_and_write_dense_outputs() {
             &step,
         );
         let norm = G::grad_sq_norm(vec![vector(&g, stepped), vector(&p, stepped)], &gpu());
+        let relu = G::relu_forward(vector(&gate, stepped));
+        let drelu =
+            <G as KernelBackend>::relu_backward(vector(&dy, stepped), vector(&gate, stepped));
         vec![
             read("swiglu", y),
             read("dgate", dg),
             read("dup", du),
+            read("relu", relu),
+            read("drelu", drelu),
             read("param", p1),
             read("m", m1),
             read("v", v1),

@@ -18,7 +18,7 @@ use kiln_core::strategy::StrategyConfigs;
 use kiln_nn::tensor_parallel::ShardedBackend;
 
 use crate::backend::{BackendKind, Job, Placement, dispatch};
-use crate::train::{ModelJob, ModelKind, TrainConfig, with_builtin};
+use crate::train::{ModelJob, ModelKind, TrainConfig, adamw, with_builtin};
 
 /// Options of `kiln bench plan`; the lists are comma-separated.
 #[derive(clap::Args, Debug)]
@@ -205,7 +205,10 @@ struct Timed<'a, B: AutodiffBackend> {
     devices: &'a [B::Device],
 }
 
-impl<B: AutodiffBackend + ShardedBackend> ModelJob<B> for Timed<'_, B> {
+impl<B> ModelJob<B> for Timed<'_, B>
+where
+    B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend,
+{
     type Output = Result<TimedSteps, String>;
 
     fn run<M, I>(self, model: M, data: DataSource<B, I, M::Input>) -> Self::Output
@@ -221,7 +224,15 @@ impl<B: AutodiffBackend + ShardedBackend> ModelJob<B> for Timed<'_, B> {
             ..PlanRequest::new(self.candidate.strategy, self.batch)
         })
         .map_err(|e| e.to_string())?;
-        time_steps(&plan, self.devices, model, data, self.budget, self.seed)
-            .map_err(|e| e.to_string())
+        time_steps(
+            &plan,
+            self.devices,
+            model,
+            &adamw(),
+            data,
+            self.budget,
+            self.seed,
+        )
+        .map_err(|e| e.to_string())
     }
 }

@@ -9,7 +9,6 @@ use std::time::Instant;
 
 use burn::data::dataset::InMemDataset;
 use burn::module::AutodiffModule;
-use burn::optim::AdamWConfig;
 use burn::tensor::backend::AutodiffBackend;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_core::checkpoint::{CheckpointError, RunInfo, Saver};
@@ -31,7 +30,7 @@ use crate::backend::{Job, dispatch};
 use crate::checkpoint_args::{CheckpointArgs, RunCheckpoints};
 use crate::launched::Launched;
 use crate::signals::{Interrupted, Saved, Signals};
-use crate::train::RunArgs;
+use crate::train::{RunArgs, adamw};
 
 /// Flags of `kiln finetune`; each overrides the same field of `--config`.
 #[derive(clap::Args, Debug)]
@@ -388,7 +387,7 @@ impl Job for FinetuneJob<'_> {
             on_step,
             saver: saver.as_mut(),
         };
-        let spec_optim = PerformanceSpec::new(AdamWConfig::new(), train.optimizer.clone())?;
+        let spec_optim = PerformanceSpec::new(adamw(), train.optimizer.clone())?;
         let data = DataSource::new(InMemDataset::new(items), LmBatcher);
         let (trained, record) = fit(
             plan,

@@ -16,7 +16,7 @@ use kiln_core::plan::measure::{
 use kiln_nn::tensor_parallel::ShardedBackend;
 
 use crate::backend::{BackendKind, Job, Placement, dispatch};
-use crate::train::{ModelJob, TrainConfig, builtin_workload, with_builtin};
+use crate::train::{ModelJob, TrainConfig, adamw, builtin_workload, with_builtin};
 
 /// Steps timed at each calibration point, their median kept: at least 5 and a fifth of a
 /// second, at most 1000.
@@ -107,7 +107,10 @@ struct Calibrate<'a, B: AutodiffBackend> {
     seed: u64,
 }
 
-impl<B: AutodiffBackend + ShardedBackend> ModelJob<B> for Calibrate<'_, B> {
+impl<B> ModelJob<B> for Calibrate<'_, B>
+where
+    B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend,
+{
     type Output = Result<Measured, MeasureError>;
 
     fn run<M, I>(self, model: M, data: DataSource<B, I, M::Input>) -> Self::Output
@@ -118,6 +121,7 @@ impl<B: AutodiffBackend + ShardedBackend> ModelJob<B> for Calibrate<'_, B> {
         calibrate(
             self.device,
             &model,
+            &adamw(),
             &data,
             (self.batch, self.beside),
             BUDGET,

@@ -5,11 +5,19 @@ use burn::tensor::backend::AutodiffBackend;
 use kiln_core::data::DataSource;
 use kiln_core::model::ParallelModel;
 use kiln_core::plan::cost::Workload;
+use kiln_kernels::FusedAdamWConfig;
 use kiln_nn::models::{MlpConfig, TransformerConfig};
 use kiln_nn::tasks::{ClassificationBatcher, FibonacciTask, SequenceBatcher, TeacherTask};
 use kiln_nn::tensor_parallel::ShardedBackend;
 
 use super::{ModelKind, TrainConfig};
+
+/// The optimizer `kiln train` and `kiln finetune` train with, and the planner times: AdamW on
+/// the fused kernel (one launch per parameter on a GPU, one pass on the CPU) with Burn's
+/// defaults. Its state is Burn's `AdamWState`, so checkpoints are Burn AdamW's.
+pub(crate) fn adamw() -> FusedAdamWConfig {
+    FusedAdamWConfig::new()
+}
 
 /// Tokens of each sequence of the transformer's task.
 const SEQUENCE: usize = 16;

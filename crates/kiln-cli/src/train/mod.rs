@@ -7,7 +7,6 @@ mod run_args;
 
 use std::path::PathBuf;
 
-use burn::optim::AdamWConfig;
 use burn::tensor::backend::AutodiffBackend;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_core::checkpoint::{RunInfo, Saver};
@@ -19,7 +18,7 @@ use kiln_core::plan::Plan;
 use kiln_core::strategy::{PerformanceSpec, StepOutput};
 use kiln_nn::tensor_parallel::ShardedBackend;
 
-pub(crate) use builtin::{ModelJob, with_builtin, workload as builtin_workload};
+pub(crate) use builtin::{ModelJob, adamw, with_builtin, workload as builtin_workload};
 pub use config::{ConfigError, ModelKind, TrainConfig};
 use report::TrainReport;
 pub use run_args::RunArgs;
@@ -200,7 +199,10 @@ struct Train<'a, B: AutodiffBackend> {
     devices: Vec<B::Device>,
 }
 
-impl<B: AutodiffBackend + ShardedBackend> builtin::ModelJob<B> for Train<'_, B> {
+impl<B> builtin::ModelJob<B> for Train<'_, B>
+where
+    B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend,
+{
     type Output = Result<TrainReport, Box<dyn std::error::Error>>;
 
     fn run<M, I>(self, model: M, data: DataSource<B, I, M::Input>) -> Self::Output
@@ -219,7 +221,7 @@ fn train_model<B, M, I>(
     data: DataSource<B, I, M::Input>,
 ) -> Result<TrainReport, Box<dyn std::error::Error>>
 where
-    B: AutodiffBackend + ShardedBackend,
+    B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend,
     M: ParallelModel<B>,
     I: Send + 'static,
 {
@@ -270,7 +272,7 @@ where
         ProgressStyle::with_template("{bar:40} {pos}/{len} steps  {msg}  [{elapsed}<{eta}]")
             .expect("valid template"),
     );
-    let spec = PerformanceSpec::new(AdamWConfig::new(), config.optimizer.clone())?;
+    let spec = PerformanceSpec::new(adamw(), config.optimizer.clone())?;
     bar.set_position(training.first_step() as u64);
     let on_step = |_, out: &StepOutput| {
         bar.set_message(format!("loss {:.4}", out.loss));

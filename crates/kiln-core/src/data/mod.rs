@@ -8,10 +8,12 @@
 mod sampler;
 mod shard;
 mod source;
+mod upload;
 
 pub use sampler::{EpochSampler, Remainder};
 pub use shard::{ShardPolicy, split_even};
 pub use source::DataSource;
+pub use upload::dense_tensor;
 
 /// Error in the data path.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -5,7 +5,6 @@
 
 use std::time::{Duration, Instant};
 
-use burn::optim::AdamWConfig;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 
@@ -14,7 +13,9 @@ use super::{Plan, PlanRequest, Planner};
 use crate::collective::{Collective, CollectiveError, InProcess, ReduceOp};
 use crate::data::{DataSource, EpochSampler};
 use crate::model::ParallelModel;
-use crate::strategy::{RankStats, StrategyConfigs, StrategyError, StrategyKind, build};
+use crate::strategy::{
+    OptimizerSpec, RankStats, StrategyConfigs, StrategyError, StrategyKind, build,
+};
 use crate::tensor_parallel::TpBackend;
 
 /// Why the machine could not be measured.
@@ -116,15 +117,16 @@ impl Budget {
     }
 }
 
-/// Trains `model` through `plan`'s strategy on `devices` (AdamW) for the `budget`'s untimed,
-/// then timed, steps, on batches of `data` in a fixed order from `seed`.
+/// Trains `model` through `plan`'s strategy on `devices` with `optim`'s optimizer for the
+/// `budget`'s untimed, then timed, steps, on batches of `data` in a fixed order from `seed`.
 ///
 /// # Errors
 /// What building the strategy or a step returns.
-pub fn time_steps<B, M, I>(
+pub fn time_steps<B, M, S, I>(
     plan: &Plan,
     devices: &[B::Device],
     model: M,
+    optim: &S,
     data: DataSource<B, I, M::Input>,
     budget: Budget,
     seed: u64,
@@ -132,13 +134,14 @@ pub fn time_steps<B, M, I>(
 where
     B: AutodiffBackend + TpBackend,
     M: ParallelModel<B>,
+    S: OptimizerSpec<B>,
     I: Send + 'static,
 {
     // Epoch after epoch, as training reads them.
     let sampler = EpochSampler::new(data.len(), plan.global_batch(), seed)?;
     let mut batches = sampler.batches();
     let model = model.fork(&devices[0]);
-    let mut strategy = build(plan, devices.to_vec(), model, &AdamWConfig::new(), data)?;
+    let mut strategy = build(plan, devices.to_vec(), model, optim, data)?;
     for batch in batches.by_ref().take(budget.warmup) {
         strategy.step(&batch, LR)?;
     }
@@ -201,9 +204,10 @@ fn calibration_points(batch: usize) -> Vec<(usize, usize)> {
 ///
 /// # Errors
 /// What a step returns, or timings that cannot be fitted.
-pub fn calibrate<B, M, I>(
+pub fn calibrate<B, M, S, I>(
     device: &B::Device,
     model: &M,
+    optim: &S,
     data: &DataSource<B, I, M::Input>,
     (batch, beside): (usize, usize),
     budget: Budget,
@@ -212,6 +216,7 @@ pub fn calibrate<B, M, I>(
 where
     B: AutodiffBackend + TpBackend,
     M: ParallelModel<B>,
+    S: OptimizerSpec<B> + Sync,
     I: Send + 'static,
 {
     // The fit needs points that differ in samples and micro-batches, and a step's costs are
@@ -234,6 +239,7 @@ where
                 plan,
                 std::slice::from_ref(device),
                 model,
+                optim,
                 data,
                 budget,
                 seed,

@@ -1,12 +1,13 @@
 //! Softmax cross-entropy's forward, one cube per row: the row's max and `Σ exp` by shared-memory
-//! tree reductions (no plane operations), writing only the loss and the log-sum-exp.
+//! tree reductions (no plane operations), writing only the loss and the log-sum-exp. The logits'
+//! rows are read where they are, pitched or not.
 
 use burn::tensor::Shape;
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::layout::{dense_input, dense_output};
+use super::layout::{dense_input, dense_output, row_input};
 use super::reduce::{UNITS, block_max, block_sum};
 
 #[cube(launch)]
@@ -20,7 +21,8 @@ fn cross_entropy_kernel<F: Float, I: Int>(
     let classes = logits.shape(1);
     let row = CUBE_POS_X as usize;
     let unit = UNIT_POS as usize;
-    let base = row * classes;
+    // Rows may be pitched (see `row_input`).
+    let base = row * logits.stride(0);
     let mut max = f32::min_value();
     let mut i = unit;
     while i < classes {
@@ -54,7 +56,7 @@ pub(crate) fn forward<R: CubeRuntime>(
     logits: CubeTensor<R>,
     targets: CubeTensor<R>,
 ) -> (CubeTensor<R>, CubeTensor<R>) {
-    let logits = dense_input(logits);
+    let logits = row_input(logits);
     let targets = dense_input(targets);
     let rows = logits.meta.shape()[0];
     let (client, dtype) = (logits.client.clone(), logits.dtype);

@@ -1,11 +1,12 @@
-//! The element-wise kernels: SwiGLU both ways, cross-entropy's backward and the AdamW step.
+//! The element-wise kernels: SwiGLU and ReLU both ways, cross-entropy's backward and the AdamW
+//! step.
 //! One unit per element; the math in f32 whatever the storage type.
 
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::{calculate_cube_count_elemwise, prelude::*};
 
-use super::layout::{dense_input, dense_output};
+use super::layout::{dense_input, dense_output, row_input};
 use crate::AdamWStep;
 
 #[cube]
@@ -49,6 +50,39 @@ fn swiglu_backward_kernel<F: Float>(
 }
 
 #[cube(launch)]
+fn relu_kernel<F: Float>(x: &Tensor<F>, y: &mut Tensor<F>, #[define(F)] _dtype: StorageType) {
+    let i = ABSOLUTE_POS;
+    if i >= y.len() {
+        terminate!();
+    }
+    let v = f32::cast_from(x[i]);
+    // `max(v, 0)` would turn a NaN into 0; Burn's ReLU (a masked fill where `v ≤ 0`) keeps it.
+    y[i] = if v > 0.0 || f32::is_nan(v) {
+        x[i]
+    } else {
+        F::cast_from(0.0f32)
+    };
+}
+
+#[cube(launch)]
+fn relu_backward_kernel<F: Float>(
+    dy: &Tensor<F>,
+    y: &Tensor<F>,
+    dx: &mut Tensor<F>,
+    #[define(F)] _dtype: StorageType,
+) {
+    let i = ABSOLUTE_POS;
+    if i >= dx.len() {
+        terminate!();
+    }
+    dx[i] = if f32::cast_from(y[i]) <= 0.0 {
+        F::cast_from(0.0f32)
+    } else {
+        dy[i]
+    };
+}
+
+#[cube(launch)]
 fn cross_entropy_backward_kernel<F: Float, I: Int>(
     dloss: &Tensor<F>,
     logits: &Tensor<F>,
@@ -58,13 +92,15 @@ fn cross_entropy_backward_kernel<F: Float, I: Int>(
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let i = ABSOLUTE_POS;
-    if i >= logits.len() {
+    if i >= dlogits.len() {
         terminate!();
     }
     let classes = logits.shape(1);
     let row = i / classes;
     let class = i % classes;
-    let p = f32::exp(f32::cast_from(logits[i]) - f32::cast_from(lse[row]));
+    // The logits' rows may be pitched (see `row_input`); the gradient is written dense.
+    let logit = f32::cast_from(logits[row * logits.stride(0) + class]);
+    let p = f32::exp(logit - f32::cast_from(lse[row]));
     let mut hot = 0.0f32;
     if usize::cast_from(targets[row]) == class {
         hot = 1.0;
@@ -157,13 +193,52 @@ pub(crate) fn swiglu_backward<R: CubeRuntime>(
     (dgate, dup)
 }
 
+pub(crate) fn relu<R: CubeRuntime>(x: CubeTensor<R>) -> CubeTensor<R> {
+    let x = dense_input(x);
+    let y = dense_output(&x, x.meta.shape().clone(), x.dtype);
+    let len = y.meta.shape().num_elements();
+    if len > 0 {
+        let (count, dim) = grid(&y, len);
+        let dtype = x.dtype;
+        relu_kernel::launch::<R>(
+            &y.client.clone(),
+            count,
+            dim,
+            x.into_tensor_arg(),
+            y.clone().into_tensor_arg(),
+            dtype.into(),
+        );
+    }
+    y
+}
+
+pub(crate) fn relu_backward<R: CubeRuntime>(dy: CubeTensor<R>, y: CubeTensor<R>) -> CubeTensor<R> {
+    let (dy, y) = (dense_input(dy), dense_input(y));
+    let dx = dense_output(&y, y.meta.shape().clone(), y.dtype);
+    let len = dx.meta.shape().num_elements();
+    if len > 0 {
+        let (count, dim) = grid(&dx, len);
+        let dtype = y.dtype;
+        relu_backward_kernel::launch::<R>(
+            &dx.client.clone(),
+            count,
+            dim,
+            dy.into_tensor_arg(),
+            y.into_tensor_arg(),
+            dx.clone().into_tensor_arg(),
+            dtype.into(),
+        );
+    }
+    dx
+}
+
 pub(crate) fn cross_entropy_backward<R: CubeRuntime>(
     dloss: CubeTensor<R>,
     logits: CubeTensor<R>,
     targets: CubeTensor<R>,
     lse: CubeTensor<R>,
 ) -> CubeTensor<R> {
-    let (dloss, logits) = (dense_input(dloss), dense_input(logits));
+    let (dloss, logits) = (dense_input(dloss), row_input(logits));
     let (targets, lse) = (dense_input(targets), dense_input(lse));
     let out = dense_output(&logits, logits.meta.shape().clone(), logits.dtype);
     let len = out.meta.shape().num_elements();

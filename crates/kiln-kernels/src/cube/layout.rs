@@ -43,6 +43,15 @@ pub(crate) fn dense_output_on<R: CubeRuntime>(
     out
 }
 
+/// The matrix `t` with contiguous rows: itself when each row is contiguous (dense, or pitched:
+/// rows further apart than their length, as CUDA allocates them), a dense copy otherwise. For
+/// kernels that index a row as `row · stride(0) + i`, so that a pitched input costs no copy.
+pub(crate) fn row_input<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+    let (shape, strides) = (t.meta.shape(), t.meta.strides());
+    let rows_contiguous = shape.num_dims() == 2 && strides[1] == 1 && strides[0] >= shape[1];
+    if rows_contiguous { t } else { dense_input(t) }
+}
+
 /// `t` as a dense row-major tensor: itself when it already is one, a copy otherwise.
 pub(crate) fn dense_input<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
     let t = into_contiguous(t);

@@ -2,9 +2,11 @@
 //! backends (`CubeBackend<R, ..>`: wgpu, CUDA, …). Each kernel accumulates in f32 whatever the
 //! tensors' float type (f32, f16, bf16), and none uses plane (warp) operations.
 
+mod attention;
 mod cross_entropy;
 mod elementwise;
 mod grad_norm;
+mod layer_norm;
 mod layout;
 mod qlora;
 mod reduce;
@@ -72,6 +74,44 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> KernelBack
         rms_norm::backward(dy, x, gamma, rstd)
     }
 
+    fn layer_norm_forward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        eps: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        layer_norm::forward(x, gamma, beta, eps)
+    }
+
+    fn layer_norm_backward(
+        dy: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        layer_norm::backward(dy, x, gamma, mean, rstd)
+    }
+
+    fn causal_attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        heads: usize,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        attention::forward(q, k, v, heads)
+    }
+
+    fn causal_attention_backward(
+        dout: FloatTensor<Self>,
+        qkv: [FloatTensor<Self>; 3],
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        heads: usize,
+    ) -> [FloatTensor<Self>; 3] {
+        attention::backward(dout, qkv, out, lse, heads)
+    }
+
     fn swiglu_forward(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
         elementwise::swiglu(gate, up)
     }
@@ -82,6 +122,14 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> KernelBack
         up: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         elementwise::swiglu_backward(dy, gate, up)
+    }
+
+    fn relu_forward(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        elementwise::relu(x)
+    }
+
+    fn relu_backward(dy: FloatTensor<Self>, y: FloatTensor<Self>) -> FloatTensor<Self> {
+        elementwise::relu_backward(dy, y)
     }
 
     fn cross_entropy_forward(

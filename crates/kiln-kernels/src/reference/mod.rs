@@ -9,5 +9,6 @@ pub mod cross_entropy;
 pub mod grad_norm;
 pub mod layer_norm;
 pub mod qlora;
+pub mod relu;
 pub mod rms_norm;
 pub mod swiglu;

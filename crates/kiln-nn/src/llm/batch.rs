@@ -3,6 +3,7 @@
 use burn::data::dataloader::batcher::Batcher;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
+use kiln_core::data::dense_tensor;
 
 /// `seq_len + 1` tokens: inputs are the first `seq_len`, targets the last `seq_len`, and
 /// `trained[i]` says whether target `i` counts in the loss.
@@ -63,9 +64,9 @@ impl<B: Backend> Batcher<B, LmItem, LmBatch<B>> for LmBatcher {
             .flat_map(|item| item.trained.iter().map(|&t| f32::from(u8::from(t))))
             .collect();
         LmBatch {
-            inputs: Tensor::from_data(TensorData::new(inputs, [n, seq]), device),
-            targets: Tensor::from_data(TensorData::new(targets, [n, seq]), device),
-            mask: Tensor::from_data(TensorData::new(mask, [n, seq]), device),
+            inputs: dense_tensor(TensorData::new(inputs, [n, seq]), device),
+            targets: dense_tensor(TensorData::new(targets, [n, seq]), device),
+            mask: dense_tensor(TensorData::new(mask, [n, seq]), device),
         }
     }
 }

@@ -6,6 +6,7 @@ use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
+use kiln_core::data::dense_tensor;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -77,8 +78,8 @@ impl<B: Backend> Batcher<B, SequenceItem, SequenceBatch<B>> for SequenceBatcher 
             .flat_map(|i| i.tokens[1..].iter().map(|&t| i64::from(t)))
             .collect();
         SequenceBatch {
-            inputs: Tensor::from_data(TensorData::new(inputs, [n, seq]), device),
-            targets: Tensor::from_data(TensorData::new(targets, [n, seq]), device),
+            inputs: dense_tensor(TensorData::new(inputs, [n, seq]), device),
+            targets: dense_tensor(TensorData::new(targets, [n, seq]), device),
         }
     }
 }

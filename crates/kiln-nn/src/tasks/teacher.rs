@@ -4,6 +4,7 @@ use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::InMemDataset;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
+use kiln_core::data::dense_tensor;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -84,7 +85,7 @@ impl<B: Backend> Batcher<B, ClassificationItem, ClassificationBatch<B>> for Clas
             .collect();
         let labels: Vec<i64> = items.iter().map(|i| i.label as i64).collect();
         ClassificationBatch {
-            features: Tensor::from_data(TensorData::new(features, [n, width]), device),
+            features: dense_tensor(TensorData::new(features, [n, width]), device),
             labels: Tensor::from_data(TensorData::new(labels, [n]), device),
         }
     }

@@ -1,0 +1,264 @@
+//! Causal multi-head attention, one unit per (batch, head, query): the query's scores against
+//! its visible keys with an online softmax (a running maximum and sum, as flash attention
+//! keeps them), the output accumulated in registers, and one log-sum-exp saved per query. The
+//! scores are never written to memory. The backward is one launch: the first units compute a
+//! query's `dq`, the rest a key's `dk` and `dv`, each recomputing the probabilities from the
+//! saved log-sum-exp. `d_head` is a compile-time constant, so the per-row vectors live in
+//! registers.
+//!
+//! Layouts: `q [batch, q_len, heads·d_head]`, `k`, `v [batch, kv_len, heads·d_head]` with
+//! `q_len ≤ kv_len` (the queries are the last positions: query `i` sees keys
+//! `0 ..= i + kv_len − q_len`), `lse [batch, heads, q_len]`.
+
+use burn::tensor::Shape;
+use burn_cubecl::CubeRuntime;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::{calculate_cube_count_elemwise, prelude::*};
+
+use super::layout::{dense_input, dense_output};
+
+#[cube]
+fn dot<F: Float>(
+    a: &Tensor<F>,
+    a_base: usize,
+    b: &Tensor<F>,
+    b_base: usize,
+    #[comptime] d_head: usize,
+) -> f32 {
+    let mut s = 0.0f32;
+    #[unroll]
+    for c in 0..d_head {
+        s += f32::cast_from(a[a_base + c]) * f32::cast_from(b[b_base + c]);
+    }
+    s
+}
+
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn attention_forward_kernel<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    out: &mut Tensor<F>,
+    lse: &mut Tensor<F>,
+    heads: u32,
+    scale: f32,
+    #[comptime] d_head: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let heads = heads as usize;
+    let q_len = q.shape(1);
+    let kv_len = k.shape(1);
+    let width = heads * d_head;
+    let idx = ABSOLUTE_POS;
+    if idx >= q.shape(0) * heads * q_len {
+        terminate!();
+    }
+    // idx = (b·heads + h)·q_len + i, which is also the query's place in `lse`.
+    let i = idx % q_len;
+    let h = (idx / q_len) % heads;
+    let b = idx / (q_len * heads);
+    let q_base = (b * q_len + i) * width + h * d_head;
+    let mut qs = Array::<f32>::new(d_head);
+    let mut acc = Array::<f32>::new(d_head);
+    #[unroll]
+    for c in 0..d_head {
+        qs[c] = f32::cast_from(q[q_base + c]) * scale;
+        acc[c] = 0.0;
+    }
+    let mut max = f32::min_value();
+    let mut sum = 0.0f32;
+    let visible = i + kv_len - q_len + 1;
+    for j in 0..visible {
+        let k_base = (b * kv_len + j) * width + h * d_head;
+        let mut s = 0.0f32;
+        #[unroll]
+        for c in 0..d_head {
+            s += qs[c] * f32::cast_from(k[k_base + c]);
+        }
+        let new_max = f32::max(max, s);
+        let correction = f32::exp(max - new_max);
+        let p = f32::exp(s - new_max);
+        sum = sum * correction + p;
+        #[unroll]
+        for c in 0..d_head {
+            acc[c] = acc[c] * correction + p * f32::cast_from(v[k_base + c]);
+        }
+        max = new_max;
+    }
+    #[unroll]
+    for c in 0..d_head {
+        out[q_base + c] = F::cast_from(acc[c] / sum);
+    }
+    lse[idx] = F::cast_from(max + f32::ln(sum));
+}
+
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn attention_backward_kernel<F: Float>(
+    dout: &Tensor<F>,
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    out: &Tensor<F>,
+    lse: &Tensor<F>,
+    dq: &mut Tensor<F>,
+    dk: &mut Tensor<F>,
+    dv: &mut Tensor<F>,
+    heads: u32,
+    scale: f32,
+    #[comptime] d_head: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let heads = heads as usize;
+    let batch = q.shape(0);
+    let q_len = q.shape(1);
+    let kv_len = k.shape(1);
+    let offset = kv_len - q_len;
+    let width = heads * d_head;
+    let queries = batch * heads * q_len;
+    let idx = ABSOLUTE_POS;
+    if idx >= queries + batch * heads * kv_len {
+        terminate!();
+    }
+    let mut acc = Array::<f32>::new(d_head);
+    #[unroll]
+    for c in 0..d_head {
+        acc[c] = 0.0;
+    }
+    if idx < queries {
+        // dq_i = scale·Σ_j p_ij·(dout_i·v_j − D_i)·k_j, D_i = dout_i·out_i.
+        let i = idx % q_len;
+        let h = (idx / q_len) % heads;
+        let b = idx / (q_len * heads);
+        let q_base = (b * q_len + i) * width + h * d_head;
+        let delta = dot(dout, q_base, out, q_base, d_head);
+        let l = f32::cast_from(lse[idx]);
+        for j in 0..i + offset + 1 {
+            let k_base = (b * kv_len + j) * width + h * d_head;
+            let p = f32::exp(scale * dot(q, q_base, k, k_base, d_head) - l);
+            let ds = p * (dot(dout, q_base, v, k_base, d_head) - delta);
+            #[unroll]
+            for c in 0..d_head {
+                acc[c] += ds * f32::cast_from(k[k_base + c]);
+            }
+        }
+        #[unroll]
+        for c in 0..d_head {
+            dq[q_base + c] = F::cast_from(scale * acc[c]);
+        }
+    } else {
+        // dv_j = Σ_i p_ij·dout_i and dk_j = scale·Σ_i p_ij·(dout_i·v_j − D_i)·q_i over the
+        // queries that see key j (i + offset ≥ j).
+        let key = idx - queries;
+        let j = key % kv_len;
+        let h = (key / kv_len) % heads;
+        let b = key / (kv_len * heads);
+        let k_base = (b * kv_len + j) * width + h * d_head;
+        let mut acc_v = Array::<f32>::new(d_head);
+        #[unroll]
+        for c in 0..d_head {
+            acc_v[c] = 0.0;
+        }
+        let first = usize::max(j, offset) - offset;
+        for i in first..q_len {
+            let q_base = (b * q_len + i) * width + h * d_head;
+            let l = f32::cast_from(lse[(b * heads + h) * q_len + i]);
+            let p = f32::exp(scale * dot(q, q_base, k, k_base, d_head) - l);
+            let delta = dot(dout, q_base, out, q_base, d_head);
+            let ds = p * (dot(dout, q_base, v, k_base, d_head) - delta);
+            #[unroll]
+            for c in 0..d_head {
+                let g = f32::cast_from(dout[q_base + c]);
+                acc_v[c] += p * g;
+                acc[c] += ds * f32::cast_from(q[q_base + c]);
+            }
+        }
+        #[unroll]
+        for c in 0..d_head {
+            dk[k_base + c] = F::cast_from(scale * acc[c]);
+            dv[k_base + c] = F::cast_from(acc_v[c]);
+        }
+    }
+}
+
+fn grid<R: CubeRuntime>(t: &CubeTensor<R>, units: usize) -> (CubeCount, CubeDim) {
+    let dim = CubeDim::new(&t.client, units);
+    (calculate_cube_count_elemwise(&t.client, units, dim), dim)
+}
+
+/// `(out, lse)`.
+pub(crate) fn forward<R: CubeRuntime>(
+    q: CubeTensor<R>,
+    k: CubeTensor<R>,
+    v: CubeTensor<R>,
+    heads: usize,
+) -> (CubeTensor<R>, CubeTensor<R>) {
+    let (q, k, v) = (dense_input(q), dense_input(k), dense_input(v));
+    let [batch, q_len, width] = q.meta.shape().dims::<3>();
+    let d_head = width / heads;
+    let dtype = q.dtype;
+    let out = dense_output(&q, Shape::new([batch, q_len, width]), dtype);
+    let lse = dense_output(&q, Shape::new([batch, heads, q_len]), dtype);
+    let units = batch * heads * q_len;
+    if units > 0 {
+        let (count, dim) = grid(&q, units);
+        attention_forward_kernel::launch::<R>(
+            &q.client.clone(),
+            count,
+            dim,
+            q.into_tensor_arg(),
+            k.into_tensor_arg(),
+            v.into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            lse.clone().into_tensor_arg(),
+            heads as u32,
+            (d_head as f32).powf(-0.5),
+            d_head,
+            dtype.into(),
+        );
+    }
+    (out, lse)
+}
+
+/// `[dq, dk, dv]` in one launch.
+pub(crate) fn backward<R: CubeRuntime>(
+    dout: CubeTensor<R>,
+    [q, k, v]: [CubeTensor<R>; 3],
+    out: CubeTensor<R>,
+    lse: CubeTensor<R>,
+    heads: usize,
+) -> [CubeTensor<R>; 3] {
+    let (q, k, v) = (dense_input(q), dense_input(k), dense_input(v));
+    let (dout, out, lse) = (dense_input(dout), dense_input(out), dense_input(lse));
+    let [batch, q_len, width] = q.meta.shape().dims::<3>();
+    let kv_len = k.meta.shape()[1];
+    let d_head = width / heads;
+    let dtype = q.dtype;
+    let dq = dense_output(&q, Shape::new([batch, q_len, width]), dtype);
+    let dk = dense_output(&q, Shape::new([batch, kv_len, width]), dtype);
+    let dv = dense_output(&q, Shape::new([batch, kv_len, width]), dtype);
+    let units = batch * heads * (q_len + kv_len);
+    if units > 0 {
+        let (count, dim) = grid(&q, units);
+        attention_backward_kernel::launch::<R>(
+            &q.client.clone(),
+            count,
+            dim,
+            dout.into_tensor_arg(),
+            q.into_tensor_arg(),
+            k.into_tensor_arg(),
+            v.into_tensor_arg(),
+            out.into_tensor_arg(),
+            lse.into_tensor_arg(),
+            dq.clone().into_tensor_arg(),
+            dk.clone().into_tensor_arg(),
+            dv.clone().into_tensor_arg(),
+            heads as u32,
+            (d_head as f32).powf(-0.5),
+            d_head,
+            dtype.into(),
+        );
+    }
+    [dq, dk, dv]
+}
