@@ -182,6 +182,15 @@ fn attention_backward_kernel<F: Float>(
     }
 }
 
+/// What the kernels' indexing assumes, which `ops::causal_attention` checks with a clear error
+/// before any backend is called: a direct caller of the backend methods gets this assertion.
+fn check_shapes(q_len: usize, kv_len: usize, width: usize, heads: usize) {
+    debug_assert!(
+        q_len <= kv_len && heads > 0 && width.is_multiple_of(heads),
+        "causal attention of {q_len} queries over {kv_len} keys, width {width} in {heads} heads"
+    );
+}
+
 fn grid<R: CubeRuntime>(t: &CubeTensor<R>, units: usize) -> (CubeCount, CubeDim) {
     let dim = CubeDim::new(&t.client, units);
     (calculate_cube_count_elemwise(&t.client, units, dim), dim)
@@ -196,6 +205,7 @@ pub(crate) fn forward<R: CubeRuntime>(
 ) -> (CubeTensor<R>, CubeTensor<R>) {
     let (q, k, v) = (dense_input(q), dense_input(k), dense_input(v));
     let [batch, q_len, width] = q.meta.shape().dims::<3>();
+    check_shapes(q_len, k.meta.shape()[1], width, heads);
     let d_head = width / heads;
     let dtype = q.dtype;
     let out = dense_output(&q, Shape::new([batch, q_len, width]), dtype);
@@ -233,6 +243,7 @@ pub(crate) fn backward<R: CubeRuntime>(
     let (dout, out, lse) = (dense_input(dout), dense_input(out), dense_input(lse));
     let [batch, q_len, width] = q.meta.shape().dims::<3>();
     let kv_len = k.meta.shape()[1];
+    check_shapes(q_len, kv_len, width, heads);
     let d_head = width / heads;
     let dtype = q.dtype;
     let dq = dense_output(&q, Shape::new([batch, q_len, width]), dtype);
