@@ -13,8 +13,9 @@
 use burn::tensor::Shape;
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
-use cubecl::{calculate_cube_count_elemwise, prelude::*};
+use cubecl::prelude::*;
 
+use super::elementwise::grid;
 use super::layout::{dense_input, dense_output};
 
 #[cube]
@@ -189,11 +190,6 @@ fn check_shapes(q_len: usize, kv_len: usize, width: usize, heads: usize) {
         q_len <= kv_len && heads > 0 && width.is_multiple_of(heads),
         "causal attention of {q_len} queries over {kv_len} keys, width {width} in {heads} heads"
     );
-}
-
-fn grid<R: CubeRuntime>(t: &CubeTensor<R>, units: usize) -> (CubeCount, CubeDim) {
-    let dim = CubeDim::new(&t.client, units);
-    (calculate_cube_count_elemwise(&t.client, units, dim), dim)
 }
 
 /// `(out, lse)`.

@@ -141,7 +141,9 @@ fn adamw_kernel<F: Float>(
     v_out[i] = F::cast_from(v1);
 }
 
-fn grid<R: CubeRuntime>(t: &CubeTensor<R>, len: usize) -> (CubeCount, CubeDim) {
+/// The launch grid of a kernel with one unit per element (per query or key, for attention):
+/// `len` units on `t`'s device.
+pub(crate) fn grid<R: CubeRuntime>(t: &CubeTensor<R>, len: usize) -> (CubeCount, CubeDim) {
     let dim = CubeDim::new(&t.client, len);
     (calculate_cube_count_elemwise(&t.client, len, dim), dim)
 }
