@@ -1,7 +1,8 @@
 //! This machine as the planner sees it: its CPU cores as devices, its memory shared among them,
-//! a built-in model's step timed on one core, and the in-process collective's latency and
-//! bandwidth probed between two ranks. `auto` plans `kiln train` with it, and `kiln plan
-//! --model` prints it.
+//! a built-in model's step timed on one core (beside copies on the others, and alone), the
+//! in-process collective's latency and bandwidth probed between two ranks, and the model's
+//! step over two ranks for what several ranks cost beyond their parts. `auto` plans `kiln
+//! train` with it, and `kiln plan --model` prints it.
 
 use std::time::Duration;
 
@@ -9,9 +10,9 @@ use burn::tensor::backend::AutodiffBackend;
 use kiln_core::data::DataSource;
 use kiln_core::model::ParallelModel;
 use kiln_core::plan::Planner;
-use kiln_core::plan::cost::Measured;
+use kiln_core::plan::cost::Workload;
 use kiln_core::plan::measure::{
-    Budget, Link, MeasureError, WARMUP, calibrate, cpu_planner, probe_links,
+    Budget, MeasureError, WARMUP, calibrate, calibrate_ranks, cpu_planner, probe_links,
 };
 use kiln_nn::tensor_parallel::ShardedBackend;
 
@@ -55,10 +56,14 @@ pub fn planner(config: &TrainConfig) -> Result<Planner, MachineError> {
         return Err(MachineError::NotCpu(config.backend));
     }
     let cores = config.backend.cpu_cores().unwrap_or(1);
-    let placement = Placement::new(1, None).map_err(|e| MachineError::Backend(e.to_string()))?;
-    let (measured, link) = dispatch(config.backend, &placement, Measure { config, cores })
-        .map_err(|e| MachineError::Backend(e.to_string()))??;
-    Ok(cpu_planner(builtin_workload(config), measured, link, cores))
+    // Two ranks' devices: the rendezvous is timed over two.
+    let placement = Placement::new(2, None).map_err(|e| MachineError::Backend(e.to_string()))?;
+    let job = Measure {
+        config,
+        cores,
+        workload: builtin_workload(config),
+    };
+    dispatch(config.backend, &placement, job).map_err(|e| MachineError::Backend(e.to_string()))?
 }
 
 /// The measurement, as a job on the config's backend.
@@ -66,44 +71,35 @@ struct Measure<'a> {
     config: &'a TrainConfig,
     /// The machine's cores: the timed rank's and its companions'.
     cores: usize,
+    /// The model's step, as the cost model reads it.
+    workload: Workload,
 }
 
 impl Job for Measure<'_> {
-    type Output = Result<(Measured, Link), MachineError>;
+    type Output = Result<Planner, MachineError>;
 
     fn run<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
         self,
         devices: Vec<B::Device>,
     ) -> Result<Self::Output, Box<dyn std::error::Error>> {
-        let device = &devices[0];
-        let timed = with_builtin::<B, _>(
-            self.config,
-            device,
-            Calibrate {
-                device,
-                batch: self.config.batch,
-                beside: self.cores - 1,
-                seed: self.config.seed,
-            },
-        );
-        let measured = match timed {
-            Ok(m) => m,
-            Err(e) => return Ok(Err(e.into())),
+        let calibrate = Calibrate {
+            devices: &devices,
+            batch: self.config.batch,
+            cores: self.cores,
+            workload: self.workload,
+            seed: self.config.seed,
         };
-        let link = match probe_links::<B>(device, CALLS, Duration::from_secs(60)) {
-            Ok(link) => link,
-            Err(e) => return Ok(Err(e.into())),
-        };
-        Ok(Ok((measured, link)))
+        Ok(with_builtin::<B, _>(self.config, &devices[0], calibrate))
     }
 }
 
-/// Timing the model's step on one rank.
+/// Timing the model's step on one rank and on two, and the collective between two.
 struct Calibrate<'a, B: AutodiffBackend> {
-    device: &'a B::Device,
+    devices: &'a [B::Device],
     batch: usize,
-    /// Copies of the step run beside the timed one: the machine's other cores.
-    beside: usize,
+    /// The machine's cores: one runs the timed rank, the others copies beside it.
+    cores: usize,
+    workload: Workload,
     seed: u64,
 }
 
@@ -111,21 +107,35 @@ impl<B> ModelJob<B> for Calibrate<'_, B>
 where
     B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend,
 {
-    type Output = Result<Measured, MeasureError>;
+    type Output = Result<Planner, MachineError>;
 
     fn run<M, I>(self, model: M, data: DataSource<B, I, M::Input>) -> Self::Output
     where
         M: ParallelModel<B>,
         I: Send + Sync + Clone + 'static,
     {
-        calibrate(
-            self.device,
+        let (device, optim) = (&self.devices[0], adamw());
+        let others = self.cores.saturating_sub(1);
+        let measured = calibrate(
+            device,
             &model,
-            &adamw(),
+            &optim,
             &data,
-            (self.batch, self.beside),
+            (self.batch, others),
             BUDGET,
             self.seed,
-        )
+        )?;
+        let link = probe_links::<B>(device, CALLS, Duration::from_secs(60))?;
+        let planner = cpu_planner(self.workload, measured, link, self.cores);
+        Ok(calibrate_ranks(
+            planner,
+            self.devices,
+            &model,
+            &optim,
+            &data,
+            self.cores.saturating_sub(2),
+            BUDGET,
+            self.seed,
+        )?)
     }
 }

@@ -43,16 +43,20 @@ pub fn render(
             let _ = writeln!(
                 out,
                 "Devices: {} ranks on {} CPU core(s), {} each. Measured on one core: {} µs a \
-                 sample, {} µs a micro-batch, {} µs an update; the collective {:.1} µs a \
-                 step and {:.1} GB/s.",
+                 sample, {} µs a micro-batch, {} µs an update ({:.2}× alone); the collective \
+                 {:.1} µs a step and {:.1} GB/s; ranks meet in {} µs a step and hand a \
+                 micro-batch on in {} µs more.",
                 cluster.devices,
                 cluster.cores.unwrap_or(cluster.devices),
                 bytes(cluster.memory as f64),
                 us(m.per_sample),
                 us(m.per_micro_batch),
                 us(m.per_update),
+                m.alone,
                 cluster.intra_latency * 1e6,
-                cluster.intra_bandwidth / 1e9
+                cluster.intra_bandwidth / 1e9,
+                us(m.rendezvous),
+                us(m.handoff)
             );
         }
     }

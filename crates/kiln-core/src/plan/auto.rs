@@ -155,6 +155,9 @@ mod tests {
                 per_micro_batch: 300e-6,
                 per_update: 200e-6,
                 timings: Vec::new(),
+                alone: 1.0,
+                rendezvous: 0.0,
+                handoff: 0.0,
             }),
         };
         Planner { workload, cluster }

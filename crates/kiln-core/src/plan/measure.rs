@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 
-use super::cost::{Cluster, FitError, Measured, Timing, Workload};
+use super::cost::{Cluster, FitError, Layout, Measured, Timing, Workload, step_time};
 use super::{Plan, PlanRequest, Planner};
 use crate::collective::{Collective, CollectiveError, InProcess, ReduceOp};
 use crate::data::{DataSource, EpochSampler};
 use crate::model::ParallelModel;
 use crate::strategy::{
-    OptimizerSpec, RankStats, StrategyConfigs, StrategyError, StrategyKind, build,
+    ConfigError, OptimizerSpec, RankStats, StrategyConfigs, StrategyError, StrategyKind, build,
 };
 use crate::tensor_parallel::TpBackend;
 
@@ -34,6 +34,9 @@ pub enum MeasureError {
 
 /// The learning rate of timed steps: any rate trains at the same speed.
 const LR: f64 = 1e-3;
+
+/// Rounds [`calibrate`] times its points in.
+const ROUNDS: usize = 2;
 
 /// Steps a timing runs before it starts the clock: fresh threads start with cold allocator
 /// arenas and caches.
@@ -191,6 +194,55 @@ fn calibration_points(batch: usize) -> Vec<(usize, usize)> {
     points
 }
 
+/// Runs `timed` while each of `companions` runs on a thread of its own, as the other cores'
+/// ranks would, and returns what `timed` returned. Companions should run a little longer
+/// than the timed work ([`longer`]), so that it is never alone.
+fn beside<T, C, F>(
+    companions: impl IntoIterator<Item = F>,
+    timed: impl FnOnce() -> Result<T, StrategyError>,
+) -> Result<T, StrategyError>
+where
+    C: Send,
+    F: FnOnce() -> Result<C, StrategyError> + Send,
+{
+    std::thread::scope(|s| {
+        let companions: Vec<_> = companions.into_iter().map(|c| s.spawn(c)).collect();
+        let timed = timed();
+        for c in companions {
+            c.join().unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+        }
+        timed
+    })
+}
+
+/// `budget` a little longer: what companions of a timed run are given.
+fn longer(budget: Budget) -> Budget {
+    Budget {
+        seconds: budget.seconds * 1.5,
+        most_steps: budget.most_steps * 3 / 2 + 1,
+        steps: budget.steps * 3 / 2 + 1,
+        ..budget
+    }
+}
+
+/// The plan of `strategy` over `world` single-threaded ranks (as CPU ranks run) for
+/// `samples` in `micro_batches`.
+fn timing_plan(
+    strategy: StrategyKind,
+    world: usize,
+    samples: usize,
+    micro_batches: usize,
+) -> Result<Plan, StrategyError> {
+    let mut configs = StrategyConfigs::default();
+    configs.set_threads_per_rank(1);
+    configs.set_grad_accumulation(micro_batches);
+    Ok(Plan::resolve(
+        PlanRequest::new(strategy, samples)
+            .with_world(world)
+            .with_configs(configs),
+    )?)
+}
+
 /// Times a step of `model` on one rank of `device` (one intra-op thread, as CPU ranks run)
 /// at several batch sizes and micro-batch counts around `batch`, each as long as `budget`
 /// says, and fits the [`Measured`] costs.
@@ -198,9 +250,10 @@ fn calibration_points(batch: usize) -> Vec<(usize, usize)> {
 /// Ranks that share a CPU compute side by side: the cores share the memory bus and caches,
 /// and each runs slower than it does alone (5 to 10 % for the transformer on this project's
 /// 2-core machine). So `beside` more copies of the same step run on threads of their own
-/// while one is timed, as the other cores' ranks would. Where the process counts its memory
-/// ([`crate::memory`]), the steps of one micro-batch run once more alone, for the rank's
-/// peak bytes.
+/// while one is timed, as the other cores' ranks would. The batch whole is then timed once
+/// more alone, for the cost model's runs that leave cores idle ([`Measured::alone`]). Where
+/// the process counts its memory ([`crate::memory`]), the steps of one micro-batch run once
+/// more alone, for the rank's peak bytes.
 ///
 /// # Errors
 /// What a step returns, or timings that cannot be fitted.
@@ -209,7 +262,7 @@ pub fn calibrate<B, M, S, I>(
     model: &M,
     optim: &S,
     data: &DataSource<B, I, M::Input>,
-    (batch, beside): (usize, usize),
+    (batch, others): (usize, usize),
     budget: Budget,
     seed: u64,
 ) -> Result<Measured, MeasureError>
@@ -222,67 +275,161 @@ where
     // The fit needs points that differ in samples and micro-batches, and a step's costs are
     // linear in its samples: a batch of fewer than 8 is timed at 8 (as the data allows).
     let batch = batch.max(8).min(data.len()).max(1);
-    let mut timings = Vec::new();
-    for (samples, micro_batches) in calibration_points(batch) {
-        let mut configs = StrategyConfigs::default();
-        configs.set_threads_per_rank(1);
-        configs.set_grad_accumulation(micro_batches);
-        let plan = Plan::resolve(
-            PlanRequest::new(StrategyKind::Single, samples)
-                .with_world(1)
-                .with_configs(configs),
-        )
-        .map_err(StrategyError::from)?;
-        let plan = &plan;
-        let time = move |model: M, data: DataSource<B, I, M::Input>, budget: Budget| {
-            time_steps(
-                plan,
-                std::slice::from_ref(device),
-                model,
-                optim,
-                data,
-                budget,
-                seed,
-            )
-        };
-        // The companions run a little longer than the timed copy, so it is never alone.
-        let longer = Budget {
-            seconds: budget.seconds * 1.5,
-            most_steps: budget.most_steps * 3 / 2 + 1,
-            steps: budget.steps * 3 / 2 + 1,
-            ..budget
-        };
-        let timed = std::thread::scope(|s| {
-            let companions: Vec<_> = (0..beside)
-                .map(|_| {
-                    let (model, data) = (model.clone(), data.clone());
-                    s.spawn(move || time(model, data, longer))
-                })
-                .collect();
-            let timed = time(model.clone(), data.clone(), budget);
-            for companion in companions {
-                companion
-                    .join()
-                    .unwrap_or_else(|p| std::panic::resume_unwind(p))?;
-            }
-            timed
-        })?;
-        timings.push(Timing {
-            samples,
-            micro_batches,
-            seconds: timed.median(),
-            spread: timed.spread(),
-            peak_bytes: match crate::memory::counting() && micro_batches == 1 {
+    let points = calibration_points(batch);
+    // Each point is timed in rounds, its steps pooled: a burst of another program's work on
+    // a shared machine then falls on a part of every point's steps, not on one point's all.
+    let round = Budget {
+        seconds: budget.seconds / ROUNDS as f64,
+        steps: budget.steps.div_ceil(ROUNDS),
+        most_steps: budget.most_steps.div_ceil(ROUNDS),
+        ..budget
+    };
+    let mut steps = vec![Vec::new(); points.len()];
+    let mut peaks = vec![None; points.len()];
+    for r in 0..ROUNDS {
+        for (i, &(samples, micro_batches)) in points.iter().enumerate() {
+            let plan = &timing_plan(StrategyKind::Single, 1, samples, micro_batches)?;
+            let time = move |model: M, data: DataSource<B, I, M::Input>, budget: Budget| {
+                let devices = std::slice::from_ref(device);
+                time_steps(plan, devices, model, optim, data, budget, seed)
+            };
+            let companions = (0..others).map(|_| {
+                let (model, data) = (model.clone(), data.clone());
+                move || time(model, data, longer(round))
+            });
+            let timed = beside(companions, || time(model.clone(), data.clone(), round))?;
+            steps[i].extend(timed.steps);
+            if r == 0 && micro_batches == 1 && crate::memory::counting() {
                 // Counted alone: the companions' ranks are numbered as this one's.
-                true => time(model.clone(), data.clone(), Budget::steps(1, 2))?
+                peaks[i] = time(model.clone(), data.clone(), Budget::steps(1, 2))?
                     .ranks
                     .first()
-                    .and_then(|r| r.peak_bytes),
-                false => None,
-            },
-        });
+                    .and_then(|r| r.peak_bytes);
+            }
+        }
     }
-    Ok(Measured::fit(&timings)?)
+    let timings: Vec<Timing> = points
+        .iter()
+        .zip(steps.iter().zip(peaks))
+        .map(|(&(samples, micro_batches), (steps, peak_bytes))| Timing {
+            samples,
+            micro_batches,
+            seconds: median(steps),
+            spread: spread(steps),
+            peak_bytes,
+        })
+        .collect();
+    let measured = Measured::fit(&timings)?;
+    if others == 0 {
+        return Ok(measured);
+    }
+    let (samples, _) = points[0];
+    let plan = timing_plan(StrategyKind::Single, 1, samples, 1)?;
+    let devices = std::slice::from_ref(device);
+    let alone = time_steps(
+        &plan,
+        devices,
+        model.clone(),
+        optim,
+        data.clone(),
+        budget,
+        seed,
+    )?;
+    Ok(measured.with_alone(samples, alone.median()))
+}
+
+/// Times `model`'s step over two ranks of `devices` (one intra-op thread each, the machine's
+/// other `others` cores running copies of a rank's step beside them) as Ddp, then as a
+/// pipeline of two stages, and gives `planner`'s costs what each took beyond what the cost
+/// model predicts for it: the ranks' [`rendezvous`](Measured::rendezvous) (a cost of every
+/// step of several ranks) and a stage's [`handoff`](Measured::handoff) (of every micro-batch
+/// passed between stages). Both are costs no probe of a collective sees (thread wake-ups,
+/// buckets packed), measured on the model's own ranks. A model that cannot be cut into
+/// stages has no hand-off to time.
+///
+/// The ranks take one sample each: neither cost grows with the samples, and the timings'
+/// noise does (a few percent of a 10 ms step is more than either).
+///
+/// # Errors
+/// What a step returns.
+#[allow(clippy::too_many_arguments)]
+pub fn calibrate_ranks<B, M, S, I>(
+    mut planner: Planner,
+    devices: &[B::Device],
+    model: &M,
+    optim: &S,
+    data: &DataSource<B, I, M::Input>,
+    others: usize,
+    budget: Budget,
+    seed: u64,
+) -> Result<Planner, MeasureError>
+where
+    B: AutodiffBackend + TpBackend,
+    M: ParallelModel<B>,
+    S: OptimizerSpec<B> + Sync,
+    I: Send + 'static,
+{
+    // Two ranks need a sample each.
+    if planner.cluster.measured.is_none() || data.len() < 2 || devices.len() < 2 {
+        return Ok(planner);
+    }
+    let batch = 2;
+    let single = timing_plan(StrategyKind::Single, 1, 1, 1)?;
+    let time_pair = |plan: &Plan| {
+        let companions = (0..others).map(|_| {
+            let (model, data, single) = (model.clone(), data.clone(), &single);
+            let device = std::slice::from_ref(&devices[0]);
+            move || time_steps(single, device, model, optim, data, longer(budget), seed)
+        });
+        let pair = &devices[..2];
+        beside(companions, || {
+            time_steps(plan, pair, model.clone(), optim, data.clone(), budget, seed)
+        })
+        .map(|t| t.median())
+    };
+    let predict = |planner: &Planner, layout: Layout| {
+        step_time(&planner.workload, &planner.cluster(2), &layout).total
+    };
+    let layout = Layout {
+        dp: 2,
+        pp: 1,
+        tp: 1,
+        micro_batches: 1,
+        micro_batch: 1,
+        recompute: false,
+    };
+    let ddp = time_pair(&timing_plan(StrategyKind::Ddp, 2, batch, 1)?)?;
+    let predicted = predict(&planner, layout);
+    planner.cluster.measured = planner
+        .cluster
+        .measured
+        .map(|m| m.with_rendezvous(ddp, predicted));
+    let mut configs = StrategyConfigs::default();
+    configs.set_threads_per_rank(1);
+    configs.pipeline.stages = 2;
+    configs.pipeline.micro_batches = 1;
+    let staged = Plan::resolve(
+        PlanRequest::new(StrategyKind::Pipeline, batch)
+            .with_world(2)
+            .with_configs(configs),
+    )
+    .map_err(StrategyError::from)?;
+    let pipeline = match time_pair(&staged) {
+        Err(StrategyError::Config(ConfigError::Unsupported { .. })) => return Ok(planner),
+        other => other?,
+    };
+    let layout = Layout {
+        dp: 1,
+        pp: 2,
+        micro_batch: batch,
+        ..layout
+    };
+    let predicted = predict(&planner, layout);
+    planner.cluster.measured = planner
+        .cluster
+        .measured
+        .map(|m| m.with_handoff(pipeline, predicted, 2));
+    Ok(planner)
 }
 
 /// A link between ranks: what a collective costs before any byte moves, and its bytes per

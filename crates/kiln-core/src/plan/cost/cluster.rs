@@ -60,6 +60,20 @@ impl Cluster {
             _ => 1.0,
         }
     }
+
+    /// How much slower (or faster) a measured step runs for the cores left idle: the step was
+    /// timed beside a copy on every other core, as when every core holds a rank; with fewer
+    /// ranks than cores it moves towards the step timed alone ([`Measured::alone`]), in
+    /// proportion to the cores that idle.
+    pub fn company(&self) -> f64 {
+        match (self.cores, &self.measured) {
+            (Some(cores), Some(m)) if cores > 1 && self.devices < cores => {
+                let busy = self.devices.saturating_sub(1) as f64 / (cores - 1) as f64;
+                m.alone + (1.0 - m.alone) * busy
+            }
+            _ => 1.0,
+        }
+    }
 }
 
 /// Data-centre GPUs, by the names `--device` takes.

@@ -63,7 +63,8 @@ pub struct StepTime {
     /// Activations and their gradients between stages.
     pub pipeline: f64,
     /// Every device's facts of the step (loss, samples, times) gathered over all of them:
-    /// one small collective a step.
+    /// one small collective a step; on a measured machine, with the ranks' measured
+    /// [`rendezvous`](super::Measured::rendezvous).
     #[serde(default)]
     pub sync: f64,
     /// The step.
@@ -75,14 +76,12 @@ pub struct StepTime {
 pub fn memory(work: &Workload, layout: &Layout) -> Memory {
     let (embedding, head) = (work.embedding_params as f64, work.head_params as f64);
     let per_block_params = (work.params as f64 - embedding - head) / work.layers as f64;
-    // The stage with the most blocks (Kiln gives the first stages the remainder).
-    let blocks = work.layers.div_ceil(layout.pp) as f64;
-    let sharded = per_block_params * blocks / layout.tp as f64;
     let trainable_share = work.trainable as f64 / work.params.max(1) as f64;
     let per_block = work.block_activation_bytes[layout.tp - 1];
     let micro_batch = layout.micro_batch as f64;
-    let stage = |edges: f64, in_flight: f64| {
-        let params = sharded + edges;
+    let stage = |s: usize, edges: f64, in_flight: f64| {
+        let blocks = stage_blocks(work.layers, layout.pp, s) as f64;
+        let params = per_block_params * blocks / layout.tp as f64 + edges;
         let weights = params * work.weight_bytes;
         let trainable_state = params * trainable_share * work.trainable_extra_bytes;
         let kept = per_block * blocks * micro_batch;
@@ -100,11 +99,11 @@ pub fn memory(work: &Workload, layout: &Layout) -> Memory {
         }
     };
     if layout.pp == 1 {
-        return stage(embedding + head, 1.0);
+        return stage(0, embedding + head, 1.0);
     }
     // 1F1B: the first stage holds up to `pp` micro-batches' activations, the last one.
-    let first = stage(embedding, layout.micro_batches.min(layout.pp) as f64);
-    let last = stage(head, 1.0);
+    let first = stage(0, embedding, layout.micro_batches.min(layout.pp) as f64);
+    let last = stage(layout.pp - 1, head, 1.0);
     match first.total >= last.total {
         true => first,
         false => last,
@@ -142,36 +141,42 @@ fn link(cluster: &Cluster, stride: usize, n: usize) -> (f64, f64) {
     }
 }
 
-/// What the busiest stage of `layout` does of the whole model's work: its share of the
-/// FLOPs, of the ops (a block or the head each count one; tensor parallelism splits an op's
-/// size, not the op) and of the parameters. The first stage has the most blocks (Kiln gives the
-/// first stages the remainder), the last the head: the slower of the two sets the pace.
-fn busiest_stage(work: &Workload, layout: &Layout) -> (f64, f64, f64) {
+/// The blocks stage `s` of `pp` holds: Kiln cuts `layers` evenly and gives the first stages
+/// the remainder. Every part of the cost model that asks which blocks a stage holds asks here.
+fn stage_blocks(layers: usize, pp: usize, s: usize) -> usize {
+    layers / pp + usize::from(s < layers % pp)
+}
+
+/// What one device of stage `s` does of the whole model's work, as shares of it.
+#[derive(Debug, Clone, Copy)]
+struct Share {
+    /// Of the FLOPs (tensor parallelism splits a block's among its shards).
+    flops: f64,
+    /// Of the ops (a block or the head each count one; tensor parallelism splits an op's
+    /// size, not the op).
+    ops: f64,
+    /// Of the parameters.
+    params: f64,
+}
+
+/// The share of the whole model's work of each device of stage `s` of `layout`: its blocks
+/// (split over `tp`), the embeddings on the first stage, the head on the last (whole on
+/// every shard).
+fn stage_share(work: &Workload, layout: &Layout, s: usize) -> Share {
     let layers = work.layers as f64;
+    let (first, last) = (s == 0, s + 1 == layout.pp);
+    let blocks = stage_blocks(work.layers, layout.pp, s) as f64;
     let head = (work.head_flops / work.forward_flops.max(f64::MIN_POSITIVE)).clamp(0.0, 1.0);
-    let per_block = (1.0 - head) / layers / layout.tp as f64;
     let params = work.params.max(1) as f64;
     let block_params = (params - work.embedding_params as f64 - work.head_params as f64) / layers;
-    let stage = |blocks: f64, first: bool, last: bool| {
-        let flops = blocks * per_block + if last { head } else { 0.0 };
-        let ops = (blocks + if last { 1.0 } else { 0.0 }) / (layers + 1.0);
-        let held = blocks * block_params / layout.tp as f64
-            + if first {
-                work.embedding_params as f64
-            } else {
-                0.0
-            }
-            + if last { work.head_params as f64 } else { 0.0 };
-        (flops, ops, held / params)
-    };
-    if layout.pp == 1 {
-        return stage(layers, true, true);
-    }
-    let first = stage(work.layers.div_ceil(layout.pp) as f64, true, false);
-    let last = stage((work.layers / layout.pp) as f64, false, true);
-    match first.0 + first.1 >= last.0 + last.1 {
-        true => first,
-        false => last,
+    let edge = |yes: bool, value: f64| if yes { value } else { 0.0 };
+    Share {
+        flops: blocks * (1.0 - head) / layers / layout.tp as f64 + edge(last, head),
+        ops: (blocks + edge(last, 1.0)) / (layers + 1.0),
+        params: (blocks * block_params / layout.tp as f64
+            + edge(first, work.embedding_params as f64)
+            + edge(last, work.head_params as f64))
+            / params,
     }
 }
 
@@ -187,7 +192,6 @@ pub fn step_time(work: &Workload, cluster: &Cluster, layout: &Layout) -> StepTim
     } = *layout;
     // A forward, the backward, and with recomputation a second forward.
     let passes = 1.0 + work.backward_passes + if recompute { 1.0 } else { 0.0 };
-    let (flops_share, ops_share, params_share) = busiest_stage(work, layout);
     // Seconds of the whole model on one device: per sample, per micro-batch, per update.
     let (per_sample, per_micro_batch, per_update) = match &cluster.measured {
         Some(m) => (
@@ -197,39 +201,73 @@ pub fn step_time(work: &Workload, cluster: &Cluster, layout: &Layout) -> StepTim
         ),
         None => (passes * work.forward_flops / cluster.flops(), 0.0, 0.0),
     };
-    let crowding = cluster.crowding();
-    // One micro-batch's forward and backward on the busiest stage.
-    let stage =
-        crowding * (ops_share * per_micro_batch + flops_share * per_sample * micro_batch as f64);
-    let compute = stage * micro_batches as f64;
-    let update = crowding * params_share * per_update;
+    let company = cluster.company();
+    // One micro-batch's forward and backward, and the update, on a device of each stage.
+    let work_of = |share: &Share| {
+        let micro =
+            company * (share.ops * per_micro_batch + share.flops * per_sample * micro_batch as f64);
+        (micro, company * share.params * per_update)
+    };
+    let shares: Vec<Share> = (0..pp).map(|s| stage_share(work, layout, s)).collect();
+    let stages: Vec<(f64, f64)> = shares.iter().map(work_of).collect();
+    // The busiest stage sets the pace.
+    let (stage, mut update) = stages
+        .iter()
+        .copied()
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .expect("a layout has a stage");
+    let mut compute = stage * micro_batches as f64;
     // 1F1B: the busiest stage waits `pp - 1` micro-batches' worth while the pipeline fills
     // and drains.
-    let bubble = stage * (pp - 1) as f64;
+    let mut bubble = stage * (pp - 1) as f64;
+    // Ranks beyond the cores take turns (`Cluster::crowding`): the most crowded core runs
+    // that many ranks' work, an average rank's. A stage's wait in the bubble is then another
+    // rank's turn, so the step is the longer of its critical path and the crowded core's
+    // work.
+    let crowding = cluster.crowding();
+    if crowding > 1.0 {
+        let ranks = (pp * tp) as f64;
+        let replica: f64 = stages
+            .iter()
+            .map(|(micro, update)| tp as f64 * (micro * micro_batches as f64 + update))
+            .sum();
+        let turns = crowding * replica / ranks;
+        let stretch = (turns / (compute + update + bubble)).max(1.0);
+        compute *= stretch;
+        update *= stretch;
+        bubble *= stretch;
+    }
     // The most loaded device's gradients (every replica group all-reduces at once).
     let held = memory(work, layout);
     let grads = held.trainable_state / work.trainable_extra_bytes.max(f64::MIN_POSITIVE)
         * work.activation_bytes;
     let (bw, lat) = link(cluster, pp * tp, dp);
     let data_parallel = all_reduce(cluster, grads, dp, (bw, lat));
-    let blocks = work.layers.div_ceil(pp) as f64;
+    // The first stage has the most blocks.
+    let blocks = stage_blocks(work.layers, pp, 0) as f64;
     let (bw, lat) = link(cluster, 1, tp);
     // Four all-reduces a block, each of a quarter of `tp_bytes`.
     let per_call = work.tp_bytes / 4.0 * micro_batch as f64;
     let tensor_parallel =
         blocks * micro_batches as f64 * 4.0 * all_reduce(cluster, per_call, tp, (bw, lat));
     let devices = dp * pp * tp;
-    let sync = all_reduce(
-        cluster,
-        FACT_BYTES * devices as f64,
-        devices,
-        link(cluster, 1, devices),
-    );
+    let rendezvous = match (devices, &cluster.measured) {
+        (2.., Some(m)) => m.rendezvous,
+        _ => 0.0,
+    };
+    let sync = rendezvous
+        + all_reduce(
+            cluster,
+            FACT_BYTES * devices as f64,
+            devices,
+            link(cluster, 1, devices),
+        );
     let pipeline = match pp {
         1 => 0.0,
         _ => {
             let (bw, lat) = link(cluster, tp, pp);
-            let transfer = work.boundary_bytes * micro_batch as f64 / bw + lat;
+            let handoff = cluster.measured.as_ref().map_or(0.0, |m| m.handoff);
+            let transfer = work.boundary_bytes * micro_batch as f64 / bw + lat + handoff;
             // Each micro-batch's activation forward and its gradient back, on the critical
             // path of the last stage.
             2.0 * micro_batches as f64 * transfer

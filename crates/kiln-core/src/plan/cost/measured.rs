@@ -40,6 +40,26 @@ pub struct Measured {
     pub per_update: f64,
     /// The timings it was fitted to.
     pub timings: Vec<Timing>,
+    /// A step alone on the machine over the same step timed beside the other cores' copies
+    /// (the costs above are timed so): below 1 where ranks slow each other down on a shared
+    /// memory bus, above 1 where a small step's thread hand-offs wake cores that sleep. 1
+    /// when not timed.
+    #[serde(default = "one")]
+    pub alone: f64,
+    /// Seconds a step of several ranks spends beyond what its compute and collectives
+    /// predict: waking each rank's threads and meeting at the step's end, timed on the
+    /// model's own ranks (see [`Measured::with_rendezvous`]). 0 when not timed.
+    #[serde(default)]
+    pub rendezvous: f64,
+    /// Seconds each hand-off of a micro-batch between pipeline stages costs beyond the
+    /// collective's probed latency and bandwidth: the receiving rank woken, timed on the
+    /// model's own stages (see [`Measured::with_handoff`]). 0 when not timed.
+    #[serde(default)]
+    pub handoff: f64,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 /// Timings that cannot be fitted.
@@ -95,7 +115,47 @@ impl Measured {
             per_micro_batch: micro_batch.max(0.0),
             per_update: update.max(0.0),
             timings: timings.to_vec(),
+            alone: 1.0,
+            rendezvous: 0.0,
+            handoff: 0.0,
         })
+    }
+
+    /// The same costs with a pipeline step of `handoffs` hand-offs between stages timed at
+    /// `seconds` where the cost model, with these costs, predicts `predicted` seconds: the
+    /// difference (none if negative) shared among the hand-offs.
+    pub fn with_handoff(self, seconds: f64, predicted: f64, handoffs: usize) -> Self {
+        Self {
+            handoff: (seconds - predicted).max(0.0) / handoffs.max(1) as f64,
+            ..self
+        }
+    }
+
+    /// The same costs with the step alone timed at `alone` seconds, against the fitted step
+    /// of the same `samples` in one micro-batch.
+    pub fn with_alone(self, samples: usize, alone: f64) -> Self {
+        let loaded = self.seconds(samples, 1);
+        let ratio = alone / loaded;
+        Self {
+            alone: match ratio.is_finite() && ratio > 0.0 {
+                true => ratio,
+                false => 1.0,
+            },
+            ..self
+        }
+    }
+
+    /// The same costs with a step of several ranks timed at `seconds` where the cost model,
+    /// with these costs, predicts `predicted` seconds: the difference (none if negative) is
+    /// the ranks' rendezvous, a cost of every step of more than one rank. Thread wake-ups
+    /// cost tens of microseconds each on a machine of few cores, and a step has several (the
+    /// ranks' workers, their intra-op pools, each collective): more than a small model's
+    /// step on a core, and no collective's probe sees them all.
+    pub fn with_rendezvous(self, seconds: f64, predicted: f64) -> Self {
+        Self {
+            rendezvous: (seconds - predicted).max(0.0),
+            ..self
+        }
     }
 
     /// How precisely the steps were timed: the median of the timings' spreads. Layouts whose
@@ -199,5 +259,26 @@ mod tests {
         assert!(Measured::fit(&same_micro_batches[..2]).is_err());
         let broken = [timing(64, 1, 3e-3), timing(16, 1, 0.0), timing(64, 4, 1e-3)];
         assert!(Measured::fit(&broken).is_err());
+    }
+
+    #[test]
+    fn what_several_ranks_cost_beyond_their_parts_is_measured_against_the_model() {
+        let fit = Measured::fit(&[
+            timing(64, 1, 3e-3),
+            timing(16, 1, 1.5e-3),
+            timing(64, 4, 4e-3),
+        ])
+        .unwrap();
+        let alone = fit.clone().with_alone(64, 1.2 * fit.seconds(64, 1));
+        assert!((alone.alone - 1.2).abs() < 1e-9, "{alone:?}");
+        let met = fit.clone().with_rendezvous(5e-3, 4e-3);
+        assert!((met.rendezvous - 1e-3).abs() < 1e-12);
+        assert_eq!(
+            fit.clone().with_rendezvous(3e-3, 4e-3).rendezvous,
+            0.0,
+            "never negative"
+        );
+        let handed = fit.with_handoff(5e-3, 4e-3, 4);
+        assert!((handed.handoff - 2.5e-4).abs() < 1e-12);
     }
 }

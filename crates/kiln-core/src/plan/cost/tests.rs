@@ -235,3 +235,132 @@ fn the_bubble_shrinks_with_micro_batches_and_rings_cost_by_their_link() {
     let expected = bytes / cluster.inter_bandwidth + 2.0 * cluster.inter_latency;
     assert!((few.data_parallel - expected).abs() < 1e-9);
 }
+
+/// Two CPU cores as devices, a small transformer's step measured on one of them.
+fn cores(devices: usize, measured: Measured) -> (Workload, Cluster) {
+    let small = TransformerShape {
+        seq: 16,
+        vocab: 16,
+        ..shape(4, 64, 4, 256)
+    };
+    let cluster = Cluster {
+        devices,
+        per_node: devices,
+        memory: 16 << 30,
+        peak_flops: 1e10,
+        efficiency: 1.0,
+        intra_bandwidth: 5e9,
+        inter_bandwidth: 5e9,
+        intra_latency: 15e-6,
+        inter_latency: 15e-6,
+        cores: Some(2),
+        measured: Some(measured),
+    };
+    (Workload::transformer(&small, Precision::F32, 64), cluster)
+}
+
+fn measured(alone: f64, rendezvous: f64, handoff: f64) -> Measured {
+    Measured {
+        per_sample: 100e-6,
+        per_micro_batch: 400e-6,
+        per_update: 200e-6,
+        timings: Vec::new(),
+        alone,
+        rendezvous,
+        handoff,
+    }
+}
+
+fn layout(dp: usize, pp: usize, micro_batches: usize, micro_batch: usize) -> Layout {
+    Layout {
+        dp,
+        pp,
+        tp: 1,
+        micro_batches,
+        micro_batch,
+        recompute: false,
+    }
+}
+
+#[test]
+fn a_step_alone_on_the_machine_runs_at_its_alone_pace_and_ranks_meet_at_a_cost() {
+    let one = layout(1, 1, 1, 64);
+    let (work, plain) = cores(1, measured(1.0, 0.0, 0.0));
+    let (_, lonely) = cores(1, measured(1.5, 0.0, 0.0));
+    let (base, slow) = (
+        step_time(&work, &plain, &one),
+        step_time(&work, &lonely, &one),
+    );
+    assert!(
+        (slow.compute - 1.5 * base.compute).abs() < 1e-12,
+        "{slow:?}"
+    );
+    assert!((slow.update - 1.5 * base.update).abs() < 1e-12);
+    assert_eq!(slow.sync, base.sync, "one rank meets no one");
+    // Two ranks on two cores: every core busy, as the step was timed; the ranks meet.
+    let two = layout(2, 1, 1, 32);
+    let (_, met) = cores(2, measured(1.5, 1e-3, 0.0));
+    let (_, plain) = cores(2, measured(1.0, 0.0, 0.0));
+    let (a, b) = (step_time(&work, &met, &two), step_time(&work, &plain, &two));
+    assert_eq!(a.compute, b.compute);
+    assert!((a.sync - b.sync - 1e-3).abs() < 1e-12, "{a:?} {b:?}");
+    // A hand-off is paid by every micro-batch each way.
+    let staged = layout(1, 2, 4, 16);
+    let (_, handing) = cores(2, measured(1.0, 0.0, 1e-4));
+    let (a, b) = (
+        step_time(&work, &handing, &staged),
+        step_time(&work, &plain, &staged),
+    );
+    assert!(
+        (a.pipeline - b.pipeline - 8e-4).abs() < 1e-12,
+        "{a:?} {b:?}"
+    );
+}
+
+#[test]
+fn crowded_ranks_take_turns_and_a_stage_s_wait_is_another_rank_s_turn() {
+    let (work, two) = cores(2, measured(1.0, 0.0, 0.0));
+    let (_, four) = cores(4, measured(1.0, 0.0, 0.0));
+    // Replicas: twice as many ranks as cores run at half the pace.
+    let (a, b) = (
+        step_time(&work, &two, &layout(2, 1, 1, 16)),
+        step_time(&work, &four, &layout(4, 1, 1, 16)),
+    );
+    assert!((b.compute - 2.0 * a.compute).abs() < 1e-12, "{a:?} {b:?}");
+    // Two replicas of two stages on two cores: each core runs two ranks' work, the whole of
+    // a replica's, which is less than twice the busiest stage's critical path with its bubble.
+    let staged = layout(2, 2, 4, 8);
+    let crowded = step_time(&work, &four, &staged);
+    let alone = step_time(&work, &two, &layout(1, 2, 4, 8));
+    let replica = step_time(
+        &work,
+        &cores(1, measured(1.0, 0.0, 0.0)).1,
+        &layout(1, 1, 4, 8),
+    );
+    let critical = alone.compute + alone.update + alone.bubble;
+    let turns = crowded.compute + crowded.update + crowded.bubble;
+    assert!(turns < 2.0 * critical, "{crowded:?} {alone:?}");
+    assert!(
+        (turns - (replica.compute + replica.update)).abs() < 1e-3 * turns,
+        "{turns} against a replica's {replica:?}"
+    );
+}
+
+#[test]
+fn every_stage_holds_the_blocks_kiln_gives_it() {
+    // Five blocks over two stages: three on the first, two on the last (with the head).
+    let (work, cluster) = cores(2, measured(1.0, 0.0, 0.0));
+    let work = Workload { layers: 5, ..work };
+    let staged = layout(1, 2, 1, 8);
+    let held = memory(&work, &staged);
+    let whole = memory(&work, &layout(1, 1, 1, 8));
+    let per_block = (work.params - work.embedding_params - work.head_params) as f64 / 5.0;
+    let first = 3.0 * per_block + work.embedding_params as f64;
+    let last = 2.0 * per_block + work.head_params as f64;
+    assert!(
+        (held.weights - first.max(last) * work.weight_bytes).abs() < 1e-6,
+        "{held:?}"
+    );
+    assert!(held.weights < whole.weights);
+    assert!(step_time(&work, &cluster, &staged).total > 0.0);
+}
