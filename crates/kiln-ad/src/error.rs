@@ -62,6 +62,9 @@ pub enum AdError {
     /// Training failed.
     #[error(transparent)]
     Strategy(#[from] kiln_core::StrategyError),
+    /// `auto` could not measure this machine with the model.
+    #[error("auto measures the model before it plans: {0}; name a strategy to skip it")]
+    Measure(#[from] kiln_core::plan::measure::MeasureError),
     /// The `[optimizer]` settings cannot work.
     #[error(transparent)]
     Optimizer(#[from] kiln_core::optim::GuardConfigError),

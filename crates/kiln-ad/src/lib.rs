@@ -36,6 +36,7 @@ pub mod eval;
 pub mod goals;
 pub mod history;
 pub mod model;
+pub mod plan;
 pub mod plot;
 pub mod report;
 pub mod run;

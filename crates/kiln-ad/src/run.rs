@@ -83,6 +83,19 @@ pub struct RunOptions<'a> {
     pub overwrite: bool,
     /// Skip the evaluation.
     pub no_eval: bool,
+    /// Plan the run with the model measured on this machine once its data exists: `auto`'s
+    /// choice ([`Auto`]). Without it, the run trains as the plan it is given says.
+    pub auto: Option<Auto<'a>>,
+}
+
+/// How `auto` plans a run once the model can be measured: on this machine's `cores`, the
+/// planner handed to `resolve`, which returns the plan the run trains with.
+#[derive(Clone, Copy)]
+pub struct Auto<'a> {
+    /// The machine's cores: the planner's devices, and the copies beside a timed step.
+    pub cores: usize,
+    /// The run's plan, resolved with the planner.
+    pub resolve: &'a dyn Fn(kiln_core::plan::Planner) -> Result<Plan, AdError>,
 }
 
 /// Wall-clock seconds per stage of a run.
@@ -144,6 +157,15 @@ pub fn run<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
     };
     let data = generate(config)?;
     observer.data(&data);
+    let planned;
+    let plan = match options.auto {
+        Some(auto) if plan.world_size() > 1 && devices.len() > 1 => {
+            let planner = crate::plan::planner::<B>(config, &data, &devices, auto.cores)?;
+            planned = (auto.resolve)(planner)?;
+            &planned
+        }
+        _ => plan,
+    };
     let session = Session {
         resume: options.resume,
         save_to,

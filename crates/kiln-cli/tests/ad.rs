@@ -66,6 +66,8 @@ fn train_then_eval_write_metrics_plot_and_checkpoint() {
         out_s,
         "--world",
         "2",
+        "--strategy",
+        "ddp",
         "--threads-per-rank",
         "1",
         "--json",
@@ -115,6 +117,40 @@ fn train_then_eval_write_metrics_plot_and_checkpoint() {
             .unwrap()
             .len(),
         5
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn auto_plans_the_ad_run_with_its_model_measured() {
+    let dir = scratch("auto");
+    let config = dir.join("tiny.toml");
+    std::fs::write(&config, TINY).unwrap();
+    let out = dir.join("out");
+    let (config, out_s) = (config.to_str().unwrap(), out.to_str().unwrap());
+    succeed(&[
+        "ad",
+        "train",
+        "--config",
+        config,
+        "--out",
+        out_s,
+        "--world",
+        "2",
+        "--no-eval",
+    ]);
+    let train = &metrics(&out)["train"];
+    let reason = train["strategy_reason"].as_str().unwrap();
+    // The planner's reason, with its prediction, not the replica-per-rank rule's, for the
+    // strategy that trained.
+    let strategy = train["strategy"].as_str().unwrap();
+    assert!(
+        reason.starts_with(&format!("{strategy}: the ")) && reason.contains("ms a step predicted"),
+        "{reason}"
+    );
+    assert_eq!(
+        (train["world"].as_u64(), train["steps"].as_u64()),
+        (Some(2), Some(4))
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }

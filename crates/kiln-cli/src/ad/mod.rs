@@ -11,9 +11,9 @@ use kiln_ad::AdError;
 use kiln_ad::checkpoint;
 use kiln_ad::config::AdConfig;
 use kiln_ad::goals::GoalSplit;
-use kiln_ad::run::{RunOptions, Seconds, evaluate_held_out};
-use kiln_core::plan::{Plan, PlanRequest};
-use kiln_core::strategy::StrategyKind;
+use kiln_ad::run::{Auto, RunOptions, Seconds, evaluate_held_out};
+use kiln_core::plan::{Plan, PlanRequest, Planner};
+use kiln_core::strategy::{StrategyError, StrategyKind};
 use kiln_nn::tensor_parallel::ShardedBackend;
 
 use crate::backend::{BackendKind, DeviceList, Job, Placement, dispatch, parse_devices};
@@ -126,7 +126,7 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
         AdCommand::Train(args) => {
             let args = *args;
             let launched = Launched::from_env()?;
-            let (config, plan) = args.config(&launched)?;
+            let (config, plan, request) = args.config(&launched)?;
             let devices = args.devices.as_ref().map(|DeviceList(d)| d.as_slice());
             let placement = Placement::new(plan.local_ranks(), devices)?
                 .for_local_process(plan.process().local_rank);
@@ -162,10 +162,25 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
             }
             // The run readies (and locks) its folder itself: this handle lets go of it first.
             checkpoints.save = None;
+            // `auto` plans with the model measured here, once its data exists, as `kiln
+            // train` does: with more than one rank, on the CPU, in one process (processes of
+            // a launched run would each measure their own and could choose apart), and not
+            // when resuming (the checkpoint's layout is the run's).
+            let auto = (config.train.strategy == StrategyKind::Auto
+                && plan.world_size() > 1
+                && launched.processes() == 1
+                && args.backend.is_cpu()
+                && checkpoints.resume.is_none())
+            .then(|| Planning {
+                cores: args.backend.cpu_cores().unwrap_or(1),
+                request,
+                launched: launched.clone(),
+            });
             let job = TrainJob {
                 args,
                 config,
                 plan,
+                auto,
                 checkpoints,
                 signals,
                 main: launched.is_main(),
@@ -178,7 +193,10 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
 
 impl TrainArgs {
     /// The config the flags and the file make, and the run's plan over `launched`'s processes.
-    fn config(&self, launched: &Launched) -> Result<(AdConfig, Plan), Box<dyn std::error::Error>> {
+    fn config(
+        &self,
+        launched: &Launched,
+    ) -> Result<(AdConfig, Plan, PlanRequest), Box<dyn std::error::Error>> {
         let mut c: AdConfig = match &self.config {
             Some(path) => config_file::load(path)?,
             None => AdConfig::default(),
@@ -212,14 +230,39 @@ impl TrainArgs {
             return Err(AdError::Zero("train.world").into());
         }
         launched.check(c.train.strategy)?;
-        let plan = Plan::resolve(PlanRequest {
+        let request = PlanRequest {
             dp,
             cpu_cores: launched.cores(self.backend.cpu_cores()),
             ..c.plan_request()
-        })?;
+        };
+        let plan = Plan::resolve(request.clone())?;
         c.optimizer.check_plan(&plan)?;
         let plan = launched.plan(plan, &c)?;
-        Ok((c, plan))
+        Ok((c, plan, request))
+    }
+}
+
+/// What `auto` needs to plan a run once its model can be measured: the machine's cores, the
+/// request the run's plan was resolved from, and the run's processes.
+struct Planning {
+    cores: usize,
+    request: PlanRequest,
+    launched: Launched,
+}
+
+impl Planning {
+    /// The run's plan, resolved again with `planner`, checked as the first one was.
+    fn resolve(&self, planner: Planner, config: &AdConfig) -> Result<Plan, AdError> {
+        let plan = Plan::resolve(PlanRequest {
+            planner: Some(planner),
+            ..self.request.clone()
+        })
+        .map_err(StrategyError::from)?;
+        config.optimizer.check_plan(&plan)?;
+        Ok(self
+            .launched
+            .plan(plan, config)
+            .map_err(StrategyError::from)?)
     }
 }
 
@@ -227,6 +270,8 @@ struct TrainJob {
     args: TrainArgs,
     config: AdConfig,
     plan: Plan,
+    /// Set when `auto` plans the run with the model measured.
+    auto: Option<Planning>,
     checkpoints: RunCheckpoints,
     signals: Signals,
     /// Whether this process writes the run (the first of its processes).
@@ -246,7 +291,15 @@ impl Job for TrainJob {
         // The run's other processes train alongside the first, which alone writes the run
         // folder and evaluates (on one device, as `kiln ad eval` does).
         let main = self.main;
+        let resolve = |planner: Planner| match &self.auto {
+            Some(planning) => planning.resolve(planner, &config),
+            None => Ok(plan.clone()),
+        };
         let options = RunOptions {
+            auto: self.auto.as_ref().map(|planning| Auto {
+                cores: planning.cores,
+                resolve: &resolve,
+            }),
             save_to: main.then_some(args.out.as_path()),
             resume: self.checkpoints.resume.as_ref(),
             stop: Some(&stop),
