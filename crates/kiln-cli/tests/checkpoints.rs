@@ -390,6 +390,47 @@ fn a_resumed_run_says_so() {
 }
 
 #[test]
+fn auto_resumes_on_the_layout_its_checkpoint_saved() {
+    // Saved by a pipeline of two stages; `auto` alone would lay two ranks out as replicas,
+    // whose optimizer state is cut otherwise, and the checkpoint would be refused.
+    let scratch = temp("auto-layout");
+    let dir = scratch.join("run");
+    let dir_s = dir.to_str().unwrap();
+    let common = ["train", "--world", "2", "--samples", "512", "--batch", "32"];
+    let staged = ["--strategy", "pipeline", "--stages", "2", "--steps", "2"];
+    let out = kiln(&[&common[..], &staged, &["--save", dir_s]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json = scratch.join("resumed.json");
+    let resumed = [
+        "--steps",
+        "4",
+        "--resume",
+        dir_s,
+        "--json",
+        json.to_str().unwrap(),
+    ];
+    let out = kiln(&[&common[..], &resumed].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["strategy"], "pipeline", "{report}");
+    let reason = report["strategy_reason"].as_str().unwrap();
+    assert!(
+        reason.contains("pp=2 tp=1 (the checkpoint's layout)"),
+        "{reason}"
+    );
+    std::fs::remove_dir_all(&scratch).ok();
+}
+
+#[test]
 fn the_checkpoint_table_of_a_config_sets_every_and_keep() {
     let scratch = temp("toml");
     let config = scratch.join("run.toml");

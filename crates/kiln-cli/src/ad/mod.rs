@@ -12,6 +12,8 @@ use kiln_ad::checkpoint;
 use kiln_ad::config::AdConfig;
 use kiln_ad::goals::GoalSplit;
 use kiln_ad::run::{Auto, RunOptions, Seconds, evaluate_held_out};
+use kiln_core::optim::StateLayout;
+use kiln_core::plan::cost::Fixed;
 use kiln_core::plan::{Plan, PlanRequest, Planner};
 use kiln_core::strategy::{StrategyError, StrategyKind};
 use kiln_nn::tensor_parallel::ShardedBackend;
@@ -164,16 +166,35 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
             checkpoints.save = None;
             // `auto` plans with the model measured here, once its data exists, as `kiln
             // train` does: with more than one rank, on the CPU, in one process (processes of
-            // a launched run would each measure their own and could choose apart), and not
-            // when resuming (the checkpoint's layout is the run's).
+            // a launched run would each measure their own and could choose apart); a run
+            // that resumes keeps the layout it saved.
+            let fixed = match &checkpoints.resume {
+                Some(checkpoint) => {
+                    let key = &checkpoint.manifest().run.layout;
+                    let layout = StateLayout::from_key(key).ok_or_else(|| {
+                        format!("the checkpoint's layout {key:?} is not one this Kiln knows")
+                    })?;
+                    (
+                        Fixed::of_state(layout),
+                        "the checkpoint's layout".to_string(),
+                    )
+                }
+                None => (
+                    Fixed::of_precision(config.optimizer.precision),
+                    format!(
+                        "{} runs without pipeline stages",
+                        config.optimizer.precision
+                    ),
+                ),
+            };
             let auto = (config.train.strategy == StrategyKind::Auto
                 && plan.world_size() > 1
                 && launched.processes() == 1
-                && args.backend.is_cpu()
-                && checkpoints.resume.is_none())
+                && args.backend.is_cpu())
             .then(|| Planning {
                 cores: args.backend.cpu_cores().unwrap_or(1),
                 request,
+                fixed,
                 launched: launched.clone(),
             });
             let job = TrainJob {
@@ -247,14 +268,17 @@ impl TrainArgs {
 struct Planning {
     cores: usize,
     request: PlanRequest,
+    /// What the run fixes of its layout, and why.
+    fixed: (Fixed, String),
     launched: Launched,
 }
 
 impl Planning {
     /// The run's plan, resolved again with `planner`, checked as the first one was.
     fn resolve(&self, planner: Planner, config: &AdConfig) -> Result<Plan, AdError> {
+        let (fixed, because) = self.fixed.clone();
         let plan = Plan::resolve(PlanRequest {
-            planner: Some(planner),
+            planner: Some(planner.within(fixed, because)),
             ..self.request.clone()
         })
         .map_err(StrategyError::from)?;

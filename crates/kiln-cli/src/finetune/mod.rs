@@ -146,7 +146,10 @@ impl FinetuneArgs {
         let dp = self.run.apply(&mut c.train)?;
         self.checkpoint.apply(&mut c.checkpoint);
         c.validate()?;
-        let plan = c.train.plan(dp, launched)?;
+        // The planner builds and measures Kiln's own models, not a pretrained one.
+        let plan = c
+            .train
+            .plan(dp, launched, crate::train::AutoPlan::Replicas)?;
         c.train
             .placement(&plan)
             .map_err(crate::train::ConfigError::from)?;

@@ -3,7 +3,8 @@
 use std::path::Path;
 
 use kiln_core::checkpoint::{Checkpoint, CheckpointConfig, config_differences};
-use kiln_core::optim::{GuardConfigError, PerformanceConfig};
+use kiln_core::optim::{GuardConfigError, PerformanceConfig, StateLayout};
+use kiln_core::plan::cost::Fixed;
 use kiln_core::plan::{Plan, PlanRequest};
 use kiln_core::strategy::{StrategyConfigs, StrategyKind};
 
@@ -205,12 +206,18 @@ impl TrainConfig {
 
     /// The run's plan: the strategy, its ranks and mesh, resolved from this config, the
     /// replicas `dp` named on the command line, and the machine's cores when the ranks share
-    /// the CPU; spread over the processes of `launched`, which check at start-up that they
-    /// run this same config; checked with the optimizer's settings.
+    /// the CPU, `auto` laid out as `auto` says; spread over the processes of `launched`,
+    /// which check at start-up that they run this same config; checked with the optimizer's
+    /// settings.
     ///
     /// # Errors
     /// What the plan refuses, or a precision the strategy cannot run.
-    pub fn plan(&self, dp: Option<usize>, launched: &Launched) -> Result<Plan, ConfigError> {
+    pub fn plan(
+        &self,
+        dp: Option<usize>,
+        launched: &Launched,
+        auto: AutoPlan<'_>,
+    ) -> Result<Plan, ConfigError> {
         launched.check(self.strategy)?;
         let request = PlanRequest {
             strategy: self.strategy,
@@ -227,13 +234,31 @@ impl TrainConfig {
         // `auto` plans with the model measured here, when there is more than one rank to lay
         // out; processes of a launched run would each measure their own and could choose
         // apart, so they keep a replica per rank.
-        if self.strategy == StrategyKind::Auto
+        if let AutoPlan::Measured { resume } = auto
+            && self.strategy == StrategyKind::Auto
             && plan.world_size() > 1
             && launched.processes() == 1
             && self.backend.is_cpu()
         {
             let planner =
                 crate::plan::planner(self).map_err(|e| ConfigError::Measure(e.to_string()))?;
+            let planner = match resume {
+                // A run resumes on the layout it saved.
+                Some(path) => {
+                    let run = Checkpoint::run_at(path)?;
+                    let layout = StateLayout::from_key(&run.layout).ok_or_else(|| {
+                        ConfigError::Measure(format!(
+                            "the checkpoint's layout {:?} is not one this Kiln knows",
+                            run.layout
+                        ))
+                    })?;
+                    planner.within(Fixed::of_state(layout), "the checkpoint's layout")
+                }
+                None => planner.within(
+                    Fixed::of_precision(self.optimizer.precision),
+                    format!("{} runs without pipeline stages", self.optimizer.precision),
+                ),
+            };
             plan = Plan::resolve(PlanRequest {
                 planner: Some(planner),
                 ..request
@@ -295,4 +320,17 @@ impl TrainConfig {
         self.optimizer.validate()?;
         Ok(())
     }
+}
+
+/// How `auto` lays out a run's ranks.
+#[derive(Debug, Clone, Copy)]
+pub enum AutoPlan<'a> {
+    /// With the built-in model measured here, on the layout of the checkpoint the run resumes
+    /// from, if any.
+    Measured {
+        /// The checkpoint the run resumes from.
+        resume: Option<&'a Path>,
+    },
+    /// A replica per rank: the run's model is not one the planner builds (`kiln finetune`'s).
+    Replicas,
 }

@@ -19,7 +19,7 @@ use kiln_core::strategy::{PerformanceSpec, StepOutput};
 use kiln_nn::tensor_parallel::ShardedBackend;
 
 pub(crate) use builtin::{ModelJob, adamw, with_builtin, workload as builtin_workload};
-pub use config::{ConfigError, ModelKind, TrainConfig};
+pub use config::{AutoPlan, ConfigError, ModelKind, TrainConfig};
 use report::TrainReport;
 pub use run_args::RunArgs;
 
@@ -83,7 +83,8 @@ impl TrainArgs {
         let dp = self.run.apply(&mut c)?;
         c.validate()?;
         self.checkpoint.apply(&mut c.checkpoint);
-        let plan = c.plan(dp, launched)?;
+        let resume = self.checkpoint.resume.as_deref();
+        let plan = c.plan(dp, launched, AutoPlan::Measured { resume })?;
         c.placement(&plan)?;
         // What the run writes, the first process writes alone.
         let main = launched.is_main();

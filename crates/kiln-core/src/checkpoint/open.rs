@@ -9,7 +9,7 @@ use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::backend::Backend;
 
 use super::folder::steps_in;
-use super::manifest::{FORMAT, Manifest, ModelInfo, sha256_hex};
+use super::manifest::{FORMAT, Manifest, ModelInfo, RunInfo, sha256_hex};
 use super::{CheckpointError, MANIFEST, MODEL};
 use crate::optim::{OptimizerState, StateLayout};
 use crate::plan::Plan;
@@ -36,21 +36,7 @@ impl Checkpoint {
     /// [`CheckpointError::Manifest`], [`CheckpointError::Missing`],
     /// [`CheckpointError::Size`] or [`CheckpointError::Digest`] for a damaged one.
     pub fn open(path: &Path) -> Result<Self, CheckpointError> {
-        let dir = if path.join(MANIFEST).exists() {
-            path.to_path_buf()
-        } else {
-            match steps_in(path)?.pop() {
-                Some((_, newest)) => newest,
-                None if path.exists() => {
-                    return Err(CheckpointError::NotFound {
-                        path: display(path),
-                    });
-                }
-                None => {
-                    return Err(CheckpointError::io("read", path, "no such file or folder"));
-                }
-            }
-        };
+        let dir = Self::step_dir(path)?;
         let manifest_path = dir.join(MANIFEST);
         let manifest = Self::read_manifest(&manifest_path)?;
         let mut files = BTreeMap::new();
@@ -87,6 +73,30 @@ impl Checkpoint {
             manifest,
             files,
         })
+    }
+
+    /// The run the checkpoint at `path` (as [`Checkpoint::open`] takes it) records, from its
+    /// manifest alone: no file is read or verified. What a run plans its layout with before
+    /// it opens the checkpoint.
+    ///
+    /// # Errors
+    /// As [`Checkpoint::open`] for a missing or unreadable manifest.
+    pub fn run_at(path: &Path) -> Result<RunInfo, CheckpointError> {
+        Ok(Self::read_manifest(&Self::step_dir(path)?.join(MANIFEST))?.run)
+    }
+
+    /// The step folder `path` names: itself when it holds a manifest, else its newest step.
+    fn step_dir(path: &Path) -> Result<PathBuf, CheckpointError> {
+        if path.join(MANIFEST).exists() {
+            return Ok(path.to_path_buf());
+        }
+        match steps_in(path)?.pop() {
+            Some((_, newest)) => Ok(newest),
+            None if path.exists() => Err(CheckpointError::NotFound {
+                path: display(path),
+            }),
+            None => Err(CheckpointError::io("read", path, "no such file or folder")),
+        }
     }
 
     fn read_manifest(path: &Path) -> Result<Manifest, CheckpointError> {

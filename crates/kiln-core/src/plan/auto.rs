@@ -1,7 +1,8 @@
 //! `auto`'s choice: the cost model's fastest layout that fits the run's ranks, when the run
 //! describes its model and devices ([`Planner`]); a full replica per rank when it does not.
 
-use super::cost::{Candidate, Cluster, PlanError, Workload, search};
+use super::cost::{Candidate, Cluster, Fixed, PlanError, Workload, search_within};
+use crate::optim::{Precision, StateLayout};
 use crate::strategy::{Schedule, StrategyConfigs, StrategyKind};
 
 /// What `auto` plans with: the model's step and the devices the ranks run on (their count is
@@ -13,6 +14,8 @@ pub struct Planner {
     /// One machine's devices: memory, speed (or the model's [`Measured`](super::cost::Measured)
     /// step on one of them) and the links between them.
     pub cluster: Cluster,
+    /// What the run fixes of its layout, and why (say, a checkpoint's stages and shards).
+    pub fixed: Option<(Fixed, String)>,
 }
 
 impl Planner {
@@ -37,7 +40,41 @@ impl Planner {
     /// # Errors
     /// [`PlanError`] when nothing fits.
     pub fn plan(&self, ranks: usize) -> Result<super::cost::Planned, PlanError> {
-        search(&self.workload, &self.cluster(ranks))
+        let fixed = self.fixed.as_ref().map_or(Fixed::default(), |(f, _)| *f);
+        search_within(&self.workload, &self.cluster(ranks), fixed)
+    }
+
+    /// The same planner, laying out only what `fixed` leaves free, `because` of what.
+    pub fn within(self, fixed: Fixed, because: impl Into<String>) -> Self {
+        Self {
+            fixed: (!fixed.is_free()).then(|| (fixed, because.into())),
+            ..self
+        }
+    }
+}
+
+impl Fixed {
+    /// The stages and shards of a run whose optimizer state is cut as `layout` (a
+    /// checkpoint's: a run resumes on the layout it saved).
+    pub fn of_state(layout: StateLayout) -> Self {
+        let (pp, tp) = match layout {
+            StateLayout::Replica => (1, 1),
+            StateLayout::Stages(stages) => (stages, 1),
+            StateLayout::Sharded { stages, shards } => (stages, shards),
+        };
+        Self {
+            pp: Some(pp),
+            tp: Some(tp),
+        }
+    }
+
+    /// What Kiln's `precision` can run: f32 any layout; bf16 and f16 no pipeline stages yet
+    /// ([`PerformanceConfig::check_plan`](crate::optim::PerformanceConfig::check_plan) refuses them).
+    pub fn of_precision(precision: Precision) -> Self {
+        Self {
+            pp: (precision != Precision::F32).then_some(1),
+            tp: None,
+        }
     }
 }
 
@@ -104,10 +141,13 @@ pub(super) fn choose(
     };
     let planned = planner.plan(ranks)?;
     let chosen = planned.chosen();
-    let whose = match from_cores {
+    let mut whose = match from_cores {
         true => format!("the CPU's cores as {ranks} single-threaded ranks; "),
         false => String::new(),
     };
+    if let Some((fixed, because)) = &planner.fixed {
+        whose.push_str(&format!("{fixed} ({because}); "));
+    }
     Ok((
         chosen.strategy,
         chosen.configs(configs),
@@ -160,7 +200,11 @@ mod tests {
                 handoff: 0.0,
             }),
         };
-        Planner { workload, cluster }
+        Planner {
+            workload,
+            cluster,
+            fixed: None,
+        }
     }
 
     fn resolve(
@@ -241,5 +285,32 @@ mod tests {
                 assert_eq!(micro_batches, l.micro_batches, "{c:?}");
             }
         }
+    }
+
+    #[test]
+    fn a_fixed_layout_is_the_plan_s_and_its_reason_says_why() {
+        let staged = Fixed::of_state(StateLayout::Stages(2));
+        let plan = resolve(
+            planner(16 << 30).within(staged, "the checkpoint's layout"),
+            None,
+        )
+        .unwrap();
+        assert_eq!(plan.degree("pp"), 2, "{plan}");
+        assert!(
+            plan.reason()
+                .contains("pp=2 tp=1 (the checkpoint's layout)"),
+            "{plan}"
+        );
+        // Mixed precision keeps stages out; f32 fixes nothing.
+        assert_eq!(
+            Fixed::of_precision(crate::optim::Precision::Bf16).pp,
+            Some(1)
+        );
+        assert!(Fixed::of_precision(crate::optim::Precision::F32).is_free());
+        let sharded = Fixed::of_state(StateLayout::Sharded {
+            stages: 1,
+            shards: 2,
+        });
+        assert_eq!((sharded.pp, sharded.tp), (Some(1), Some(2)));
     }
 }

@@ -558,7 +558,11 @@ pub fn cpu_planner(
         cores: Some(cores),
         measured: Some(measured),
     };
-    Planner { workload, cluster }
+    Planner {
+        workload,
+        cluster,
+        fixed: None,
+    }
 }
 
 /// The machine's memory (Linux's `MemTotal`), or 8 GiB where `/proc` does not say.

@@ -13,7 +13,9 @@ mod workload;
 pub use cluster::{Cluster, DEFAULT_EFFICIENCY, PRESETS, Preset, parse_bytes};
 pub use estimate::{Layout, Memory, StepTime, memory, step_time};
 pub use measured::{FitError, Measured, Timing};
-pub use search::{CLOSE, Candidate, PlanError, Planned, USABLE_MEMORY, search};
+pub use search::{
+    CLOSE, Candidate, Fixed, PlanError, Planned, USABLE_MEMORY, search, search_within,
+};
 pub use workload::{Precision, TransformerShape, Workload};
 
 #[cfg(test)]

@@ -15,6 +15,35 @@ pub const CLOSE: f64 = 0.05;
 /// workspaces and the allocator's fragmentation.
 pub const USABLE_MEMORY: f64 = 0.9;
 
+/// What a run fixes of its layout: the planner lays out the rest. `None` leaves a degree to the
+/// planner.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fixed {
+    /// Pipeline stages (1: none).
+    pub pp: Option<usize>,
+    /// Tensor-parallel shards (1: none).
+    pub tp: Option<usize>,
+}
+
+impl Fixed {
+    /// Whether a mesh of `pp` stages and `tp` shards keeps to it.
+    pub fn allows(&self, pp: usize, tp: usize) -> bool {
+        self.pp.is_none_or(|p| p == pp) && self.tp.is_none_or(|t| t == tp)
+    }
+
+    /// Whether it fixes nothing.
+    pub fn is_free(&self) -> bool {
+        self.pp.is_none() && self.tp.is_none()
+    }
+}
+
+impl std::fmt::Display for Fixed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let degree = |d: Option<usize>| d.map_or("any".to_string(), |d| d.to_string());
+        write!(f, "pp={} tp={}", degree(self.pp), degree(self.tp))
+    }
+}
+
 /// One way to lay the devices out, with its estimates and verdict.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Candidate {
@@ -186,12 +215,24 @@ const GIB: f64 = (1u64 << 30) as f64;
 /// [`PlanError::NothingFits`] naming the least memory any layout needs and what would fit;
 /// [`PlanError::NoLayout`] for an empty cluster or batch.
 pub fn search(work: &Workload, cluster: &Cluster) -> Result<Planned, PlanError> {
-    let candidates = candidates(work, cluster)?;
+    search_within(work, cluster, Fixed::default())
+}
+
+/// [`search`] among the layouts that keep to `fixed`.
+///
+/// # Errors
+/// As [`search`]; [`PlanError::NoLayout`] when no layout of the cluster keeps to `fixed`.
+pub fn search_within(
+    work: &Workload,
+    cluster: &Cluster,
+    fixed: Fixed,
+) -> Result<Planned, PlanError> {
+    let candidates = candidates(work, cluster, fixed)?;
     let (mut fit, rejected): (Vec<_>, Vec<_>) =
         candidates.into_iter().partition(|c| c.rejected.is_none());
     fit.sort_by(|a, b| a.time.total.total_cmp(&b.time.total));
     let Some(fastest) = fit.first().map(|c| c.time.total) else {
-        return Err(nothing_fits(work, cluster, &rejected));
+        return Err(nothing_fits(work, cluster, fixed, &rejected));
     };
     // Within the model's error of the fastest, the simplest layout: fewest devices per
     // replica, then fewest micro-batches, then no recomputation.
@@ -234,7 +275,11 @@ pub fn search(work: &Workload, cluster: &Cluster) -> Result<Planned, PlanError> 
     })
 }
 
-fn candidates(work: &Workload, cluster: &Cluster) -> Result<Vec<Candidate>, PlanError> {
+fn candidates(
+    work: &Workload,
+    cluster: &Cluster,
+    fixed: Fixed,
+) -> Result<Vec<Candidate>, PlanError> {
     if cluster.devices == 0 || cluster.per_node == 0 {
         return Err(PlanError::NoLayout("a cluster of no devices".into()));
     }
@@ -245,7 +290,7 @@ fn candidates(work: &Workload, cluster: &Cluster) -> Result<Vec<Candidate>, Plan
     for tp in divisors(cluster.devices).filter(|&t| work.shards_into(t)) {
         for pp in divisors(cluster.devices / tp).filter(|&p| p <= work.layers) {
             let dp = cluster.devices / (tp * pp);
-            if work.global_batch < dp {
+            if work.global_batch < dp || !fixed.allows(pp, tp) {
                 continue;
             }
             let mut candidate = best_micro_batching(work, cluster, (dp, pp, tp));
@@ -260,15 +305,24 @@ fn candidates(work: &Workload, cluster: &Cluster) -> Result<Vec<Candidate>, Plan
         }
     }
     if found.is_empty() {
+        let kept = match fixed.is_free() {
+            true => String::new(),
+            false => format!(" and keeps to {fixed}"),
+        };
         return Err(PlanError::NoLayout(format!(
-            "no layout of {} devices gives every replica a sample of a global batch of {}",
+            "no layout of {} devices gives every replica a sample of a global batch of {}{kept}",
             cluster.devices, work.global_batch
         )));
     }
     Ok(found)
 }
 
-fn nothing_fits(work: &Workload, cluster: &Cluster, rejected: &[Candidate]) -> PlanError {
+fn nothing_fits(
+    work: &Workload,
+    cluster: &Cluster,
+    fixed: Fixed,
+    rejected: &[Candidate],
+) -> PlanError {
     let usable = cluster.memory as f64 * USABLE_MEMORY;
     // The least memory among the layouts rejected for memory (a layout rejected for its
     // shards' spanning machines may need less, and would contradict the message).
@@ -292,7 +346,8 @@ fn nothing_fits(work: &Workload, cluster: &Cluster, rejected: &[Candidate]) -> P
                 devices,
                 ..cluster.clone()
             };
-            candidates(work, &bigger).is_ok_and(|all| all.iter().any(|c| c.rejected.is_none()))
+            candidates(work, &bigger, fixed)
+                .is_ok_and(|all| all.iter().any(|c| c.rejected.is_none()))
         });
     let memory = cluster.memory as f64 / GIB;
     let needed = least.memory.total / GIB;

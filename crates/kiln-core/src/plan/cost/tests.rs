@@ -364,3 +364,32 @@ fn every_stage_holds_the_blocks_kiln_gives_it() {
     assert!(held.weights < whole.weights);
     assert!(step_time(&work, &cluster, &staged).total > 0.0);
 }
+
+#[test]
+fn a_fixed_degree_is_kept_and_what_cannot_keep_it_is_said() {
+    let small = shape(4, 512, 8, 2048);
+    let free = search(&work(&small, 64), &h100(8)).unwrap();
+    assert_eq!(free.chosen().layout.pp, 1, "{}", free.reason);
+    let staged = Fixed {
+        pp: Some(2),
+        tp: Some(1),
+    };
+    let kept = search_within(&work(&small, 64), &h100(8), staged).unwrap();
+    assert!(
+        kept.candidates
+            .iter()
+            .all(|c| (c.layout.pp, c.layout.tp) == (2, 1)),
+        "{kept:?}"
+    );
+    assert_eq!(kept.chosen().layout.dp, 4);
+    // Three stages of eight devices: no layout.
+    let three = Fixed {
+        pp: Some(3),
+        tp: None,
+    };
+    let error = search_within(&work(&small, 64), &h100(8), three).unwrap_err();
+    assert!(
+        error.to_string().ends_with("keeps to pp=3 tp=any"),
+        "{error}"
+    );
+}
