@@ -53,7 +53,8 @@ pub struct RunCheckpoints {
 
 impl RunCheckpoints {
     /// Opens and verifies `resume` (`args`' `--resume`, resolved by the job: a checkpoint of
-    /// `plan`'s strategy with steps left before `steps`), and readies the folder `save` (named
+    /// `plan`'s strategy with steps left before `steps`; without a `plan`, one whose layout
+    /// the run checks once it has planned), and readies the folder `save` (named
     /// by its flag) for the steps after it when this process `writes` the run (the first of a
     /// run's processes; the others keep the same save schedule and write nothing).
     ///
@@ -65,7 +66,7 @@ impl RunCheckpoints {
         resume: Option<&Path>,
         save: Option<(&'static str, &Path)>,
         config: &CheckpointConfig,
-        plan: &Plan,
+        plan: Option<&Plan>,
         steps: usize,
         writes: bool,
     ) -> Result<Self, Box<dyn std::error::Error>> {
@@ -74,7 +75,9 @@ impl RunCheckpoints {
         let resume = resume.map(Checkpoint::open).transpose()?;
         let from = match &resume {
             Some(checkpoint) => {
-                checkpoint.check_plan(plan)?;
+                if let Some(plan) = plan {
+                    checkpoint.check_plan(plan)?;
+                }
                 if steps <= checkpoint.step() {
                     return Err(CheckpointError::NothingToTrain {
                         path: checkpoint.dir().display().to_string(),

@@ -311,3 +311,36 @@ fn ad_runs_save_periodically_resume_and_refuse_another_config() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn auto_resumes_an_ad_run_on_the_layout_its_checkpoint_saved() {
+    // Saved by a pipeline of two stages; `auto` alone would lay two ranks out as replicas.
+    let dir = scratch("auto-resume");
+    let config = dir.join("tiny.toml");
+    std::fs::write(&config, TINY).unwrap();
+    let config = config.to_str().unwrap();
+    let (staged, resumed) = (dir.join("staged"), dir.join("resumed"));
+    let common = [
+        "ad",
+        "train",
+        "--config",
+        config,
+        "--world",
+        "2",
+        "--no-eval",
+    ];
+    let staged_s = staged.to_str().unwrap();
+    let pipeline = ["--strategy", "pipeline", "--stages", "2", "--steps", "2"];
+    succeed(&[&common[..], &pipeline, &["--out", staged_s]].concat());
+    let resume = ["--resume", staged_s, "--out", resumed.to_str().unwrap()];
+    let stdout = succeed(&[&common[..], &resume].concat());
+    assert!(stdout.contains("(resumed at step 2)"), "{stdout}");
+    let train = &metrics(&resumed)["train"];
+    assert_eq!(train["strategy"], "pipeline", "{train}");
+    let reason = train["strategy_reason"].as_str().unwrap();
+    assert!(
+        reason.contains("pp=2 tp=1 (the checkpoint's layout)"),
+        "{reason}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

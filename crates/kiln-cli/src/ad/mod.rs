@@ -150,12 +150,19 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
                 }
             });
             let signals = Signals::install()?;
+            // `auto` plans with the model measured once the data exists, within the layout
+            // of the checkpoint it resumes from; the checkpoint is checked against that plan
+            // then (`kiln_ad::checkpoint::resume`), not against this provisional one.
+            let replans = config.train.strategy == StrategyKind::Auto
+                && plan.world_size() > 1
+                && launched.processes() == 1
+                && args.backend.is_cpu();
             let mut checkpoints = RunCheckpoints::prepare(
                 &args.checkpoint,
                 resume.as_deref(),
                 Some(("--out", &checkpoint::checkpoints(&args.out))),
                 &config.checkpoint,
-                &plan,
+                (!replans).then_some(&plan),
                 config.train.steps,
                 launched.is_main(),
             )?;
@@ -187,11 +194,7 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
                     ),
                 ),
             };
-            let auto = (config.train.strategy == StrategyKind::Auto
-                && plan.world_size() > 1
-                && launched.processes() == 1
-                && args.backend.is_cpu())
-            .then(|| Planning {
+            let auto = replans.then(|| Planning {
                 cores: args.backend.cpu_cores().unwrap_or(1),
                 request,
                 fixed,

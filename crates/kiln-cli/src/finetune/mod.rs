@@ -232,7 +232,7 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
         checkpoints.args.resume.as_deref(),
         checkpoints.save.as_deref().map(|dir| ("--save", dir)),
         &config.checkpoint,
-        &plan,
+        Some(&plan),
         config.train.steps,
         launched.is_main(),
     )?;

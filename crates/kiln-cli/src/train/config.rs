@@ -240,10 +240,8 @@ impl TrainConfig {
             && launched.processes() == 1
             && self.backend.is_cpu()
         {
-            let planner =
-                crate::plan::planner(self).map_err(|e| ConfigError::Measure(e.to_string()))?;
-            let planner = match resume {
-                // A run resumes on the layout it saved.
+            // A run resumes on the layout it saved (read before a second is spent measuring).
+            let (fixed, because) = match resume {
                 Some(path) => {
                     let run = Checkpoint::run_at(path)?;
                     let layout = StateLayout::from_key(&run.layout).ok_or_else(|| {
@@ -252,13 +250,19 @@ impl TrainConfig {
                             run.layout
                         ))
                     })?;
-                    planner.within(Fixed::of_state(layout), "the checkpoint's layout")
+                    (
+                        Fixed::of_state(layout),
+                        "the checkpoint's layout".to_string(),
+                    )
                 }
-                None => planner.within(
+                None => (
                     Fixed::of_precision(self.optimizer.precision),
                     format!("{} runs without pipeline stages", self.optimizer.precision),
                 ),
             };
+            let planner = crate::plan::planner(self)
+                .map_err(|e| ConfigError::Measure(e.to_string()))?
+                .within(fixed, because);
             plan = Plan::resolve(PlanRequest {
                 planner: Some(planner),
                 ..request

@@ -116,7 +116,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         checkpoints.args.resume.as_deref(),
         checkpoints.save.as_deref().map(|dir| ("--save", dir)),
         &config.checkpoint,
-        &plan,
+        Some(&plan),
         config.steps,
         launched.is_main(),
     )?;

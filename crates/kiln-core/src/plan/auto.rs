@@ -44,7 +44,8 @@ impl Planner {
         search_within(&self.workload, &self.cluster(ranks), fixed)
     }
 
-    /// The same planner, laying out only what `fixed` leaves free, `because` of what.
+    /// The same planner, laying out only what `fixed` leaves free, `because` of what (in
+    /// place of what it fixed before).
     pub fn within(self, fixed: Fixed, because: impl Into<String>) -> Self {
         Self {
             fixed: (!fixed.is_free()).then(|| (fixed, because.into())),

@@ -347,8 +347,9 @@ where
 /// buckets packed), measured on the model's own ranks. A model that cannot be cut into
 /// stages has no hand-off to time.
 ///
-/// The ranks take one sample each: neither cost grows with the samples, and the timings'
-/// noise does (a few percent of a 10 ms step is more than either).
+/// The step has two samples (a sample a replica; both through each stage): neither cost grows
+/// with the samples, and the timings' noise does (a few percent of a 10 ms step is more than
+/// either).
 ///
 /// # Errors
 /// What a step returns.
@@ -388,7 +389,11 @@ where
         .map(|t| t.median())
     };
     let predict = |planner: &Planner, layout: Layout| {
-        step_time(&planner.workload, &planner.cluster(2), &layout).total
+        // Every core was busy (the pair and its companions), as when every core holds a
+        // rank: the pair's cluster, not two ranks on an otherwise idle machine.
+        let mut cluster = planner.cluster(2);
+        cluster.cores = cluster.cores.map(|cores| cores.min(2));
+        step_time(&planner.workload, &cluster, &layout).total
     };
     let layout = Layout {
         dp: 2,
@@ -404,6 +409,10 @@ where
         .cluster
         .measured
         .map(|m| m.with_rendezvous(ddp, predicted));
+    // A model of one block has no two stages to hand a micro-batch between.
+    if planner.workload.layers < 2 {
+        return Ok(planner);
+    }
     let mut configs = StrategyConfigs::default();
     configs.set_threads_per_rank(1);
     configs.pipeline.stages = 2;
@@ -415,7 +424,12 @@ where
     )
     .map_err(StrategyError::from)?;
     let pipeline = match time_pair(&staged) {
-        Err(StrategyError::Config(ConfigError::Unsupported { .. })) => return Ok(planner),
+        // A model that cannot be cut in two stages has no hand-off to time.
+        Err(StrategyError::Config(
+            ConfigError::Unsupported { .. }
+            | ConfigError::TooManyStages { .. }
+            | ConfigError::SplitRefused { .. },
+        )) => return Ok(planner),
         other => other?,
     };
     let layout = Layout {

@@ -210,11 +210,13 @@ pub fn step_time(work: &Workload, cluster: &Cluster, layout: &Layout) -> StepTim
     };
     let shares: Vec<Share> = (0..pp).map(|s| stage_share(work, layout, s)).collect();
     let stages: Vec<(f64, f64)> = shares.iter().map(work_of).collect();
-    // The busiest stage sets the pace.
+    // The busiest stage sets the pace: the longest of its micro-batches, through the bubble,
+    // and its update.
+    let path = |&(micro, update): &(f64, f64)| micro * (micro_batches + pp - 1) as f64 + update;
     let (stage, mut update) = stages
         .iter()
         .copied()
-        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .max_by(|a, b| path(a).total_cmp(&path(b)))
         .expect("a layout has a stage");
     let mut compute = stage * micro_batches as f64;
     // 1F1B: the busiest stage waits `pp - 1` micro-batches' worth while the pipeline fills

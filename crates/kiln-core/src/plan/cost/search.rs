@@ -287,10 +287,15 @@ fn candidates(
         return Err(PlanError::NoLayout("a global batch of no samples".into()));
     }
     let mut found = Vec::new();
+    let mut kept = false;
     for tp in divisors(cluster.devices).filter(|&t| work.shards_into(t)) {
         for pp in divisors(cluster.devices / tp).filter(|&p| p <= work.layers) {
+            if !fixed.allows(pp, tp) {
+                continue;
+            }
+            kept = true;
             let dp = cluster.devices / (tp * pp);
-            if work.global_batch < dp || !fixed.allows(pp, tp) {
+            if work.global_batch < dp {
                 continue;
             }
             let mut candidate = best_micro_batching(work, cluster, (dp, pp, tp));
@@ -304,13 +309,16 @@ fn candidates(
             found.push(candidate);
         }
     }
-    if found.is_empty() {
-        let kept = match fixed.is_free() {
-            true => String::new(),
-            false => format!(" and keeps to {fixed}"),
-        };
+    if !kept {
         return Err(PlanError::NoLayout(format!(
-            "no layout of {} devices gives every replica a sample of a global batch of {}{kept}",
+            "no layout of {} devices keeps to {fixed}: the devices must be a multiple of the \
+             stages times the shards, and the model must split into them",
+            cluster.devices
+        )));
+    }
+    if found.is_empty() {
+        return Err(PlanError::NoLayout(format!(
+            "no layout of {} devices gives every replica a sample of a global batch of {}",
             cluster.devices, work.global_batch
         )));
     }

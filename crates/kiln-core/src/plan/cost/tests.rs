@@ -389,7 +389,9 @@ fn a_fixed_degree_is_kept_and_what_cannot_keep_it_is_said() {
     };
     let error = search_within(&work(&small, 64), &h100(8), three).unwrap_err();
     assert!(
-        error.to_string().ends_with("keeps to pp=3 tp=any"),
+        error
+            .to_string()
+            .starts_with("no layout: no layout of 8 devices keeps to pp=3 tp=any"),
         "{error}"
     );
 }
