@@ -1,37 +1,19 @@
 //! `auto` for the AD transformer: its step as the planner reads it ([`workload`]), and this
 //! machine measured with it ([`planner`]), as `kiln train` measures its built-in models.
 
-use std::time::Duration;
-
 use burn::module::Module;
 use burn::tensor::backend::AutodiffBackend;
-use kiln_core::data::DataSource;
 use kiln_core::plan::Planner;
 use kiln_core::plan::cost::Workload;
-use kiln_core::plan::measure::{
-    Budget, WARMUP, calibrate, calibrate_ranks, cpu_planner, probe_links,
-};
-use kiln_core::strategy::PerformanceSpec;
-use kiln_kernels::FusedAdamWConfig;
+use kiln_core::plan::measure;
 use kiln_nn::models::TransformerConfig;
 use kiln_nn::tensor_parallel::ShardedBackend;
 
 use crate::config::AdConfig;
-use crate::dataset::{WindowBatcher, WindowDataset, feature_width};
+use crate::dataset::feature_width;
 use crate::env::ACTIONS;
 use crate::error::AdError;
-use crate::train::Data;
-
-/// Steps timed at each calibration point: at least 5 and a fifth of a second, at most 1000.
-const BUDGET: Budget = Budget {
-    warmup: WARMUP,
-    steps: 5,
-    seconds: 0.2,
-    most_steps: 1000,
-};
-
-/// All-reduces the link probe times at each size.
-const CALLS: usize = 20;
+use crate::train::{Data, optimizer, window_source};
 
 /// The AD transformer's training step in f32, `global_batch` windows of `context` steps a
 /// step, as the planner reads it. It is the reference transformer's but for its ends: the
@@ -77,37 +59,17 @@ where
     let device = &devices[0];
     B::seed(device, config.seed);
     let model = config.model.init::<B>(&config.env, device);
-    let context = config.model.context;
-    let source = DataSource::new(
-        WindowDataset::new(data.histories.clone(), context)?,
-        WindowBatcher::new(data.histories.clone(), context),
-    );
-    let optim = PerformanceSpec::new(
-        FusedAdamWConfig::new().with_weight_decay(config.train.weight_decay as f32),
-        config.optimizer.clone(),
-    )?;
-    let batch = config.train.batch;
-    let measured = calibrate(
-        device,
-        &model,
-        &optim,
-        &source,
-        (batch, cores.saturating_sub(1)),
-        BUDGET,
-        config.seed,
-    )?;
-    let link = probe_links::<B>(device, CALLS, Duration::from_secs(60))?;
-    let work = workload(config, batch);
+    let (source, optim) = (window_source::<B>(config, data)?, optimizer(config)?);
+    let work = workload(config, config.train.batch);
     debug_assert_eq!(work.params as usize, model.num_params());
-    let planner = cpu_planner(work, measured, link, cores);
-    Ok(calibrate_ranks(
-        planner,
+    Ok(measure::planner(
+        work,
         devices,
         &model,
         &optim,
         &source,
-        cores.saturating_sub(2),
-        BUDGET,
+        config.train.batch,
+        cores,
         config.seed,
     )?)
 }

@@ -15,7 +15,7 @@ use kiln_nn::tensor_parallel::ShardedBackend;
 use serde::{Deserialize, Serialize};
 
 use crate::config::AdConfig;
-use crate::dataset::{WindowBatcher, WindowDataset};
+use crate::dataset::{AdBatch, WindowBatcher, WindowDataset, WindowRef};
 use crate::error::AdError;
 use crate::goals::GoalSplit;
 use crate::history::Histories;
@@ -123,6 +123,27 @@ pub struct Session<'a> {
     pub stop: Option<&'a (dyn Fn() -> bool + Sync)>,
 }
 
+/// The windows of `data`'s histories the model trains on, `config.model.context` steps each.
+pub(crate) fn window_source<B: AutodiffBackend>(
+    config: &AdConfig,
+    data: &Data,
+) -> Result<DataSource<B, WindowRef, AdBatch<B>>, AdError> {
+    let context = config.model.context;
+    Ok(DataSource::new(
+        WindowDataset::new(data.histories.clone(), context)?,
+        WindowBatcher::new(data.histories.clone(), context),
+    ))
+}
+
+/// The optimizer the model trains with: the fused AdamW under `config.optimizer`'s guards and
+/// precision.
+pub(crate) fn optimizer(config: &AdConfig) -> Result<PerformanceSpec<FusedAdamWConfig>, AdError> {
+    Ok(PerformanceSpec::new(
+        FusedAdamWConfig::new().with_weight_decay(config.train.weight_decay as f32),
+        config.optimizer.clone(),
+    )?)
+}
+
 /// Trains an [`AdTransformer`] on `data` as `plan` says, over `devices` (one per rank of the
 /// plan): a fresh one, or the one `session` resumes. Calls `on_step(step, loss)` after every
 /// step, and saves as `session` says.
@@ -157,11 +178,7 @@ pub fn train<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
         .save_to
         .map(|folder| crate::checkpoint::saver(folder, config, plan))
         .transpose()?;
-    let context = config.model.context;
-    let source = DataSource::new(
-        WindowDataset::new(data.histories.clone(), context)?,
-        WindowBatcher::new(data.histories.clone(), context),
-    );
+    let source = window_source(config, data)?;
     let windows = source.len();
     let training = Training {
         steps: t.steps,
@@ -172,10 +189,7 @@ pub fn train<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
         save_every: config.checkpoint.every,
         stop: session.stop,
     };
-    let optim = PerformanceSpec::new(
-        FusedAdamWConfig::new().with_weight_decay(t.weight_decay as f32),
-        config.optimizer.clone(),
-    )?;
+    let optim = optimizer(config)?;
     let on_step = |step, out: &StepOutput| on_step(step, out.loss);
     let mut hooks = SaveHooks::<B, _>::new(on_step, saver.as_mut());
     let (model, record) = fit(plan, &training, devices, model, &optim, source, &mut hooks)?;

@@ -4,31 +4,16 @@
 //! step over two ranks for what several ranks cost beyond their parts. `auto` plans `kiln
 //! train` with it, and `kiln plan --model` prints it.
 
-use std::time::Duration;
-
 use burn::tensor::backend::AutodiffBackend;
 use kiln_core::data::DataSource;
 use kiln_core::model::ParallelModel;
 use kiln_core::plan::Planner;
 use kiln_core::plan::cost::Workload;
-use kiln_core::plan::measure::{
-    Budget, MeasureError, WARMUP, calibrate, calibrate_ranks, cpu_planner, probe_links,
-};
+use kiln_core::plan::measure::{self, MeasureError};
 use kiln_nn::tensor_parallel::ShardedBackend;
 
 use crate::backend::{BackendKind, Job, Placement, dispatch};
 use crate::train::{ModelJob, TrainConfig, adamw, builtin_workload, with_builtin};
-
-/// Steps timed at each calibration point, their median kept: at least 5 and a fifth of a
-/// second, at most 1000.
-const BUDGET: Budget = Budget {
-    warmup: WARMUP,
-    steps: 5,
-    seconds: 0.2,
-    most_steps: 1000,
-};
-/// All-reduces the link probe times at each size.
-const CALLS: usize = 20;
 
 /// Why this machine could not be measured.
 #[derive(Debug, thiserror::Error)]
@@ -114,27 +99,14 @@ where
         M: ParallelModel<B>,
         I: Send + Sync + Clone + 'static,
     {
-        let (device, optim) = (&self.devices[0], adamw());
-        let others = self.cores.saturating_sub(1);
-        let measured = calibrate(
-            device,
-            &model,
-            &optim,
-            &data,
-            (self.batch, others),
-            BUDGET,
-            self.seed,
-        )?;
-        let link = probe_links::<B>(device, CALLS, Duration::from_secs(60))?;
-        let planner = cpu_planner(self.workload, measured, link, self.cores);
-        Ok(calibrate_ranks(
-            planner,
+        Ok(measure::planner(
+            self.workload,
             self.devices,
             &model,
-            &optim,
+            &adamw(),
             &data,
-            self.cores.saturating_sub(2),
-            BUDGET,
+            self.batch,
+            self.cores,
             self.seed,
         )?)
     }

@@ -528,6 +528,69 @@ pub fn probe_links<B: AutodiffBackend>(
     })
 }
 
+/// Steps [`planner`] times at each calibration point: at least 5 and a fifth of a second, at
+/// most 1000.
+const PLANNER_BUDGET: Budget = Budget {
+    warmup: WARMUP,
+    steps: 5,
+    seconds: 0.2,
+    most_steps: 1000,
+};
+
+/// All-reduces [`planner`]'s link probe times at each size.
+const PROBE_CALLS: usize = 20;
+
+/// This machine's `cores` as the planner's devices for `model`'s step (`workload` to the cost
+/// model) on batches of `batch` from `data`, trained with `optim`: the step timed on one core
+/// of `devices` ([`calibrate`], beside copies on the others, and alone), the in-process
+/// collective probed ([`probe_links`]), and the step over two ranks ([`calibrate_ranks`]).
+/// About a second. What `auto` plans with on the CPU, whatever the model.
+///
+/// # Errors
+/// A step or the probe that fails, or timings that cannot be fitted.
+#[allow(clippy::too_many_arguments)]
+pub fn planner<B, M, S, I>(
+    workload: Workload,
+    devices: &[B::Device],
+    model: &M,
+    optim: &S,
+    data: &DataSource<B, I, M::Input>,
+    batch: usize,
+    cores: usize,
+    seed: u64,
+) -> Result<Planner, MeasureError>
+where
+    B: AutodiffBackend + TpBackend,
+    M: ParallelModel<B>,
+    S: OptimizerSpec<B> + Sync,
+    I: Send + 'static,
+{
+    let device = &devices[0];
+    let others = cores.saturating_sub(1);
+    let measured = calibrate(
+        device,
+        model,
+        optim,
+        data,
+        (batch, others),
+        PLANNER_BUDGET,
+        seed,
+    )?;
+    let link = probe_links::<B>(device, PROBE_CALLS, Duration::from_secs(60))?;
+    let planner = cpu_planner(workload, measured, link, cores);
+    let others = cores.saturating_sub(2);
+    calibrate_ranks(
+        planner,
+        devices,
+        model,
+        optim,
+        data,
+        others,
+        PLANNER_BUDGET,
+        seed,
+    )
+}
+
 /// This machine's `cores` as the planner's devices, running `workload` as `measured` on one
 /// core, linked as `link` says: what `auto` plans a CPU run with. Their memory is the
 /// machine's (Linux's `MemTotal`, or 8 GiB where `/proc` does not say), shared among the
