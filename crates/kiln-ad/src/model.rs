@@ -63,7 +63,11 @@ impl From<FeedForwardActivation> for ActivationConfig {
 impl Default for AdModelConfig {
     fn default() -> Self {
         Self {
-            context: 60,
+            // Six episodes of the default room. The source explores for about ten episodes
+            // and AD must keep in context where it has been and where a reward was: held out,
+            // three episodes (60) reached 7.3 over the last 10 episodes, six reached 8.9, at
+            // the same steps (the book's AD page has the ablations).
+            context: 120,
             d_model: 64,
             layers: 2,
             heads: 4,

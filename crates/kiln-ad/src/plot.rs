@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::error::AdError;
@@ -13,17 +14,30 @@ use crate::report::EvalReport;
 /// # Errors
 /// When the file cannot be written.
 pub fn write_svg(report: &EvalReport, path: &Path) -> Result<(), AdError> {
-    draw(report, path).map_err(|e| AdError::Plot {
+    draw(report, SVGBackend::new(path, SIZE).into_drawing_area()).map_err(|e| AdError::Plot {
         path: path.display().to_string(),
         reason: e.to_string(),
     })
 }
 
-fn draw(report: &EvalReport, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
-    let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
+/// The figure's size in pixels.
+const SIZE: (u32, u32) = (800, 500);
+
+/// The y axis ends at the optimum times this.
+const HEADROOM: f64 = 1.6;
+
+fn draw<DB: DrawingBackend>(
+    report: &EvalReport,
+    root: DrawingArea<DB, Shift>,
+) -> Result<(), Box<dyn std::error::Error>>
+where
+    DB::ErrorType: 'static,
+{
     root.fill(&WHITE)?;
     let episodes = report.episodes.max(1);
-    let top = (report.optimal * 1.1).max(1.0);
+    // No curve rises above the optimum, so the band above it is left free for the legend:
+    // five entries take about a third of the plot's height.
+    let top = (report.optimal * HEADROOM).max(1.0);
     let mut chart = ChartBuilder::on(&root)
         .caption(
             format!(
@@ -70,10 +84,104 @@ fn draw(report: &EvalReport, path: &Path) -> Result<(), Box<dyn std::error::Erro
         .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], GREEN));
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::eval::Curve;
+    use crate::report::Acceptance;
+
+    /// `(x, y)` pairs of an SVG `points` attribute.
+    fn points(element: &str) -> Vec<(f64, f64)> {
+        let list = element.split("points=\"").nth(1).unwrap().split('"').next();
+        list.unwrap()
+            .split_whitespace()
+            .map(|p| {
+                let (x, y) = p.split_once(',').unwrap();
+                (x.parse().unwrap(), y.parse().unwrap())
+            })
+            .collect()
+    }
+
+    fn attribute(element: &str, name: &str) -> f64 {
+        let value = element.split(&format!(" {name}=\"")).nth(1).unwrap();
+        value.split('"').next().unwrap().parse().unwrap()
+    }
+
+    /// Curves where a legend could cover them: two along the bottom, one at the optimum
+    /// throughout, one on the diagonal from 0 to the optimum.
+    fn report() -> EvalReport {
+        let episodes = 40;
+        let optimal = 15.6;
+        let curve = |f: &dyn Fn(usize) -> f64| Curve::new((0..episodes).map(f).collect());
+        let (ad, control) = (curve(&|_| optimal), curve(&|_| 0.0));
+        let (source, random) = (curve(&|e| optimal * e as f64 / 39.0), curve(&|_| 0.3));
+        EvalReport {
+            goals: vec![(0, 0); 10],
+            seeds: 4,
+            episodes,
+            optimal,
+            acceptance: Acceptance::check(&ad, &control, &source, &random),
+            ad,
+            control,
+            source,
+            random,
+        }
+    }
+
+    #[test]
+    fn the_legend_covers_no_curve() {
+        let mut svg = String::new();
+        draw(
+            &report(),
+            SVGBackend::with_string(&mut svg, SIZE).into_drawing_area(),
+        )
+        .unwrap();
+        let legend = svg
+            .split('<')
+            .find(|e| e.starts_with("rect") && e.contains("opacity=\"0.8\""))
+            .expect("the legend's background");
+        let (left, top) = (attribute(legend, "x"), attribute(legend, "y"));
+        let (right, bottom) = (
+            left + attribute(legend, "width"),
+            top + attribute(legend, "height"),
+        );
+        let inside =
+            |(x, y): (f64, f64)| (left..=right).contains(&x) && (top..=bottom).contains(&y);
+        // Every line longer than a legend entry's sample: the four curves and the optimum.
+        let lines: Vec<Vec<(f64, f64)>> = svg
+            .split('<')
+            .filter(|e| {
+                e.starts_with("polyline")
+                    && (e.contains("stroke-width=\"2\"") || e.contains("#00FF00"))
+            })
+            .map(points)
+            .filter(|p| {
+                p.len() > 2
+                    || p.first()
+                        .zip(p.last())
+                        .is_some_and(|(a, b)| b.0 - a.0 > 40.0)
+            })
+            .collect();
+        assert_eq!(lines.len(), 5, "four curves and the optimum");
+        for line in lines {
+            for pair in line.windows(2) {
+                for i in 0..=20 {
+                    let t = f64::from(i) / 20.0;
+                    let at = (
+                        pair[0].0 + t * (pair[1].0 - pair[0].0),
+                        pair[0].1 + t * (pair[1].1 - pair[0].1),
+                    );
+                    assert!(!inside(at), "the legend {legend} covers {at:?}");
+                }
+            }
+        }
+    }
 }

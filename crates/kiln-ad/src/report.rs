@@ -12,6 +12,9 @@ use crate::model::AdTransformer;
 /// not improving: half the least gain the acceptance asks of AD.
 pub const CONTROL_MAX_GAIN: f64 = 1.5;
 
+/// The least fraction of the source's mean return over all episodes that AD's must reach.
+pub const PACE: f64 = 0.8;
+
 /// Everything the evaluation measured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EvalReport {
@@ -44,21 +47,27 @@ pub struct Acceptance {
     pub beats_random: bool,
     /// The one-episode control gains less than [`CONTROL_MAX_GAIN`].
     pub control_flat: bool,
+    /// AD's mean over all episodes is ≥ [`PACE`] × the source's: it learns in context about
+    /// as fast as the algorithm it was distilled from.
+    #[serde(default)]
+    pub keeps_pace: bool,
     /// All of the above.
     pub passed: bool,
 }
 
 impl Acceptance {
     /// Applies the checks.
-    pub fn check(ad: &Curve, control: &Curve, random: &Curve) -> Self {
+    pub fn check(ad: &Curve, control: &Curve, source: &Curve, random: &Curve) -> Self {
         let ad_improves = ad.last10 >= 3.0 * ad.first && ad.last10 >= ad.first + 3.0;
         let beats_random = ad.last10 >= 10.0 * random.mean;
         let control_flat = control.last10 - control.first < CONTROL_MAX_GAIN;
+        let keeps_pace = ad.mean >= PACE * source.mean;
         Self {
             ad_improves,
             beats_random,
             control_flat,
-            passed: ad_improves && beats_random && control_flat,
+            keeps_pace,
+            passed: ad_improves && beats_random && control_flat && keeps_pace,
         }
     }
 }
@@ -99,7 +108,7 @@ pub fn evaluate<B: KernelBackend>(
     );
     let source = source_algorithm(room, goals, &config.source, eval, seed ^ 0x50_0000);
     let random = random_policy(room, goals, eval, seed);
-    let acceptance = Acceptance::check(&ad, &control, &random);
+    let acceptance = Acceptance::check(&ad, &control, &source, &random);
     EvalReport {
         goals: goals.to_vec(),
         seeds: eval.seeds,
@@ -137,10 +146,12 @@ impl EvalReport {
             line("source", &self.source),
             line("random", &self.random),
             format!(
-                "AD improves in context: {}; >= 10x random: {}; one-episode control flat: {}",
+                "AD improves in context: {}; >= 10x random: {}; one-episode control flat: {}; \
+                 mean >= {PACE}x the source's: {}",
                 mark(a.ad_improves),
                 mark(a.beats_random),
-                mark(a.control_flat)
+                mark(a.control_flat),
+                mark(a.keeps_pace)
             ),
         ]
         .join("\n")
@@ -160,15 +171,20 @@ mod tests {
     #[test]
     fn acceptance_needs_every_check() {
         let random = curve(0.3, 0.3);
-        let good = Acceptance::check(&curve(1.0, 12.0), &curve(1.0, 1.2), &random);
+        let check = |ad: Curve, control: Curve, random: &Curve| {
+            Acceptance::check(&ad, &control, &curve(0.3, 12.0), random)
+        };
+        let good = check(curve(1.0, 12.0), curve(1.0, 1.2), &random);
         assert!(good.passed);
         // 3x but not +3.
-        assert!(!Acceptance::check(&curve(0.5, 2.0), &curve(1.0, 1.0), &random).ad_improves);
+        assert!(!check(curve(0.5, 2.0), curve(1.0, 1.0), &random).ad_improves);
         // Beats random by less than 10x.
-        assert!(
-            !Acceptance::check(&curve(1.0, 12.0), &curve(1.0, 1.0), &curve(2.0, 2.0)).beats_random
-        );
+        assert!(!check(curve(1.0, 12.0), curve(1.0, 1.0), &curve(2.0, 2.0)).beats_random);
         // A control that improves means memorised goals.
-        assert!(!Acceptance::check(&curve(1.0, 12.0), &curve(1.0, 6.0), &random).control_flat);
+        assert!(!check(curve(1.0, 12.0), curve(1.0, 6.0), &random).control_flat);
+        // Learns in context, but more slowly than the source: 9.5 is 0.79 of its 12.
+        let slow = check(curve(1.0, 9.5), curve(1.0, 1.0), &random);
+        assert!(slow.ad_improves && !slow.keeps_pace && !slow.passed);
+        assert!(check(curve(1.0, 9.8), curve(1.0, 1.0), &random).keeps_pace);
     }
 }

@@ -64,7 +64,7 @@ pub struct TrainArgs {
     /// Backend [default: flex].
     #[arg(long, value_enum, default_value_t)]
     backend: BackendKind,
-    /// Optimizer steps [default: 4000].
+    /// Optimizer steps [default: 5000].
     #[arg(long)]
     steps: Option<usize>,
     /// Windows per step, all ranks together [default: 32].
