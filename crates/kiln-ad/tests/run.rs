@@ -209,7 +209,9 @@ fn a_run_resumed_from_its_checkpoint_ends_where_an_uninterrupted_one_does() {
 }
 
 /// AD's least mean return over the last 10 of 40 episodes on the held-out goals, with the
-/// default config: within a few points of the source's (about 11.5 there).
+/// default config: within a few points of the source's (about 11.5 there). This is the aim,
+/// not yet met: the default run measured 9.72 (the book's AD page has the run and the spread
+/// over seeds).
 const LAST10: f64 = 10.0;
 
 /// The acceptance with the default config: ≥ 8 held-out goals × 20 seeds × 40 episodes,
@@ -251,7 +253,7 @@ fn acceptance_single() {
 }
 
 #[test]
-#[ignore = "the full default run through Ddp at world 2: ~5 minutes in release; run by hand"]
+#[ignore = "the full default run through Ddp at world 2: ~3 minutes in release; run by hand"]
 fn acceptance_ddp_world_2() {
     let _seeded = seeded();
     acceptance(2);
