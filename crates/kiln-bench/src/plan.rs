@@ -63,6 +63,9 @@ pub struct Calibration {
 /// What `kiln bench plan` writes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PlanReport {
+    /// The backend the candidates ran on (`flex`, `cuda`, ...).
+    #[serde(default = "flex")]
+    pub backend: String,
     /// Samples per step.
     pub global_batch: usize,
     /// The machine's cores.
@@ -71,6 +74,11 @@ pub struct PlanReport {
     pub calibrations: Vec<Calibration>,
     /// Every candidate of every model and world.
     pub rows: Vec<PlanRow>,
+}
+
+/// The backend of a report written before reports named theirs.
+fn flex() -> String {
+    "flex".into()
 }
 
 /// Spearman's rank correlation of `a` and `b` (ties share their mean rank); 0 for fewer than
@@ -129,10 +137,10 @@ pub fn markdown(report: &PlanReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "Global batch {}, {} core(s).\n\n| model | world | strategy | layout | predicted ms \
+        "Global batch {}, backend {}, {} core(s).\n\n| model | world | strategy | layout | predicted ms \
          | measured ms (spread) | error | predicted KiB | peak KiB | error | auto |\n\
          | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
-        report.global_batch, report.cores
+        report.global_batch, report.backend, report.cores
     );
     for r in &report.rows {
         let (peak, memory_error) = match (r.measured_bytes, r.memory_error()) {

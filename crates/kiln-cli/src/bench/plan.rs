@@ -2,7 +2,8 @@
 //! machine as `auto` does, then trains every candidate layout the cost model estimates at each
 //! world size and times it, in rounds whose order rotates, and writes predicted next to
 //! measured (`plan.json`, `plan.md`). Run it with `KILN_COUNT_MEMORY=1` to set each rank's
-//! peak memory beside the predicted.
+//! peak memory beside the predicted. On the CPU backends the ranks are the cores; with
+//! `--backend cuda`, the GPUs (one rank each: `--worlds` up to their number).
 
 use std::path::PathBuf;
 
@@ -31,7 +32,10 @@ pub struct PlanBenchArgs {
         default_value = "mlp,transformer"
     )]
     models: Vec<ModelKind>,
-    /// World sizes (ranks on this machine's CPU).
+    /// The backend: the CPU's (its cores are the ranks) or CUDA (its GPUs are).
+    #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
+    backend: BackendKind,
+    /// World sizes (ranks on this machine's CPU cores, or its GPUs).
     #[arg(long, value_delimiter = ',', default_value = "1,2,3,4")]
     worlds: Vec<usize>,
     /// Samples per step (96 divides among 1 to 4 replicas).
@@ -65,15 +69,21 @@ pub fn run(args: PlanBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         most_steps: 500,
     };
     let cores = BackendKind::Flex.cpu_cores().unwrap_or(1);
+    let most = args.worlds.iter().copied().max().unwrap_or(1);
     let mut report = PlanReport {
+        backend: args.backend.to_string(),
         global_batch: args.global_batch,
         cores,
         calibrations: Vec::new(),
         rows: Vec::new(),
     };
     for &model in &args.models {
+        // On CUDA the planner measures the GPUs the largest world uses.
+        let world = (!args.backend.is_cpu()).then_some(most);
         let config = TrainConfig {
             model,
+            backend: args.backend,
+            world,
             batch: args.global_batch,
             ..TrainConfig::default()
         };
@@ -83,16 +93,15 @@ pub fn run(args: PlanBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
             .cluster
             .measured
             .clone()
-            .expect("a CPU planner is measured");
+            .expect("a planner of this machine is measured");
         report.calibrations.push(Calibration {
             model: model.name().into(),
             measured,
             latency: planner.cluster.intra_latency,
             bandwidth: planner.cluster.intra_bandwidth,
         });
-        let most = args.worlds.iter().copied().max().unwrap_or(1);
         let rows = dispatch(
-            BackendKind::Flex,
+            args.backend,
             &Placement::new(most, None)?,
             Candidates {
                 config: &config,
@@ -119,7 +128,7 @@ pub fn run(args: PlanBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Every candidate of every world, trained and timed, as a job on the CPU backend.
+/// Every candidate of every world, trained and timed, as a job on the chosen backend.
 struct Candidates<'a> {
     config: &'a TrainConfig,
     planner: &'a Planner,

@@ -1,8 +1,12 @@
-//! This machine as the planner sees it: its CPU cores as devices, its memory shared among them,
-//! a built-in model's step timed on one core (beside copies on the others, and alone), the
-//! in-process collective's latency and bandwidth probed between two ranks, and the model's
-//! step over two ranks for what several ranks cost beyond their parts. `auto` plans `kiln
-//! train` with it, and `kiln plan --model` prints it.
+//! This machine as the planner sees it, for a built-in model: what `auto` plans `kiln train`
+//! with, and `kiln plan --model` prints.
+//!
+//! - On the CPU: its cores as devices, its memory shared among them, the model's step timed on
+//!   one core (beside copies on the others, and alone), the in-process collective's latency
+//!   and bandwidth probed between two ranks, and the step over two ranks for what several ranks
+//!   cost beyond their parts.
+//! - On CUDA: the run's GPUs as devices, each with the memory the driver reports, the step
+//!   timed alone on the first, and over two ranks where there are two GPUs.
 
 use burn::tensor::backend::AutodiffBackend;
 use kiln_core::data::DataSource;
@@ -20,10 +24,14 @@ use crate::train::{ModelJob, TrainConfig, adamw, builtin_workload, with_builtin}
 pub enum MachineError {
     /// A backend whose devices the planner cannot size yet.
     #[error(
-        "the planner measures the CPU backends (flex, ndarray) only; on {0}, name the strategy, \
-         or describe the devices to `kiln plan` (--device, --device-memory)"
+        "the planner measures the CPU backends (flex, ndarray) and CUDA; on {0}, whose devices \
+         do not report their memory, name the strategy, or describe the devices to `kiln plan` \
+         (--device, --device-memory)"
     )]
-    NotCpu(BackendKind),
+    NotMeasurable(BackendKind),
+    /// A device that did not report its memory.
+    #[error("the {0} device did not report its memory; name the strategy instead of auto")]
+    NoMemory(BackendKind),
     /// The step or the probe failed.
     #[error(transparent)]
     Measure(#[from] MeasureError),
@@ -32,20 +40,43 @@ pub enum MachineError {
     Backend(String),
 }
 
-/// `config`'s built-in model and this machine's cores, measured: what `auto` plans with.
+/// The devices a measurement sees.
+#[derive(Debug, Clone, Copy)]
+enum Machine {
+    /// The CPU's cores, that ranks share.
+    Cores(usize),
+    /// Devices with memory of their own, one rank each.
+    Devices,
+}
+
+/// `config`'s built-in model and this machine's devices, measured: what `auto` plans with.
 ///
 /// # Errors
-/// [`MachineError`]: a backend other than the CPU's, or a failed measurement.
+/// [`MachineError`]: a backend whose devices cannot be sized, or a failed measurement.
 pub fn planner(config: &TrainConfig) -> Result<Planner, MachineError> {
-    if !config.backend.is_cpu() {
-        return Err(MachineError::NotCpu(config.backend));
-    }
-    let cores = config.backend.cpu_cores().unwrap_or(1);
-    // Two ranks' devices: the rendezvous is timed over two.
-    let placement = Placement::new(2, None).map_err(|e| MachineError::Backend(e.to_string()))?;
+    let (machine, placement) = match config.backend {
+        backend if backend.is_cpu() => {
+            let cores = backend.cpu_cores().unwrap_or(1);
+            // Two ranks' devices: the rendezvous is timed over two.
+            (Machine::Cores(cores), Placement::new(2, None))
+        }
+        // The run's GPUs: one rank each (those listed, or as many as the world).
+        BackendKind::Cuda => (
+            Machine::Devices,
+            Placement::new(
+                config
+                    .world
+                    .or(config.devices.as_ref().map(Vec::len))
+                    .unwrap_or(1),
+                config.devices.as_deref(),
+            ),
+        ),
+        backend => return Err(MachineError::NotMeasurable(backend)),
+    };
+    let placement = placement.map_err(|e| MachineError::Backend(e.to_string()))?;
     let job = Measure {
         config,
-        cores,
+        machine,
         workload: builtin_workload(config),
     };
     dispatch(config.backend, &placement, job).map_err(|e| MachineError::Backend(e.to_string()))?
@@ -54,8 +85,8 @@ pub fn planner(config: &TrainConfig) -> Result<Planner, MachineError> {
 /// The measurement, as a job on the config's backend.
 struct Measure<'a> {
     config: &'a TrainConfig,
-    /// The machine's cores: the timed rank's and its companions'.
-    cores: usize,
+    /// The devices measured.
+    machine: Machine,
     /// The model's step, as the cost model reads it.
     workload: Workload,
 }
@@ -69,8 +100,9 @@ impl Job for Measure<'_> {
     ) -> Result<Self::Output, Box<dyn std::error::Error>> {
         let calibrate = Calibrate {
             devices: &devices,
+            backend: self.config.backend,
             batch: self.config.batch,
-            cores: self.cores,
+            machine: self.machine,
             workload: self.workload,
             seed: self.config.seed,
         };
@@ -81,9 +113,9 @@ impl Job for Measure<'_> {
 /// Timing the model's step on one rank and on two, and the collective between two.
 struct Calibrate<'a, B: AutodiffBackend> {
     devices: &'a [B::Device],
+    backend: BackendKind,
     batch: usize,
-    /// The machine's cores: one runs the timed rank, the others copies beside it.
-    cores: usize,
+    machine: Machine,
     workload: Workload,
     seed: u64,
 }
@@ -99,15 +131,111 @@ where
         M: ParallelModel<B>,
         I: Send + Sync + Clone + 'static,
     {
-        Ok(measure::planner(
-            self.workload,
-            self.devices,
-            &model,
-            &adamw(),
-            &data,
-            self.batch,
-            self.cores,
-            self.seed,
-        )?)
+        let (workload, devices, optim, batch, seed) =
+            (self.workload, self.devices, &adamw(), self.batch, self.seed);
+        Ok(match self.machine {
+            // On the CPU, one core runs the timed rank and the others copies beside it.
+            Machine::Cores(cores) => {
+                measure::planner(workload, devices, &model, optim, &data, batch, cores, seed)?
+            }
+            Machine::Devices => {
+                // The smallest device bounds what a rank may hold.
+                let memory = devices
+                    .iter()
+                    .map(kiln_core::memory::device::total_bytes)
+                    .min()
+                    .flatten()
+                    .ok_or(MachineError::NoMemory(self.backend))?;
+                measure::device_planner(
+                    workload, devices, memory, &model, optim, &data, batch, seed,
+                )?
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::{Autodiff, Flex};
+    use kiln_core::strategy::StrategyKind;
+
+    use super::*;
+    use crate::train::ModelKind;
+
+    type B = Autodiff<Flex>;
+
+    /// The planner of one device with memory of its own, `memory` bytes, measured as on CUDA
+    /// (the CPU's one device standing in for a GPU).
+    struct OneDevice {
+        memory: u64,
+        workload: Workload,
+        device: burn::backend::flex::FlexDevice,
+    }
+
+    impl ModelJob<B> for OneDevice {
+        type Output = Result<Planner, MeasureError>;
+
+        fn run<M, I>(self, model: M, data: DataSource<B, I, M::Input>) -> Self::Output
+        where
+            M: ParallelModel<B>,
+            I: Send + Sync + Clone + 'static,
+        {
+            // Two ranks on the one device: still one device to plan for.
+            let devices = [self.device, self.device];
+            measure::device_planner(
+                self.workload,
+                &devices,
+                self.memory,
+                &model,
+                &adamw(),
+                &data,
+                32,
+                7,
+            )
+        }
+    }
+
+    fn one_device(memory: u64) -> Planner {
+        let config = TrainConfig {
+            model: ModelKind::Mlp,
+            batch: 32,
+            ..TrainConfig::default()
+        };
+        let job = OneDevice {
+            memory,
+            workload: builtin_workload(&config),
+            device: Default::default(),
+        };
+        with_builtin::<B, _>(&config, &Default::default(), job).unwrap()
+    }
+
+    #[test]
+    fn a_device_of_its_own_is_planned_alone_with_its_own_memory() {
+        let planner = one_device(1 << 30);
+        let cluster = &planner.cluster;
+        assert_eq!(cluster.devices, 1, "one distinct device");
+        assert_eq!(cluster.memory, 1 << 30);
+        assert_eq!(cluster.cores, None, "a GPU shares no cores");
+        let measured = cluster.measured.as_ref().expect("the step was timed");
+        assert!(measured.per_sample > 0.0);
+        let planned = planner.plan(1).unwrap();
+        assert_eq!(planned.chosen().strategy, StrategyKind::Single);
+        // The same model on a device too small for it: nothing fits, and the error says so.
+        let error = one_device(1 << 10).plan(1).unwrap_err().to_string();
+        assert!(error.contains("fit"), "{error}");
+    }
+
+    #[test]
+    fn devices_that_do_not_report_their_memory_are_not_measured() {
+        let config = TrainConfig {
+            backend: BackendKind::Wgpu,
+            ..TrainConfig::default()
+        };
+        let error = planner(&config).unwrap_err();
+        assert!(matches!(
+            error,
+            MachineError::NotMeasurable(BackendKind::Wgpu)
+        ));
+        assert!(error.to_string().contains("--device-memory"), "{error}");
     }
 }

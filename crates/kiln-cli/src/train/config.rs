@@ -238,7 +238,7 @@ impl TrainConfig {
             && self.strategy == StrategyKind::Auto
             && plan.world_size() > 1
             && launched.processes() == 1
-            && self.backend.is_cpu()
+            && (self.backend.is_cpu() || self.backend == BackendKind::Cuda)
         {
             // A run resumes on the layout it saved (read before a second is spent measuring).
             let (fixed, because) = match resume {

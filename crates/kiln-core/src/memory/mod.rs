@@ -1,4 +1,4 @@
-//! Memory accounting on the CPU: how many bytes each rank holds, and held at its most.
+//! Memory accounting: how many bytes each rank holds, and held at its most.
 //!
 //! A process whose global allocator is [`Counted`] (the `kiln` binary's is), started with
 //! `KILN_COUNT_MEMORY=1` ([`SWITCH`]), counts every allocation against the rank whose thread
@@ -9,10 +9,12 @@
 //! Without a `Counted` allocator, or the switch, nothing is counted and every query answers
 //! `None`.
 //!
-//! Devices with memory of their own (CUDA, wgpu) are not counted here: their tensors live in
-//! the device's memory, not the process's.
+//! Devices with memory of their own (CUDA, wgpu) keep a rank's tensors out of the process's
+//! memory: there, with the same switch, [`device`] watches the bytes CubeCL holds for the
+//! rank. [`rank_peak`] answers for either.
 
 mod counted;
+pub mod device;
 
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -56,9 +58,18 @@ pub fn rank(rank: usize) -> Option<Counts> {
     counting().then(|| RANKS[slot(rank)].counts())
 }
 
-/// Starts rank `rank`'s peak again from what it holds now (say, when the rank starts).
+/// Starts rank `rank`'s peak again from what it holds now (say, when the rank starts), on
+/// the host and on its device.
 pub fn restart_rank_peak(rank: usize) {
     RANKS[slot(rank)].restart_peak();
+    device::restart_rank_peak(rank);
+}
+
+/// Rank `rank`'s most bytes held at once, where its tensors live: on `device` when it has
+/// memory of its own ([`device::rank_peak`]; call it on the thread that runs the rank's
+/// operations), else in the process ([`rank`]). `None` when the process does not count.
+pub fn rank_peak<D: std::any::Any>(rank_number: usize, device: &D) -> Option<u64> {
+    device::rank_peak(rank_number, device).or_else(|| rank(rank_number).map(|c| c.peak))
 }
 
 /// The process's high-water mark of resident memory (Linux's `VmHWM`), in bytes: what the

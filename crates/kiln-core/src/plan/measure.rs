@@ -215,6 +215,23 @@ where
     })
 }
 
+/// The steps [`calibrate`] counts a rank's peak memory over on `device`. The host's count is
+/// exact, and two steps hold every buffer a step makes; a device's is read by a watch every
+/// few tens of microseconds ([`crate::memory::device`]), which can miss a short-lived peak in
+/// a few steps: over a fifth of a second of steps it reads within a few percent of the most
+/// (the MLP's peak on an H100 read 14 % lower over 3 steps than over 250).
+fn memory_budget<D: std::any::Any>(device: &D) -> Budget {
+    match crate::memory::device::has_own_memory(device) {
+        false => Budget::steps(1, 2),
+        true => Budget {
+            warmup: 1,
+            steps: 10,
+            seconds: 0.2,
+            most_steps: 1000,
+        },
+    }
+}
+
 /// `budget` a little longer: what companions of a timed run are given.
 fn longer(budget: Budget) -> Budget {
     Budget {
@@ -301,7 +318,7 @@ where
             steps[i].extend(timed.steps);
             if r == 0 && micro_batches == 1 && crate::memory::counting() {
                 // Counted alone: the companions' ranks are numbered as this one's.
-                peaks[i] = time(model.clone(), data.clone(), Budget::steps(1, 2))?
+                peaks[i] = time(model.clone(), data.clone(), memory_budget(device))?
                     .ranks
                     .first()
                     .and_then(|r| r.peak_bytes);
@@ -537,6 +554,14 @@ const PLANNER_BUDGET: Budget = Budget {
     most_steps: 1000,
 };
 
+/// The untimed steps [`device_planner`] runs before it calibrates: half a second of them.
+const DEVICE_WARMUP: Budget = Budget {
+    warmup: WARMUP,
+    steps: 10,
+    seconds: 0.5,
+    most_steps: 10_000,
+};
+
 /// All-reduces [`planner`]'s link probe times at each size.
 const PROBE_CALLS: usize = 20;
 
@@ -591,19 +616,128 @@ where
     )
 }
 
+/// `devices` that have memory of their own (GPUs: one rank each, `memory` bytes each) as the
+/// planner's devices for `model`'s step (`workload` to the cost model) on batches of `batch`
+/// from `data`, trained with `optim`: the step timed on the first ([`calibrate`], alone), and
+/// where there are two distinct devices, the collective probed ([`probe_links`], on the first
+/// device) and the step timed over the first two ([`calibrate_ranks`]). What `auto` plans a
+/// CUDA run with.
+///
+/// # Errors
+/// A step or the probe that fails, or timings that cannot be fitted.
+#[allow(clippy::too_many_arguments)]
+pub fn device_planner<B, M, S, I>(
+    workload: Workload,
+    devices: &[B::Device],
+    memory: u64,
+    model: &M,
+    optim: &S,
+    data: &DataSource<B, I, M::Input>,
+    batch: usize,
+    seed: u64,
+) -> Result<Planner, MeasureError>
+where
+    B: AutodiffBackend + TpBackend,
+    M: ParallelModel<B>,
+    S: OptimizerSpec<B> + Sync,
+    I: Send + 'static,
+{
+    let mut distinct: Vec<B::Device> = Vec::with_capacity(devices.len());
+    for device in devices {
+        if !distinct.contains(device) {
+            distinct.push(device.clone());
+        }
+    }
+    // A GPU idle before the run runs at lower clocks for its first fraction of a second of
+    // work: steps before the timed ones, so that the calibration's first points are not
+    // timed slower than its last.
+    let plan = timing_plan(StrategyKind::Single, 1, batch.min(data.len()).max(1), 1)?;
+    let one = std::slice::from_ref(&distinct[0]);
+    time_steps(
+        &plan,
+        one,
+        model.clone(),
+        optim,
+        data.clone(),
+        DEVICE_WARMUP,
+        seed,
+    )?;
+    let measured = calibrate(
+        &distinct[0],
+        model,
+        optim,
+        data,
+        (batch, 0),
+        PLANNER_BUDGET,
+        seed,
+    )?;
+    if distinct.len() < 2 {
+        // One device: no collective to price (a plan of one rank has none). The largest
+        // finite bandwidth, not an infinite one, so that the cluster still writes as JSON.
+        let link = Link {
+            latency: 0.0,
+            bandwidth: f64::MAX,
+        };
+        let shape = Shape {
+            devices: 1,
+            memory,
+            cores: None,
+        };
+        return Ok(measured_planner(workload, measured, link, shape));
+    }
+    let link = probe_links::<B>(&distinct[0], PROBE_CALLS, Duration::from_secs(60))?;
+    let shape = Shape {
+        devices: distinct.len(),
+        memory,
+        cores: None,
+    };
+    let planner = measured_planner(workload, measured, link, shape);
+    calibrate_ranks(
+        planner,
+        &distinct,
+        model,
+        optim,
+        data,
+        0,
+        PLANNER_BUDGET,
+        seed,
+    )
+}
+
 /// This machine's `cores` as the planner's devices, running `workload` as `measured` on one
 /// core, linked as `link` says: what `auto` plans a CPU run with. Their memory is the
 /// machine's (Linux's `MemTotal`, or 8 GiB where `/proc` does not say), shared among the
 /// ranks.
+pub fn cpu_planner(workload: Workload, measured: Measured, link: Link, cores: usize) -> Planner {
+    let shape = Shape {
+        devices: cores,
+        memory: machine_memory(),
+        cores: Some(cores),
+    };
+    measured_planner(workload, measured, link, shape)
+}
+
+/// The devices of a measured machine.
+struct Shape {
+    /// How many.
+    devices: usize,
+    /// Bytes of memory each.
+    memory: u64,
+    /// The cores they share, when they are a CPU's ([`Cluster::cores`]).
+    cores: Option<usize>,
+}
+
+/// The planner of `shape`'s devices, running `workload` as `measured` on one, linked as `link`
+/// says.
 ///
 /// Where the calibration counted the rank's memory, the workload's activations are scaled to
 /// the measured bytes per sample, and what the rank held beyond its parameters, gradients,
 /// moments and activations becomes the workload's `fixed_bytes`.
-pub fn cpu_planner(
+fn measured_planner(
     mut workload: Workload,
     measured: Measured,
     link: Link,
-    cores: usize,
+    shape: Shape,
 ) -> Planner {
     if let Some((base, per_sample)) = measured.memory_line() {
         let predicted = workload.block_activation_bytes[0] * workload.layers as f64;
@@ -619,20 +753,20 @@ pub fn cpu_planner(
         workload.fixed_bytes = (base - state).max(0.0);
     }
     // The model's own FLOPs over its measured time a sample: the "peak" its utilisation is
-    // read against is one core's speed on this model.
+    // read against is one device's speed on this model.
     let per_sample = measured.per_sample.max(f64::MIN_POSITIVE);
     let flops = (1.0 + workload.backward_passes) * workload.forward_flops / per_sample;
     let cluster = Cluster {
-        devices: cores,
-        per_node: cores,
-        memory: machine_memory(),
+        devices: shape.devices,
+        per_node: shape.devices,
+        memory: shape.memory,
         peak_flops: flops,
         efficiency: 1.0,
         intra_bandwidth: link.bandwidth,
         inter_bandwidth: link.bandwidth,
         intra_latency: link.latency,
         inter_latency: link.latency,
-        cores: Some(cores),
+        cores: shape.cores,
         measured: Some(measured),
     };
     Planner {

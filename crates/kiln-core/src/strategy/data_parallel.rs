@@ -164,6 +164,9 @@ where
                             });
                             // Pool 0's thread reduces these gradients next.
                             sync_device::<B>(device)?;
+                            // Watched from the thread that queues the replica's work, where
+                            // its device has memory of its own.
+                            let _ = crate::memory::device::rank_peak(rank, device);
                             Ok((local, code))
                         })
                     })
@@ -216,7 +219,8 @@ where
             stats.steps += 1;
             stats.samples += local.samples as u64;
             stats.compute += local.compute;
-            stats.peak_bytes = crate::memory::rank(stats.rank).map(|c| c.peak);
+            stats.peak_bytes = crate::memory::device::watched_peak(stats.rank)
+                .or_else(|| crate::memory::rank(stats.rank).map(|c| c.peak));
         }
         let items = locals
             .iter_mut()

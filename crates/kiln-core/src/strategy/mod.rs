@@ -100,11 +100,13 @@ pub struct RankStats {
     /// The traffic of the rank's tensor-parallel group (inside forward and backward); zero
     /// without tensor parallelism.
     pub shard_traffic: TpTraffic,
-    /// Most bytes of host memory the rank's threads held at once since it started: its
+    /// Most bytes the rank held at once since it started, where its tensors live: its
     /// parameters, gradients, optimizer state, activations and buffers (see
-    /// [`memory`](crate::memory)). `None` when the process does not count its memory (its
-    /// global allocator is not [`Counted`](crate::memory::Counted)), and for memory of a
-    /// device of its own (CUDA, wgpu).
+    /// [`memory`](crate::memory)). On the CPU, the host memory its threads allocated; on a
+    /// device with memory of its own (CUDA, wgpu), the device memory CubeCL held for it, as a
+    /// watch read it ([`memory::device`](crate::memory::device)). `None` when the process does
+    /// not count its memory (its global allocator is not [`Counted`](crate::memory::Counted),
+    /// or `KILN_COUNT_MEMORY` is not `1`).
     pub peak_bytes: Option<u64>,
 }
 
@@ -165,7 +167,8 @@ pub struct RankReport {
     pub tp_elements: u64,
     /// Seconds in tensor-parallel calls, inside forward and backward.
     pub tp_communication_s: f64,
-    /// Most bytes of host memory the rank held at once; `null` when not counted.
+    /// Most bytes the rank held at once, on the host or on its device
+    /// ([`RankStats::peak_bytes`]); `null` when not counted.
     pub peak_bytes: Option<u64>,
 }
 

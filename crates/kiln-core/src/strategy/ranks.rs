@@ -81,7 +81,7 @@ impl RankDone {
         world: &mut dyn Collective<B>,
         device: &B::Device,
     ) -> Result<Self, RankError> {
-        self.stats.peak_bytes = crate::memory::rank(self.stats.rank).map(|c| c.peak);
+        self.stats.peak_bytes = crate::memory::rank_peak(self.stats.rank, device);
         self.world = share(world, &RankFacts::of(&self), device)?;
         Ok(self)
     }
