@@ -11,9 +11,11 @@
 use burn::tensor::backend::AutodiffBackend;
 use kiln_core::data::DataSource;
 use kiln_core::model::ParallelModel;
+use kiln_core::optim::{GuardConfigError, PerformanceConfig};
 use kiln_core::plan::Planner;
 use kiln_core::plan::cost::Workload;
 use kiln_core::plan::measure::{self, MeasureError};
+use kiln_core::strategy::PerformanceSpec;
 use kiln_nn::tensor_parallel::ShardedBackend;
 
 use crate::backend::{BackendKind, Job, Placement, dispatch};
@@ -35,6 +37,9 @@ pub enum MachineError {
     /// The step or the probe failed.
     #[error(transparent)]
     Measure(#[from] MeasureError),
+    /// The run's precision and guards cannot make an optimizer.
+    #[error(transparent)]
+    Optimizer(#[from] GuardConfigError),
     /// The job could not run on the backend.
     #[error("{0}")]
     Backend(String),
@@ -104,6 +109,7 @@ impl Job for Measure<'_> {
             batch: self.config.batch,
             machine: self.machine,
             workload: self.workload,
+            performance: self.config.optimizer.clone(),
             seed: self.config.seed,
         };
         Ok(with_builtin::<B, _>(self.config, &devices[0], calibrate))
@@ -117,6 +123,8 @@ struct Calibrate<'a, B: AutodiffBackend> {
     batch: usize,
     machine: Machine,
     workload: Workload,
+    /// The run's precision and guards: the step is timed as the run will take it.
+    performance: PerformanceConfig,
     seed: u64,
 }
 
@@ -131,8 +139,9 @@ where
         M: ParallelModel<B>,
         I: Send + Sync + Clone + 'static,
     {
-        let (workload, devices, optim, batch, seed) =
-            (self.workload, self.devices, &adamw(), self.batch, self.seed);
+        let optim = &PerformanceSpec::new(adamw(), self.performance)?;
+        let (workload, devices, batch, seed) =
+            (self.workload, self.devices, self.batch, self.seed);
         Ok(match self.machine {
             // On the CPU, one core runs the timed rank and the others copies beside it.
             Machine::Cores(cores) => {
