@@ -298,6 +298,7 @@ fn memory_predictions_match_the_bytes_kiln_s_strategies_hold() {
         tp_bytes: 0.0,
         global_batch: 8,
         fixed_bytes: 0.0,
+        stage_activation_scale: 1.0,
     };
     let layout = |dp, pp, tp| Layout {
         dp,

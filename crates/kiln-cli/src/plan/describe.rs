@@ -115,6 +115,7 @@ pub fn workload(args: &PlanArgs) -> Result<(String, Workload), DescribeError> {
                 tp_bytes: 0.0,
                 global_batch: batch(args)?,
                 fixed_bytes: 0.0,
+                stage_activation_scale: 1.0,
             },
         ));
     }

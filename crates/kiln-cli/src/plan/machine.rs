@@ -140,8 +140,7 @@ where
         I: Send + Sync + Clone + 'static,
     {
         let optim = &PerformanceSpec::new(adamw(), self.performance)?;
-        let (workload, devices, batch, seed) =
-            (self.workload, self.devices, self.batch, self.seed);
+        let (workload, devices, batch, seed) = (self.workload, self.devices, self.batch, self.seed);
         Ok(match self.machine {
             // On the CPU, one core runs the timed rank and the others copies beside it.
             Machine::Cores(cores) => {

@@ -569,7 +569,9 @@ const PROBE_CALLS: usize = 20;
 /// model) on batches of `batch` from `data`, trained with `optim`: the step timed on one core
 /// of `devices` ([`calibrate`], beside copies on the others, and alone), the in-process
 /// collective probed ([`probe_links`]), and the step over two ranks ([`calibrate_ranks`]).
-/// About a second. What `auto` plans with on the CPU, whatever the model.
+/// About a second. Where the process counts its memory, the memory model is then fitted to
+/// the model cut over shards and stages ([`fit_memory`](super::memory_fit::fit_memory)). What
+/// `auto` plans with on the CPU, whatever the model.
 ///
 /// # Errors
 /// A step or the probe that fails, or timings that cannot be fitted.
@@ -604,7 +606,7 @@ where
     let link = probe_links::<B>(device, PROBE_CALLS, Duration::from_secs(60))?;
     let planner = cpu_planner(workload, measured, link, cores);
     let others = cores.saturating_sub(2);
-    calibrate_ranks(
+    let planner = calibrate_ranks(
         planner,
         devices,
         model,
@@ -613,7 +615,8 @@ where
         others,
         PLANNER_BUDGET,
         seed,
-    )
+    )?;
+    super::memory_fit::fit_memory(planner, device, model, optim, data, seed)
 }
 
 /// `devices` that have memory of their own (GPUs: one rank each, `memory` bytes each) as the

@@ -11,6 +11,7 @@
 mod auto;
 pub mod cost;
 pub mod measure;
+pub mod memory_fit;
 
 use std::fmt;
 

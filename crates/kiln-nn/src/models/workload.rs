@@ -62,6 +62,7 @@ impl TransformerConfig {
             tp_bytes: 4.0 * boundary,
             global_batch,
             fixed_bytes: 0.0,
+            stage_activation_scale: 1.0,
         }
     }
 }
@@ -99,6 +100,7 @@ impl MlpConfig {
             tp_bytes: 0.0,
             global_batch,
             fixed_bytes: 0.0,
+            stage_activation_scale: 1.0,
         }
     }
 }

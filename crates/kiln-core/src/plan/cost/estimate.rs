@@ -85,12 +85,21 @@ pub fn memory(work: &Workload, layout: &Layout) -> Memory {
         let weights = params * work.weight_bytes;
         let trainable_state = params * trainable_share * work.trainable_extra_bytes;
         let kept = per_block * blocks * micro_batch;
-        let activations = match layout.recompute {
-            // The inputs of the micro-batches in flight, and one micro-batch's stage
-            // recomputed.
-            true => work.boundary_bytes * micro_batch * in_flight + kept,
-            false => kept * in_flight,
+        // A pipeline stage holds more than its blocks' share while a micro-batch passes
+        // through it (the workload's measured `stage_activation_scale`): once, however many
+        // micro-batches are in flight (a stage of 2 micro-batches of 24 in flight held less
+        // than one of 48).
+        let passing = match layout.pp > 1 {
+            true => kept * (work.stage_activation_scale - 1.0),
+            false => 0.0,
         };
+        let activations = passing
+            + match layout.recompute {
+                // The inputs of the micro-batches in flight, and one micro-batch's stage
+                // recomputed.
+                true => work.boundary_bytes * micro_batch * in_flight + kept,
+                false => kept * in_flight,
+            };
         Memory {
             weights,
             trainable_state,

@@ -212,6 +212,26 @@ fn replicas_hold_sixteen_bytes_a_parameter_and_their_activations() {
 }
 
 #[test]
+fn a_stage_holds_its_measured_surplus_once_however_many_micro_batches_are_in_flight() {
+    let seven = llama(7);
+    let w = Workload {
+        stage_activation_scale: 1.25,
+        ..work(&seven, 8)
+    };
+    let kept = 16.0 * seven.block_activation_bytes(1, 2.0);
+    // Two micro-batches of one sample in flight on the first stage: both kept, the surplus
+    // of one passing.
+    let staged = memory(&w, &layout(1, 2, 8, 1));
+    assert!((staged.activations - (2.0 + 0.25) * kept).abs() < 1.0);
+    // One micro-batch of two samples: the same samples in flight, a surplus twice as large.
+    let whole = memory(&w, &layout(1, 2, 1, 2));
+    assert!((whole.activations - (2.0 + 0.5) * kept).abs() < 1.0);
+    // Without stages there is no boundary and no surplus.
+    let unstaged = memory(&w, &layout(1, 1, 1, 2));
+    assert!((unstaged.activations - 2.0 * 32.0 * seven.block_activation_bytes(1, 2.0)).abs() < 1.0);
+}
+
+#[test]
 fn the_bubble_shrinks_with_micro_batches_and_rings_cost_by_their_link() {
     let w = work(&llama(7), 64);
     let cluster = h100(16);

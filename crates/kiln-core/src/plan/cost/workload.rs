@@ -169,6 +169,15 @@ pub struct Workload {
     /// measured on a device that is here (0 for a described model).
     #[serde(default)]
     pub fixed_bytes: f64,
+    /// The activations a pipeline stage holds while one micro-batch passes through it, over
+    /// what its blocks' share of the model's predicts (the boundary's copies, the embedding's
+    /// or the head's own): measured on a machine that is here, 1 for a described model.
+    #[serde(default = "one")]
+    pub stage_activation_scale: f64,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 impl Workload {
@@ -203,6 +212,7 @@ impl Workload {
             tp_bytes: 4.0 * block_out,
             global_batch,
             fixed_bytes: 0.0,
+            stage_activation_scale: 1.0,
         }
     }
 

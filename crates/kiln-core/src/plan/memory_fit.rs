@@ -1,0 +1,161 @@
+//! The planner's memory model fitted to layouts measured on this machine.
+//!
+//! The calibration ([`calibrate`](super::measure::calibrate)) counts one rank's peak with the
+//! whole model at two batch sizes, and the workload's block activations are scaled to it. That
+//! scale is the whole model's, and a layout that cuts the model is not a share of it: a block's
+//! activations split over `t` shards do not shrink as a formula of the model's shape says (the
+//! norms, residuals and the all-reduces' buffers are whole on every shard), and a pipeline
+//! stage holds its boundary's copies and the embedding's or the head's own activations beside
+//! its blocks'. So where the process counts its memory, [`fit_memory`] runs each cut once, at
+//! the calibration's batch, and fits the workload to what a rank of it held.
+
+use burn::tensor::backend::AutodiffBackend;
+
+use super::cost::{Layout, memory};
+use super::measure::{Budget, MeasureError, time_steps};
+use super::{Plan, PlanRequest, Planner};
+use crate::data::DataSource;
+use crate::model::ParallelModel;
+use crate::strategy::{
+    ConfigError, OptimizerSpec, Schedule, StrategyConfigs, StrategyError, StrategyKind,
+};
+use crate::tensor_parallel::TpBackend;
+
+/// The most shards a block is measured over: more ranks than a small machine has cores only
+/// take turns, and the activations a shard holds change little beyond.
+pub const MOST_SHARDS: usize = 4;
+
+/// `planner`'s workload fitted to the peak bytes of one rank of each cut of `model` on
+/// `device`'s CPU ranks, trained with `optim` on batches of `data` as large as the largest
+/// whose memory the calibration counted: the model split over 2 to [`MOST_SHARDS`] tensor-parallel shards (each a
+/// `block_activation_bytes` entry), and over two pipeline stages (the
+/// `stage_activation_scale`). Three steps each, alone. The planner is returned as it was where
+/// the process does not count its memory, or its calibration did not.
+///
+/// # Errors
+/// What a step returns, but for a model that cannot be cut so.
+pub fn fit_memory<B, M, S, I>(
+    mut planner: Planner,
+    device: &B::Device,
+    model: &M,
+    optim: &S,
+    data: &DataSource<B, I, M::Input>,
+    seed: u64,
+) -> Result<Planner, MeasureError>
+where
+    B: AutodiffBackend + TpBackend,
+    M: ParallelModel<B>,
+    S: OptimizerSpec<B>,
+    I: Send + 'static,
+{
+    // The batch the calibration's memory line reaches: the fit is exact there.
+    let counted = planner.cluster.measured.as_ref().and_then(|m| {
+        m.memory_line()?;
+        m.timings
+            .iter()
+            .filter(|t| t.peak_bytes.is_some())
+            .map(|t| t.samples)
+            .max()
+    });
+    let Some(batch) = counted.filter(|_| crate::memory::counting()) else {
+        return Ok(planner);
+    };
+    let peak = |layout: &Layout| peak_of(layout, device, model, optim, data, seed);
+    let whole = Layout {
+        dp: 1,
+        pp: 1,
+        tp: 1,
+        micro_batches: 1,
+        micro_batch: batch,
+        recompute: false,
+    };
+    let work = &mut planner.workload;
+    let per_block_sample = (work.layers * batch) as f64;
+    let shards = work.block_activation_bytes.len().min(MOST_SHARDS);
+    for tp in (2..=shards).filter(|t| work.shardable.is_multiple_of(*t)) {
+        let layout = Layout { tp, ..whole };
+        let Some(measured) = peak(&layout)? else {
+            break;
+        };
+        let predicted = memory(work, &layout).total;
+        let bytes = &mut work.block_activation_bytes[tp - 1];
+        *bytes = (*bytes + (measured - predicted) / per_block_sample).max(0.0);
+    }
+    if work.layers >= 2 {
+        let layout = Layout { pp: 2, ..whole };
+        work.stage_activation_scale = 1.0;
+        if let Some(measured) = peak(&layout)? {
+            let predicted = memory(work, &layout);
+            if predicted.activations > 0.0 {
+                let more = (measured - predicted.total) / predicted.activations;
+                work.stage_activation_scale = (1.0 + more).max(0.0);
+            }
+        }
+    }
+    Ok(planner)
+}
+
+/// The most bytes a rank of `layout` held over three steps of `model`, alone on the CPU;
+/// `None` for a model that cannot be cut so.
+fn peak_of<B, M, S, I>(
+    layout: &Layout,
+    device: &B::Device,
+    model: &M,
+    optim: &S,
+    data: &DataSource<B, I, M::Input>,
+    seed: u64,
+) -> Result<Option<f64>, MeasureError>
+where
+    B: AutodiffBackend + TpBackend,
+    M: ParallelModel<B>,
+    S: OptimizerSpec<B>,
+    I: Send + 'static,
+{
+    let mut configs = StrategyConfigs::default();
+    configs.set_threads_per_rank(1);
+    let kind = match (layout.pp, layout.tp) {
+        (_, 1) => {
+            configs.pipeline.stages = layout.pp;
+            configs.pipeline.micro_batches = layout.micro_batches;
+            configs.pipeline.schedule = Schedule::OneFOneB;
+            StrategyKind::Pipeline
+        }
+        (stages, tp) => {
+            configs.tensor.tp = tp;
+            configs.tensor.stages = stages;
+            StrategyKind::Tensor
+        }
+    };
+    let ranks = layout.pp * layout.tp;
+    let plan = Plan::resolve(
+        PlanRequest::new(kind, layout.micro_batch * layout.micro_batches)
+            .with_world(ranks)
+            .with_configs(configs),
+    )
+    .map_err(StrategyError::from)?;
+    let devices = vec![device.clone(); ranks];
+    let timed = time_steps(
+        &plan,
+        &devices,
+        model.clone(),
+        optim,
+        data.clone(),
+        Budget::steps(1, 2),
+        seed,
+    );
+    match timed {
+        Ok(timed) => Ok(timed
+            .ranks
+            .iter()
+            .filter_map(|r| r.peak_bytes)
+            .max()
+            .map(|b| b as f64)),
+        Err(StrategyError::Config(
+            ConfigError::Unsupported { .. }
+            | ConfigError::TooManyStages { .. }
+            | ConfigError::SplitRefused { .. }
+            | ConfigError::Shard(_),
+        )) => Ok(None),
+        Err(other) => Err(other.into()),
+    }
+}
