@@ -98,6 +98,15 @@ impl fmt::Display for BackendKind {
     }
 }
 
+/// `--backend cuda` on a machine without the CUDA driver.
+#[cfg(feature = "cuda")]
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "--backend cuda found no CUDA driver (libcuda.so): it needs an NVIDIA GPU and its driver; \
+     if the driver is installed, add its folder to LD_LIBRARY_PATH"
+)]
+pub struct NoCudaDriver;
+
 /// A backend compiled out of this binary.
 #[derive(Debug, thiserror::Error)]
 #[error("backend {0} is not compiled in; rebuild with `--features {0}`")]
@@ -278,6 +287,10 @@ pub fn dispatch<J: Job>(
         #[cfg(feature = "cuda")]
         BackendKind::Cuda => {
             use burn::tensor::backend::Backend;
+            // CubeCL panics in a thread of its own without the driver; say so first.
+            if !kiln_core::cuda::driver_present() {
+                return Err(NoCudaDriver.into());
+            }
             let available = <burn::backend::Cuda as Backend>::device_count(0);
             let ordinals = placement.ordinals(backend, available, true)?;
             job.run::<Autodiff<burn::backend::Cuda>>(

@@ -31,6 +31,8 @@
 
 pub mod checkpoint;
 pub mod collective;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod data;
 pub mod fit;
 pub mod grads;

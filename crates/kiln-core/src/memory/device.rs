@@ -78,21 +78,10 @@ pub fn total_bytes<D: Any>(device: &D) -> Option<u64> {
     let device = device as &dyn Any;
     #[cfg(feature = "cuda")]
     if let Some(device) = device.downcast_ref::<burn::backend::cuda::CudaDevice>() {
-        return cuda_total_bytes(device.index);
+        return crate::cuda::total_bytes(device.index);
     }
     let _ = device;
     None
-}
-
-/// CUDA device `index`'s memory, from the driver.
-#[cfg(feature = "cuda")]
-fn cuda_total_bytes(index: usize) -> Option<u64> {
-    use cudarc::driver::result;
-    result::init().ok()?;
-    let device = result::device::get(i32::try_from(index).ok()?).ok()?;
-    // SAFETY: `device` is a handle the driver just returned.
-    let bytes = unsafe { result::device::total_mem(device) }.ok()?;
-    Some(bytes as u64)
 }
 
 /// Reads a stream's bytes every [`POLL`] on a thread of its own, keeping the most it saw, until
