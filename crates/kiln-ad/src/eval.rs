@@ -245,7 +245,8 @@ pub fn source_algorithm(
     seed: u64,
 ) -> Curve {
     let goals: Vec<Cell> = runs(goals, config.seeds).map(|(_, g)| g).collect();
-    let histories = run_q_learning(room, &goals, source, seed);
+    // The source as it learns, unsampled: what AD is measured against.
+    let histories = run_q_learning(room, &goals, source, 1, seed);
     let runs: Vec<Vec<f64>> = (0..histories.count())
         .map(|h| {
             let mut r = histories.episode_returns(h);
