@@ -1,7 +1,7 @@
 //! `auto`'s choice: the cost model's fastest layout that fits the run's ranks, when the run
 //! describes its model and devices ([`Planner`]); a full replica per rank when it does not.
 
-use super::cost::{Candidate, Cluster, Fixed, PlanError, Workload, search_within};
+use super::cost::{Candidate, Cluster, Fixed, Layout, PlanError, Workload, search_within};
 use crate::optim::{Precision, StateLayout};
 use crate::strategy::{Schedule, StrategyConfigs, StrategyKind};
 
@@ -84,27 +84,32 @@ impl Candidate {
     /// micro-batches (pipeline micro-batches with stages, gradient accumulation without) and
     /// recomputation, under the 1F1B schedule the cost model times.
     pub fn configs(&self, configs: &StrategyConfigs) -> StrategyConfigs {
-        let layout = &self.layout;
-        let mut configs = configs.clone();
-        configs.set_grad_accumulation(1);
-        let staged = layout.pp > 1;
-        if staged {
-            configs.pipeline.stages = layout.pp;
-            configs.pipeline.micro_batches = layout.micro_batches;
-            configs.pipeline.recompute = layout.recompute;
-            configs.pipeline.schedule = Schedule::OneFOneB;
-        } else {
-            configs.set_grad_accumulation(layout.micro_batches);
-        }
-        configs.tensor.tp = layout.tp;
-        configs.tensor.stages = layout.pp;
-        configs
+        layout_configs(&self.layout, configs)
     }
 
     /// Ranks the candidate runs on.
     pub fn ranks(&self) -> usize {
         self.layout.dp * self.layout.pp * self.layout.tp
     }
+}
+
+/// `configs` with `layout` written in (see [`Candidate::configs`]): what runs a layout, for
+/// the planner's choice and for the layouts it measures.
+pub(crate) fn layout_configs(layout: &Layout, configs: &StrategyConfigs) -> StrategyConfigs {
+    let mut configs = configs.clone();
+    configs.set_grad_accumulation(1);
+    let staged = layout.pp > 1;
+    if staged {
+        configs.pipeline.stages = layout.pp;
+        configs.pipeline.micro_batches = layout.micro_batches;
+        configs.pipeline.recompute = layout.recompute;
+        configs.pipeline.schedule = Schedule::OneFOneB;
+    } else {
+        configs.set_grad_accumulation(layout.micro_batches);
+    }
+    configs.tensor.tp = layout.tp;
+    configs.tensor.stages = layout.pp;
+    configs
 }
 
 /// `auto`'s choice for `ranks` ranks: the strategy, its settings, and why.

@@ -11,14 +11,13 @@
 
 use burn::tensor::backend::AutodiffBackend;
 
-use super::cost::{Layout, memory};
+use super::auto::layout_configs;
+use super::cost::{Layout, memory, strategy};
 use super::measure::{Budget, MeasureError, time_steps};
 use super::{Plan, PlanRequest, Planner};
 use crate::data::DataSource;
 use crate::model::ParallelModel;
-use crate::strategy::{
-    ConfigError, OptimizerSpec, Schedule, StrategyConfigs, StrategyError, StrategyKind,
-};
+use crate::strategy::{ConfigError, OptimizerSpec, StrategyConfigs, StrategyError};
 use crate::tensor_parallel::TpBackend;
 
 /// The most shards a block is measured over: more ranks than a small machine has cores only
@@ -111,26 +110,16 @@ where
     S: OptimizerSpec<B>,
     I: Send + 'static,
 {
-    let mut configs = StrategyConfigs::default();
-    configs.set_threads_per_rank(1);
-    let kind = match (layout.pp, layout.tp) {
-        (_, 1) => {
-            configs.pipeline.stages = layout.pp;
-            configs.pipeline.micro_batches = layout.micro_batches;
-            configs.pipeline.schedule = Schedule::OneFOneB;
-            StrategyKind::Pipeline
-        }
-        (stages, tp) => {
-            configs.tensor.tp = tp;
-            configs.tensor.stages = stages;
-            StrategyKind::Tensor
-        }
-    };
-    let ranks = layout.pp * layout.tp;
+    let mut base = StrategyConfigs::default();
+    base.set_threads_per_rank(1);
+    let ranks = layout.dp * layout.pp * layout.tp;
     let plan = Plan::resolve(
-        PlanRequest::new(kind, layout.micro_batch * layout.micro_batches)
-            .with_world(ranks)
-            .with_configs(configs),
+        PlanRequest::new(
+            strategy(layout, ranks),
+            layout.micro_batch * layout.micro_batches,
+        )
+        .with_world(ranks)
+        .with_configs(layout_configs(layout, &base)),
     )
     .map_err(StrategyError::from)?;
     let devices = vec![device.clone(); ranks];

@@ -123,7 +123,8 @@ fn divisors(n: usize) -> impl Iterator<Item = usize> {
 /// The largest cluster the "what would fit" search tries: beyond the largest built.
 const MOST_DEVICES: usize = 1 << 20;
 
-fn strategy(layout: &Layout, devices: usize) -> StrategyKind {
+/// The strategy that runs `layout` on `devices`.
+pub(crate) fn strategy(layout: &Layout, devices: usize) -> StrategyKind {
     match (layout.pp, layout.tp) {
         _ if devices == 1 => StrategyKind::Single,
         (1, 1) => StrategyKind::Ddp,
