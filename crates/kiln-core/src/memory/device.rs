@@ -26,40 +26,45 @@ pub const POLL: Duration = Duration::from_micros(20);
 /// Reads the bytes in use on one stream of a device; `None` when the device cannot say.
 pub type Reader = Box<dyn Fn() -> Option<u64> + Send + 'static>;
 
-/// A reader of the bytes the calling thread's stream holds on `device`, where `device` has
-/// memory of its own (a CUDA or wgpu device, in a build with that feature); `None` for the
-/// CPU's devices, whose tensors the counting allocator sees.
-pub fn stream_reader<D: Any>(device: &D) -> Option<Reader> {
+/// A device with memory of its own, of a kind this build has (CUDA, wgpu): the one place that
+/// lists them.
+enum Own {
+    #[cfg(feature = "cuda")]
+    Cuda(burn::backend::cuda::CudaDevice),
+    #[cfg(feature = "wgpu")]
+    Wgpu(burn::backend::wgpu::WgpuDevice),
+}
+
+/// `device` as a device with memory of its own; `None` for the CPU's devices.
+fn own<D: Any>(device: &D) -> Option<Own> {
     let device = device as &dyn Any;
     #[cfg(feature = "cuda")]
     if let Some(device) = device.downcast_ref::<burn::backend::cuda::CudaDevice>() {
-        return Some(cube_reader::<burn_cubecl::cubecl::cuda::CudaRuntime>(
-            device,
-        ));
+        return Some(Own::Cuda(device.clone()));
     }
     #[cfg(feature = "wgpu")]
     if let Some(device) = device.downcast_ref::<burn::backend::wgpu::WgpuDevice>() {
-        return Some(cube_reader::<burn_cubecl::cubecl::wgpu::WgpuRuntime>(
-            device,
-        ));
+        return Some(Own::Wgpu(device.clone()));
     }
     let _ = device;
     None
 }
 
+/// A reader of the bytes the calling thread's stream holds on `device`, where `device` has
+/// memory of its own (a CUDA or wgpu device, in a build with that feature); `None` for the
+/// CPU's devices, whose tensors the counting allocator sees.
+pub fn stream_reader<D: Any>(device: &D) -> Option<Reader> {
+    own(device).map(|device| match device {
+        #[cfg(feature = "cuda")]
+        Own::Cuda(device) => cube_reader::<burn_cubecl::cubecl::cuda::CudaRuntime>(&device),
+        #[cfg(feature = "wgpu")]
+        Own::Wgpu(device) => cube_reader::<burn_cubecl::cubecl::wgpu::WgpuRuntime>(&device),
+    })
+}
+
 /// Whether `device` has memory of its own, which [`rank_peak`] watches rather than counts.
 pub fn has_own_memory<D: Any>(device: &D) -> bool {
-    let device = device as &dyn Any;
-    #[cfg(feature = "cuda")]
-    if device.is::<burn::backend::cuda::CudaDevice>() {
-        return true;
-    }
-    #[cfg(feature = "wgpu")]
-    if device.is::<burn::backend::wgpu::WgpuDevice>() {
-        return true;
-    }
-    let _ = device;
-    false
+    own(device).is_some()
 }
 
 /// The reader of the calling thread's stream on a CubeCL device.
@@ -73,15 +78,15 @@ fn cube_reader<R: burn_cubecl::cubecl::Runtime>(device: &R::Device) -> Reader {
     Box::new(move || client.memory_usage().ok().map(|usage| usage.bytes_in_use))
 }
 
-/// The device's total memory in bytes, where the device has memory of its own and says.
+/// The device's total memory in bytes, where the device has memory of its own and says
+/// (CUDA's driver does; wgpu's adapters do not).
 pub fn total_bytes<D: Any>(device: &D) -> Option<u64> {
-    let device = device as &dyn Any;
-    #[cfg(feature = "cuda")]
-    if let Some(device) = device.downcast_ref::<burn::backend::cuda::CudaDevice>() {
-        return crate::cuda::total_bytes(device.index);
+    match own(device)? {
+        #[cfg(feature = "cuda")]
+        Own::Cuda(device) => crate::cuda::total_bytes(device.index),
+        #[cfg(feature = "wgpu")]
+        Own::Wgpu(_) => None,
     }
-    let _ = device;
-    None
 }
 
 /// Reads a stream's bytes every [`POLL`] on a thread of its own, keeping the most it saw, until
@@ -173,6 +178,7 @@ pub fn watched_peak(rank: usize) -> Option<u64> {
 /// Stops rank `rank`'s watch: its next [`rank_peak`] starts again from the bytes held then.
 pub fn restart_rank_peak(rank: usize) {
     let stopped = watches()[slot(rank)].take();
+    // Joined here, after the lock is released: joining waits out a reading.
     drop(stopped);
 }
 

@@ -442,11 +442,7 @@ where
     .map_err(StrategyError::from)?;
     let pipeline = match time_pair(&staged) {
         // A model that cannot be cut in two stages has no hand-off to time.
-        Err(StrategyError::Config(
-            ConfigError::Unsupported { .. }
-            | ConfigError::TooManyStages { .. }
-            | ConfigError::SplitRefused { .. },
-        )) => return Ok(planner),
+        Err(error) if cannot_cut(&error) => return Ok(planner),
         other => other?,
     };
     let layout = Layout {
@@ -461,6 +457,20 @@ where
         .measured
         .map(|m| m.with_handoff(pipeline, predicted, 2));
     Ok(planner)
+}
+
+/// Whether `error` says the model cannot be cut as a layout asks (it refuses stages or
+/// shards): a layout the measurement skips, not a failure.
+pub(super) fn cannot_cut(error: &StrategyError) -> bool {
+    matches!(
+        error,
+        StrategyError::Config(
+            ConfigError::Unsupported { .. }
+                | ConfigError::TooManyStages { .. }
+                | ConfigError::SplitRefused { .. }
+                | ConfigError::Shard(_),
+        )
+    )
 }
 
 /// A link between ranks: what a collective costs before any byte moves, and its bytes per
@@ -674,27 +684,22 @@ where
         PLANNER_BUDGET,
         seed,
     )?;
-    if distinct.len() < 2 {
+    let link = match distinct.len() {
         // One device: no collective to price (a plan of one rank has none). The largest
         // finite bandwidth, not an infinite one, so that the cluster still writes as JSON.
-        let link = Link {
+        1 => Link {
             latency: 0.0,
             bandwidth: f64::MAX,
-        };
-        let shape = Shape {
-            devices: 1,
-            memory,
-            cores: None,
-        };
-        return Ok(measured_planner(workload, measured, link, shape));
-    }
-    let link = probe_links::<B>(&distinct[0], PROBE_CALLS, Duration::from_secs(60))?;
+        },
+        _ => probe_links::<B>(&distinct[0], PROBE_CALLS, Duration::from_secs(60))?,
+    };
     let shape = Shape {
         devices: distinct.len(),
         memory,
         cores: None,
     };
     let planner = measured_planner(workload, measured, link, shape);
+    // With one device it has no pair to time, and returns the planner as it is.
     calibrate_ranks(
         planner,
         &distinct,

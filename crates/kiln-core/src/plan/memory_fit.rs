@@ -13,11 +13,11 @@ use burn::tensor::backend::AutodiffBackend;
 
 use super::auto::layout_configs;
 use super::cost::{Layout, memory, strategy};
-use super::measure::{Budget, MeasureError, time_steps};
+use super::measure::{Budget, MeasureError, cannot_cut, time_steps};
 use super::{Plan, PlanRequest, Planner};
 use crate::data::DataSource;
 use crate::model::ParallelModel;
-use crate::strategy::{ConfigError, OptimizerSpec, StrategyConfigs, StrategyError};
+use crate::strategy::{OptimizerSpec, StrategyConfigs, StrategyError};
 use crate::tensor_parallel::TpBackend;
 
 /// The most shards a block is measured over: more ranks than a small machine has cores only
@@ -26,9 +26,9 @@ pub const MOST_SHARDS: usize = 4;
 
 /// `planner`'s workload fitted to the peak bytes of one rank of each cut of `model` on
 /// `device`'s CPU ranks, trained with `optim` on batches of `data` as large as the largest
-/// whose memory the calibration counted: the model split over 2 to [`MOST_SHARDS`] tensor-parallel shards (each a
-/// `block_activation_bytes` entry), and over two pipeline stages (the
-/// `stage_activation_scale`). Three steps each, alone. The planner is returned as it was where
+/// whose memory the calibration counted: the model split over 2 to [`MOST_SHARDS`]
+/// tensor-parallel shards (each a `block_activation_bytes` entry), and over two pipeline
+/// stages (the `stage_activation_scale`). Three steps each, alone. The planner is returned as it was where
 /// the process does not count its memory, or its calibration did not.
 ///
 /// # Errors
@@ -139,12 +139,7 @@ where
             .filter_map(|r| r.peak_bytes)
             .max()
             .map(|b| b as f64)),
-        Err(StrategyError::Config(
-            ConfigError::Unsupported { .. }
-            | ConfigError::TooManyStages { .. }
-            | ConfigError::SplitRefused { .. }
-            | ConfigError::Shard(_),
-        )) => Ok(None),
+        Err(error) if cannot_cut(&error) => Ok(None),
         Err(other) => Err(other.into()),
     }
 }

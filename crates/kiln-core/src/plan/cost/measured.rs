@@ -58,7 +58,8 @@ pub struct Measured {
     pub handoff: f64,
 }
 
-fn one() -> f64 {
+/// The serde default of a factor that is 1 unless measured.
+pub(super) fn one() -> f64 {
     1.0
 }
 

@@ -172,12 +172,8 @@ pub struct Workload {
     /// The activations a pipeline stage holds while one micro-batch passes through it, over
     /// what its blocks' share of the model's predicts (the boundary's copies, the embedding's
     /// or the head's own): measured on a machine that is here, 1 for a described model.
-    #[serde(default = "one")]
+    #[serde(default = "super::measured::one")]
     pub stage_activation_scale: f64,
-}
-
-fn one() -> f64 {
-    1.0
 }
 
 impl Workload {
