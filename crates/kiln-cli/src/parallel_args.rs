@@ -15,11 +15,14 @@ pub struct ParallelArgs {
     /// dp × stages × shards ranks [default: the world over the other degrees].
     #[arg(long)]
     dp: Option<usize>,
-    /// Pipeline stages of `pipeline`, or of each shard under `tensor` [default: 2 for
-    /// pipeline, 1 for tensor].
+    /// Pipeline stages of `pipeline`, or of each shard under `tensor`; under `auto`, the
+    /// stages every layout it considers keeps [default: 2 for pipeline, 1 for tensor, the
+    /// planner's choice for auto].
     #[arg(long)]
     stages: Option<usize>,
-    /// Tensor-parallel shards of every sharded layer (with `--strategy tensor`) [default: 2].
+    /// Tensor-parallel shards of every sharded layer (with `--strategy tensor`; under `auto`,
+    /// the shards every layout it considers keeps) [default: 2 for tensor, the planner's
+    /// choice for auto].
     #[arg(long)]
     tp: Option<usize>,
     /// Pipeline micro-batches per flush [default: 4].
@@ -59,7 +62,7 @@ impl ParallelArgs {
         configs: &mut StrategyConfigs,
         strategy: StrategyKind,
     ) -> Result<Option<usize>, FlagError> {
-        use StrategyKind::{DataParallel, Pipeline, Single, Tensor};
+        use StrategyKind::{Auto, DataParallel, Pipeline, Single, Tensor};
         let refuse = |flag, applies| FlagError {
             flag,
             applies,
@@ -81,14 +84,16 @@ impl ParallelArgs {
             match strategy {
                 Pipeline => configs.pipeline.stages = stages,
                 Tensor => configs.tensor.stages = stages,
-                _ => return Err(refuse("--stages", "pipeline and tensor")),
+                Auto => configs.auto.stages = Some(stages),
+                _ => return Err(refuse("--stages", "pipeline, tensor and auto")),
             }
         }
         if let Some(tp) = self.tp {
-            if strategy != Tensor {
-                return Err(refuse("--tp", "tensor"));
+            match strategy {
+                Tensor => configs.tensor.tp = tp,
+                Auto => configs.auto.tp = Some(tp),
+                _ => return Err(refuse("--tp", "tensor and auto")),
             }
-            configs.tensor.tp = tp;
         }
         let pipeline_flags = [
             ("--micro-batches", self.micro_batches.is_some()),

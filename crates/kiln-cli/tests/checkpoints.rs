@@ -431,6 +431,41 @@ fn auto_resumes_on_the_layout_its_checkpoint_saved() {
 }
 
 #[test]
+fn auto_resumes_a_one_stage_pipeline_on_the_pipeline_s_engine() {
+    // One stage holds its optimizer state per stage, as every pipeline does, which Single
+    // (what `auto` runs on one rank) does not load.
+    let scratch = temp("auto-one-stage");
+    let dir = scratch.join("run");
+    let dir_s = dir.to_str().unwrap();
+    let common = ["train", "--world", "1", "--samples", "256", "--batch", "16"];
+    let staged = ["--strategy", "pipeline", "--stages", "1", "--steps", "1"];
+    let out = kiln(&[&common[..], &staged, &["--save", dir_s]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json = scratch.join("resumed.json");
+    let json_s = json.to_str().unwrap();
+    let resumed = ["--steps", "2", "--resume", dir_s, "--json", json_s];
+    let out = kiln(&[&common[..], &resumed].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["strategy"], "pipeline", "{report}");
+    let reason = report["strategy_reason"].as_str().unwrap();
+    assert!(
+        reason.contains("pp=1 tp=1 on the pipeline's engine (the checkpoint's layout)"),
+        "{reason}"
+    );
+    std::fs::remove_dir_all(&scratch).ok();
+}
+
+#[test]
 fn the_checkpoint_table_of_a_config_sets_every_and_keep() {
     let scratch = temp("toml");
     let config = scratch.join("run.toml");

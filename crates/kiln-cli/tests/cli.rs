@@ -486,11 +486,11 @@ fn impossible_tensor_plans_fail_with_one_line() {
     );
     assert_one_line_error(
         &["train", "--strategy", "ddp", "--tp", "2"],
-        "--tp applies to tensor",
+        "--tp applies to tensor and auto",
     );
     assert_one_line_error(
         &["train", "--strategy", "ddp", "--stages", "2"],
-        "--stages applies to pipeline and tensor",
+        "--stages applies to pipeline, tensor and auto",
     );
 }
 

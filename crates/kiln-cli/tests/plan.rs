@@ -474,3 +474,40 @@ fn auto_says_what_it_planned_with() {
         "{reason}"
     );
 }
+
+#[test]
+fn auto_keeps_the_stages_and_shards_a_user_fixes() {
+    // Two stages fixed: the planner lays out the rest of two ranks around them.
+    let report = train("auto-stages", &["--world", "2", "--stages", "2"]);
+    assert_eq!(report["strategy"], "pipeline", "{report}");
+    let reason = report["strategy_reason"].as_str().unwrap();
+    assert!(
+        reason.contains("pp=2 tp=any (as [parallel.auto] or --stages/--tp fix)"),
+        "{reason}"
+    );
+    // Shards the ranks cannot hold, or a precision that rules stages out, are refused.
+    assert_one_line_error(
+        &[
+            "train",
+            "--world",
+            "2",
+            "--tp",
+            "4",
+            "--model",
+            "transformer",
+        ],
+        "the world has 2 ranks, which is not dp × (stages × shards) = ? × 4",
+    );
+    assert_one_line_error(
+        &[
+            "train",
+            "--world",
+            "2",
+            "--stages",
+            "2",
+            "--precision",
+            "bf16",
+        ],
+        "fixes pp=2 tp=any, against pp=1 tp=any (bf16 runs without pipeline stages)",
+    );
+}

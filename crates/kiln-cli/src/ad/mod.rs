@@ -12,7 +12,7 @@ use kiln_ad::checkpoint;
 use kiln_ad::config::AdConfig;
 use kiln_ad::goals::GoalSplit;
 use kiln_ad::run::{Auto, RunOptions, Seconds, evaluate_held_out};
-use kiln_core::optim::StateLayout;
+use kiln_core::checkpoint::Checkpoint;
 use kiln_core::plan::cost::Fixed;
 use kiln_core::plan::{Plan, PlanRequest, Planner};
 use kiln_core::strategy::{StrategyError, StrategyKind};
@@ -141,14 +141,7 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
             if let Some(svg) = &args.svg {
                 outputs::check_file("--svg", svg)?;
             }
-            let resume = args.checkpoint.resume.as_deref().map(|path| {
-                let inner = checkpoint::checkpoints(path);
-                if inner.is_dir() {
-                    inner
-                } else {
-                    path.to_path_buf()
-                }
-            });
+            let resume = args.resume_path();
             let signals = Signals::install()?;
             // `auto` plans with the model measured once the data exists, within the layout
             // of the checkpoint it resumes from; the checkpoint is checked against that plan
@@ -174,30 +167,10 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
             // `auto` plans with the model measured here, once its data exists, as `kiln
             // train` does: with more than one rank, on the CPU, in one process (processes of
             // a launched run would each measure their own and could choose apart); a run
-            // that resumes keeps the layout it saved.
-            let fixed = match &checkpoints.resume {
-                Some(checkpoint) => {
-                    let key = &checkpoint.manifest().run.layout;
-                    let layout = StateLayout::from_key(key).ok_or_else(|| {
-                        format!("the checkpoint's layout {key:?} is not one this Kiln knows")
-                    })?;
-                    (
-                        Fixed::of_state(layout),
-                        "the checkpoint's layout".to_string(),
-                    )
-                }
-                None => (
-                    Fixed::of_precision(config.optimizer.precision),
-                    format!(
-                        "{} runs without pipeline stages",
-                        config.optimizer.precision
-                    ),
-                ),
-            };
+            // that resumes keeps the layout it saved (in `request`).
             let auto = replans.then(|| Planning {
                 cores: args.backend.cpu_cores().unwrap_or(1),
                 request,
-                fixed,
                 launched: launched.clone(),
             });
             let job = TrainJob {
@@ -216,6 +189,18 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 impl TrainArgs {
+    /// The checkpoint `--resume` names: a run's folder stands for its checkpoints.
+    fn resume_path(&self) -> Option<PathBuf> {
+        self.checkpoint.resume.as_deref().map(|path| {
+            let inner = checkpoint::checkpoints(path);
+            if inner.is_dir() {
+                inner
+            } else {
+                path.to_path_buf()
+            }
+        })
+    }
+
     /// The config the flags and the file make, and the run's plan over `launched`'s processes.
     fn config(
         &self,
@@ -254,9 +239,17 @@ impl TrainArgs {
             return Err(AdError::Zero("train.world").into());
         }
         launched.check(c.train.strategy)?;
+        // A run resumes on the layout it saved; a precision may rule stages out.
+        let resumed = match self.resume_path() {
+            Some(path) if c.train.strategy == StrategyKind::Auto => {
+                Some(Checkpoint::layout_at(&path)?)
+            }
+            _ => None,
+        };
         let request = PlanRequest {
             dp,
             cpu_cores: launched.cores(self.backend.cpu_cores()),
+            fixed: Fixed::of_run(resumed, c.optimizer.precision),
             ..c.plan_request()
         };
         let plan = Plan::resolve(request.clone())?;
@@ -271,17 +264,14 @@ impl TrainArgs {
 struct Planning {
     cores: usize,
     request: PlanRequest,
-    /// What the run fixes of its layout, and why.
-    fixed: (Fixed, String),
     launched: Launched,
 }
 
 impl Planning {
     /// The run's plan, resolved again with `planner`, checked as the first one was.
     fn resolve(&self, planner: Planner, config: &AdConfig) -> Result<Plan, AdError> {
-        let (fixed, because) = self.fixed.clone();
         let plan = Plan::resolve(PlanRequest {
-            planner: Some(planner.within(fixed, because)),
+            planner: Some(planner),
             ..self.request.clone()
         })
         .map_err(StrategyError::from)?;

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use kiln_core::checkpoint::{Checkpoint, CheckpointConfig, config_differences};
-use kiln_core::optim::{GuardConfigError, PerformanceConfig, StateLayout};
+use kiln_core::optim::{GuardConfigError, PerformanceConfig};
 use kiln_core::plan::cost::Fixed;
 use kiln_core::plan::{Plan, PlanRequest};
 use kiln_core::strategy::{StrategyConfigs, StrategyKind};
@@ -219,6 +219,15 @@ impl TrainConfig {
         auto: AutoPlan<'_>,
     ) -> Result<Plan, ConfigError> {
         launched.check(self.strategy)?;
+        let resume = match auto {
+            AutoPlan::Measured { resume } => resume,
+            AutoPlan::Replicas => None,
+        };
+        // A run resumes on the layout it saved; a precision may rule stages out.
+        let resumed = match resume {
+            Some(path) if self.strategy == StrategyKind::Auto => Some(Checkpoint::layout_at(path)?),
+            _ => None,
+        };
         let request = PlanRequest {
             strategy: self.strategy,
             world: launched.world(self.world, self.devices.as_ref().map(Vec::len)),
@@ -227,6 +236,7 @@ impl TrainConfig {
             global_batch: self.batch,
             cpu_cores: launched.cores(self.backend.cpu_cores()),
             planner: None,
+            fixed: Fixed::of_run(resumed, self.optimizer.precision),
         };
         // Checked first as it stands (the ranks, the batch), before `auto` spends a second
         // measuring the model.
@@ -234,35 +244,14 @@ impl TrainConfig {
         // `auto` plans with the model measured here, when there is more than one rank to lay
         // out; processes of a launched run would each measure their own and could choose
         // apart, so they keep a replica per rank.
-        if let AutoPlan::Measured { resume } = auto
+        if let AutoPlan::Measured { .. } = auto
             && self.strategy == StrategyKind::Auto
             && plan.world_size() > 1
             && launched.processes() == 1
             && (self.backend.is_cpu() || self.backend == BackendKind::Cuda)
         {
-            // A run resumes on the layout it saved (read before a second is spent measuring).
-            let (fixed, because) = match resume {
-                Some(path) => {
-                    let run = Checkpoint::run_at(path)?;
-                    let layout = StateLayout::from_key(&run.layout).ok_or_else(|| {
-                        ConfigError::Measure(format!(
-                            "the checkpoint's layout {:?} is not one this Kiln knows",
-                            run.layout
-                        ))
-                    })?;
-                    (
-                        Fixed::of_state(layout),
-                        "the checkpoint's layout".to_string(),
-                    )
-                }
-                None => (
-                    Fixed::of_precision(self.optimizer.precision),
-                    format!("{} runs without pipeline stages", self.optimizer.precision),
-                ),
-            };
-            let planner = crate::plan::planner(self)
-                .map_err(|e| ConfigError::Measure(e.to_string()))?
-                .within(fixed, because);
+            let planner =
+                crate::plan::planner(self).map_err(|e| ConfigError::Measure(e.to_string()))?;
             plan = Plan::resolve(PlanRequest {
                 planner: Some(planner),
                 ..request

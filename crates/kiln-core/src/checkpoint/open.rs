@@ -85,6 +85,24 @@ impl Checkpoint {
         Ok(Self::read_manifest(&Self::step_dir(path)?.join(MANIFEST))?.run)
     }
 
+    /// How the checkpoint at `path` cuts its optimizer state, from its manifest alone: the
+    /// layout a run that resumes from it must keep.
+    ///
+    /// # Errors
+    /// As [`Checkpoint::run_at`], and [`CheckpointError::Manifest`] for a layout this Kiln
+    /// does not know.
+    pub fn layout_at(path: &Path) -> Result<StateLayout, CheckpointError> {
+        let dir = Self::step_dir(path)?;
+        let run = Self::read_manifest(&dir.join(MANIFEST))?.run;
+        StateLayout::from_key(&run.layout).ok_or_else(|| CheckpointError::Manifest {
+            path: display(&dir.join(MANIFEST)),
+            reason: format!(
+                "its optimizer state's layout {:?} is not one this Kiln knows",
+                run.layout
+            ),
+        })
+    }
+
     /// The step folder `path` names: itself when it holds a manifest, else its newest step.
     fn step_dir(path: &Path) -> Result<PathBuf, CheckpointError> {
         if path.join(MANIFEST).exists() {

@@ -3,7 +3,8 @@
 
 use super::cost::{Candidate, Cluster, Fixed, Layout, PlanError, Workload, search_within};
 use crate::optim::{Precision, StateLayout};
-use crate::strategy::{Schedule, StrategyConfigs, StrategyKind};
+use crate::strategy::ConfigError;
+use crate::strategy::{AutoConfig, Schedule, StrategyConfigs, StrategyKind};
 
 /// What `auto` plans with: the model's step and the devices the ranks run on (their count is
 /// the plan's, set when it resolves).
@@ -14,8 +15,6 @@ pub struct Planner {
     /// One machine's devices: memory, speed (or the model's [`Measured`](super::cost::Measured)
     /// step on one of them) and the links between them.
     pub cluster: Cluster,
-    /// What the run fixes of its layout, and why (say, a checkpoint's stages and shards).
-    pub fixed: Option<(Fixed, String)>,
 }
 
 impl Planner {
@@ -40,23 +39,26 @@ impl Planner {
     /// # Errors
     /// [`PlanError`] when nothing fits.
     pub fn plan(&self, ranks: usize) -> Result<super::cost::Planned, PlanError> {
-        let fixed = self.fixed.as_ref().map_or(Fixed::default(), |(f, _)| *f);
-        search_within(&self.workload, &self.cluster(ranks), fixed)
+        self.plan_within(ranks, Fixed::default())
     }
 
-    /// The same planner, laying out only what `fixed` leaves free, `because` of what (in
-    /// place of what it fixed before).
-    pub fn within(self, fixed: Fixed, because: impl Into<String>) -> Self {
-        Self {
-            fixed: (!fixed.is_free()).then(|| (fixed, because.into())),
-            ..self
-        }
+    /// [`Self::plan`] among the layouts that keep to `fixed`.
+    ///
+    /// # Errors
+    /// [`PlanError`] when nothing keeps to it and fits.
+    pub fn plan_within(
+        &self,
+        ranks: usize,
+        fixed: Fixed,
+    ) -> Result<super::cost::Planned, PlanError> {
+        search_within(&self.workload, &self.cluster(ranks), fixed)
     }
 }
 
 impl Fixed {
     /// The stages and shards of a run whose optimizer state is cut as `layout` (a
-    /// checkpoint's: a run resumes on the layout it saved).
+    /// checkpoint's: a run resumes on the layout it saved), on the pipeline's engine when the
+    /// state is per stage.
     pub fn of_state(layout: StateLayout) -> Self {
         let (pp, tp) = match layout {
             StateLayout::Replica => (1, 1),
@@ -66,6 +68,32 @@ impl Fixed {
         Self {
             pp: Some(pp),
             tp: Some(tp),
+            staged: matches!(layout, StateLayout::Stages(_)),
+        }
+    }
+
+    /// What a run fixes of `auto`'s layout, and why: the layout of the checkpoint it resumes
+    /// from (`resumed`), else what its `precision` rules out; `None` when that is nothing.
+    pub fn of_run(resumed: Option<StateLayout>, precision: Precision) -> Option<(Self, String)> {
+        let (fixed, because) = match resumed {
+            Some(layout) => (
+                Self::of_state(layout),
+                "the checkpoint's layout".to_string(),
+            ),
+            None => (
+                Self::of_precision(precision),
+                format!("{precision} runs without pipeline stages"),
+            ),
+        };
+        (!fixed.is_free()).then_some((fixed, because))
+    }
+
+    /// The degrees the user fixed (`[parallel.auto]`, `--stages`, `--tp`).
+    pub fn of_config(config: &AutoConfig) -> Self {
+        Self {
+            pp: config.stages,
+            tp: config.tp,
+            staged: false,
         }
     }
 
@@ -74,17 +102,17 @@ impl Fixed {
     pub fn of_precision(precision: Precision) -> Self {
         Self {
             pp: (precision != Precision::F32).then_some(1),
-            tp: None,
+            ..Self::default()
         }
     }
 }
 
 impl Candidate {
     /// `configs` with this candidate's layout written in: the strategy's stages, shards,
-    /// micro-batches (pipeline micro-batches with stages, gradient accumulation without) and
-    /// recomputation, under the 1F1B schedule the cost model times.
+    /// micro-batches (pipeline micro-batches on the pipeline's engine, gradient accumulation
+    /// otherwise) and recomputation, under the 1F1B schedule the cost model times.
     pub fn configs(&self, configs: &StrategyConfigs) -> StrategyConfigs {
-        layout_configs(&self.layout, configs)
+        layout_configs(self.strategy, &self.layout, configs)
     }
 
     /// Ranks the candidate runs on.
@@ -93,12 +121,16 @@ impl Candidate {
     }
 }
 
-/// `configs` with `layout` written in (see [`Candidate::configs`]): what runs a layout, for
-/// the planner's choice and for the layouts it measures.
-pub(crate) fn layout_configs(layout: &Layout, configs: &StrategyConfigs) -> StrategyConfigs {
+/// `configs` with `layout` written in for `strategy` (see [`Candidate::configs`]): what runs a
+/// layout, for the planner's choice and for the layouts it measures.
+pub(crate) fn layout_configs(
+    strategy: StrategyKind,
+    layout: &Layout,
+    configs: &StrategyConfigs,
+) -> StrategyConfigs {
     let mut configs = configs.clone();
     configs.set_grad_accumulation(1);
-    let staged = layout.pp > 1;
+    let staged = layout.pp > 1 || strategy == StrategyKind::Pipeline;
     if staged {
         configs.pipeline.stages = layout.pp;
         configs.pipeline.micro_batches = layout.micro_batches;
@@ -112,7 +144,37 @@ pub(crate) fn layout_configs(layout: &Layout, configs: &StrategyConfigs) -> Stra
     configs
 }
 
-/// `auto`'s choice for `ranks` ranks: the strategy, its settings, and why.
+/// What fixes `auto`'s layout: the user's degrees (`configs.auto`) and what the run fixes
+/// (`run`: a checkpoint's layout, the precision's), with why.
+///
+/// # Errors
+/// [`ConfigError::AutoFixedApart`] when the two fix a degree apart.
+pub(super) fn fixed(
+    config: &AutoConfig,
+    run: Option<(Fixed, String)>,
+) -> Result<Option<(Fixed, String)>, ConfigError> {
+    config.validate()?;
+    let user = (!config.is_free()).then(|| {
+        (
+            Fixed::of_config(config),
+            "as [parallel.auto] or --stages/--tp fix".to_string(),
+        )
+    });
+    Ok(match (user, run) {
+        (None, run) => run,
+        (user, None) => user,
+        (Some((user, _)), Some((run, because))) => {
+            let both = user.and(run).ok_or_else(|| ConfigError::AutoFixedApart {
+                user: user.to_string(),
+                run: run.to_string(),
+                because: because.clone(),
+            })?;
+            Some((both, format!("as set, and {because}")))
+        }
+    })
+}
+
+/// `auto`'s choice for `ranks` ranks within `fixed`: the strategy, its settings, and why.
 ///
 /// # Errors
 /// [`PlanError`] when the planner finds nothing that fits.
@@ -120,38 +182,20 @@ pub(super) fn choose(
     ranks: usize,
     from_cores: bool,
     planner: Option<&Planner>,
+    fixed: Option<&(Fixed, String)>,
     configs: &StrategyConfigs,
 ) -> Result<(StrategyKind, StrategyConfigs, String), PlanError> {
     let Some(planner) = planner else {
-        let (kind, reason) = match (ranks, from_cores) {
-            (1, _) => (
-                StrategyKind::Single,
-                "one rank: nothing to parallelise".into(),
-            ),
-            (_, true) => (
-                StrategyKind::Ddp,
-                format!(
-                    "the CPU's cores as {ranks} Ddp ranks (no model was described to the \
-                     planner, so it is assumed to fit on every rank)"
-                ),
-            ),
-            (_, false) => (
-                StrategyKind::Ddp,
-                format!(
-                    "{ranks} ranks: a full replica per rank (no model was described to the \
-                     planner, so it is assumed to fit on every device)"
-                ),
-            ),
-        };
-        return Ok((kind, configs.clone(), reason));
+        return Ok(replicas(ranks, from_cores, fixed, configs));
     };
-    let planned = planner.plan(ranks)?;
+    let within = fixed.map_or(Fixed::default(), |(f, _)| *f);
+    let planned = planner.plan_within(ranks, within)?;
     let chosen = planned.chosen();
     let mut whose = match from_cores {
         true => format!("the CPU's cores as {ranks} single-threaded ranks; "),
         false => String::new(),
     };
-    if let Some((fixed, because)) = &planner.fixed {
+    if let Some((fixed, because)) = fixed {
         whose.push_str(&format!("{fixed} ({because}); "));
     }
     Ok((
@@ -161,10 +205,66 @@ pub(super) fn choose(
     ))
 }
 
+/// `auto` without a planner: a full replica per rank, of the stages and shards `fixed` names
+/// (the plan then checks that they divide the ranks).
+fn replicas(
+    ranks: usize,
+    from_cores: bool,
+    fixed: Option<&(Fixed, String)>,
+    configs: &StrategyConfigs,
+) -> (StrategyKind, StrategyConfigs, String) {
+    let within = fixed.map_or(Fixed::default(), |(f, _)| *f);
+    let (pp, tp) = (within.pp.unwrap_or(1), within.tp.unwrap_or(1));
+    let whose = match from_cores {
+        true => "the CPU's cores as ",
+        false => "",
+    };
+    let unplanned = match from_cores {
+        true => "assumed to fit on every rank",
+        false => "assumed to fit on every device",
+    };
+    if pp * tp == 1 && !within.staged {
+        let (kind, reason) = match ranks {
+            1 => (
+                StrategyKind::Single,
+                "one rank: nothing to parallelise".into(),
+            ),
+            _ => (
+                StrategyKind::Ddp,
+                format!(
+                    "{whose}{ranks} ranks: a full replica per rank (no model was described to \
+                     the planner, so it is {unplanned})"
+                ),
+            ),
+        };
+        return (kind, configs.clone(), reason);
+    }
+    // Stages and shards as fixed; the rest of the pipeline's settings, and the accumulation
+    // `auto` runs with, as configured.
+    let kind = match tp {
+        1 => StrategyKind::Pipeline,
+        _ => StrategyKind::Tensor,
+    };
+    let mut chosen = configs.clone();
+    chosen.set_grad_accumulation(configs.grad_accumulation(StrategyKind::Auto));
+    chosen.pipeline.stages = pp;
+    chosen.tensor.stages = pp;
+    chosen.tensor.tp = tp;
+    let (fixed, because) = fixed.expect("a layout beyond a replica was fixed");
+    (
+        kind,
+        chosen,
+        format!(
+            "{fixed} ({because}); {whose}{ranks} ranks: the rest data-parallel replicas of it \
+             (no model was described to the planner, so it is {unplanned})"
+        ),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::cost::{Measured, Precision, TransformerShape, Workload};
+    use crate::plan::cost::{Measured, TransformerShape, Workload};
     use crate::plan::{Plan, PlanRequest};
 
     /// A transformer whose step is timed on one core of a 2-core machine: dispatch and an
@@ -184,7 +284,7 @@ mod tests {
             gated: false,
             tied: false,
         };
-        let workload = Workload::transformer(&shape, Precision::F32, 64);
+        let workload = Workload::transformer(&shape, crate::plan::cost::Precision::F32, 64);
         let cluster = Cluster {
             devices: 2,
             per_node: 2,
@@ -206,11 +306,7 @@ mod tests {
                 handoff: 0.0,
             }),
         };
-        Planner {
-            workload,
-            cluster,
-            fixed: None,
-        }
+        Planner { workload, cluster }
     }
 
     fn resolve(
@@ -293,14 +389,27 @@ mod tests {
         }
     }
 
+    /// `auto` on `world` ranks with `configs`, what the run fixes (`fixed`) and, if given, a
+    /// planner.
+    fn resolve_within(
+        planner: Option<Planner>,
+        world: usize,
+        configs: StrategyConfigs,
+        fixed: Option<(Fixed, String)>,
+    ) -> Result<Plan, crate::strategy::ConfigError> {
+        Plan::resolve(PlanRequest {
+            world: Some(world),
+            configs,
+            planner,
+            fixed,
+            ..PlanRequest::new(StrategyKind::Auto, 64)
+        })
+    }
+
     #[test]
     fn a_fixed_layout_is_the_plan_s_and_its_reason_says_why() {
-        let staged = Fixed::of_state(StateLayout::Stages(2));
-        let plan = resolve(
-            planner(16 << 30).within(staged, "the checkpoint's layout"),
-            None,
-        )
-        .unwrap();
+        let staged = Fixed::of_run(Some(StateLayout::Stages(2)), Precision::F32);
+        let plan = resolve_within(Some(planner(16 << 30)), 2, Default::default(), staged).unwrap();
         assert_eq!(plan.degree("pp"), 2, "{plan}");
         assert!(
             plan.reason()
@@ -308,15 +417,84 @@ mod tests {
             "{plan}"
         );
         // Mixed precision keeps stages out; f32 fixes nothing.
+        let (bf16, because) = Fixed::of_run(None, Precision::Bf16).unwrap();
         assert_eq!(
-            Fixed::of_precision(crate::optim::Precision::Bf16).pp,
-            Some(1)
+            (bf16.pp, because.as_str()),
+            (Some(1), "bf16 runs without pipeline stages")
         );
-        assert!(Fixed::of_precision(crate::optim::Precision::F32).is_free());
+        assert_eq!(Fixed::of_run(None, Precision::F32), None);
         let sharded = Fixed::of_state(StateLayout::Sharded {
             stages: 1,
             shards: 2,
         });
         assert_eq!((sharded.pp, sharded.tp), (Some(1), Some(2)));
+    }
+
+    #[test]
+    fn a_one_stage_pipeline_s_checkpoint_resumes_on_a_one_stage_pipeline() {
+        // Its state is per stage, which Single and Ddp do not load: with the planner or
+        // without, on one rank or two, `auto` keeps the pipeline's engine.
+        let one = || Fixed::of_run(Some(StateLayout::Stages(1)), Precision::F32);
+        for (planner, world) in [(None, 1), (None, 2), (Some(planner(16 << 30)), 2)] {
+            let plan = resolve_within(planner, world, Default::default(), one()).unwrap();
+            assert_eq!(plan.strategy(), StrategyKind::Pipeline, "{plan}");
+            assert_eq!(plan.state_layout(), StateLayout::Stages(1), "{plan}");
+            assert_eq!(plan.world_size(), world);
+        }
+        // A replica's checkpoint resumes on replicas.
+        let replica = || Fixed::of_run(Some(StateLayout::Replica), Precision::F32);
+        let plan = resolve_within(None, 1, Default::default(), replica()).unwrap();
+        assert_eq!(plan.strategy(), StrategyKind::Single);
+        let plan = resolve_within(Some(planner(16 << 30)), 2, Default::default(), replica());
+        assert_eq!(plan.unwrap().state_layout(), StateLayout::Replica);
+    }
+
+    #[test]
+    fn the_user_s_degrees_are_kept_and_the_rest_laid_out() {
+        let with = |stages: Option<usize>, tp: Option<usize>| {
+            StrategyConfigs {
+                auto: AutoConfig { stages, tp },
+                ..Default::default()
+            }
+        };
+        // The planner lays out the replicas and micro-batches around two stages.
+        let plan = resolve_within(Some(planner(16 << 30)), 4, with(Some(2), None), None).unwrap();
+        assert_eq!((plan.degree("dp"), plan.degree("pp")), (2, 2), "{plan}");
+        assert!(
+            plan.reason().contains("pp=2 tp=any (as [parallel.auto]"),
+            "{plan}"
+        );
+        // Without a planner, replicas of the fixed shards.
+        let plan = resolve_within(None, 4, with(None, Some(2)), None).unwrap();
+        assert_eq!(plan.strategy(), StrategyKind::Tensor);
+        assert_eq!([plan.degree("dp"), plan.degree("tp")], [2, 2], "{plan}");
+        let plan = resolve_within(None, 2, with(Some(2), Some(1)), None).unwrap();
+        assert_eq!(
+            (plan.strategy(), plan.degree("pp")),
+            (StrategyKind::Pipeline, 2)
+        );
+        // Degrees the ranks do not divide into, or of zero, are refused.
+        assert!(matches!(
+            resolve_within(None, 4, with(Some(3), None), None),
+            Err(ConfigError::WorldNotMesh { .. })
+        ));
+        assert_eq!(
+            resolve_within(None, 4, with(None, Some(0)), None),
+            Err(ConfigError::ZeroShards)
+        );
+        // What the user fixes and what the run fixes must agree.
+        let bf16 = Fixed::of_run(None, Precision::Bf16);
+        let apart = resolve_within(None, 4, with(Some(2), None), bf16.clone()).unwrap_err();
+        assert!(
+            matches!(apart, ConfigError::AutoFixedApart { .. }),
+            "{apart}"
+        );
+        assert!(
+            apart
+                .to_string()
+                .contains("against pp=1 tp=any (bf16 runs without pipeline stages)")
+        );
+        let kept = resolve_within(None, 4, with(None, Some(2)), bf16).unwrap();
+        assert_eq!((kept.degree("pp"), kept.degree("tp")), (1, 2), "{kept}");
     }
 }

@@ -777,11 +777,7 @@ fn measured_planner(
         cores: shape.cores,
         measured: Some(measured),
     };
-    Planner {
-        workload,
-        cluster,
-        fixed: None,
-    }
+    Planner { workload, cluster }
 }
 
 /// The machine's memory (Linux's `MemTotal`), or 8 GiB where `/proc` does not say.

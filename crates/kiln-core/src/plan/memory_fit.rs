@@ -113,13 +113,11 @@ where
     let mut base = StrategyConfigs::default();
     base.set_threads_per_rank(1);
     let ranks = layout.dp * layout.pp * layout.tp;
+    let kind = strategy(layout, ranks);
     let plan = Plan::resolve(
-        PlanRequest::new(
-            strategy(layout, ranks),
-            layout.micro_batch * layout.micro_batches,
-        )
-        .with_world(ranks)
-        .with_configs(layout_configs(layout, &base)),
+        PlanRequest::new(kind, layout.micro_batch * layout.micro_batches)
+            .with_world(ranks)
+            .with_configs(layout_configs(kind, layout, &base)),
     )
     .map_err(StrategyError::from)?;
     let devices = vec![device.clone(); ranks];

@@ -16,6 +16,7 @@ pub mod memory_fit;
 use std::fmt;
 
 use crate::optim::StateLayout;
+use crate::plan::cost::Fixed;
 use crate::strategy::{ConfigError, StrategyConfigs, StrategyKind};
 use crate::world::{Mesh, ProcessInfo};
 
@@ -43,6 +44,9 @@ pub struct PlanRequest {
     /// The model and the devices, for `auto` to plan with; without them `auto` gives every
     /// rank a full replica (Ddp).
     pub planner: Option<Planner>,
+    /// What the run fixes of `auto`'s layout beyond the user's `[parallel.auto]`, and why: a
+    /// checkpoint's stages and shards, or a precision's.
+    pub fixed: Option<(Fixed, String)>,
 }
 
 impl PlanRequest {
@@ -56,6 +60,7 @@ impl PlanRequest {
             global_batch,
             cpu_cores: None,
             planner: None,
+            fixed: None,
         }
     }
 
@@ -107,6 +112,7 @@ impl Plan {
             global_batch,
             cpu_cores,
             planner,
+            fixed,
         } = request;
         if world == Some(0) {
             return Err(ConfigError::NoDevices);
@@ -118,8 +124,14 @@ impl Plan {
             StrategyKind::Auto => {
                 let from_cores = world.or(dp).is_none() && cpu_cores.is_some();
                 let ranks = auto_ranks(world.or(dp), cpu_cores, &configs, global_batch);
-                let (kind, chosen, reason) =
-                    auto::choose(ranks, from_cores, planner.as_ref(), &configs)?;
+                let fixed = auto::fixed(&configs.auto, fixed)?;
+                let (kind, chosen, reason) = auto::choose(
+                    ranks,
+                    from_cores,
+                    planner.as_ref(),
+                    fixed.as_ref(),
+                    &configs,
+                )?;
                 configs = chosen;
                 (kind, reason, Some(ranks))
             }

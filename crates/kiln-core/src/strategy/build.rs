@@ -5,9 +5,9 @@ use burn::tensor::backend::AutodiffBackend;
 
 use super::launch::{Launch, check_processes};
 use super::{
-    ConfigError, DataParallel, DataParallelConfig, Ddp, DdpConfig, Engine, OptimizerSpec, Pipeline,
-    PipelineConfig, Single, SingleConfig, Strategy, StrategyError, StrategyKind, Tensor,
-    TensorConfig,
+    AutoConfig, ConfigError, DataParallel, DataParallelConfig, Ddp, DdpConfig, Engine,
+    OptimizerSpec, Pipeline, PipelineConfig, Single, SingleConfig, Strategy, StrategyError,
+    StrategyKind, Tensor, TensorConfig,
 };
 use crate::data::DataSource;
 use crate::model::{
@@ -32,6 +32,8 @@ pub struct StrategyConfigs {
     pub pipeline: PipelineConfig,
     /// Settings of [`Tensor`].
     pub tensor: TensorConfig,
+    /// Settings of `auto`: the degrees it keeps.
+    pub auto: AutoConfig,
 }
 
 impl StrategyConfigs {
@@ -87,7 +89,11 @@ impl StrategyConfigs {
         match kind {
             StrategyKind::Single => accumulation(self.single.grad_accumulation),
             StrategyKind::DataParallel => accumulation(self.data_parallel.grad_accumulation),
-            StrategyKind::Ddp | StrategyKind::Auto => self.ddp.validate(),
+            StrategyKind::Ddp => self.ddp.validate(),
+            StrategyKind::Auto => {
+                self.auto.validate()?;
+                self.ddp.validate()
+            }
             StrategyKind::Pipeline => self.pipeline.validate(),
             StrategyKind::Tensor => {
                 self.tensor.validate()?;

@@ -13,6 +13,19 @@ pub enum ConfigError {
     /// `auto`'s planner found no layout of the ranks that fits the model.
     #[error("auto: {0}")]
     Unplannable(#[from] crate::plan::cost::PlanError),
+    /// `auto`'s degrees, as the user set them, against what the run fixes.
+    #[error(
+        "auto: [parallel.auto] (or --stages/--tp) fixes {user}, against {run} ({because}); \
+         drop the setting or make it agree"
+    )]
+    AutoFixedApart {
+        /// What the user fixed.
+        user: String,
+        /// What the run fixes.
+        run: String,
+        /// Why the run fixes it (a checkpoint's layout, the precision).
+        because: String,
+    },
     /// No device to train on.
     #[error("no device given; pass at least one device (the CPU device may repeat)")]
     NoDevices,

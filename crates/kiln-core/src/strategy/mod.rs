@@ -8,6 +8,7 @@
 //! batches (the equivalence tests in `tests/`).
 
 mod agree;
+mod auto;
 mod build;
 mod data_parallel;
 mod ddp;
@@ -31,6 +32,7 @@ use std::time::Duration;
 use burn::tensor::backend::AutodiffBackend;
 use burn::train::TrainStep;
 
+pub use auto::AutoConfig;
 pub use build::{StrategyConfigs, build};
 pub use data_parallel::{DataParallel, DataParallelConfig};
 pub use ddp::{Ddp, DdpConfig};

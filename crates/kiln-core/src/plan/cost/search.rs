@@ -23,6 +23,10 @@ pub struct Fixed {
     pub pp: Option<usize>,
     /// Tensor-parallel shards (1: none).
     pub tp: Option<usize>,
+    /// Whether the layout runs on the pipeline's engine even with one stage: a checkpoint of a
+    /// one-stage pipeline holds its state per stage, which only a pipeline loads.
+    #[serde(default)]
+    pub staged: bool,
 }
 
 impl Fixed {
@@ -33,14 +37,40 @@ impl Fixed {
 
     /// Whether it fixes nothing.
     pub fn is_free(&self) -> bool {
-        self.pp.is_none() && self.tp.is_none()
+        self.pp.is_none() && self.tp.is_none() && !self.staged
+    }
+
+    /// What both fix, or `None` when they fix a degree apart.
+    pub fn and(self, other: Fixed) -> Option<Fixed> {
+        let both = |a: Option<usize>, b: Option<usize>| match (a, b) {
+            (Some(a), Some(b)) if a != b => Err(()),
+            _ => Ok(a.or(b)),
+        };
+        Some(Fixed {
+            pp: both(self.pp, other.pp).ok()?,
+            tp: both(self.tp, other.tp).ok()?,
+            staged: self.staged || other.staged,
+        })
+    }
+
+    /// The strategy that runs `layout` on `devices` within it: [`strategy`]'s, but a pipeline
+    /// of one stage where it is `staged`.
+    pub(crate) fn strategy(&self, layout: &Layout, devices: usize) -> StrategyKind {
+        match strategy(layout, devices) {
+            StrategyKind::Single | StrategyKind::Ddp if self.staged => StrategyKind::Pipeline,
+            kind => kind,
+        }
     }
 }
 
 impl std::fmt::Display for Fixed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let degree = |d: Option<usize>| d.map_or("any".to_string(), |d| d.to_string());
-        write!(f, "pp={} tp={}", degree(self.pp), degree(self.tp))
+        write!(f, "pp={} tp={}", degree(self.pp), degree(self.tp))?;
+        if self.staged && self.pp.is_none_or(|p| p == 1) {
+            f.write_str(" on the pipeline's engine")?;
+        }
+        Ok(())
     }
 }
 
@@ -300,6 +330,7 @@ fn candidates(
                 continue;
             }
             let mut candidate = best_micro_batching(work, cluster, (dp, pp, tp));
+            candidate.strategy = fixed.strategy(&candidate.layout, cluster.devices);
             if tp > cluster.per_node || !cluster.per_node.is_multiple_of(tp) {
                 candidate.rejected = Some(format!(
                     "{tp} shards span machines of {} devices: every block's all-reduces would \

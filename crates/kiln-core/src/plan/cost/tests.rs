@@ -393,6 +393,7 @@ fn a_fixed_degree_is_kept_and_what_cannot_keep_it_is_said() {
     let staged = Fixed {
         pp: Some(2),
         tp: Some(1),
+        ..Fixed::default()
     };
     let kept = search_within(&work(&small, 64), &h100(8), staged).unwrap();
     assert!(
@@ -405,7 +406,7 @@ fn a_fixed_degree_is_kept_and_what_cannot_keep_it_is_said() {
     // Three stages of eight devices: no layout.
     let three = Fixed {
         pp: Some(3),
-        tp: None,
+        ..Fixed::default()
     };
     let error = search_within(&work(&small, 64), &h100(8), three).unwrap_err();
     assert!(
