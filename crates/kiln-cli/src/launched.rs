@@ -23,6 +23,11 @@ impl Launched {
         })
     }
 
+    /// This process's place among the run's processes.
+    pub fn process(&self) -> &ProcessInfo {
+        &self.process
+    }
+
     /// Processes in the run.
     pub fn processes(&self) -> usize {
         self.process.processes

@@ -103,6 +103,40 @@ fn ddp_across_processes_trains_as_one_device() {
 }
 
 #[test]
+fn auto_across_processes_plans_once_with_the_first_s_measurement() {
+    // The default strategy: the first process measures the model, every process plans the same
+    // layout from it (processes that chose apart would not form one world), and it trains as
+    // one device does.
+    let dir = scratch("auto");
+    let two = ["--nproc-per-node", "2"];
+    let common = ["--model", "transformer", "--steps", "3", "--batch", "32"];
+    let single = train(
+        &dir,
+        "single",
+        None,
+        &[&common[..], &["--strategy", "single"]].concat(),
+    );
+    let planned = train(&dir, "auto", Some(&two), &common);
+    let reason = planned["strategy_reason"].as_str().unwrap();
+    assert!(
+        reason.contains("ms a step predicted") && !reason.contains("no model was described"),
+        "{reason}"
+    );
+    assert_eq!(planned["world"], 2);
+    assert_same_training(&single, &planned, "auto over 2 processes");
+    // Stages fixed by the user: the pipeline's stages in the two processes.
+    let staged = train(
+        &dir,
+        "staged",
+        Some(&two),
+        &[&common[..], &["--stages", "2"]].concat(),
+    );
+    assert_eq!(staged["strategy"], "pipeline", "{staged}");
+    assert_same_training(&single, &staged, "auto with 2 stages over 2 processes");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn pipeline_stages_in_different_processes_train_as_one_device() {
     let dir = scratch("pipeline");
     let two = ["--nproc-per-node", "2"];

@@ -43,6 +43,13 @@ pub enum MachineError {
     /// The job could not run on the backend.
     #[error("{0}")]
     Backend(String),
+    /// The processes of a launched run could not meet to plan.
+    #[cfg(feature = "mpi")]
+    #[error(transparent)]
+    Processes(#[from] kiln_core::collective::mpi::MpiError),
+    /// The first process of a launched run could not measure the model (its error).
+    #[error("the first process could not measure the model: {0}")]
+    FirstProcess(String),
 }
 
 /// The devices a measurement sees.

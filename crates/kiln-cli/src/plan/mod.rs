@@ -4,9 +4,13 @@
 //! model ([`kiln_core::plan::cost`]) estimates, best first, and why the first was chosen.
 
 mod describe;
+#[cfg(feature = "mpi")]
+mod launched;
 mod machine;
 mod table;
 
+#[cfg(feature = "mpi")]
+pub use launched::launched_planner;
 pub use machine::planner;
 
 use std::path::PathBuf;

@@ -242,16 +242,24 @@ impl TrainConfig {
         // measuring the model.
         let mut plan = Plan::resolve(request.clone())?;
         // `auto` plans with the model measured here, when there is more than one rank to lay
-        // out; processes of a launched run would each measure their own and could choose
-        // apart, so they keep a replica per rank.
+        // out: the processes of a launched run (on the CPU) with the first one's measurement.
+        let measurable = match launched.processes() {
+            1 => self.backend.is_cpu() || self.backend == BackendKind::Cuda,
+            _ => cfg!(feature = "mpi") && self.backend.is_cpu(),
+        };
         if let AutoPlan::Measured { .. } = auto
             && self.strategy == StrategyKind::Auto
             && plan.world_size() > 1
-            && launched.processes() == 1
-            && (self.backend.is_cpu() || self.backend == BackendKind::Cuda)
+            && measurable
         {
-            let planner =
-                crate::plan::planner(self).map_err(|e| ConfigError::Measure(e.to_string()))?;
+            let planner = match launched.processes() {
+                1 => crate::plan::planner(self),
+                #[cfg(feature = "mpi")]
+                _ => crate::plan::launched_planner(self, launched),
+                #[cfg(not(feature = "mpi"))]
+                _ => unreachable!("a launched run is measured with MPI only"),
+            }
+            .map_err(|e| ConfigError::Measure(e.to_string()))?;
             plan = Plan::resolve(PlanRequest {
                 planner: Some(planner),
                 ..request

@@ -8,30 +8,43 @@ use crate::strategy::{AutoConfig, Schedule, StrategyConfigs, StrategyKind};
 
 /// What `auto` plans with: the model's step and the devices the ranks run on (their count is
 /// the plan's, set when it resolves).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Planner {
     /// The model's step.
     pub workload: Workload,
     /// One machine's devices: memory, speed (or the model's [`Measured`](super::cost::Measured)
     /// step on one of them) and the links between them.
     pub cluster: Cluster,
+    /// Machines the ranks spread over evenly (a launched run's nodes; 1 for one process).
+    pub nodes: usize,
 }
 
 impl Planner {
-    /// The machine as `ranks` devices. Ranks that share a CPU (the cluster has `cores`)
-    /// share its memory too: the cluster's `memory` is then the machine's, and each rank's is
-    /// its share.
+    /// The machines as `ranks` devices, `ranks / nodes` on each. Ranks that share a CPU (the
+    /// cluster has `cores`) share its memory too: the cluster's `memory` is then one
+    /// machine's, and each rank's is its share.
     pub fn cluster(&self, ranks: usize) -> Cluster {
+        let per_node = (ranks / self.nodes.max(1)).max(1);
         let memory = match self.cluster.cores {
-            Some(_) => self.cluster.memory / ranks.max(1) as u64,
+            Some(_) => self.cluster.memory / per_node as u64,
             None => self.cluster.memory,
         };
         Cluster {
             devices: ranks,
-            per_node: ranks,
+            per_node,
             memory,
             ..self.cluster.clone()
         }
+    }
+
+    /// The same planner, its ranks linked as `link` says within and between machines (the
+    /// collective a launched run's ranks meet through).
+    pub fn linked(mut self, link: super::measure::Link) -> Self {
+        self.cluster.intra_latency = link.latency;
+        self.cluster.inter_latency = link.latency;
+        self.cluster.intra_bandwidth = link.bandwidth;
+        self.cluster.inter_bandwidth = link.bandwidth;
+        self
     }
 
     /// The planner's candidates on `ranks` devices of the machine, best first.
@@ -306,7 +319,11 @@ mod tests {
                 handoff: 0.0,
             }),
         };
-        Planner { workload, cluster }
+        Planner {
+            workload,
+            cluster,
+            nodes: 1,
+        }
     }
 
     fn resolve(
@@ -451,11 +468,9 @@ mod tests {
 
     #[test]
     fn the_user_s_degrees_are_kept_and_the_rest_laid_out() {
-        let with = |stages: Option<usize>, tp: Option<usize>| {
-            StrategyConfigs {
-                auto: AutoConfig { stages, tp },
-                ..Default::default()
-            }
+        let with = |stages: Option<usize>, tp: Option<usize>| StrategyConfigs {
+            auto: AutoConfig { stages, tp },
+            ..Default::default()
         };
         // The planner lays out the replicas and micro-batches around two stages.
         let plan = resolve_within(Some(planner(16 << 30)), 4, with(Some(2), None), None).unwrap();

@@ -777,7 +777,11 @@ fn measured_planner(
         cores: shape.cores,
         measured: Some(measured),
     };
-    Planner { workload, cluster }
+    Planner {
+        workload,
+        cluster,
+        nodes: 1,
+    }
 }
 
 /// The machine's memory (Linux's `MemTotal`), or 8 GiB where `/proc` does not say.

@@ -185,9 +185,25 @@ impl ProcessGroup {
 
     /// The next message with `tag` from the group's process `from`.
     pub fn recv(&self, from: usize, tag: i32, seq: u64) -> Result<Vec<u8>, Failure> {
+        // Probes, gently: an activation is usually on its way.
+        self.recv_probing(from, tag, seq, Duration::from_micros(20), self.timeout)
+    }
+
+    /// [`Self::recv`], probing every `every` and waiting at most `timeout`.
+    pub fn recv_probing(
+        &self,
+        from: usize,
+        tag: i32,
+        seq: u64,
+        every: Duration,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, Failure> {
         let comm = &self.comm.0;
-        wait(self.runtime, &self.waiting(seq), |slice| {
-            // Probes, gently: an activation is usually on its way.
+        let waiting = Waiting {
+            timeout,
+            ..self.waiting(seq)
+        };
+        wait(self.runtime, &waiting, |slice| {
             let until = Instant::now() + slice;
             loop {
                 if let Some((message, status)) = comm
@@ -201,7 +217,7 @@ impl ProcessGroup {
                 if Instant::now() >= until {
                     return None;
                 }
-                std::thread::sleep(Duration::from_micros(20));
+                std::thread::sleep(every);
             }
         })
     }

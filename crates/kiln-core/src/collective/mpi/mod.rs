@@ -17,6 +17,7 @@
 mod buffers;
 mod connect;
 mod group;
+mod meet;
 mod runtime;
 mod staging;
 
@@ -28,6 +29,7 @@ use burn::tensor::{Tensor, backend::Backend};
 use super::{Collective, CollectiveCounters, CollectiveError, CollectiveOp, InProcess, ReduceOp};
 pub use connect::{axis_collectives, mesh_collectives};
 use group::{Combine, ProcessGroup};
+pub use meet::Processes;
 pub use runtime::finalize;
 use runtime::{Failure, runtime};
 
@@ -350,6 +352,9 @@ pub enum MpiError {
     /// The processes do not see the same world, or did not all start.
     #[error("the processes cannot form one world: {0}")]
     Layout(String),
+    /// The processes could not exchange what they plan with.
+    #[error("the processes could not plan together: {0}")]
+    Meeting(String),
     /// MPI's world disagrees with the launcher's variables.
     #[error(
         "the launcher says process {rank} of {processes} but MPI says {mpi_rank} of \
