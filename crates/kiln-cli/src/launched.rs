@@ -24,6 +24,7 @@ impl Launched {
     }
 
     /// This process's place among the run's processes.
+    #[cfg(feature = "mpi")]
     pub fn process(&self) -> &ProcessInfo {
         &self.process
     }

@@ -48,6 +48,7 @@ pub enum MachineError {
     #[error(transparent)]
     Processes(#[from] kiln_core::collective::mpi::MpiError),
     /// The first process of a launched run could not measure the model (its error).
+    #[cfg(feature = "mpi")]
     #[error("the first process could not measure the model: {0}")]
     FirstProcess(String),
 }
