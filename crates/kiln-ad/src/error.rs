@@ -65,6 +65,10 @@ pub enum AdError {
     /// `auto` could not measure this machine with the model.
     #[error("auto measures the model before it plans: {0}; name a strategy to skip it")]
     Measure(#[from] kiln_core::plan::measure::MeasureError),
+    /// The processes of a launched run could not plan together (their link, or the first
+    /// process's measurement).
+    #[error("auto: {0}; name a strategy to skip planning")]
+    Planning(String),
     /// The `[optimizer]` settings cannot work.
     #[error(transparent)]
     Optimizer(#[from] kiln_core::optim::GuardConfigError),

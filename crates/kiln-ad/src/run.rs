@@ -12,7 +12,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use serde::Serialize;
 
 use kiln_core::checkpoint::{Checkpoint, CheckpointFolder};
-use kiln_core::plan::Plan;
+use kiln_core::plan::{Plan, Planner};
 use kiln_core::strategy::ConfigError;
 use kiln_nn::tensor_parallel::ShardedBackend;
 
@@ -88,15 +88,19 @@ pub struct RunOptions<'a> {
     pub auto: Option<Auto<'a>>,
 }
 
-/// How `auto` plans a run once the model can be measured: on this machine's `cores`, the
-/// planner handed to `resolve`, which returns the plan the run trains with.
+/// How `auto` plans a run once the model can be measured: on this machine's `cores`, with the
+/// measurement handed to `resolve`, which returns the plan the run trains with.
 #[derive(Clone, Copy)]
 pub struct Auto<'a> {
     /// The machine's cores: the planner's devices, and the copies beside a timed step.
     pub cores: usize,
-    /// The run's plan, resolved with the planner.
-    pub resolve: &'a dyn Fn(kiln_core::plan::Planner) -> Result<Plan, AdError>,
+    /// The run's plan, resolved with the planner the measurement it is given returns (a
+    /// launched run's processes plan with the first one's: the others do not call it).
+    pub resolve: &'a dyn Fn(&Measure<'_>) -> Result<Plan, AdError>,
 }
+
+/// Measures this machine with the run's model: the planner `auto` plans with.
+pub type Measure<'a> = dyn Fn() -> Result<Planner, AdError> + 'a;
 
 /// Wall-clock seconds per stage of a run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -159,9 +163,15 @@ pub fn run<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
     observer.data(&data);
     let planned;
     let plan = match options.auto {
-        Some(auto) if plan.world_size() > 1 && devices.len() > 1 => {
-            let planner = crate::plan::planner::<B>(config, &data, &devices, auto.cores)?;
-            planned = (auto.resolve)(planner)?;
+        Some(auto) if plan.world_size() > 1 => {
+            // Two ranks' devices, for the step timed over two: a launched process may hold one
+            // (`auto` measures CPU backends, whose ranks share the one device).
+            let pair = match devices.len() {
+                1 => vec![devices[0].clone(); 2],
+                _ => devices.clone(),
+            };
+            let measure = || crate::plan::planner::<B>(config, &data, &pair, auto.cores);
+            planned = (auto.resolve)(&measure)?;
             &planned
         }
         _ => plan,

@@ -391,6 +391,42 @@ fn ad_train_under_launch_writes_one_run() {
 }
 
 #[test]
+fn ad_train_under_launch_plans_with_the_first_process_s_measurement() {
+    // `auto`, the default: once the histories exist, the first process measures the AD
+    // transformer and both processes train the layout it planned, as two ranks in one
+    // process do.
+    let dir = scratch("ad-auto");
+    let config = dir.join("tiny.toml");
+    std::fs::write(&config, TINY_AD).unwrap();
+    let config = config.to_str().unwrap();
+    let (launched, threads) = (dir.join("launched"), dir.join("threads"));
+    let (launched_s, threads_s) = (launched.to_str().unwrap(), threads.to_str().unwrap());
+    let out = launch(
+        &["--nproc-per-node", "2"],
+        &["ad", "train", "--config", config, "--out", launched_s],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let train = report(&launched.join("metrics.json"))["train"].clone();
+    let reason = train["strategy_reason"].as_str().unwrap();
+    assert!(
+        reason.contains("ms a step predicted") && !reason.contains("no model was described"),
+        "{reason}"
+    );
+    let args = ["ad", "train", "--config", config, "--out", threads_s];
+    let out = kiln(&[&args[..], &["--world", "2"]].concat());
+    assert!(out.status.success(), "{}", text(&out));
+    let in_process = report(&threads.join("metrics.json"))["train"].clone();
+    // Both planned from a measurement, each of its own: the layout is the cost model's, and
+    // the losses are single-device training's either way.
+    let curve = |t: &serde_json::Value| t["loss_curve"].as_array().unwrap().clone();
+    for (x, y) in curve(&train).iter().zip(curve(&in_process).iter()) {
+        let (x, y) = (x[1].as_f64().unwrap(), y[1].as_f64().unwrap());
+        assert!((x - y).abs() <= 1e-5 * x.abs().max(1e-12), "{x} vs {y}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn finetune_across_processes_writes_the_adapters_of_one_process() {
     let dir = scratch("finetune");
     // The fixture run of the fine-tuning tests, through Ddp.

@@ -11,10 +11,10 @@ use kiln_ad::AdError;
 use kiln_ad::checkpoint;
 use kiln_ad::config::AdConfig;
 use kiln_ad::goals::GoalSplit;
-use kiln_ad::run::{Auto, RunOptions, Seconds, evaluate_held_out};
+use kiln_ad::run::{Auto, Measure, RunOptions, Seconds, evaluate_held_out};
 use kiln_core::checkpoint::Checkpoint;
 use kiln_core::plan::cost::Fixed;
-use kiln_core::plan::{Plan, PlanRequest, Planner};
+use kiln_core::plan::{Plan, PlanRequest};
 use kiln_core::strategy::{StrategyError, StrategyKind};
 use kiln_nn::tensor_parallel::ShardedBackend;
 
@@ -148,7 +148,7 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
             // then (`kiln_ad::checkpoint::resume`), not against this provisional one.
             let replans = config.train.strategy == StrategyKind::Auto
                 && plan.world_size() > 1
-                && launched.processes() == 1
+                && (launched.processes() == 1 || cfg!(feature = "mpi"))
                 && args.backend.is_cpu();
             let mut checkpoints = RunCheckpoints::prepare(
                 &args.checkpoint,
@@ -165,9 +165,9 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
             // The run readies (and locks) its folder itself: this handle lets go of it first.
             checkpoints.save = None;
             // `auto` plans with the model measured here, once its data exists, as `kiln
-            // train` does: with more than one rank, on the CPU, in one process (processes of
-            // a launched run would each measure their own and could choose apart); a run
-            // that resumes keeps the layout it saved (in `request`).
+            // train` does: with more than one rank, on the CPU (the processes of a launched
+            // run with the first one's measurement); a run that resumes keeps the layout it
+            // saved (in `request`).
             let auto = replans.then(|| Planning {
                 cores: args.backend.cpu_cores().unwrap_or(1),
                 request,
@@ -268,8 +268,21 @@ struct Planning {
 }
 
 impl Planning {
-    /// The run's plan, resolved again with `planner`, checked as the first one was.
-    fn resolve(&self, planner: Planner, config: &AdConfig) -> Result<Plan, AdError> {
+    /// The run's plan, resolved again with the planner `measure` returns (the first process's,
+    /// for every process of a launched run), checked as the first one was.
+    fn resolve(&self, measure: &Measure<'_>, config: &AdConfig) -> Result<Plan, AdError> {
+        let planner = match self.launched.processes() {
+            1 => measure()?,
+            #[cfg(feature = "mpi")]
+            _ => crate::plan::plan_together(
+                &self.launched,
+                config.parallel.ddp.collective_timeout_s,
+                || measure().map_err(|e| e.to_string()),
+            )
+            .map_err(|e| AdError::Planning(e.to_string()))?,
+            #[cfg(not(feature = "mpi"))]
+            _ => unreachable!("a launched run is planned with MPI only"),
+        };
         let plan = Plan::resolve(PlanRequest {
             planner: Some(planner),
             ..self.request.clone()
@@ -308,8 +321,8 @@ impl Job for TrainJob {
         // The run's other processes train alongside the first, which alone writes the run
         // folder and evaluates (on one device, as `kiln ad eval` does).
         let main = self.main;
-        let resolve = |planner: Planner| match &self.auto {
-            Some(planning) => planning.resolve(planner, &config),
+        let resolve = |measure: &Measure<'_>| match &self.auto {
+            Some(planning) => planning.resolve(measure, &config),
             None => Ok(plan.clone()),
         };
         let options = RunOptions {

@@ -30,22 +30,36 @@ pub fn launched_planner(
     config: &TrainConfig,
     launched: &Launched,
 ) -> Result<Planner, MachineError> {
-    // The run's own bound on a collective: every wait of the meeting, the first process's
-    // measurement included, ends within it.
-    let timeout = Duration::from_secs_f64(config.parallel.ddp.collective_timeout_s);
+    plan_together(launched, config.parallel.ddp.collective_timeout_s, || {
+        planner(config).map_err(|e| e.to_string())
+    })
+}
+
+/// The planner of the processes of `launched`: every process probes the MPI link, the first
+/// runs `measure` (the others never do) and sends what it returns, and every process returns
+/// it, on `launched`'s machines and linked through MPI. Every wait ends within
+/// `timeout_s` (the run's `collective_timeout_s`), the first's measurement included.
+///
+/// # Errors
+/// [`MachineError`]: MPI could not start or a process did not take part in time, or the first
+/// process's `measure` failed.
+pub fn plan_together(
+    launched: &Launched,
+    timeout_s: f64,
+    measure: impl FnOnce() -> Result<Planner, String>,
+) -> Result<Planner, MachineError> {
+    let timeout = Duration::from_secs_f64(timeout_s);
     let process = launched.process();
     let mut processes = Processes::meet(process, timeout)?;
     let link = processes.probe(PROBE_CALLS)?;
     let mine = launched.is_main().then(|| {
-        let measured: Result<Planner, String> = planner(config)
-            .map(|p| {
-                Planner {
-                    nodes: process.nodes.max(1),
-                    ..p
-                }
-                .linked(link)
-            })
-            .map_err(|e| e.to_string());
+        let measured = measure().map(|p| {
+            Planner {
+                nodes: process.nodes.max(1),
+                ..p
+            }
+            .linked(link)
+        });
         serde_json::to_vec(&measured).expect("a planner serialises")
     });
     let bytes = processes.from_first(mine, timeout)?;

@@ -10,7 +10,7 @@ mod machine;
 mod table;
 
 #[cfg(feature = "mpi")]
-pub use launched::launched_planner;
+pub use launched::{launched_planner, plan_together};
 pub use machine::planner;
 
 use std::path::PathBuf;
