@@ -485,6 +485,15 @@ fn auto_keeps_the_stages_and_shards_a_user_fixes() {
         reason.contains("pp=2 tp=any (as [parallel.auto] or --stages/--tp fix)"),
         "{reason}"
     );
+    // The same from a config file's [parallel.auto].
+    let config = std::env::temp_dir().join(format!("kiln-plan-{}-auto.toml", std::process::id()));
+    std::fs::write(&config, "[parallel.auto]\nstages = 2\n").unwrap();
+    let report = train(
+        "auto-toml",
+        &["--world", "2", "--config", config.to_str().unwrap()],
+    );
+    assert_eq!(report["strategy"], "pipeline", "{report}");
+    std::fs::remove_file(&config).unwrap();
     // Shards the ranks cannot hold, or a precision that rules stages out, are refused.
     assert_one_line_error(
         &[
