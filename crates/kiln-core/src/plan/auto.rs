@@ -317,6 +317,8 @@ mod tests {
                 alone: 1.0,
                 rendezvous: 0.0,
                 handoff: 0.0,
+                tp_call: 0.0,
+                tp_unsplit: 0.0,
             }),
         };
         Planner {

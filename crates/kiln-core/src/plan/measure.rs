@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 
-use super::cost::{Cluster, FitError, Layout, Measured, Timing, Workload, step_time};
+use super::cost::{
+    Cluster, FitError, Layout, Measured, TP_CALLS_PER_BLOCK, Timing, Workload, step_time,
+};
 use super::{Plan, PlanRequest, Planner};
 use crate::collective::{Collective, CollectiveError, InProcess, ReduceOp};
 use crate::data::{DataSource, EpochSampler};
@@ -356,17 +358,20 @@ where
 }
 
 /// Times `model`'s step over two ranks of `devices` (one intra-op thread each, the machine's
-/// other `others` cores running copies of a rank's step beside them) as Ddp, then as a
-/// pipeline of two stages, and gives `planner`'s costs what each took beyond what the cost
-/// model predicts for it: the ranks' [`rendezvous`](Measured::rendezvous) (a cost of every
-/// step of several ranks) and a stage's [`handoff`](Measured::handoff) (of every micro-batch
-/// passed between stages). Both are costs no probe of a collective sees (thread wake-ups,
-/// buckets packed), measured on the model's own ranks. A model that cannot be cut into
-/// stages has no hand-off to time.
+/// other `others` cores running copies of a rank's step beside them) as Ddp, as two
+/// tensor-parallel shards and as a pipeline of two stages, and gives `planner`'s costs what
+/// each took beyond what the cost model predicts for it: the ranks'
+/// [`rendezvous`](Measured::rendezvous) (a cost of every step of several ranks), the shards'
+/// meeting at each of a block's all-reduces ([`tp_call`](Measured::tp_call)) and a stage's
+/// [`handoff`](Measured::handoff) (of every micro-batch passed between stages). These are
+/// costs no probe of a collective sees (thread wake-ups, buckets packed), measured on the
+/// model's own ranks. A model that cannot be cut has none of the cut's costs to time.
 ///
-/// The step has two samples (a sample a replica; both through each stage): neither cost grows
-/// with the samples, and the timings' noise does (a few percent of a 10 ms step is more than
-/// either).
+/// Those steps have two samples (a sample a replica; both through each stage or shard): none
+/// of the costs grows with the samples, and the timings' noise does (a few percent of a 10 ms
+/// step is more than any). The shards are timed once more at the calibration's batch of
+/// `calibrated` samples, for the share of a block's work that each runs whole
+/// ([`tp_unsplit`](Measured::tp_unsplit)): that one grows with the samples.
 ///
 /// # Errors
 /// What a step returns.
@@ -377,7 +382,7 @@ pub fn calibrate_ranks<B, M, S, I>(
     model: &M,
     optim: &S,
     data: &DataSource<B, I, M::Input>,
-    others: usize,
+    (calibrated, others): (usize, usize),
     budget: Budget,
     seed: u64,
 ) -> Result<Planner, MeasureError>
@@ -426,6 +431,42 @@ where
         .cluster
         .measured
         .map(|m| m.with_rendezvous(ddp, predicted));
+    // Two shards: their meetings mid-block, a cost per all-reduce, timed at two samples where
+    // the work is small; and the share of a block's work each runs whole, timed at the
+    // calibration's batch where the work is most of the step. A model that does not shard has
+    // neither.
+    match time_pair(&timing_plan(StrategyKind::Tensor, 2, batch, 1)?) {
+        Err(error) if cannot_cut(&error) => {}
+        small => {
+            let small = small?;
+            let samples = calibrated.min(data.len()).max(batch);
+            let large = time_pair(&timing_plan(StrategyKind::Tensor, 2, samples, 1)?)?;
+            let shards = Layout {
+                dp: 1,
+                tp: 2,
+                micro_batch: batch,
+                ..layout
+            };
+            let calls = planner.workload.layers * TP_CALLS_PER_BLOCK;
+            // Each fit holds the other fixed; twice round settles both.
+            for _ in 0..2 {
+                // The prediction without meetings: the difference is theirs.
+                if let Some(m) = &mut planner.cluster.measured {
+                    m.tp_call = 0.0;
+                }
+                let predicted = predict(&planner, shards);
+                planner.cluster.measured = planner
+                    .cluster
+                    .measured
+                    .map(|m| m.with_tp_call(small, predicted, calls));
+                let at = Layout {
+                    micro_batch: samples,
+                    ..shards
+                };
+                planner = fit_unsplit(planner, large, |p| predict(p, at));
+            }
+        }
+    }
     // A model of one block has no two stages to hand a micro-batch between.
     if planner.workload.layers < 2 {
         return Ok(planner);
@@ -457,6 +498,31 @@ where
         .measured
         .map(|m| m.with_handoff(pipeline, predicted, 2));
     Ok(planner)
+}
+
+/// `planner` with the share of a block's per-sample work that its shards run whole
+/// ([`Measured::tp_unsplit`]) set so that `predict` gives `seconds` (a step timed), as near as
+/// a share between none and all can: the prediction grows with the share.
+fn fit_unsplit(mut planner: Planner, seconds: f64, predict: impl Fn(&Planner) -> f64) -> Planner {
+    let with = |planner: &Planner, share: f64| {
+        let mut planner = planner.clone();
+        if let Some(m) = &mut planner.cluster.measured {
+            m.tp_unsplit = share;
+        }
+        planner
+    };
+    let (mut low, mut high) = (0.0f64, 1.0f64);
+    for _ in 0..40 {
+        let mid = 0.5 * (low + high);
+        match predict(&with(&planner, mid)) < seconds {
+            true => low = mid,
+            false => high = mid,
+        }
+    }
+    if let Some(m) = &mut planner.cluster.measured {
+        m.tp_unsplit = 0.5 * (low + high);
+    }
+    planner
 }
 
 /// Whether `error` says the model cannot be cut as a layout asks (it refuses stages or
@@ -622,7 +688,7 @@ where
         model,
         optim,
         data,
-        others,
+        (batch, others),
         PLANNER_BUDGET,
         seed,
     )?;
@@ -706,7 +772,7 @@ where
         model,
         optim,
         data,
-        0,
+        (batch, 0),
         PLANNER_BUDGET,
         seed,
     )
@@ -823,5 +889,59 @@ mod tests {
                 assert!(samples.is_multiple_of(micro_batches) && samples >= micro_batches);
             }
         }
+    }
+
+    #[test]
+    fn the_unsplit_share_is_the_one_whose_prediction_is_the_timed_step() {
+        use crate::plan::cost::{Precision, TransformerShape};
+        let shape = TransformerShape {
+            layers: 4,
+            hidden: 64,
+            heads: 4,
+            kv_heads: 4,
+            head_dim: 16,
+            qkv_bias: false,
+            o_bias: false,
+            ffn: 256,
+            seq: 16,
+            vocab: 16,
+            gated: false,
+            tied: false,
+        };
+        let timings = [(8, 1, 2e-3), (32, 1, 6e-3), (32, 4, 7e-3)].map(|(s, m, t)| Timing {
+            samples: s,
+            micro_batches: m,
+            seconds: t,
+            spread: 0.0,
+            peak_bytes: None,
+        });
+        let measured = Measured::fit(&timings).unwrap();
+        let link = Link {
+            latency: 15e-6,
+            bandwidth: 5e9,
+        };
+        let planner = cpu_planner(
+            Workload::transformer(&shape, Precision::F32, 32),
+            measured,
+            link,
+            2,
+        );
+        let shards = Layout {
+            dp: 1,
+            pp: 1,
+            tp: 2,
+            micro_batches: 1,
+            micro_batch: 32,
+            recompute: false,
+        };
+        let predict = |p: &Planner| step_time(&p.workload, &p.cluster(2), &shards).total;
+        let share = |p: &Planner| p.cluster.measured.as_ref().unwrap().tp_unsplit;
+        let mut truth = planner.clone();
+        truth.cluster.measured.as_mut().unwrap().tp_unsplit = 0.3;
+        let fitted = fit_unsplit(planner.clone(), predict(&truth), predict);
+        assert!((share(&fitted) - 0.3).abs() < 1e-6, "{}", share(&fitted));
+        // A step faster than perfectly split work is none unsplit; slower than all, all.
+        assert!(share(&fit_unsplit(planner.clone(), 0.0, predict)) < 1e-9);
+        assert!(share(&fit_unsplit(planner, 1.0, predict)) > 1.0 - 1e-9);
     }
 }

@@ -139,6 +139,10 @@ fn all_reduce(cluster: &Cluster, bytes: f64, n: usize, (bandwidth, latency): (f6
 /// rank gathers once a step (`strategy/facts.rs`): a few hundred bytes a rank.
 const FACT_BYTES: f64 = 256.0;
 
+/// The all-reduces a tensor-parallel block makes per micro-batch: Megatron-LM's two each way
+/// (after attention and after the MLP, forward and backward).
+pub const TP_CALLS_PER_BLOCK: usize = 4;
+
 /// The link of a group of `n` devices `stride` ranks apart (the mesh is `dp × pp × tp`, `tp`
 /// innermost): the machine's own when every such group lies in one machine (the groups tile
 /// the machines), the network otherwise.
@@ -169,9 +173,9 @@ struct Share {
 }
 
 /// The share of the whole model's work of each device of stage `s` of `layout`: its blocks
-/// (split over `tp`), the embeddings on the first stage, the head on the last (whole on
-/// every shard).
-fn stage_share(work: &Workload, layout: &Layout, s: usize) -> Share {
+/// (split over `tp`, but for their `unsplit` share of per-sample work, whole on every shard),
+/// the embeddings on the first stage, the head on the last (whole on every shard).
+fn stage_share(work: &Workload, layout: &Layout, s: usize, unsplit: f64) -> Share {
     let layers = work.layers as f64;
     let (first, last) = (s == 0, s + 1 == layout.pp);
     let blocks = stage_blocks(work.layers, layout.pp, s) as f64;
@@ -180,7 +184,8 @@ fn stage_share(work: &Workload, layout: &Layout, s: usize) -> Share {
     let block_params = (params - work.embedding_params as f64 - work.head_params as f64) / layers;
     let edge = |yes: bool, value: f64| if yes { value } else { 0.0 };
     Share {
-        flops: blocks * (1.0 - head) / layers / layout.tp as f64 + edge(last, head),
+        flops: blocks * (1.0 - head) / layers * ((1.0 - unsplit) / layout.tp as f64 + unsplit)
+            + edge(last, head),
         ops: (blocks + edge(last, 1.0)) / (layers + 1.0),
         params: (blocks * block_params / layout.tp as f64
             + edge(first, work.embedding_params as f64)
@@ -217,7 +222,10 @@ pub fn step_time(work: &Workload, cluster: &Cluster, layout: &Layout) -> StepTim
             company * (share.ops * per_micro_batch + share.flops * per_sample * micro_batch as f64);
         (micro, company * share.params * per_update)
     };
-    let shares: Vec<Share> = (0..pp).map(|s| stage_share(work, layout, s)).collect();
+    let unsplit = cluster.measured.as_ref().map_or(0.0, |m| m.tp_unsplit);
+    let shares: Vec<Share> = (0..pp)
+        .map(|s| stage_share(work, layout, s, unsplit))
+        .collect();
     let stages: Vec<(f64, f64)> = shares.iter().map(work_of).collect();
     // The busiest stage sets the pace: the longest of its micro-batches, through the bubble,
     // and its update.
@@ -257,10 +265,17 @@ pub fn step_time(work: &Workload, cluster: &Cluster, layout: &Layout) -> StepTim
     // The first stage has the most blocks.
     let blocks = stage_blocks(work.layers, pp, 0) as f64;
     let (bw, lat) = link(cluster, 1, tp);
-    // Four all-reduces a block, each of a quarter of `tp_bytes`.
+    // Four all-reduces a block, each of a quarter of `tp_bytes`, each a meeting of the shards'
+    // threads mid-block; where ranks outnumber the cores, each also waits for its turns.
     let per_call = work.tp_bytes / 4.0 * micro_batch as f64;
-    let tensor_parallel =
-        blocks * micro_batches as f64 * 4.0 * all_reduce(cluster, per_call, tp, (bw, lat));
+    let meeting = match (tp, &cluster.measured) {
+        (2.., Some(m)) => m.tp_call * crowding.max(1.0),
+        _ => 0.0,
+    };
+    let tensor_parallel = blocks
+        * micro_batches as f64
+        * TP_CALLS_PER_BLOCK as f64
+        * (all_reduce(cluster, per_call, tp, (bw, lat)) + meeting);
     let devices = dp * pp * tp;
     let rendezvous = match (devices, &cluster.measured) {
         (2.., Some(m)) => m.rendezvous,

@@ -56,6 +56,17 @@ pub struct Measured {
     /// model's own stages (see [`Measured::with_handoff`]). 0 when not timed.
     #[serde(default)]
     pub handoff: f64,
+    /// Seconds each tensor-parallel all-reduce inside a block costs beyond the collective's
+    /// probed latency and bandwidth: the shards' threads meeting mid-block, while they
+    /// compute, timed on the model's own shards (see [`Measured::with_tp_call`]). 0 when not
+    /// timed.
+    #[serde(default)]
+    pub tp_call: f64,
+    /// The share of a block's per-sample work that tensor parallelism does not split (the
+    /// norms, residuals and element-wise work run whole on every shard), fitted to the
+    /// model's own shards. 0 when not timed.
+    #[serde(default)]
+    pub tp_unsplit: f64,
 }
 
 /// The serde default of a factor that is 1 unless measured.
@@ -119,6 +130,8 @@ impl Measured {
             alone: 1.0,
             rendezvous: 0.0,
             handoff: 0.0,
+            tp_call: 0.0,
+            tp_unsplit: 0.0,
         })
     }
 
@@ -128,6 +141,16 @@ impl Measured {
     pub fn with_handoff(self, seconds: f64, predicted: f64, handoffs: usize) -> Self {
         Self {
             handoff: (seconds - predicted).max(0.0) / handoffs.max(1) as f64,
+            ..self
+        }
+    }
+
+    /// The same costs with a tensor-parallel step of `calls` all-reduces inside its blocks
+    /// timed at `seconds` where the cost model, with these costs, predicts `predicted`
+    /// seconds: the difference (none if negative) shared among the calls.
+    pub fn with_tp_call(self, seconds: f64, predicted: f64, calls: usize) -> Self {
+        Self {
+            tp_call: (seconds - predicted).max(0.0) / calls.max(1) as f64,
             ..self
         }
     }

@@ -288,6 +288,8 @@ fn measured(alone: f64, rendezvous: f64, handoff: f64) -> Measured {
         alone,
         rendezvous,
         handoff,
+        tp_call: 0.0,
+        tp_unsplit: 0.0,
     }
 }
 
@@ -414,5 +416,77 @@ fn a_fixed_degree_is_kept_and_what_cannot_keep_it_is_said() {
             .to_string()
             .starts_with("no layout: no layout of 8 devices keeps to pp=3 tp=any"),
         "{error}"
+    );
+}
+
+#[test]
+fn shards_meet_at_every_all_reduce_and_run_their_unsplit_work_whole() {
+    let shards = Layout {
+        tp: 2,
+        ..layout(1, 1, 1, 32)
+    };
+    let plain = measured(1.0, 0.0, 0.0);
+    let (work, base) = cores(2, plain.clone());
+    let (_, meeting) = cores(
+        2,
+        Measured {
+            tp_call: 1e-5,
+            ..plain.clone()
+        },
+    );
+    let (a, b) = (
+        step_time(&work, &meeting, &shards),
+        step_time(&work, &base, &shards),
+    );
+    // Four all-reduces in each of the 4 blocks.
+    let calls = (4 * TP_CALLS_PER_BLOCK) as f64;
+    assert!(
+        (a.tensor_parallel - b.tensor_parallel - calls * 1e-5).abs() < 1e-12,
+        "{a:?} {b:?}"
+    );
+    assert_eq!(a.compute, b.compute);
+    // Four shards on two cores take turns at every meeting too.
+    let four = Layout { tp: 4, ..shards };
+    let (_, crowded) = cores(
+        4,
+        Measured {
+            tp_call: 1e-5,
+            ..plain.clone()
+        },
+    );
+    let (_, uncrowded) = cores(4, plain.clone());
+    let extra = step_time(&work, &crowded, &four).tensor_parallel
+        - step_time(&work, &uncrowded, &four).tensor_parallel;
+    assert!((extra - 2.0 * calls * 1e-5).abs() < 1e-12, "{extra}");
+    // The blocks' unsplit share runs whole on every shard: all of it, and a shard computes
+    // what the whole model's blocks do; none of it, and half.
+    let unsplit = |share: f64| {
+        let (_, cluster) = cores(
+            2,
+            Measured {
+                tp_unsplit: share,
+                ..plain.clone()
+            },
+        );
+        step_time(&work, &cluster, &shards).compute
+    };
+    let whole = step_time(&work, &base, &layout(1, 1, 1, 32)).compute;
+    assert!(unsplit(0.0) < unsplit(0.5) && unsplit(0.5) < unsplit(1.0));
+    assert!(
+        unsplit(1.0) <= whole + 1e-12,
+        "the head is whole either way"
+    );
+    // Replicas do not shard: neither cost touches them.
+    let (_, both) = cores(
+        2,
+        Measured {
+            tp_call: 1e-5,
+            tp_unsplit: 0.5,
+            ..plain
+        },
+    );
+    assert_eq!(
+        step_time(&work, &both, &layout(2, 1, 1, 16)),
+        step_time(&work, &base, &layout(2, 1, 1, 16))
     );
 }
