@@ -45,7 +45,8 @@ pub fn render(
                 "Devices: {} ranks on {} CPU core(s), {} each. Measured on one core: {} µs a \
                  sample, {} µs a micro-batch, {} µs an update ({:.2}× alone); the collective \
                  {:.1} µs a step and {:.1} GB/s; ranks meet in {} µs a step and hand a \
-                 micro-batch on in {} µs more.",
+                 micro-batch on in {} µs more; shards meet in {} µs an all-reduce and run \
+                 {:.0} % of a block's work whole.",
                 cluster.devices,
                 cluster.cores.unwrap_or(cluster.devices),
                 bytes(cluster.memory as f64),
@@ -56,7 +57,9 @@ pub fn render(
                 cluster.intra_latency * 1e6,
                 cluster.intra_bandwidth / 1e9,
                 us(m.rendezvous),
-                us(m.handoff)
+                us(m.handoff),
+                us(m.tp_call),
+                m.tp_unsplit * 100.0
             );
         }
     }
