@@ -549,6 +549,21 @@ pub struct Link {
     pub bandwidth: f64,
 }
 
+impl Link {
+    /// The link of a probe: `latency`, and the bandwidth that moved `bytes` in the time a
+    /// collective of them took (`large` seconds) beyond one of a few values (`small`). Where
+    /// the two are too close for the probe's noise (a fast link), the extra time is taken as
+    /// a tenth of the large call's, so that the bandwidth stays a finite number (one a plan's
+    /// JSON can hold) and high.
+    pub fn probed(latency: f64, small: f64, large: f64, bytes: f64) -> Self {
+        let extra = (large - small).max(0.1 * large).max(f64::MIN_POSITIVE);
+        Self {
+            latency,
+            bandwidth: (bytes / extra).min(f64::MAX),
+        }
+    }
+}
+
 /// The in-process collective between two ranks on `device`, `calls` timed each way after a
 /// warm-up:
 /// - its latency: the second rank sleeps before each all-reduce of 16 values, so the first
@@ -614,11 +629,7 @@ pub fn probe_links<B: AutodiffBackend>(
             .unwrap_or_else(|p| std::panic::resume_unwind(p));
         theirs.and(mine)
     })?;
-    let bytes = (LARGE * 4) as f64;
-    Ok(Link {
-        latency,
-        bandwidth: bytes / (large - small).max(f64::MIN_POSITIVE),
-    })
+    Ok(Link::probed(latency, small, large, (LARGE * 4) as f64))
 }
 
 /// Steps [`planner`] times at each calibration point: at least 5 and a fifth of a second, at
@@ -827,9 +838,11 @@ fn measured_planner(
         workload.fixed_bytes = (base - state).max(0.0);
     }
     // The model's own FLOPs over its measured time a sample: the "peak" its utilisation is
-    // read against is one device's speed on this model.
+    // read against is one device's speed on this model (finite, as a plan's JSON holds it,
+    // where the fit leaves no time a sample).
     let per_sample = measured.per_sample.max(f64::MIN_POSITIVE);
-    let flops = (1.0 + workload.backward_passes) * workload.forward_flops / per_sample;
+    let flops =
+        ((1.0 + workload.backward_passes) * workload.forward_flops / per_sample).min(f64::MAX);
     let cluster = Cluster {
         devices: shape.devices,
         per_node: shape.devices,
@@ -943,5 +956,21 @@ mod tests {
         // A step faster than perfectly split work is none unsplit; slower than all, all.
         assert!(share(&fit_unsplit(planner.clone(), 0.0, predict)) < 1e-9);
         assert!(share(&fit_unsplit(planner, 1.0, predict)) > 1.0 - 1e-9);
+    }
+
+    #[test]
+    fn a_probed_link_is_finite_however_close_its_timings() {
+        let bytes = 4.0 * (1 << 20) as f64;
+        let link = Link::probed(1e-5, 1e-5, 1e-3 + 1e-5, bytes);
+        assert!((link.bandwidth - bytes / 1e-3).abs() < 1e-3 * link.bandwidth);
+        // A large call timed no slower than the small one (noise): a tenth of its time.
+        for (small, large) in [(2e-3, 1e-3), (1e-3, 1e-3), (0.0, 0.0)] {
+            let link = Link::probed(small, small, large, bytes);
+            assert!(
+                link.bandwidth.is_finite() && link.bandwidth > 0.0,
+                "{link:?}"
+            );
+        }
+        assert!((Link::probed(0.0, 2e-3, 1e-3, bytes).bandwidth - bytes / 1e-4).abs() < 1.0);
     }
 }

@@ -113,10 +113,7 @@ impl Processes {
         };
         let small = time(SMALL)?;
         let large = time(LARGE)?;
-        Ok(Link {
-            latency: small,
-            bandwidth: (LARGE * 4) as f64 / (large - small).max(f64::MIN_POSITIVE),
-        })
+        Ok(Link::probed(small, small, large, (LARGE * 4) as f64))
     }
 
     /// The first process's `bytes` (given there, `None` elsewhere) on every process. The
