@@ -67,7 +67,7 @@ pub enum AdError {
     Measure(#[from] kiln_core::plan::measure::MeasureError),
     /// The processes of a launched run could not plan together (their link, or the first
     /// process's measurement).
-    #[error("auto: {0}; name a strategy to skip planning")]
+    #[error("auto could not plan the run: {0}; name a strategy to skip planning")]
     Planning(String),
     /// The `[optimizer]` settings cannot work.
     #[error(transparent)]

@@ -65,13 +65,21 @@ impl Launched {
     }
 
     /// `plan` spread over the run's processes, which check at start-up that they run the same
-    /// `config`, field by field (so that a difference is named by its field).
+    /// `config`, field by field (so that a difference is named by its field), and the same
+    /// plan.
     ///
     /// # Errors
     /// A plan the processes cannot share.
     pub fn plan<C: serde::Serialize>(&self, plan: Plan, config: &C) -> Result<Plan, ConfigError> {
         let fields = serde_json::to_value(config).expect("a config serialises");
         let plan = plan.across(self.process.clone())?;
+        // The plan itself too: processes that resolved it apart (`auto` measuring each on its
+        // own) would otherwise run different settings on one mesh.
+        let settings = serde_json::to_string(plan.configs()).expect("settings serialise");
+        let plan = {
+            let whole = format!("{plan}; {settings}");
+            plan.agreeing_on("plan", whole)
+        };
         Ok(match fields {
             serde_json::Value::Object(fields) => fields.into_iter().fold(plan, |plan, (k, v)| {
                 plan.agreeing_on(format!("config's {k}"), format!("{k} = {v}"))

@@ -479,9 +479,24 @@ fn pid_of(dir: &Path, rank: usize) -> String {
     std::fs::read_to_string(path).unwrap().trim().to_string()
 }
 
-/// Whether any of the job's processes (by the pids in `dir`) is still alive: a zombie, dead
-/// but not yet reaped by a container's init, is not.
+/// Whether a process of the job in `dir` is still alive three seconds after the job ended: a
+/// killed process dies a moment after its launcher returns, under load a little later.
 fn any_left(dir: &Path) -> bool {
+    let until = Instant::now() + Duration::from_secs(3);
+    loop {
+        if !alive(dir) {
+            return false;
+        }
+        if Instant::now() >= until {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Whether any of the job's processes (by the pids in `dir`) is alive: a zombie, dead but not
+/// yet reaped by a container's init, is not.
+fn alive(dir: &Path) -> bool {
     ["0", "1"].iter().any(|r| {
         let pid = std::fs::read_to_string(dir.join(r)).unwrap();
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()));
@@ -604,6 +619,26 @@ fn processes_that_disagree_are_refused_at_start_up() {
     let said = text(&out);
     assert!(!out.status.success(), "{said}");
     assert!(said.contains("sees another world than this one"), "{said}");
+    // A process that plans with `auto` beside one that does not: both fail, in one line.
+    let strategies = format!(
+        "exec {KILN} train --steps 3 --strategy $([ $OMPI_COMM_WORLD_RANK = 0 ] && echo auto \
+         || echo ddp)"
+    );
+    let out = kiln(&[
+        "launch",
+        "--nproc-per-node",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        &strategies,
+    ]);
+    let said = text(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("process 1 is not planning with auto"),
+        "{said}"
+    );
     // A strategy that cannot span processes says so in one line per process.
     let out = launch(
         &["--nproc-per-node", "2"],

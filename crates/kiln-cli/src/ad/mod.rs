@@ -277,7 +277,13 @@ impl Planning {
             _ => crate::plan::plan_together(
                 &self.launched,
                 config.parallel.ddp.collective_timeout_s,
-                || measure().map_err(|e| e.to_string()),
+                // The measurement's own error, without the advice the others add.
+                || {
+                    measure().map_err(|e| match e {
+                        AdError::Measure(inner) => inner.to_string(),
+                        other => other.to_string(),
+                    })
+                },
             )
             .map_err(|e| AdError::Planning(e.to_string()))?,
             #[cfg(not(feature = "mpi"))]

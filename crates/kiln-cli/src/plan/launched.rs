@@ -67,9 +67,9 @@ pub fn plan_together(
         .map_err(|e| MachineError::FirstProcess(format!("its planner does not read: {e}")))?;
     let planner = measured.map_err(MachineError::FirstProcess)?;
     tracing::info!(
-        latency_us = link.latency * 1e6,
-        gbps = link.bandwidth / 1e9,
-        "auto: the first process measured the model; the MPI link between the processes probed"
+        latency_us = planner.cluster.inter_latency * 1e6,
+        gbps = planner.cluster.inter_bandwidth / 1e9,
+        "auto: planned with the first process's measurement and its probe of the MPI link"
     );
     Ok(planner)
 }

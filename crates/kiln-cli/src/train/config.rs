@@ -140,8 +140,8 @@ pub enum ConfigError {
     /// A checkpoint setting that cannot work.
     #[error(transparent)]
     Checkpoint(#[from] kiln_core::checkpoint::CheckpointError),
-    /// `auto` could not measure the model on this machine.
-    #[error("auto could not measure the model on this machine: {0}; name a --strategy")]
+    /// `auto` could not measure the model, or the processes could not plan together.
+    #[error("auto could not plan the run: {0}; name a --strategy to skip planning")]
     Measure(String),
     /// A learning rate that cannot train.
     #[error("--lr must be a positive finite number, got {0}")]

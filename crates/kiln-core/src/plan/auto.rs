@@ -24,7 +24,8 @@ impl Planner {
     /// cluster has `cores`) share its memory too: the cluster's `memory` is then one
     /// machine's, and each rank's is its share.
     pub fn cluster(&self, ranks: usize) -> Cluster {
-        let per_node = (ranks / self.nodes.max(1)).max(1);
+        let nodes = self.nodes.max(1);
+        let per_node = (ranks / nodes).max(1);
         let memory = match self.cluster.cores {
             Some(_) => self.cluster.memory / per_node as u64,
             None => self.cluster.memory,
@@ -33,6 +34,8 @@ impl Planner {
             devices: ranks,
             per_node,
             memory,
+            // Every machine's cores: ranks crowd only those of their own machine.
+            cores: self.cluster.cores.map(|cores| cores * nodes),
             ..self.cluster.clone()
         }
     }
@@ -166,7 +169,6 @@ pub(super) fn fixed(
     config: &AutoConfig,
     run: Option<(Fixed, String)>,
 ) -> Result<Option<(Fixed, String)>, ConfigError> {
-    config.validate()?;
     let user = (!config.is_free()).then(|| {
         (
             Fixed::of_config(config),
@@ -513,5 +515,54 @@ mod tests {
         );
         let kept = resolve_within(None, 4, with(None, Some(2)), bf16).unwrap();
         assert_eq!((kept.degree("pp"), kept.degree("tp")), (1, 2), "{kept}");
+    }
+
+    #[test]
+    fn replicas_of_fixed_stages_take_as_many_ranks_as_they_need() {
+        let staged = StrategyConfigs {
+            auto: AutoConfig {
+                stages: Some(2),
+                tp: None,
+            },
+            ..Default::default()
+        };
+        // `--dp 2` with two stages: four ranks, not two.
+        let plan = Plan::resolve(PlanRequest {
+            dp: Some(2),
+            configs: staged.clone(),
+            ..PlanRequest::new(StrategyKind::Auto, 64)
+        })
+        .unwrap();
+        assert_eq!((plan.world_size(), plan.degree("dp")), (4, 2), "{plan}");
+        // Three cores hold one replica of two stages.
+        let plan = Plan::resolve(PlanRequest {
+            cpu_cores: Some(3),
+            configs: staged,
+            ..PlanRequest::new(StrategyKind::Auto, 64)
+        })
+        .unwrap();
+        assert_eq!((plan.world_size(), plan.degree("pp")), (2, 2), "{plan}");
+    }
+
+    #[test]
+    fn the_ranks_of_several_machines_crowd_their_own_machine_s_cores() {
+        let one = planner(16 << 30);
+        let two = Planner {
+            nodes: 2,
+            ..one.clone()
+        };
+        // Four ranks on each of two 2-core machines: each machine's ranks share its memory, and
+        // crowd its cores as four ranks crowd one machine's.
+        let (a, b) = (two.cluster(8), one.cluster(4));
+        assert_eq!((a.per_node, a.cores, a.memory), (4, Some(4), b.memory));
+        assert_eq!(a.crowding(), b.crowding());
+        // A run too large for its timeout is refused before anything waits.
+        let mut configs = StrategyConfigs::default();
+        configs.ddp.collective_timeout_s = 1e20;
+        let refused = Plan::resolve(PlanRequest {
+            configs,
+            ..PlanRequest::new(StrategyKind::Auto, 64).with_world(2)
+        });
+        assert_eq!(refused.unwrap_err(), ConfigError::Timeout(1e20));
     }
 }

@@ -122,9 +122,22 @@ impl Plan {
         }
         let (strategy, reason, world) = match strategy {
             StrategyKind::Auto => {
-                let from_cores = world.or(dp).is_none() && cpu_cores.is_some();
-                let ranks = auto_ranks(world.or(dp), cpu_cores, &configs, global_batch);
+                configs.validate(StrategyKind::Auto)?;
                 let fixed = auto::fixed(&configs.auto, fixed)?;
+                // The ranks one replica of the fixed stages and shards takes.
+                let model_parallel = fixed
+                    .as_ref()
+                    .map_or(1, |(f, _)| f.pp.unwrap_or(1) * f.tp.unwrap_or(1));
+                let from_cores = world.or(dp).is_none() && cpu_cores.is_some();
+                let ranks = match (world, dp) {
+                    (None, Some(dp)) => {
+                        dp.checked_mul(model_parallel)
+                            .ok_or_else(|| ConfigError::TooManyRanks {
+                                ranks: format!("dp {dp} × {model_parallel}, which overflows"),
+                            })?
+                    }
+                    _ => auto_ranks(world, cpu_cores, &configs, global_batch, model_parallel),
+                };
                 let (kind, chosen, reason) = auto::choose(
                     ranks,
                     from_cores,
@@ -332,17 +345,20 @@ impl fmt::Display for Plan {
 }
 
 /// The ranks `auto` plans for: those named, else the CPU's cores (as many as the batch can
-/// feed, each of `threads_per_rank` threads), else one device.
+/// feed, each of `threads_per_rank` threads, in whole replicas of `model_parallel` ranks,
+/// one replica at least), else one device.
 fn auto_ranks(
     ranks: Option<usize>,
     cpu_cores: Option<usize>,
     configs: &StrategyConfigs,
     global_batch: usize,
+    model_parallel: usize,
 ) -> usize {
     ranks.unwrap_or_else(|| match cpu_cores {
         Some(cores) => {
             let threads = configs.ddp.threads_per_rank.unwrap_or(1).max(1);
-            StrategyKind::auto_cpu_world(cores / threads, global_batch)
+            let ranks = StrategyKind::auto_cpu_world(cores / threads, global_batch);
+            (ranks / model_parallel).max(1) * model_parallel
         }
         None => 1,
     })

@@ -44,8 +44,10 @@ pub enum ConfigError {
     /// A bucket cap that is not a positive size.
     #[error("bucket_cap_mb must be a positive number of MiB, got {0}")]
     BucketCap(f64),
-    /// A collective timeout that is not positive.
-    #[error("collective_timeout_s must be a positive number of seconds, got {0}")]
+    /// A collective timeout that is not positive, or longer than a week.
+    #[error(
+        "collective_timeout_s must be a positive number of seconds up to a week (604800), got {0}"
+    )]
     Timeout(f64),
     /// Zero threads per rank.
     #[error("threads_per_rank must be at least 1")]
@@ -426,6 +428,9 @@ impl StrategyError {
     }
 }
 
+/// The longest collective timeout a config may set, in seconds: a week.
+pub const MAX_TIMEOUT_S: f64 = 604_800.0;
+
 /// Checks the settings that Ddp and Pipeline share.
 pub(super) fn check_shared_settings(
     grad_accumulation: usize,
@@ -439,7 +444,9 @@ pub(super) fn check_shared_settings(
     if !(bucket_cap_mb > 0.0 && bucket_cap_mb.is_finite()) {
         return Err(ConfigError::BucketCap(bucket_cap_mb));
     }
-    if !(collective_timeout_s > 0.0 && collective_timeout_s.is_finite()) {
+    // A week is longer than any collective waits for a live peer; beyond it, a wait is a
+    // hang (and past 2^64 seconds not even a `Duration`).
+    if !(collective_timeout_s > 0.0 && collective_timeout_s <= MAX_TIMEOUT_S) {
         return Err(ConfigError::Timeout(collective_timeout_s));
     }
     if threads_per_rank == Some(0) {

@@ -153,7 +153,14 @@ impl Processes {
                 let bytes = self
                     .group
                     .recv_probing(0, FROM_FIRST, seq, PATIENT_PROBE, patience)
-                    .map_err(|f| failed(f, patience))?;
+                    .map_err(|f| match f {
+                        // The first process is not missing: it is busy measuring.
+                        Failure::Timeout { .. } => MpiError::Meeting(format!(
+                            "the first process did not send its measurement within \
+                             {patience:?}; raise [parallel.ddp] collective_timeout_s"
+                        )),
+                        other => failed(other, patience),
+                    })?;
                 let seq = self.next();
                 self.group
                     .barrier(seq)
