@@ -10,7 +10,7 @@ use super::group::ProcessGroup;
 use super::runtime::{self, Failure, Runtime, State, runtime};
 use super::{LEADER_GRACE, Mpi, MpiError};
 use crate::collective::{Collective, CollectiveCounters, InProcess, MeshCollectives};
-use crate::world::World;
+use crate::world::{ProcessInfo, World};
 
 /// This process's ranks' groups on `world`'s mesh, connected through MPI to the other
 /// processes; calls time out after `timeout`. Every process of the world must call this at the
@@ -76,27 +76,60 @@ fn check_layout<D: Clone>(
         world.mesh()
     );
     let digest = Sha256::digest(layout.as_bytes())[..8].to_vec();
-    let processes: Vec<usize> = (0..world.process().processes).collect();
-    let id = runtime.lock().reserve_id();
-    let comm = runtime::Comm(mpi::topology::SimpleCommunicator::world());
-    let everyone = ProcessGroup::new(runtime, comm, id, processes, timeout);
-    let all = everyone
-        .all_gather(digest.clone(), 0)
-        .map_err(|failure| match failure {
-            Failure::Aborted { rank, reason } => {
-                MpiError::Layout(format!("rank {rank} failed before the start: {reason}"))
+    let other =
+        first_other(runtime, world.process().processes, &digest, timeout).map_err(|failure| {
+            match failure {
+                Failure::Aborted { rank, reason } => {
+                    MpiError::Layout(format!("rank {rank} failed before the start: {reason}"))
+                }
+                Failure::Timeout { missing } => MpiError::Layout(format!(
+                    "process(es) {missing:?} did not start within {timeout:?}"
+                )),
             }
-            Failure::Timeout { missing } => MpiError::Layout(format!(
-                "process(es) {missing:?} did not start within {timeout:?}"
-            )),
         })?;
-    match all.chunks(8).position(|theirs| theirs != digest.as_slice()) {
+    match other {
         Some(other) => Err(MpiError::Layout(format!(
             "process {other} sees another world than this one ({layout}); start every process \
              with the same --world, --devices and strategy flags"
         ))),
         None => Ok(()),
     }
+}
+
+/// MPI, started once per process, checked to be the world the launcher told `process` of.
+///
+/// # Errors
+/// [`MpiError::Init`] when MPI cannot start, [`MpiError::NotTheLaunchersWorld`] when its
+/// world is another.
+pub(super) fn launched_runtime(process: &ProcessInfo) -> Result<&'static Runtime, MpiError> {
+    let runtime = runtime().map_err(MpiError::Init)?;
+    let state = runtime.lock();
+    if (state.process, state.processes) != (process.rank, process.processes) {
+        return Err(MpiError::NotTheLaunchersWorld {
+            rank: process.rank,
+            processes: process.processes,
+            mpi_rank: state.process,
+            mpi_processes: state.processes,
+        });
+    }
+    Ok(runtime)
+}
+
+/// Every one of the world's `processes` says `bytes` (as many everywhere) in one timed call on
+/// the world's communicator: the first process that said something else, if any. What each
+/// process calls first, so that processes at different start-up steps (one checking its world,
+/// another meeting to plan) meet in the same call and tell each other apart by its bytes.
+pub(super) fn first_other(
+    runtime: &'static Runtime,
+    processes: usize,
+    bytes: &[u8],
+    timeout: Duration,
+) -> Result<Option<usize>, Failure> {
+    let id = runtime.lock().reserve_id();
+    let comm = runtime::Comm(mpi::topology::SimpleCommunicator::world());
+    let everyone = ProcessGroup::new(runtime, comm, id, (0..processes).collect(), timeout);
+    let all = everyone.all_gather(bytes.to_vec(), 0)?;
+    Ok(all.chunks(bytes.len()).position(|theirs| theirs != bytes))
 }
 
 /// Cuts groups of a checked world, every process in the same order.
@@ -114,19 +147,8 @@ struct Groups {
 impl Groups {
     /// Starts MPI (once per process) and checks the world every process sees.
     fn connect<D: Clone>(world: &World<D>, timeout: Duration) -> Result<Self, MpiError> {
-        let runtime = runtime().map_err(MpiError::Init)?;
         let process = world.process();
-        {
-            let state = runtime.lock();
-            if (state.process, state.processes) != (process.rank, process.processes) {
-                return Err(MpiError::NotTheLaunchersWorld {
-                    rank: process.rank,
-                    processes: process.processes,
-                    mpi_rank: state.process,
-                    mpi_processes: state.processes,
-                });
-            }
-        }
+        let runtime = launched_runtime(process)?;
         check_layout(runtime, world, timeout)?;
         Ok(Self {
             runtime,

@@ -5,11 +5,11 @@
 use std::time::{Duration, Instant};
 
 use burn::tensor::TensorData;
-use mpi::topology::SimpleCommunicator;
 
 use super::MpiError;
+use super::connect::{first_other, launched_runtime};
 use super::group::{Combine, ProcessGroup};
-use super::runtime::{Comm, Failure, runtime};
+use super::runtime::Failure;
 use crate::plan::measure::{Link, WARMUP, median};
 use crate::world::ProcessInfo;
 
@@ -39,33 +39,13 @@ impl Processes {
     /// # Errors
     /// [`MpiError`] when MPI cannot start or its world is not the launcher's.
     pub fn meet(process: &ProcessInfo, timeout: Duration) -> Result<Self, MpiError> {
-        let runtime = runtime().map_err(MpiError::Init)?;
-        let processes: Vec<usize> = (0..process.processes).collect();
-        let id = {
-            let mut state = runtime.lock();
-            if (state.process, state.processes) != (process.rank, process.processes) {
-                return Err(MpiError::NotTheLaunchersWorld {
-                    rank: process.rank,
-                    processes: process.processes,
-                    mpi_rank: state.process,
-                    mpi_processes: state.processes,
-                });
-            }
-            state.reserve_id()
-        };
+        let runtime = launched_runtime(process)?;
         // Every process must be here, not connecting its world (as a process started with
         // another strategy would be): this first call, timed, matches the world's start-up
         // check, whose different bytes then tell both sides apart.
-        let world = Comm(SimpleCommunicator::world());
-        let everyone = ProcessGroup::new(runtime, world, id, processes.clone(), timeout);
-        let all = everyone
-            .all_gather(MEETING.to_vec(), 0)
+        let other = first_other(runtime, process.processes, MEETING, timeout)
             .map_err(|f| failed(f, timeout))?;
-        drop(everyone);
-        if let Some(other) = all
-            .chunks(MEETING.len())
-            .position(|theirs| theirs != MEETING)
-        {
+        if let Some(other) = other {
             return Err(MpiError::Meeting(format!(
                 "process {other} is not planning with auto; start every process with the same \
                  --strategy and flags"
@@ -73,6 +53,7 @@ impl Processes {
         }
         let (comm, id) = runtime.lock().split(true);
         let comm = comm.expect("every process is a member");
+        let processes = (0..process.processes).collect();
         Ok(Self {
             group: ProcessGroup::new(runtime, comm, id, processes, timeout),
             seq: 0,
@@ -137,37 +118,31 @@ impl Processes {
             "the first process, alone, gives the bytes"
         );
         let seq = self.next();
-        match bytes {
+        let bytes = match bytes {
             Some(bytes) => {
                 for other in 1..self.group.processes.len() {
                     self.group.send(bytes.clone(), other, FROM_FIRST);
                 }
-                // Every other process holds them before this one goes on.
-                let seq = self.next();
-                self.group
-                    .barrier(seq)
-                    .map_err(|f| failed(f, self.timeout))?;
-                Ok(bytes)
+                bytes
             }
-            None => {
-                let bytes = self
-                    .group
-                    .recv_probing(0, FROM_FIRST, seq, PATIENT_PROBE, patience)
-                    .map_err(|f| match f {
-                        // The first process is not missing: it is busy measuring.
-                        Failure::Timeout { .. } => MpiError::Meeting(format!(
-                            "the first process did not send its measurement within \
-                             {patience:?}; raise [parallel.ddp] collective_timeout_s"
-                        )),
-                        other => failed(other, patience),
-                    })?;
-                let seq = self.next();
-                self.group
-                    .barrier(seq)
-                    .map_err(|f| failed(f, self.timeout))?;
-                Ok(bytes)
-            }
-        }
+            None => self
+                .group
+                .recv_probing(0, FROM_FIRST, seq, PATIENT_PROBE, patience)
+                .map_err(|f| match f {
+                    // The first process is not missing: it is busy measuring.
+                    Failure::Timeout { .. } => MpiError::Meeting(format!(
+                        "the first process did not send its measurement within {patience:?}; \
+                         raise [parallel.ddp] collective_timeout_s"
+                    )),
+                    other => failed(other, patience),
+                })?,
+        };
+        // Every process holds the bytes before any goes on.
+        let seq = self.next();
+        self.group
+            .barrier(seq)
+            .map_err(|f| failed(f, self.timeout))?;
+        Ok(bytes)
     }
 }
 
