@@ -12,8 +12,6 @@ use kiln_ad::checkpoint;
 use kiln_ad::config::AdConfig;
 use kiln_ad::goals::GoalSplit;
 use kiln_ad::run::{Auto, Measure, RunOptions, Seconds, evaluate_held_out};
-use kiln_core::checkpoint::Checkpoint;
-use kiln_core::plan::cost::Fixed;
 use kiln_core::plan::{Plan, PlanRequest};
 use kiln_core::strategy::{StrategyError, StrategyKind};
 use kiln_nn::tensor_parallel::ShardedBackend;
@@ -240,16 +238,13 @@ impl TrainArgs {
         }
         launched.check(c.train.strategy)?;
         // A run resumes on the layout it saved; a precision may rule stages out.
-        let resumed = match self.resume_path() {
-            Some(path) if c.train.strategy == StrategyKind::Auto => {
-                Some(Checkpoint::layout_at(&path)?)
-            }
-            _ => None,
-        };
+        let resume = self.resume_path();
+        let fixed =
+            crate::plan::auto_fixed(c.train.strategy, resume.as_deref(), c.optimizer.precision)?;
         let request = PlanRequest {
             dp,
             cpu_cores: launched.cores(self.backend.cpu_cores()),
-            fixed: Fixed::of_run(resumed, c.optimizer.precision),
+            fixed,
             ..c.plan_request()
         };
         let plan = Plan::resolve(request.clone())?;

@@ -4,11 +4,13 @@
 //! model ([`kiln_core::plan::cost`]) estimates, best first, and why the first was chosen.
 
 mod describe;
+mod fixed;
 #[cfg(feature = "mpi")]
 mod launched;
 mod machine;
 mod table;
 
+pub use fixed::auto_fixed;
 #[cfg(feature = "mpi")]
 pub use launched::{launched_planner, plan_together};
 pub use machine::planner;

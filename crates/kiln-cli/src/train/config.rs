@@ -4,7 +4,6 @@ use std::path::Path;
 
 use kiln_core::checkpoint::{Checkpoint, CheckpointConfig, config_differences};
 use kiln_core::optim::{GuardConfigError, PerformanceConfig};
-use kiln_core::plan::cost::Fixed;
 use kiln_core::plan::{Plan, PlanRequest};
 use kiln_core::strategy::{StrategyConfigs, StrategyKind};
 
@@ -224,10 +223,7 @@ impl TrainConfig {
             AutoPlan::Replicas => None,
         };
         // A run resumes on the layout it saved; a precision may rule stages out.
-        let resumed = match resume {
-            Some(path) if self.strategy == StrategyKind::Auto => Some(Checkpoint::layout_at(path)?),
-            _ => None,
-        };
+        let fixed = crate::plan::auto_fixed(self.strategy, resume, self.optimizer.precision)?;
         let request = PlanRequest {
             strategy: self.strategy,
             world: launched.world(self.world, self.devices.as_ref().map(Vec::len)),
@@ -236,7 +232,7 @@ impl TrainConfig {
             global_batch: self.batch,
             cpu_cores: launched.cores(self.backend.cpu_cores()),
             planner: None,
-            fixed: Fixed::of_run(resumed, self.optimizer.precision),
+            fixed,
         };
         // Checked first as it stands (the ranks, the batch), before `auto` spends a second
         // measuring the model.
