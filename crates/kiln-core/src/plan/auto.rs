@@ -279,26 +279,13 @@ fn replicas(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::cost::{Measured, TransformerShape, Workload};
+    use crate::plan::cost::{Measured, Workload};
     use crate::plan::{Plan, PlanRequest};
 
     /// A transformer whose step is timed on one core of a 2-core machine: dispatch and an
     /// update as a small model on a CPU has them.
     fn planner(memory: u64) -> Planner {
-        let shape = TransformerShape {
-            layers: 4,
-            hidden: 64,
-            heads: 4,
-            kv_heads: 4,
-            head_dim: 16,
-            qkv_bias: false,
-            o_bias: false,
-            ffn: 256,
-            seq: 16,
-            vocab: 16,
-            gated: false,
-            tied: false,
-        };
+        let shape = crate::plan::cost::tests::tiny_transformer();
         let workload = Workload::transformer(&shape, crate::plan::cost::Precision::F32, 64);
         let cluster = Cluster {
             devices: 2,

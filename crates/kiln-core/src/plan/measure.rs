@@ -906,21 +906,8 @@ mod tests {
 
     #[test]
     fn the_unsplit_share_is_the_one_whose_prediction_is_the_timed_step() {
-        use crate::plan::cost::{Precision, TransformerShape};
-        let shape = TransformerShape {
-            layers: 4,
-            hidden: 64,
-            heads: 4,
-            kv_heads: 4,
-            head_dim: 16,
-            qkv_bias: false,
-            o_bias: false,
-            ffn: 256,
-            seq: 16,
-            vocab: 16,
-            gated: false,
-            tied: false,
-        };
+        use crate::plan::cost::Precision;
+        let shape = crate::plan::cost::tests::tiny_transformer();
         let timings = [(8, 1, 2e-3), (32, 1, 6e-3), (32, 4, 7e-3)].map(|(s, m, t)| Timing {
             samples: s,
             micro_batches: m,

@@ -20,4 +20,4 @@ pub use search::{
 pub use workload::{Precision, TransformerShape, Workload};
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

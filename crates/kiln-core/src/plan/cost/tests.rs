@@ -3,6 +3,25 @@
 use super::*;
 use crate::strategy::StrategyKind;
 
+/// The transformer the planner's tests on a measured machine use: 4 blocks of width 64, 4
+/// heads, an FFN of 256, 16 tokens of a 16-symbol vocabulary.
+pub(crate) fn tiny_transformer() -> TransformerShape {
+    TransformerShape {
+        layers: 4,
+        hidden: 64,
+        heads: 4,
+        kv_heads: 4,
+        head_dim: 16,
+        qkv_bias: false,
+        o_bias: false,
+        ffn: 256,
+        seq: 16,
+        vocab: 16,
+        gated: false,
+        tied: false,
+    }
+}
+
 fn shape(layers: usize, hidden: usize, heads: usize, ffn: usize) -> TransformerShape {
     TransformerShape {
         layers,
