@@ -389,56 +389,22 @@ fn a_resumed_run_says_so() {
     std::fs::remove_dir_all(&scratch).ok();
 }
 
-#[test]
-fn auto_resumes_on_the_layout_its_checkpoint_saved() {
-    // Saved by a pipeline of two stages; `auto` alone would lay two ranks out as replicas,
-    // whose optimizer state is cut otherwise, and the checkpoint would be refused.
-    let scratch = temp("auto-layout");
+/// A pipeline of `stages` on `world` ranks saves one step, then `auto` resumes it: the
+/// strategy `auto` ran, and why.
+fn auto_resumed_after(name: &str, world: &str, stages: &str) -> (String, String) {
+    let scratch = temp(name);
     let dir = scratch.join("run");
     let dir_s = dir.to_str().unwrap();
-    let common = ["train", "--world", "2", "--samples", "512", "--batch", "32"];
-    let staged = ["--strategy", "pipeline", "--stages", "2", "--steps", "2"];
-    let out = kiln(&[&common[..], &staged, &["--save", dir_s]].concat());
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let json = scratch.join("resumed.json");
-    let resumed = [
-        "--steps",
-        "4",
-        "--resume",
-        dir_s,
-        "--json",
-        json.to_str().unwrap(),
+    let common = [
+        "train",
+        "--world",
+        world,
+        "--samples",
+        "256",
+        "--batch",
+        "16",
     ];
-    let out = kiln(&[&common[..], &resumed].concat());
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert_eq!(report["strategy"], "pipeline", "{report}");
-    let reason = report["strategy_reason"].as_str().unwrap();
-    assert!(
-        reason.contains("pp=2 tp=1 (the checkpoint's layout)"),
-        "{reason}"
-    );
-    std::fs::remove_dir_all(&scratch).ok();
-}
-
-#[test]
-fn auto_resumes_a_one_stage_pipeline_on_the_pipeline_s_engine() {
-    // One stage holds its optimizer state per stage, as every pipeline does, which Single
-    // (what `auto` runs on one rank) does not load.
-    let scratch = temp("auto-one-stage");
-    let dir = scratch.join("run");
-    let dir_s = dir.to_str().unwrap();
-    let common = ["train", "--world", "1", "--samples", "256", "--batch", "16"];
-    let staged = ["--strategy", "pipeline", "--stages", "1", "--steps", "1"];
+    let staged = ["--strategy", "pipeline", "--stages", stages, "--steps", "1"];
     let out = kiln(&[&common[..], &staged, &["--save", dir_s]].concat());
     assert!(
         out.status.success(),
@@ -456,13 +422,33 @@ fn auto_resumes_a_one_stage_pipeline_on_the_pipeline_s_engine() {
     );
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert_eq!(report["strategy"], "pipeline", "{report}");
-    let reason = report["strategy_reason"].as_str().unwrap();
+    std::fs::remove_dir_all(&scratch).ok();
+    let reason = report["strategy_reason"].as_str().unwrap().to_string();
+    (report["strategy"].as_str().unwrap().to_string(), reason)
+}
+
+#[test]
+fn auto_resumes_on_the_layout_its_checkpoint_saved() {
+    // Saved by a pipeline of two stages; `auto` alone would lay two ranks out as replicas,
+    // whose optimizer state is cut otherwise, and the checkpoint would be refused.
+    let (strategy, reason) = auto_resumed_after("auto-layout", "2", "2");
+    assert_eq!(strategy, "pipeline", "{reason}");
+    assert!(
+        reason.contains("pp=2 tp=1 (the checkpoint's layout)"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn auto_resumes_a_one_stage_pipeline_on_the_pipeline_s_engine() {
+    // One stage holds its optimizer state per stage, as every pipeline does, which Single
+    // (what `auto` runs on one rank) does not load.
+    let (strategy, reason) = auto_resumed_after("auto-one-stage", "1", "1");
+    assert_eq!(strategy, "pipeline", "{reason}");
     assert!(
         reason.contains("pp=1 tp=1 on the pipeline's engine (the checkpoint's layout)"),
         "{reason}"
     );
-    std::fs::remove_dir_all(&scratch).ok();
 }
 
 #[test]
