@@ -12,10 +12,11 @@ use kiln_bench::plan::{Calibration, PlanReport, PlanRow, markdown};
 use kiln_bench::stats::rotation;
 use kiln_core::data::DataSource;
 use kiln_core::model::ParallelModel;
+use kiln_core::optim::PerformanceConfig;
 use kiln_core::plan::cost::Candidate;
 use kiln_core::plan::measure::{Budget, TimedSteps, median, spread, time_steps};
 use kiln_core::plan::{Plan, PlanRequest, Planner};
-use kiln_core::strategy::StrategyConfigs;
+use kiln_core::strategy::{PerformanceSpec, StrategyConfigs};
 use kiln_nn::tensor_parallel::ShardedBackend;
 
 use crate::backend::{BackendKind, Job, Placement, dispatch};
@@ -172,6 +173,7 @@ impl Job for Candidates<'_> {
                 );
                 let job = Timed {
                     candidate,
+                    performance: &self.config.optimizer,
                     batch: self.config.batch,
                     seed: self.config.seed,
                     budget: self.budget,
@@ -208,6 +210,10 @@ impl Job for Candidates<'_> {
 /// One round of one candidate, on the built-in model.
 struct Timed<'a, B: AutodiffBackend> {
     candidate: &'a Candidate,
+    /// The run's precision and guards, as the planner timed its step with them: the same
+    /// step is timed on both sides (a guard's check of the gradients is several launches and
+    /// a read on a GPU).
+    performance: &'a PerformanceConfig,
     batch: usize,
     seed: u64,
     budget: Budget,
@@ -233,11 +239,13 @@ where
             ..PlanRequest::new(self.candidate.strategy, self.batch)
         })
         .map_err(|e| e.to_string())?;
+        let optim =
+            PerformanceSpec::new(adamw(), self.performance.clone()).map_err(|e| e.to_string())?;
         time_steps(
             &plan,
             self.devices,
             model,
-            &adamw(),
+            &optim,
             data,
             self.budget,
             self.seed,
