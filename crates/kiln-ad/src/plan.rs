@@ -42,8 +42,8 @@ pub fn workload(config: &AdConfig, global_batch: usize) -> Workload {
 
 /// This machine's `cores` as devices for `config`'s model on `data`: the step timed on one
 /// core (beside copies on the others, and alone), the in-process collective probed, and the
-/// step over two ranks of `devices` for what several ranks cost beyond their parts. About a
-/// second.
+/// step over two and three ranks of `devices` ([`measure::TIMED_RANKS`]) for what several
+/// ranks cost beyond their parts. About a second.
 ///
 /// # Errors
 /// A step or the probe that fails, or timings that cannot be fitted.

@@ -164,13 +164,10 @@ pub fn run<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
     let planned;
     let plan = match options.auto {
         Some(auto) if plan.world_size() > 1 => {
-            // Two ranks' devices, for the step timed over two: a launched process may hold one
+            // The ranks' devices the calibration times over: a launched process may hold one
             // (`auto` measures CPU backends, whose ranks share the one device).
-            let pair = match devices.len() {
-                1 => vec![devices[0].clone(); 2],
-                _ => devices.clone(),
-            };
-            let measure = || crate::plan::planner::<B>(config, &data, &pair, auto.cores);
+            let ranks = vec![devices[0].clone(); kiln_core::plan::measure::TIMED_RANKS];
+            let measure = || crate::plan::planner::<B>(config, &data, &ranks, auto.cores);
             planned = (auto.resolve)(&measure)?;
             &planned
         }

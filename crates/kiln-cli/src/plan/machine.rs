@@ -70,8 +70,12 @@ pub fn planner(config: &TrainConfig) -> Result<Planner, MachineError> {
     let (machine, placement) = match config.backend {
         backend if backend.is_cpu() => {
             let cores = backend.cpu_cores().unwrap_or(1);
-            // Two ranks' devices: the rendezvous is timed over two.
-            (Machine::Cores(cores), Placement::new(2, None))
+            // The ranks' devices the calibration times over (the rendezvous over two,
+            // the crowding over three).
+            (
+                Machine::Cores(cores),
+                Placement::new(measure::TIMED_RANKS, None),
+            )
         }
         // The run's GPUs: one rank each (those listed, or as many as the world).
         BackendKind::Cuda => (

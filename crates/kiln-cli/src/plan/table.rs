@@ -46,7 +46,8 @@ pub fn render(
                  sample, {} µs a micro-batch, {} µs an update ({:.2}× alone); the collective \
                  {:.1} µs a step and {:.1} GB/s; ranks meet in {} µs a step and hand a \
                  micro-batch on in {} µs more; shards meet in {} µs an all-reduce and run \
-                 {:.0} % of a block's work whole.",
+                 {:.0} % of a block's work whole; ranks beyond the cores go {:.0} % of the way \
+                 from sharing them evenly to the most crowded core's pace.",
                 cluster.devices,
                 cluster.cores.unwrap_or(cluster.devices),
                 bytes(cluster.memory as f64),
@@ -59,7 +60,8 @@ pub fn render(
                 us(m.rendezvous),
                 us(m.handoff),
                 us(m.tp_call),
-                m.tp_unsplit * 100.0
+                m.tp_unsplit * 100.0,
+                m.crowded * 100.0
             );
         }
     }

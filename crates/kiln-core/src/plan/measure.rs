@@ -1,6 +1,7 @@
 //! The planner's inputs measured on this machine: a model's step timed on one rank
-//! ([`calibrate`]), and the collective's latency and bandwidth between two ranks
-//! ([`probe_links`]). `kiln plan --model` and `auto` feed them to the cost model; the plan
+//! ([`calibrate`]), the collective's latency and bandwidth between two ranks
+//! ([`probe_links`]), and what the model's own ranks cost beyond their parts
+//! ([`calibrate_ranks`]). `kiln plan --model` and `auto` feed them to the cost model; the plan
 //! benchmark times every candidate with [`time_steps`].
 
 use std::time::{Duration, Instant};
@@ -8,9 +9,7 @@ use std::time::{Duration, Instant};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 
-use super::cost::{
-    Cluster, FitError, Layout, Measured, TP_CALLS_PER_BLOCK, Timing, Workload, step_time,
-};
+use super::cost::{Cluster, FitError, Measured, Timing, Workload};
 use super::{Plan, PlanRequest, Planner};
 use crate::collective::{Collective, CollectiveError, InProcess, ReduceOp};
 use crate::data::{DataSource, EpochSampler};
@@ -19,6 +18,10 @@ use crate::strategy::{
     ConfigError, OptimizerSpec, RankStats, StrategyConfigs, StrategyError, StrategyKind, build,
 };
 use crate::tensor_parallel::TpBackend;
+
+mod ranks;
+
+pub use ranks::{TIMED_RANKS, calibrate_ranks};
 
 /// Why the machine could not be measured.
 #[derive(Debug, thiserror::Error)]
@@ -357,174 +360,6 @@ where
     Ok(measured.with_alone(samples, alone.median()))
 }
 
-/// Times `model`'s step over two ranks of `devices` (one intra-op thread each, the machine's
-/// other `others` cores running copies of a rank's step beside them) as Ddp, as two
-/// tensor-parallel shards and as a pipeline of two stages, and gives `planner`'s costs what
-/// each took beyond what the cost model predicts for it: the ranks'
-/// [`rendezvous`](Measured::rendezvous) (a cost of every step of several ranks), the shards'
-/// meeting at each of a block's all-reduces ([`tp_call`](Measured::tp_call)) and a stage's
-/// [`handoff`](Measured::handoff) (of every micro-batch passed between stages). These are
-/// costs no probe of a collective sees (thread wake-ups, buckets packed), measured on the
-/// model's own ranks. A model that cannot be cut has none of the cut's costs to time.
-///
-/// Those steps have two samples (a sample a replica; both through each stage or shard): none
-/// of the costs grows with the samples, and the timings' noise does (a few percent of a 10 ms
-/// step is more than any). The shards are timed once more at the calibration's batch of
-/// `calibrated` samples, for the share of a block's work that each runs whole
-/// ([`tp_unsplit`](Measured::tp_unsplit)): that one grows with the samples.
-///
-/// # Errors
-/// What a step returns.
-#[allow(clippy::too_many_arguments)]
-pub fn calibrate_ranks<B, M, S, I>(
-    mut planner: Planner,
-    devices: &[B::Device],
-    model: &M,
-    optim: &S,
-    data: &DataSource<B, I, M::Input>,
-    (calibrated, others): (usize, usize),
-    budget: Budget,
-    seed: u64,
-) -> Result<Planner, MeasureError>
-where
-    B: AutodiffBackend + TpBackend,
-    M: ParallelModel<B>,
-    S: OptimizerSpec<B> + Sync,
-    I: Send + 'static,
-{
-    // Two ranks need a sample each.
-    if planner.cluster.measured.is_none() || data.len() < 2 || devices.len() < 2 {
-        return Ok(planner);
-    }
-    let batch = 2;
-    let single = timing_plan(StrategyKind::Single, 1, 1, 1)?;
-    let time_pair = |plan: &Plan| {
-        let companions = (0..others).map(|_| {
-            let (model, data, single) = (model.clone(), data.clone(), &single);
-            let device = std::slice::from_ref(&devices[0]);
-            move || time_steps(single, device, model, optim, data, longer(budget), seed)
-        });
-        let pair = &devices[..2];
-        beside(companions, || {
-            time_steps(plan, pair, model.clone(), optim, data.clone(), budget, seed)
-        })
-        .map(|t| t.median())
-    };
-    let predict = |planner: &Planner, layout: Layout| {
-        // Every core was busy (the pair and its companions), as when every core holds a
-        // rank: the pair's cluster, not two ranks on an otherwise idle machine.
-        let mut cluster = planner.cluster(2);
-        cluster.cores = cluster.cores.map(|cores| cores.min(2));
-        step_time(&planner.workload, &cluster, &layout).total
-    };
-    let layout = Layout {
-        dp: 2,
-        pp: 1,
-        tp: 1,
-        micro_batches: 1,
-        micro_batch: 1,
-        recompute: false,
-    };
-    let ddp = time_pair(&timing_plan(StrategyKind::Ddp, 2, batch, 1)?)?;
-    let predicted = predict(&planner, layout);
-    planner.cluster.measured = planner
-        .cluster
-        .measured
-        .map(|m| m.with_rendezvous(ddp, predicted));
-    // Two shards: their meetings mid-block, a cost per all-reduce, timed at two samples where
-    // the work is small; and the share of a block's work each runs whole, timed at the
-    // calibration's batch where the work is most of the step. A model that does not shard has
-    // neither.
-    match time_pair(&timing_plan(StrategyKind::Tensor, 2, batch, 1)?) {
-        Err(error) if cannot_cut(&error) => {}
-        small => {
-            let small = small?;
-            let samples = calibrated.min(data.len()).max(batch);
-            let large = time_pair(&timing_plan(StrategyKind::Tensor, 2, samples, 1)?)?;
-            let shards = Layout {
-                dp: 1,
-                tp: 2,
-                micro_batch: batch,
-                ..layout
-            };
-            let calls = planner.workload.layers * TP_CALLS_PER_BLOCK;
-            // Each fit holds the other fixed; twice round settles both.
-            for _ in 0..2 {
-                // The prediction without meetings: the difference is theirs.
-                if let Some(m) = &mut planner.cluster.measured {
-                    m.tp_call = 0.0;
-                }
-                let predicted = predict(&planner, shards);
-                planner.cluster.measured = planner
-                    .cluster
-                    .measured
-                    .map(|m| m.with_tp_call(small, predicted, calls));
-                let at = Layout {
-                    micro_batch: samples,
-                    ..shards
-                };
-                planner = fit_unsplit(planner, large, |p| predict(p, at));
-            }
-        }
-    }
-    // A model of one block has no two stages to hand a micro-batch between.
-    if planner.workload.layers < 2 {
-        return Ok(planner);
-    }
-    let mut configs = StrategyConfigs::default();
-    configs.set_threads_per_rank(1);
-    configs.pipeline.stages = 2;
-    configs.pipeline.micro_batches = 1;
-    let staged = Plan::resolve(
-        PlanRequest::new(StrategyKind::Pipeline, batch)
-            .with_world(2)
-            .with_configs(configs),
-    )
-    .map_err(StrategyError::from)?;
-    let pipeline = match time_pair(&staged) {
-        // A model that cannot be cut in two stages has no hand-off to time.
-        Err(error) if cannot_cut(&error) => return Ok(planner),
-        other => other?,
-    };
-    let layout = Layout {
-        dp: 1,
-        pp: 2,
-        micro_batch: batch,
-        ..layout
-    };
-    let predicted = predict(&planner, layout);
-    planner.cluster.measured = planner
-        .cluster
-        .measured
-        .map(|m| m.with_handoff(pipeline, predicted, 2));
-    Ok(planner)
-}
-
-/// `planner` with the share of a block's per-sample work that its shards run whole
-/// ([`Measured::tp_unsplit`]) set so that `predict` gives `seconds` (a step timed), as near as
-/// a share between none and all can: the prediction grows with the share.
-fn fit_unsplit(mut planner: Planner, seconds: f64, predict: impl Fn(&Planner) -> f64) -> Planner {
-    let with = |planner: &Planner, share: f64| {
-        let mut planner = planner.clone();
-        if let Some(m) = &mut planner.cluster.measured {
-            m.tp_unsplit = share;
-        }
-        planner
-    };
-    let (mut low, mut high) = (0.0f64, 1.0f64);
-    for _ in 0..40 {
-        let mid = 0.5 * (low + high);
-        match predict(&with(&planner, mid)) < seconds {
-            true => low = mid,
-            false => high = mid,
-        }
-    }
-    if let Some(m) = &mut planner.cluster.measured {
-        m.tp_unsplit = 0.5 * (low + high);
-    }
-    planner
-}
-
 /// Whether `error` says the model cannot be cut as a layout asks (it refuses stages or
 /// shards): a layout the measurement skips, not a failure.
 pub(super) fn cannot_cut(error: &StrategyError) -> bool {
@@ -655,7 +490,8 @@ const PROBE_CALLS: usize = 20;
 /// This machine's `cores` as the planner's devices for `model`'s step (`workload` to the cost
 /// model) on batches of `batch` from `data`, trained with `optim`: the step timed on one core
 /// of `devices` ([`calibrate`], beside copies on the others, and alone), the in-process
-/// collective probed ([`probe_links`]), and the step over two ranks ([`calibrate_ranks`]).
+/// collective probed ([`probe_links`]), and the step over two and three ranks of `devices`
+/// ([`calibrate_ranks`]).
 /// About a second. Where the process counts its memory, the memory model is then fitted to
 /// the model cut over shards and stages ([`fit_memory`](super::memory_fit::fit_memory)). What
 /// `auto` plans with on the CPU, whatever the model.
@@ -902,47 +738,6 @@ mod tests {
                 assert!(samples.is_multiple_of(micro_batches) && samples >= micro_batches);
             }
         }
-    }
-
-    #[test]
-    fn the_unsplit_share_is_the_one_whose_prediction_is_the_timed_step() {
-        use crate::plan::cost::Precision;
-        let shape = crate::plan::cost::tests::tiny_transformer();
-        let timings = [(8, 1, 2e-3), (32, 1, 6e-3), (32, 4, 7e-3)].map(|(s, m, t)| Timing {
-            samples: s,
-            micro_batches: m,
-            seconds: t,
-            spread: 0.0,
-            peak_bytes: None,
-        });
-        let measured = Measured::fit(&timings).unwrap();
-        let link = Link {
-            latency: 15e-6,
-            bandwidth: 5e9,
-        };
-        let planner = cpu_planner(
-            Workload::transformer(&shape, Precision::F32, 32),
-            measured,
-            link,
-            2,
-        );
-        let shards = Layout {
-            dp: 1,
-            pp: 1,
-            tp: 2,
-            micro_batches: 1,
-            micro_batch: 32,
-            recompute: false,
-        };
-        let predict = |p: &Planner| step_time(&p.workload, &p.cluster(2), &shards).total;
-        let share = |p: &Planner| p.cluster.measured.as_ref().unwrap().tp_unsplit;
-        let mut truth = planner.clone();
-        truth.cluster.measured.as_mut().unwrap().tp_unsplit = 0.3;
-        let fitted = fit_unsplit(planner.clone(), predict(&truth), predict);
-        assert!((share(&fitted) - 0.3).abs() < 1e-6, "{}", share(&fitted));
-        // A step faster than perfectly split work is none unsplit; slower than all, all.
-        assert!(share(&fit_unsplit(planner.clone(), 0.0, predict)) < 1e-9);
-        assert!(share(&fit_unsplit(planner, 1.0, predict)) > 1.0 - 1e-9);
     }
 
     #[test]

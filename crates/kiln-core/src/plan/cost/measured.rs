@@ -67,6 +67,12 @@ pub struct Measured {
     /// model's own shards. 0 when not timed.
     #[serde(default)]
     pub tp_unsplit: f64,
+    /// How ranks beyond the cores share them ([`Cluster::crowding`](super::Cluster::crowding)):
+    /// 1 where the step goes at the pace of the most crowded core (`⌈ranks / cores⌉` ranks'
+    /// turns), 0 where the cores' time divides evenly among the ranks (`ranks / cores`),
+    /// fitted between on the model's own replicas, one more than two cores. 1 when not timed.
+    #[serde(default = "one")]
+    pub crowded: f64,
 }
 
 /// The serde default of a factor that is 1 unless measured.
@@ -132,6 +138,7 @@ impl Measured {
             handoff: 0.0,
             tp_call: 0.0,
             tp_unsplit: 0.0,
+            crowded: 1.0,
         })
     }
 

@@ -309,6 +309,7 @@ fn measured(alone: f64, rendezvous: f64, handoff: f64) -> Measured {
         handoff,
         tp_call: 0.0,
         tp_unsplit: 0.0,
+        crowded: 1.0,
     }
 }
 
@@ -368,6 +369,24 @@ fn crowded_ranks_take_turns_and_a_stage_s_wait_is_another_rank_s_turn() {
         step_time(&work, &four, &layout(4, 1, 1, 16)),
     );
     assert!((b.compute - 2.0 * a.compute).abs() < 1e-12, "{a:?} {b:?}");
+    // Three replicas on two cores: as slowly as four at the most crowded core's pace (the
+    // default), one and a half times at the cores' time evenly shared, and between for a
+    // share between.
+    let three = |crowded: f64| {
+        let mut cluster = cores(
+            2,
+            Measured {
+                crowded,
+                ..measured(1.0, 0.0, 0.0)
+            },
+        )
+        .1;
+        cluster.devices = 3;
+        step_time(&work, &cluster, &layout(3, 1, 1, 16)).compute
+    };
+    assert!((three(1.0) - 2.0 * a.compute).abs() < 1e-12);
+    assert!((three(0.0) - 1.5 * a.compute).abs() < 1e-12);
+    assert!((three(0.5) - 1.75 * a.compute).abs() < 1e-12);
     // Two replicas of two stages on two cores: each core runs two ranks' work, the whole of
     // a replica's, which is less than twice the busiest stage's critical path with its bubble.
     let staged = layout(2, 2, 4, 8);
@@ -385,6 +404,15 @@ fn crowded_ranks_take_turns_and_a_stage_s_wait_is_another_rank_s_turn() {
         (turns - (replica.compute + replica.update)).abs() < 1e-3 * turns,
         "{turns} against a replica's {replica:?}"
     );
+    // Each hand-off between stages waits for both stages' turns: twice as long where every
+    // core runs two ranks as on cores of their own.
+    let (_, uncrowded) = cores(4, measured(1.0, 0.0, 0.0));
+    let uncrowded = Cluster {
+        cores: Some(4),
+        ..uncrowded
+    };
+    let apart = step_time(&work, &uncrowded, &staged).pipeline;
+    assert!(apart > 0.0 && (crowded.pipeline - 2.0 * apart).abs() < 1e-12 * apart.max(1.0));
 }
 
 #[test]

@@ -1,0 +1,323 @@
+//! What several ranks cost beyond their parts, timed on the model's own ranks: the costs no
+//! probe of a collective sees (thread wake-ups, buckets packed, shards meeting mid-block,
+//! ranks taking turns on too few cores), each fitted as what makes the cost model's
+//! prediction of a timed step the time it took.
+
+use super::{Budget, MeasureError, beside, cannot_cut, longer, time_steps, timing_plan};
+use crate::data::DataSource;
+use crate::model::ParallelModel;
+use crate::plan::cost::{Layout, Measured, TP_CALLS_PER_BLOCK, step_time};
+use crate::plan::{Plan, PlanRequest, Planner};
+use crate::strategy::{OptimizerSpec, StrategyConfigs, StrategyError, StrategyKind};
+use crate::tensor_parallel::TpBackend;
+use burn::tensor::backend::AutodiffBackend;
+
+/// The ranks [`calibrate_ranks`] times over at most, and so the devices a CPU planner is given:
+/// two for the costs of ranks meeting, a third to crowd two cores.
+pub const TIMED_RANKS: usize = 3;
+
+/// Times `model`'s step over two ranks of `devices` (one intra-op thread each, the machine's
+/// other `others` cores running copies of a rank's step beside them) as Ddp, as two
+/// tensor-parallel shards and as a pipeline of two stages, and gives `planner`'s costs what
+/// each took beyond what the cost model predicts for it: the ranks'
+/// [`rendezvous`](Measured::rendezvous) (a cost of every step of several ranks), the shards'
+/// meeting at each of a block's all-reduces ([`tp_call`](Measured::tp_call)) and a stage's
+/// [`handoff`](Measured::handoff) (of every micro-batch passed between stages). These are
+/// costs no probe of a collective sees (thread wake-ups, buckets packed), measured on the
+/// model's own ranks. A model that cannot be cut has none of the cut's costs to time.
+///
+/// Those steps have two samples (a sample a replica; both through each stage or shard): none
+/// of the costs grows with the samples, and the timings' noise does (a few percent of a 10 ms
+/// step is more than any). The shards are timed once more at the calibration's batch of
+/// `calibrated` samples, for the share of a block's work that each runs whole
+/// ([`tp_unsplit`](Measured::tp_unsplit)): that one grows with the samples.
+///
+/// On a CPU (the planner's cluster has cores) with a third device, three Ddp replicas are
+/// timed at the calibration's batch with the same companions, one thread more than the
+/// cores, for how ranks beyond the cores share them ([`crowded`](Measured::crowded)).
+///
+/// # Errors
+/// What a step returns.
+#[allow(clippy::too_many_arguments)]
+pub fn calibrate_ranks<B, M, S, I>(
+    mut planner: Planner,
+    devices: &[B::Device],
+    model: &M,
+    optim: &S,
+    data: &DataSource<B, I, M::Input>,
+    (calibrated, others): (usize, usize),
+    budget: Budget,
+    seed: u64,
+) -> Result<Planner, MeasureError>
+where
+    B: AutodiffBackend + TpBackend,
+    M: ParallelModel<B>,
+    S: OptimizerSpec<B> + Sync,
+    I: Send + 'static,
+{
+    // Two ranks need a sample each.
+    if planner.cluster.measured.is_none() || data.len() < 2 || devices.len() < 2 {
+        return Ok(planner);
+    }
+    let batch = 2;
+    let single = timing_plan(StrategyKind::Single, 1, 1, 1)?;
+    let time_ranks = |plan: &Plan, budget: Budget| {
+        let companions = (0..others).map(|_| {
+            let (model, data, single) = (model.clone(), data.clone(), &single);
+            let device = std::slice::from_ref(&devices[0]);
+            move || time_steps(single, device, model, optim, data, longer(budget), seed)
+        });
+        let ranks = &devices[..plan.world_size()];
+        beside(companions, || {
+            time_steps(
+                plan,
+                ranks,
+                model.clone(),
+                optim,
+                data.clone(),
+                budget,
+                seed,
+            )
+        })
+        .map(|t| t.median())
+    };
+    let predict = |planner: &Planner, layout: Layout| {
+        // Every core was busy (the ranks and their companions), as when every core holds a
+        // rank: the ranks' cluster on two cores, not on an otherwise idle machine.
+        let mut cluster = planner.cluster(layout.dp * layout.pp * layout.tp);
+        cluster.cores = cluster.cores.map(|cores| cores.min(2));
+        step_time(&planner.workload, &cluster, &layout).total
+    };
+    let layout = Layout {
+        dp: 2,
+        pp: 1,
+        tp: 1,
+        micro_batches: 1,
+        micro_batch: 1,
+        recompute: false,
+    };
+    let ddp = time_ranks(&timing_plan(StrategyKind::Ddp, 2, batch, 1)?, budget)?;
+    let predicted = predict(&planner, layout);
+    planner.cluster.measured = planner
+        .cluster
+        .measured
+        .map(|m| m.with_rendezvous(ddp, predicted));
+    // Three replicas on two cores' worth: how the turns go, at the calibration's batch (the
+    // turns are a share of the work, which grows with the samples).
+    let crowdable = planner.cluster.cores.is_some_and(|cores| cores >= 2);
+    if crowdable && devices.len() >= TIMED_RANKS && data.len() >= TIMED_RANKS {
+        let replicas = TIMED_RANKS;
+        let per_replica = (calibrated.min(data.len()) / replicas).max(1);
+        let plan = timing_plan(StrategyKind::Ddp, replicas, per_replica * replicas, 1)?;
+        // Twice as long as the other timings: a share of the step, it is fitted from one.
+        let crowded = time_ranks(&plan, twice(budget))?;
+        let at = Layout {
+            dp: replicas,
+            micro_batch: per_replica,
+            ..layout
+        };
+        planner = fit_share(
+            planner,
+            crowded,
+            |m, share| m.crowded = share,
+            |p| predict(p, at),
+        );
+    }
+    // Two shards: their meetings mid-block, a cost per all-reduce, timed at two samples where
+    // the work is small; and the share of a block's work each runs whole, timed at the
+    // calibration's batch where the work is most of the step. A model that does not shard has
+    // neither.
+    match time_ranks(&timing_plan(StrategyKind::Tensor, 2, batch, 1)?, budget) {
+        Err(error) if cannot_cut(&error) => {}
+        small => {
+            let small = small?;
+            let samples = calibrated.min(data.len()).max(batch);
+            let large = time_ranks(&timing_plan(StrategyKind::Tensor, 2, samples, 1)?, budget)?;
+            let shards = Layout {
+                dp: 1,
+                tp: 2,
+                micro_batch: batch,
+                ..layout
+            };
+            let calls = planner.workload.layers * TP_CALLS_PER_BLOCK;
+            // Each fit holds the other fixed; twice round settles both.
+            for _ in 0..2 {
+                // The prediction without meetings: the difference is theirs.
+                if let Some(m) = &mut planner.cluster.measured {
+                    m.tp_call = 0.0;
+                }
+                let predicted = predict(&planner, shards);
+                planner.cluster.measured = planner
+                    .cluster
+                    .measured
+                    .map(|m| m.with_tp_call(small, predicted, calls));
+                let at = Layout {
+                    micro_batch: samples,
+                    ..shards
+                };
+                planner = fit_share(
+                    planner,
+                    large,
+                    |m, share| m.tp_unsplit = share,
+                    |p| predict(p, at),
+                );
+            }
+        }
+    }
+    // A model of one block has no two stages to hand a micro-batch between.
+    if planner.workload.layers < 2 {
+        return Ok(planner);
+    }
+    let mut configs = StrategyConfigs::default();
+    configs.set_threads_per_rank(1);
+    configs.pipeline.stages = 2;
+    configs.pipeline.micro_batches = 1;
+    let staged = Plan::resolve(
+        PlanRequest::new(StrategyKind::Pipeline, batch)
+            .with_world(2)
+            .with_configs(configs),
+    )
+    .map_err(StrategyError::from)?;
+    let pipeline = match time_ranks(&staged, budget) {
+        // A model that cannot be cut in two stages has no hand-off to time.
+        Err(error) if cannot_cut(&error) => return Ok(planner),
+        other => other?,
+    };
+    let layout = Layout {
+        dp: 1,
+        pp: 2,
+        micro_batch: batch,
+        ..layout
+    };
+    let predicted = predict(&planner, layout);
+    planner.cluster.measured = planner
+        .cluster
+        .measured
+        .map(|m| m.with_handoff(pipeline, predicted, 2));
+    Ok(planner)
+}
+
+/// `budget` twice over.
+fn twice(budget: Budget) -> Budget {
+    Budget {
+        seconds: budget.seconds * 2.0,
+        steps: budget.steps * 2,
+        most_steps: budget.most_steps * 2,
+        ..budget
+    }
+}
+
+/// `planner` with a share of its measured costs (one of [`Measured`]'s fields between 0 and
+/// 1, which `set` writes) set so that `predict` gives `seconds` (a step timed), as near as a
+/// share between none and all can: the prediction grows with the share.
+fn fit_share(
+    mut planner: Planner,
+    seconds: f64,
+    set: impl Fn(&mut Measured, f64),
+    predict: impl Fn(&Planner) -> f64,
+) -> Planner {
+    let with = |planner: &Planner, share: f64| {
+        let mut planner = planner.clone();
+        if let Some(m) = &mut planner.cluster.measured {
+            set(m, share);
+        }
+        planner
+    };
+    let (mut low, mut high) = (0.0f64, 1.0f64);
+    for _ in 0..40 {
+        let mid = 0.5 * (low + high);
+        match predict(&with(&planner, mid)) < seconds {
+            true => low = mid,
+            false => high = mid,
+        }
+    }
+    if let Some(m) = &mut planner.cluster.measured {
+        set(m, 0.5 * (low + high));
+    }
+    planner
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::cost::{Precision, Timing, Workload};
+    use crate::plan::measure::{Link, cpu_planner};
+
+    /// The tiny transformer as planned on `cores` cores, its step fitted to three timings.
+    fn tiny_planner(cores: usize) -> Planner {
+        let shape = crate::plan::cost::tests::tiny_transformer();
+        let timings = [(8, 1, 2e-3), (32, 1, 6e-3), (32, 4, 7e-3)].map(|(s, m, t)| Timing {
+            samples: s,
+            micro_batches: m,
+            seconds: t,
+            spread: 0.0,
+            peak_bytes: None,
+        });
+        let link = Link {
+            latency: 15e-6,
+            bandwidth: 5e9,
+        };
+        cpu_planner(
+            Workload::transformer(&shape, Precision::F32, 32),
+            Measured::fit(&timings).unwrap(),
+            link,
+            cores,
+        )
+    }
+
+    /// `fit_share` of the field `set` writes recovers `truth`, and is none for a step faster
+    /// than any share predicts and all for one slower.
+    fn recovers(
+        planner: &Planner,
+        truth: f64,
+        set: impl Fn(&mut Measured, f64) + Copy,
+        get: impl Fn(&Measured) -> f64,
+        predict: impl Fn(&Planner) -> f64 + Copy,
+    ) {
+        let share = |p: &Planner| get(p.cluster.measured.as_ref().unwrap());
+        let mut true_planner = planner.clone();
+        set(true_planner.cluster.measured.as_mut().unwrap(), truth);
+        let fitted = fit_share(planner.clone(), predict(&true_planner), set, predict);
+        assert!((share(&fitted) - truth).abs() < 1e-6, "{}", share(&fitted));
+        assert!(share(&fit_share(planner.clone(), 0.0, set, predict)) < 1e-9);
+        assert!(share(&fit_share(planner.clone(), 1.0, set, predict)) > 1.0 - 1e-9);
+    }
+
+    #[test]
+    fn the_unsplit_share_is_the_one_whose_prediction_is_the_timed_step() {
+        let shards = Layout {
+            dp: 1,
+            pp: 1,
+            tp: 2,
+            micro_batches: 1,
+            micro_batch: 32,
+            recompute: false,
+        };
+        recovers(
+            &tiny_planner(2),
+            0.3,
+            |m, share| m.tp_unsplit = share,
+            |m| m.tp_unsplit,
+            |p| step_time(&p.workload, &p.cluster(2), &shards).total,
+        );
+    }
+
+    #[test]
+    fn the_crowded_share_is_the_one_whose_prediction_is_the_timed_step() {
+        let replicas = Layout {
+            dp: 3,
+            pp: 1,
+            tp: 1,
+            micro_batches: 1,
+            micro_batch: 32,
+            recompute: false,
+        };
+        recovers(
+            &tiny_planner(2),
+            0.4,
+            |m, share| m.crowded = share,
+            |m| m.crowded,
+            |p| step_time(&p.workload, &p.cluster(3), &replicas).total,
+        );
+    }
+}
