@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use burn::backend::{Autodiff, Flex};
-use burn::tensor::{Distribution, Tensor};
+use burn::tensor::Tensor;
 
 use super::ops::{copy_to_tp, gather_from_tp, reduce_from_tp, scatter_to_tp};
 use super::{TpGroup, disconnect};
@@ -28,11 +28,18 @@ fn on_two<R: Send>(f: impl Fn(TpGroup<B>) -> R + Sync) -> Vec<R> {
     })
 }
 
-/// Fixed random values, the same in every thread.
+/// Fixed random values, the same in every thread. Drawn from a generator of their own: the
+/// backend's is one for the process, so two ranks that seed it and draw at once would each
+/// draw a part of one stream (a test that failed now and then).
 fn values<const D: usize>(dims: [usize; D], seed: u64) -> Tensor<Flex, D> {
-    let device = Default::default();
-    <Flex as burn::tensor::backend::Backend>::seed(&device, seed);
-    Tensor::random(dims, Distribution::Normal(0.0, 1.0), &device)
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let count = dims.iter().product();
+    let drawn: Vec<f32> = (0..count).map(|_| rng.random_range(-2.0..2.0)).collect();
+    Tensor::from_data(
+        burn::tensor::TensorData::new(drawn, dims),
+        &Default::default(),
+    )
 }
 
 fn close<const D: usize>(a: Tensor<Flex, D>, b: Tensor<Flex, D>, what: &str) {
