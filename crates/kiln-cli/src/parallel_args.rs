@@ -1,7 +1,8 @@
 //! The flags that shape the mesh and its communication, shared by `kiln train` and `kiln ad
-//! train`: `--dp`, `--stages`, `--tp`, the pipeline's schedule and the gradient buckets. Each
-//! overrides the same setting of `[parallel.*]`; a flag the chosen strategy does not read is
-//! refused, not ignored.
+//! train`: `--dp`, `--stages`, `--tp`, the pipeline's micro-batches, schedule and
+//! recomputation, and the gradient buckets. Each overrides the same setting of `[parallel.*]`
+//! (`[parallel.auto]`'s under `auto`); a flag the chosen strategy does not read is refused,
+//! not ignored.
 
 use kiln_core::strategy::{Schedule, StrategyConfigs, StrategyKind};
 
@@ -25,14 +26,18 @@ pub struct ParallelArgs {
     /// choice for auto].
     #[arg(long)]
     tp: Option<usize>,
-    /// Pipeline micro-batches per flush [default: 4].
+    /// Pipeline micro-batches per flush; under `auto`, the micro-batches of each replica's
+    /// samples every layout it considers keeps (the pipeline's with stages, gradient
+    /// accumulation without) [default: 4, the planner's choice for auto].
     #[arg(long)]
     micro_batches: Option<usize>,
-    /// Pipeline schedule [default: 1f1b].
+    /// Pipeline schedule (not under `auto`, which runs 1F1B, the schedule its memory model
+    /// counts) [default: 1f1b].
     #[arg(long, value_parser = schedule_parser())]
     schedule: Option<Schedule>,
     /// Pipeline activation checkpointing: each stage keeps only its micro-batches' inputs and
-    /// recomputes the forward in the backward (less memory, one more forward).
+    /// recomputes the forward in the backward (less memory, one more forward); under `auto`,
+    /// every layout with stages it considers recomputes.
     #[arg(long)]
     recompute: bool,
     /// Largest gradient bucket of the data-parallel all-reduce, in MiB (ddp, pipeline,
@@ -94,6 +99,20 @@ impl ParallelArgs {
                 Auto => configs.auto.tp = Some(tp),
                 _ => return Err(refuse("--tp", "tensor and auto")),
             }
+        }
+        if strategy == Auto {
+            if self.schedule.is_some() {
+                return Err(refuse(
+                    "--schedule",
+                    "pipeline and tensor (with --stages); auto runs 1F1B, the schedule whose \
+                     memory its planner counts,",
+                ));
+            }
+            configs.auto.micro_batches = self.micro_batches.or(configs.auto.micro_batches);
+            if self.recompute {
+                configs.auto.recompute = Some(true);
+            }
+            return Ok(self.dp);
         }
         let pipeline_flags = [
             ("--micro-batches", self.micro_batches.is_some()),

@@ -482,7 +482,28 @@ fn auto_keeps_the_stages_and_shards_a_user_fixes() {
     assert_eq!(report["strategy"], "pipeline", "{report}");
     let reason = report["strategy_reason"].as_str().unwrap();
     assert!(
-        reason.contains("pp=2 tp=any (as [parallel.auto] or --stages/--tp fix)"),
+        reason.contains("pp=2 tp=any (as [parallel.auto] or its flags fix)"),
+        "{reason}"
+    );
+    // Micro-batches and recomputation fixed too: two stages that recompute, the replica's 8
+    // samples in 2 micro-batches.
+    let report = train(
+        "auto-recompute",
+        &[
+            "--world",
+            "2",
+            "--stages",
+            "2",
+            "--micro-batches",
+            "2",
+            "--recompute",
+        ],
+    );
+    assert_eq!(report["strategy"], "pipeline", "{report}");
+    let reason = report["strategy_reason"].as_str().unwrap();
+    assert!(
+        reason.contains("pp=2 tp=any, 2 micro-batch(es), recomputed")
+            && reason.contains("dp=1 pp=2 tp=1, 2 micro-batch(es) of 4, recomputed"),
         "{reason}"
     );
     // The same from a config file's [parallel.auto].
@@ -518,5 +539,14 @@ fn auto_keeps_the_stages_and_shards_a_user_fixes() {
             "bf16",
         ],
         "fixes pp=2 tp=any, against pp=1 tp=any (bf16 runs without pipeline stages)",
+    );
+    // auto runs 1F1B; a gradient accumulation apart from the micro-batches is refused.
+    assert_one_line_error(
+        &["train", "--schedule", "gpipe"],
+        "--schedule applies to pipeline and tensor (with --stages); auto runs 1F1B",
+    );
+    assert_one_line_error(
+        &["train", "--micro-batches", "2", "--grad-accum", "4"],
+        "auto: its micro-batches are set twice, apart: 2",
     );
 }

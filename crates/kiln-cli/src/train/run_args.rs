@@ -39,7 +39,9 @@ pub struct RunArgs {
     /// Learning rate of AdamW [default: kiln train 0.003, kiln finetune 0.0002].
     #[arg(long, allow_negative_numbers = true)]
     lr: Option<f64>,
-    /// Micro-batches per rank and step, gradient accumulation [default: 1].
+    /// Micro-batches per rank and step, gradient accumulation; under `auto`, the micro-batches
+    /// of each replica's samples every layout it considers keeps, as `--micro-batches`
+    /// [default: 1, the planner's choice for auto].
     #[arg(long)]
     grad_accum: Option<usize>,
     #[command(flatten)]
@@ -78,6 +80,10 @@ impl RunArgs {
         self.optimizer.apply(&mut c.optimizer);
         if let Some(micro_batches) = self.grad_accum {
             c.parallel.set_grad_accumulation(micro_batches);
+            // Named, even as 1: `auto` then keeps it rather than choosing.
+            if c.strategy == StrategyKind::Auto {
+                c.parallel.auto.micro_batches = Some(micro_batches);
+            }
         }
         if let Some(t) = self.threads_per_rank {
             c.parallel.set_threads_per_rank(t);

@@ -85,6 +85,7 @@ impl Fixed {
             pp: Some(pp),
             tp: Some(tp),
             staged: matches!(layout, StateLayout::Stages(_)),
+            ..Self::default()
         }
     }
 
@@ -104,12 +105,15 @@ impl Fixed {
         (!fixed.is_free()).then_some((fixed, because))
     }
 
-    /// The degrees the user fixed (`[parallel.auto]`, `--stages`, `--tp`).
+    /// What the user fixed (`[parallel.auto]`, or `--stages`, `--tp`, `--micro-batches` and
+    /// `--recompute`).
     pub fn of_config(config: &AutoConfig) -> Self {
         Self {
             pp: config.stages,
             tp: config.tp,
             staged: false,
+            micro_batches: config.micro_batches,
+            recompute: config.recompute,
         }
     }
 
@@ -160,19 +164,35 @@ pub(crate) fn layout_configs(
     configs
 }
 
-/// What fixes `auto`'s layout: the user's degrees (`configs.auto`) and what the run fixes
+/// What fixes `auto`'s layout: the user's settings (`configs.auto`, and a gradient
+/// accumulation beyond 1, which under `auto` names its micro-batches) and what the run fixes
 /// (`run`: a checkpoint's layout, the precision's), with why.
 ///
 /// # Errors
-/// [`ConfigError::AutoFixedApart`] when the two fix a degree apart.
+/// [`ConfigError::AutoFixedApart`] when the user and the run fix a setting apart;
+/// [`ConfigError::AutoMicroBatchesApart`] when the micro-batches and the accumulation differ.
 pub(super) fn fixed(
-    config: &AutoConfig,
+    configs: &StrategyConfigs,
     run: Option<(Fixed, String)>,
 ) -> Result<Option<(Fixed, String)>, ConfigError> {
+    let mut config = configs.auto.clone();
+    let accumulation = configs.grad_accumulation(StrategyKind::Auto);
+    if accumulation > 1 {
+        match config.micro_batches {
+            Some(m) if m != accumulation => {
+                return Err(ConfigError::AutoMicroBatchesApart {
+                    micro_batches: m,
+                    accumulation,
+                });
+            }
+            _ => config.micro_batches = Some(accumulation),
+        }
+    }
+    let config = &config;
     let user = (!config.is_free()).then(|| {
         (
             Fixed::of_config(config),
-            "as [parallel.auto] or --stages/--tp fix".to_string(),
+            "as [parallel.auto] or its flags fix".to_string(),
         )
     });
     Ok(match (user, run) {
@@ -221,7 +241,8 @@ pub(super) fn choose(
 }
 
 /// `auto` without a planner: a full replica per rank, of the stages and shards `fixed` names
-/// (the plan then checks that they divide the ranks).
+/// (the plan then checks that they divide the ranks), cut into the micro-batches it names,
+/// its stages recomputing as it says.
 fn replicas(
     ranks: usize,
     from_cores: bool,
@@ -238,7 +259,13 @@ fn replicas(
         true => "assumed to fit on every rank",
         false => "assumed to fit on every device",
     };
+    let mut chosen = configs.clone();
+    // The accumulation `auto` runs with, as configured, unless fixed.
+    let micro_batches = within
+        .micro_batches
+        .unwrap_or_else(|| configs.grad_accumulation(StrategyKind::Auto));
     if pp * tp == 1 && !within.staged {
+        chosen.set_grad_accumulation(micro_batches);
         let (kind, reason) = match ranks {
             1 => (
                 StrategyKind::Single,
@@ -252,16 +279,32 @@ fn replicas(
                 ),
             ),
         };
-        return (kind, configs.clone(), reason);
+        let reason = match fixed {
+            Some((fixed, because)) => format!("{fixed} ({because}); {reason}"),
+            None => reason,
+        };
+        return (kind, chosen, reason);
     }
-    // Stages and shards as fixed; the rest of the pipeline's settings, and the accumulation
-    // `auto` runs with, as configured.
+    // Stages and shards as fixed; the rest of the pipeline's settings as configured, but for
+    // what is fixed.
     let kind = match tp {
         1 => StrategyKind::Pipeline,
         _ => StrategyKind::Tensor,
     };
-    let mut chosen = configs.clone();
+    // As a planned layout's are written in (`layout_configs`): the pipeline's micro-batches
+    // on its engine, gradient accumulation otherwise.
     chosen.set_grad_accumulation(configs.grad_accumulation(StrategyKind::Auto));
+    match (
+        pp > 1 || kind == StrategyKind::Pipeline,
+        within.micro_batches,
+    ) {
+        (true, Some(m)) => chosen.pipeline.micro_batches = m,
+        (false, Some(m)) => chosen.set_grad_accumulation(m),
+        (_, None) => {}
+    }
+    if let Some(recompute) = within.recompute {
+        chosen.pipeline.recompute = recompute;
+    }
     chosen.pipeline.stages = pp;
     chosen.tensor.stages = pp;
     chosen.tensor.tp = tp;
@@ -308,6 +351,7 @@ mod tests {
                 handoff: 0.0,
                 tp_call: 0.0,
                 tp_unsplit: 0.0,
+                crowded: 1.0,
             }),
         };
         Planner {
@@ -460,7 +504,11 @@ mod tests {
     #[test]
     fn the_user_s_degrees_are_kept_and_the_rest_laid_out() {
         let with = |stages: Option<usize>, tp: Option<usize>| StrategyConfigs {
-            auto: AutoConfig { stages, tp },
+            auto: AutoConfig {
+                stages,
+                tp,
+                ..Default::default()
+            },
             ..Default::default()
         };
         // The planner lays out the replicas and micro-batches around two stages.
@@ -505,11 +553,94 @@ mod tests {
     }
 
     #[test]
+    fn fixed_micro_batches_and_recomputation_are_kept() {
+        let with = |micro_batches: Option<usize>, recompute: Option<bool>| StrategyConfigs {
+            auto: AutoConfig {
+                micro_batches,
+                recompute,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let p = || Some(planner(16 << 30));
+        // Every candidate keeps the fixed micro-batches: 4 micro-batches of 8 for 2 replicas.
+        for c in planner(16 << 30)
+            .plan_within(2, Fixed::of_config(&with(Some(4), None).auto))
+            .unwrap()
+            .candidates
+        {
+            assert_eq!(c.layout.micro_batches, 4, "{c:?}");
+        }
+        let plan = resolve_within(p(), 2, with(Some(4), None), None).unwrap();
+        let micro_batches = match plan.degree("pp") {
+            1 => plan.grad_accumulation(),
+            _ => plan.configs().pipeline.micro_batches,
+        };
+        assert_eq!(micro_batches, 4, "{plan}");
+        assert!(plan.reason().contains("4 micro-batch(es)"), "{plan}");
+        // Under auto, a gradient accumulation names the same micro-batches; two that differ
+        // are refused.
+        let mut accumulated = StrategyConfigs::default();
+        accumulated.set_grad_accumulation(4);
+        let plan = resolve_within(p(), 2, accumulated.clone(), None).unwrap();
+        assert!(plan.reason().contains("4 micro-batch(es)"), "{plan}");
+        accumulated.auto.micro_batches = Some(2);
+        assert_eq!(
+            resolve_within(p(), 2, accumulated, None),
+            Err(ConfigError::AutoMicroBatchesApart {
+                micro_batches: 2,
+                accumulation: 4
+            })
+        );
+        // Micro-batches that cut no replica's samples evenly: 5 of a replica's 32 or 64.
+        let uneven = resolve_within(p(), 2, with(Some(5), None), None).unwrap_err();
+        assert!(
+            uneven
+                .to_string()
+                .contains("5 micro-batch(es) cut no layout's"),
+            "{uneven}"
+        );
+        // Recomputation fixed: every layout with stages recomputes (those without have
+        // nothing to recompute).
+        let recomputed = Fixed::of_config(&with(None, Some(true)).auto);
+        let candidates = planner(16 << 30)
+            .plan_within(2, recomputed)
+            .unwrap()
+            .candidates;
+        assert!(candidates.iter().any(|c| c.layout.pp > 1));
+        for c in candidates {
+            assert_eq!(c.layout.recompute, c.layout.pp > 1, "{c:?}");
+        }
+        // Without a planner: the fixed settings written into the replicas' strategy.
+        let plan = resolve_within(None, 2, with(Some(4), None), None).unwrap();
+        assert_eq!(
+            (plan.strategy(), plan.grad_accumulation()),
+            (StrategyKind::Ddp, 4)
+        );
+        let staged = StrategyConfigs {
+            auto: AutoConfig {
+                stages: Some(2),
+                micro_batches: Some(8),
+                recompute: Some(true),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let plan = resolve_within(None, 2, staged, None).unwrap();
+        let pipeline = &plan.configs().pipeline;
+        assert_eq!((pipeline.micro_batches, pipeline.recompute), (8, true));
+        assert_eq!(
+            resolve_within(None, 2, with(Some(0), None), None),
+            Err(ConfigError::ZeroMicroBatches)
+        );
+    }
+
+    #[test]
     fn replicas_of_fixed_stages_take_as_many_ranks_as_they_need() {
         let staged = StrategyConfigs {
             auto: AutoConfig {
                 stages: Some(2),
-                tp: None,
+                ..Default::default()
             },
             ..Default::default()
         };

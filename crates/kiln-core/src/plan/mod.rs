@@ -123,7 +123,7 @@ impl Plan {
         let (strategy, reason, world) = match strategy {
             StrategyKind::Auto => {
                 configs.validate(StrategyKind::Auto)?;
-                let fixed = auto::fixed(&configs.auto, fixed)?;
+                let fixed = auto::fixed(&configs, fixed)?;
                 // The ranks one replica of the fixed stages and shards takes.
                 let model_parallel = fixed
                     .as_ref()

@@ -3,12 +3,13 @@
 
 use super::ConfigError;
 
-/// Settings of `auto` (`[parallel.auto]`, or `--stages` and `--tp` with `--strategy auto`).
-/// Each degree left unset is the planner's to choose; one that is set, every layout `auto`
-/// considers keeps.
+/// Settings of `auto` (`[parallel.auto]`, or `--stages`, `--tp`, `--micro-batches` and
+/// `--recompute` with `--strategy auto`). Each setting left unset is the planner's to choose;
+/// one that is set, every layout `auto` considers keeps.
 ///
-/// The other sections' `stages` and `tp` are what `pipeline` and `tensor` run with when they
-/// are named: one file serves every strategy, so `auto` does not read them.
+/// The other sections' `stages`, `tp`, `micro_batches` and `recompute` are what `pipeline`
+/// and `tensor` run with when they are named: one file serves every strategy, so `auto` does
+/// not read them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AutoConfig {
@@ -16,13 +17,21 @@ pub struct AutoConfig {
     pub stages: Option<usize>,
     /// Tensor-parallel shards of every sharded layer (1: none).
     pub tp: Option<usize>,
+    /// Micro-batches each replica cuts its share of a step into: the pipeline's micro-batches
+    /// where the layout has stages, gradient accumulation where it has none.
+    pub micro_batches: Option<usize>,
+    /// Whether pipeline stages recompute their forward in the backward (activation
+    /// checkpointing), in every layout with stages `auto` considers (those without have
+    /// nothing to recompute).
+    pub recompute: Option<bool>,
 }
 
 impl AutoConfig {
-    /// Checks the degrees.
+    /// Checks the settings.
     ///
     /// # Errors
-    /// [`ConfigError::ZeroStages`] or [`ConfigError::ZeroShards`] for a degree of zero.
+    /// [`ConfigError::ZeroStages`], [`ConfigError::ZeroShards`] or
+    /// [`ConfigError::ZeroMicroBatches`] for a setting of zero.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.stages == Some(0) {
             return Err(ConfigError::ZeroStages);
@@ -30,11 +39,17 @@ impl AutoConfig {
         if self.tp == Some(0) {
             return Err(ConfigError::ZeroShards);
         }
+        if self.micro_batches == Some(0) {
+            return Err(ConfigError::ZeroMicroBatches);
+        }
         Ok(())
     }
 
-    /// Whether it fixes no degree.
+    /// Whether it fixes nothing.
     pub fn is_free(&self) -> bool {
-        self.stages.is_none() && self.tp.is_none()
+        self.stages.is_none()
+            && self.tp.is_none()
+            && self.micro_batches.is_none()
+            && self.recompute.is_none()
     }
 }

@@ -91,8 +91,10 @@ impl StrategyConfigs {
             StrategyKind::DataParallel => accumulation(self.data_parallel.grad_accumulation),
             StrategyKind::Ddp => self.ddp.validate(),
             StrategyKind::Auto => {
-                self.auto.validate()?;
-                self.ddp.validate()
+                // Ddp's first: under `auto` its accumulation is the micro-batches too, and a
+                // zero there is named as the flag or setting that gave it.
+                self.ddp.validate()?;
+                self.auto.validate()
             }
             StrategyKind::Pipeline => self.pipeline.validate(),
             StrategyKind::Tensor => {

@@ -15,8 +15,8 @@ pub enum ConfigError {
     Unplannable(#[from] crate::plan::cost::PlanError),
     /// `auto`'s degrees, as the user set them, against what the run fixes.
     #[error(
-        "auto: [parallel.auto] (or --stages/--tp) fixes {user}, against {run} ({because}); \
-         drop the setting or make it agree"
+        "auto: [parallel.auto] (or its flags) fixes {user}, against {run} ({because}); drop \
+         the setting or make it agree"
     )]
     AutoFixedApart {
         /// What the user fixed.
@@ -25,6 +25,20 @@ pub enum ConfigError {
         run: String,
         /// Why the run fixes it (a checkpoint's layout, the precision).
         because: String,
+    },
+    /// `auto`'s micro-batches named twice, apart: under `auto` gradient accumulation is the
+    /// replicas' micro-batches.
+    #[error(
+        "auto: its micro-batches are set twice, apart: {micro_batches} ([parallel.auto] \
+         micro_batches or --micro-batches) and a gradient accumulation of {accumulation} \
+         ([parallel.ddp] grad_accumulation or --grad-accum); under auto both name the \
+         micro-batches each replica cuts its samples into: set one"
+    )]
+    AutoMicroBatchesApart {
+        /// `[parallel.auto] micro_batches`.
+        micro_batches: usize,
+        /// The accumulation `auto` reads (`[parallel.ddp]`'s).
+        accumulation: usize,
     },
     /// No device to train on.
     #[error("no device given; pass at least one device (the CPU device may repeat)")]

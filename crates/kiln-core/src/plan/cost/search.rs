@@ -15,8 +15,8 @@ pub const CLOSE: f64 = 0.05;
 /// workspaces and the allocator's fragmentation.
 pub const USABLE_MEMORY: f64 = 0.9;
 
-/// What a run fixes of its layout: the planner lays out the rest. `None` leaves a degree to the
-/// planner.
+/// What a run fixes of its layout: the planner lays out the rest. `None` leaves a setting to
+/// the planner.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fixed {
     /// Pipeline stages (1: none).
@@ -27,6 +27,13 @@ pub struct Fixed {
     /// one-stage pipeline holds its state per stage, which only a pipeline loads.
     #[serde(default)]
     pub staged: bool,
+    /// Micro-batches per replica and step ([`Layout::micro_batches`]).
+    #[serde(default)]
+    pub micro_batches: Option<usize>,
+    /// Whether stages recompute their forward ([`Layout::recompute`]), in the layouts that
+    /// have stages (those without have nothing to recompute).
+    #[serde(default)]
+    pub recompute: Option<bool>,
 }
 
 impl Fixed {
@@ -35,21 +42,41 @@ impl Fixed {
         self.pp.is_none_or(|p| p == pp) && self.tp.is_none_or(|t| t == tp)
     }
 
-    /// Whether it fixes nothing.
-    pub fn is_free(&self) -> bool {
-        self.pp.is_none() && self.tp.is_none() && !self.staged
+    /// Whether `micro_batches` per replica keep to it.
+    pub fn allows_micro_batches(&self, micro_batches: usize) -> bool {
+        self.micro_batches.is_none_or(|m| m == micro_batches)
     }
 
-    /// What both fix, or `None` when they fix a degree apart.
+    /// Whether a layout of `pp` stages may recompute or not, as it fixes: only stages
+    /// recompute, the planner's choice unless fixed.
+    fn recomputations(&self, pp: usize) -> &'static [bool] {
+        match (pp > 1, self.recompute) {
+            (false, _) => &[false],
+            (true, Some(true)) => &[true],
+            (true, Some(false)) => &[false],
+            (true, None) => &[false, true],
+        }
+    }
+
+    /// Whether it fixes nothing.
+    pub fn is_free(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// What both fix, or `None` when they fix a setting apart.
     pub fn and(self, other: Fixed) -> Option<Fixed> {
-        let both = |a: Option<usize>, b: Option<usize>| match (a, b) {
-            (Some(a), Some(b)) if a != b => Err(()),
-            _ => Ok(a.or(b)),
-        };
+        fn both<T: PartialEq>(a: Option<T>, b: Option<T>) -> Result<Option<T>, ()> {
+            match (a, b) {
+                (Some(a), Some(b)) if a != b => Err(()),
+                (a, b) => Ok(a.or(b)),
+            }
+        }
         Some(Fixed {
             pp: both(self.pp, other.pp).ok()?,
             tp: both(self.tp, other.tp).ok()?,
             staged: self.staged || other.staged,
+            micro_batches: both(self.micro_batches, other.micro_batches).ok()?,
+            recompute: both(self.recompute, other.recompute).ok()?,
         })
     }
 
@@ -70,7 +97,14 @@ impl std::fmt::Display for Fixed {
         if self.staged && self.pp.is_none_or(|p| p == 1) {
             f.write_str(" on the pipeline's engine")?;
         }
-        Ok(())
+        if let Some(m) = self.micro_batches {
+            write!(f, ", {m} micro-batch(es)")?;
+        }
+        match self.recompute {
+            Some(true) => f.write_str(", recomputed"),
+            Some(false) => f.write_str(", not recomputed"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -175,13 +209,16 @@ fn describe(layout: &Layout) -> String {
     )
 }
 
-/// The best way to run mesh `(dp, pp, tp)`: the fastest micro-batching (and, with stages,
-/// recomputation or not) that fits, else the one needing the least memory, rejected.
+/// The best way to run mesh `(dp, pp, tp)` within `fixed`: the fastest micro-batching (and,
+/// with stages, recomputation or not) that fits, else the one needing the least memory,
+/// rejected; `None` when `fixed` allows no micro-batching of its replicas (micro-batches that
+/// do not cut a replica's samples evenly).
 fn best_micro_batching(
     work: &Workload,
     cluster: &Cluster,
     (dp, pp, tp): (usize, usize, usize),
-) -> Candidate {
+    fixed: Fixed,
+) -> Option<Candidate> {
     let usable = cluster.memory as f64 * USABLE_MEMORY;
     // Replicas of a batch that does not divide take one sample more or less (Kiln's uneven
     // shards): the largest sets the pace and the memory, and the smallest must fill every
@@ -211,9 +248,9 @@ fn best_micro_batching(
             rejected: None,
         }
     };
-    let recompute: &[bool] = if pp > 1 { &[false, true] } else { &[false] };
+    let recompute = fixed.recomputations(pp);
     let all: Vec<Candidate> = divisors(per_replica)
-        .filter(|&m| m <= smallest)
+        .filter(|&m| m <= smallest && fixed.allows_micro_batches(m))
         .flat_map(|m| recompute.iter().map(move |&r| (m, r)))
         .map(make)
         .collect();
@@ -221,21 +258,18 @@ fn best_micro_batching(
         .iter()
         .filter(|c| c.memory.total <= usable)
         .min_by(|a, b| a.time.total.total_cmp(&b.time.total));
-    match fastest {
-        Some(c) => c.clone(),
-        None => {
-            let mut least = all
-                .into_iter()
-                .min_by(|a, b| a.memory.total.total_cmp(&b.memory.total))
-                .expect("a replica has at least one sample");
-            least.rejected = Some(format!(
-                "needs {:.1} GiB per device, {:.1} GiB usable",
-                least.memory.total / GIB,
-                usable / GIB
-            ));
-            least
-        }
+    if let Some(c) = fastest {
+        return Some(c.clone());
     }
+    let mut least = all
+        .into_iter()
+        .min_by(|a, b| a.memory.total.total_cmp(&b.memory.total))?;
+    least.rejected = Some(format!(
+        "needs {:.1} GiB per device, {:.1} GiB usable",
+        least.memory.total / GIB,
+        usable / GIB
+    ));
+    Some(least)
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -319,6 +353,8 @@ fn candidates(
     }
     let mut found = Vec::new();
     let mut kept = false;
+    // Meshes whose replicas' samples the fixed micro-batches do not cut evenly.
+    let mut uncut = Vec::new();
     for tp in divisors(cluster.devices).filter(|&t| work.shards_into(t)) {
         for pp in divisors(cluster.devices / tp).filter(|&p| p <= work.layers) {
             if !fixed.allows(pp, tp) {
@@ -329,7 +365,11 @@ fn candidates(
             if work.global_batch < dp {
                 continue;
             }
-            let mut candidate = best_micro_batching(work, cluster, (dp, pp, tp));
+            let Some(mut candidate) = best_micro_batching(work, cluster, (dp, pp, tp), fixed)
+            else {
+                uncut.push(work.global_batch.div_ceil(dp));
+                continue;
+            };
             candidate.strategy = fixed.strategy(&candidate.layout, cluster.devices);
             if tp > cluster.per_node || !cluster.per_node.is_multiple_of(tp) {
                 candidate.rejected = Some(format!(
@@ -346,6 +386,21 @@ fn candidates(
             "no layout of {} devices keeps to {fixed}: the devices must be a multiple of the \
              stages times the shards, and the model must split into them",
             cluster.devices
+        )));
+    }
+    if found.is_empty()
+        && let Some(m) = fixed.micro_batches
+        && !uncut.is_empty()
+    {
+        uncut.sort_unstable();
+        uncut.dedup();
+        let samples: Vec<String> = uncut.iter().map(usize::to_string).collect();
+        return Err(PlanError::NoLayout(format!(
+            "{m} micro-batch(es) cut no layout's replicas evenly (a replica's samples of a \
+             global batch of {}: {}): fix micro-batches that divide them, or leave them to \
+             the planner",
+            work.global_batch,
+            samples.join(", ")
         )));
     }
     if found.is_empty() {
