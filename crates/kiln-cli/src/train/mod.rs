@@ -44,7 +44,6 @@ pub struct TrainArgs {
     /// Samples in the synthetic data set [default: 8192].
     #[arg(long)]
     samples: Option<usize>,
-    /// Intra-op threads per rank (default: cores shared evenly).
     /// Write a JSON summary here.
     #[arg(long)]
     json: Option<PathBuf>,

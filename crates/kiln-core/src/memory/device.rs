@@ -165,8 +165,34 @@ pub fn rank_peak<D: Any>(rank: usize, device: &D) -> Option<u64> {
     let here = std::thread::current().id();
     if watch.as_ref().is_none_or(|w| w.owner != here) {
         *watch = Some(Watch::start(stream_reader(device)?));
+        stop_watches_at_exit();
     }
     watch.as_ref().map(Watch::peak)
+}
+
+/// Has every rank's watch stopped before the process exits, once a watch has started.
+///
+/// A watch reads its device through the device's runtime, and nothing else stops it: the
+/// watches live in a static, which is never dropped. As the process exits, the CUDA driver
+/// shuts down (`CUDA_ERROR_DEINITIALIZED`), and a reading after that fails inside CubeCL,
+/// whose threads panic and print it after a run that went well. Handlers registered with
+/// `atexit` run in the reverse order of their registration and before the libraries' own
+/// destructors, so this one, registered after the device's runtime started (the watch's
+/// reader made its client), runs while the runtime still works.
+fn stop_watches_at_exit() {
+    extern "C" fn stop_all() {
+        // Taken under the lock, joined after it (joining waits out a reading).
+        let stopped: Vec<Watch> = watches().iter_mut().filter_map(Option::take).collect();
+        drop(stopped);
+    }
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    REGISTERED.call_once(|| {
+        // SAFETY: `stop_all` is a plain function that neither unwinds (taking a poisoned lock
+        // recovers it, and a watch's join ignores its thread's panic) nor calls `exit`.
+        if unsafe { libc::atexit(stop_all) } != 0 {
+            tracing::warn!("could not register the memory watches' stop at exit");
+        }
+    });
 }
 
 /// Rank `rank`'s most bytes on its device so far, read from any thread, where
