@@ -114,6 +114,18 @@ pub struct Budget {
 }
 
 impl Budget {
+    /// This budget `by` times over: its seconds, and its step counts rounded down and one more
+    /// (a companion given `scaled(1.5)` still outlasts a run of one step). The warm-up stays.
+    pub(crate) fn scaled(self, by: f64) -> Self {
+        let count = |n: usize| ((n as f64 * by) as usize).saturating_add(1);
+        Self {
+            seconds: self.seconds * by,
+            steps: count(self.steps),
+            most_steps: count(self.most_steps),
+            ..self
+        }
+    }
+
     /// `steps` timed steps exactly, after `warmup`.
     pub fn steps(warmup: usize, steps: usize) -> Self {
         Self {
@@ -237,14 +249,9 @@ fn memory_budget<D: std::any::Any>(device: &D) -> Budget {
     }
 }
 
-/// `budget` a little longer: what companions of a timed run are given.
+/// `budget` a little longer: what companions of a timed run are given, so that they outlast it.
 fn longer(budget: Budget) -> Budget {
-    Budget {
-        seconds: budget.seconds * 1.5,
-        most_steps: budget.most_steps * 3 / 2 + 1,
-        steps: budget.steps * 3 / 2 + 1,
-        ..budget
-    }
+    budget.scaled(1.5)
 }
 
 /// The plan of `strategy` over `world` single-threaded ranks (as CPU ranks run) for

@@ -110,7 +110,7 @@ where
         let per_replica = (calibrated.min(data.len()) / replicas).max(1);
         let plan = timing_plan(StrategyKind::Ddp, replicas, per_replica * replicas, 1)?;
         // Twice as long as the other timings: a share of the step, it is fitted from one.
-        let crowded = time_ranks(&plan, twice(budget))?;
+        let crowded = time_ranks(&plan, budget.scaled(2.0))?;
         let at = Layout {
             dp: replicas,
             micro_batch: per_replica,
@@ -195,16 +195,6 @@ where
         .measured
         .map(|m| m.with_handoff(pipeline, predicted, 2));
     Ok(planner)
-}
-
-/// `budget` twice over.
-fn twice(budget: Budget) -> Budget {
-    Budget {
-        seconds: budget.seconds * 2.0,
-        steps: budget.steps * 2,
-        most_steps: budget.most_steps * 2,
-        ..budget
-    }
 }
 
 /// `planner` with a share of its measured costs (one of [`Measured`]'s fields between 0 and
