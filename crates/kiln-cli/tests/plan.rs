@@ -53,7 +53,13 @@ fn a_70b_model_on_64_gpus_is_split_and_every_layout_is_listed() {
         assert_eq!(devices.iter().product::<u64>(), 64, "{c}");
         let samples = l["micro_batches"].as_u64().unwrap() * l["micro_batch"].as_u64().unwrap();
         assert_eq!(samples * devices[0], 512, "{c}");
-        for key in ["weights", "trainable_state", "activations", "total"] {
+        for key in [
+            "weights",
+            "trainable_state",
+            "activations",
+            "buckets",
+            "total",
+        ] {
             assert!(c["memory"][key].as_f64().unwrap() >= 0.0, "{c}");
         }
     }
@@ -287,6 +293,7 @@ fn memory_predictions_match_the_bytes_kiln_s_strategies_hold() {
         head_params: head,
         weight_bytes: 4.0,
         trainable_extra_bytes: 12.0,
+        gradient_bytes: 4.0,
         activation_bytes: 4.0,
         forward_flops: 0.0,
         head_flops: 0.0,

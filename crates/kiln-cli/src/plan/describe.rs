@@ -103,6 +103,7 @@ pub fn workload(args: &PlanArgs) -> Result<(String, Workload), DescribeError> {
                 head_params: 0,
                 weight_bytes: precision.weight_bytes(),
                 trainable_extra_bytes: precision.trainable_extra_bytes(),
+                gradient_bytes: precision.gradient_bytes(),
                 activation_bytes: precision.activation_bytes(),
                 forward_flops: flops,
                 head_flops: 0.0,

@@ -68,7 +68,7 @@ pub fn render(
     let _ = writeln!(
         out,
         "\n| # | strategy | dp | pp | tp | micro-batches | per device (weights + state + \
-         activations) | step (compute + update + bubble + dp + tp + pp + sync) | MFU | verdict |\n\
+         activations + buckets) | step (compute + update + bubble + dp + tp + pp + sync) | MFU | verdict |\n\
          | ---: | --- | ---: | ---: | ---: | --- | --- | --- | ---: | --- |"
     );
     for (i, c) in planned.candidates.iter().take(top).enumerate() {
@@ -129,7 +129,7 @@ fn row(i: usize, c: &Candidate) -> String {
     let l = &c.layout;
     let (m, t) = (&c.memory, &c.time);
     format!(
-        "| {i} | {} | {} | {} | {} | {} × {}{} | {} ({} + {} + {}) | {} ms ({} + {} + {} + {} \
+        "| {i} | {} | {} | {} | {} | {} × {}{} | {} ({} + {} + {} + {}) | {} ms ({} + {} + {} + {} \
          + {} + {} + {}) | {:.0} % | {} |",
         c.strategy.name(),
         l.dp,
@@ -142,6 +142,7 @@ fn row(i: usize, c: &Candidate) -> String {
         bytes(m.weights),
         bytes(m.trainable_state),
         bytes(m.activations),
+        bytes(m.buckets),
         ms(t.total),
         ms(t.compute),
         ms(t.update),

@@ -40,6 +40,10 @@ pub struct Memory {
     pub trainable_state: f64,
     /// Activations kept for the backward: its blocks', for the micro-batches in flight.
     pub activations: f64,
+    /// The flat copy of its gradients that data parallelism packs into buckets to all-reduce
+    /// them (Kiln's `grads::BucketPlan`, as PyTorch's DDP): 0 without replicas.
+    #[serde(default)]
+    pub buckets: f64,
     /// All of it, with the workload's `fixed_bytes`.
     pub total: f64,
 }
@@ -84,6 +88,10 @@ pub fn memory(work: &Workload, layout: &Layout) -> Memory {
         let params = per_block_params * blocks / layout.tp as f64 + edges;
         let weights = params * work.weight_bytes;
         let trainable_state = params * trainable_share * work.trainable_extra_bytes;
+        let buckets = match layout.dp > 1 {
+            true => gradients(work, trainable_state),
+            false => 0.0,
+        };
         let kept = per_block * blocks * micro_batch;
         // A pipeline stage holds more than its blocks' share while a micro-batch passes
         // through it (the workload's measured `stage_activation_scale`): once, however many
@@ -104,7 +112,8 @@ pub fn memory(work: &Workload, layout: &Layout) -> Memory {
             weights,
             trainable_state,
             activations,
-            total: weights + trainable_state + activations + work.fixed_bytes,
+            buckets,
+            total: weights + trainable_state + activations + buckets + work.fixed_bytes,
         }
     };
     if layout.pp == 1 {
@@ -117,6 +126,12 @@ pub fn memory(work: &Workload, layout: &Layout) -> Memory {
         true => first,
         false => last,
     }
+}
+
+/// Bytes of the gradients within `trainable_state` (a device's gradients, moments and master
+/// copies): what its replicas all-reduce.
+fn gradients(work: &Workload, trainable_state: f64) -> f64 {
+    trainable_state / work.trainable_extra_bytes.max(f64::MIN_POSITIVE) * work.gradient_bytes
 }
 
 /// Seconds of an all-reduce of `bytes` among `n` devices over a link of `bandwidth` and
@@ -257,9 +272,7 @@ pub fn step_time(work: &Workload, cluster: &Cluster, layout: &Layout) -> StepTim
         bubble *= stretch;
     }
     // The most loaded device's gradients (every replica group all-reduces at once).
-    let held = memory(work, layout);
-    let grads = held.trainable_state / work.trainable_extra_bytes.max(f64::MIN_POSITIVE)
-        * work.activation_bytes;
+    let grads = gradients(work, memory(work, layout).trainable_state);
     let (bw, lat) = link(cluster, pp * tp, dp);
     let data_parallel = all_reduce(cluster, grads, dp, (bw, lat));
     // The first stage has the most blocks.

@@ -231,6 +231,43 @@ fn replicas_hold_sixteen_bytes_a_parameter_and_their_activations() {
 }
 
 #[test]
+fn replicas_also_hold_their_gradients_packed_into_buckets() {
+    let seven = llama(7);
+    let alone = Layout {
+        dp: 1,
+        pp: 2,
+        tp: 2,
+        micro_batches: 4,
+        micro_batch: 1,
+        recompute: false,
+    };
+    let replicated = Layout { dp: 4, ..alone };
+    // Full training in bf16: of a parameter's 14 bytes of trainable state, 2 are its bf16
+    // gradient.
+    let full = work(&seven, 16);
+    let (one, four) = (memory(&full, &alone), memory(&full, &replicated));
+    assert_eq!(one.buckets, 0.0);
+    assert!(
+        (four.buckets - one.trainable_state * 2.0 / 14.0).abs() < 1.0,
+        "{four:?}"
+    );
+    assert!((four.total - one.total - four.buckets).abs() < 1.0);
+    // LoRA: only the adapters' f32 gradients are packed, not the frozen base.
+    let short = TransformerShape { seq: 512, ..seven };
+    let adapters = Workload::lora(&short, Precision::Bf16, 16, 16, true);
+    let whole = Layout {
+        pp: 1,
+        tp: 1,
+        ..replicated
+    };
+    let m = memory(&adapters, &whole);
+    assert!(
+        (m.buckets - 4.0 * adapters.trainable as f64).abs() < 1.0,
+        "{m:?}"
+    );
+}
+
+#[test]
 fn a_stage_holds_its_measured_surplus_once_however_many_micro_batches_are_in_flight() {
     let seven = llama(7);
     let w = Workload {

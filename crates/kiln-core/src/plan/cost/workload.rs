@@ -27,6 +27,12 @@ impl Precision {
         self.weight_bytes()
     }
 
+    /// Bytes of a weight's gradient: the weights' own precision (bf16 gradients under bf16,
+    /// whose f32 master copy is the optimizer's).
+    pub fn gradient_bytes(self) -> f64 {
+        self.weight_bytes()
+    }
+
     /// Bytes per trainable parameter besides its weight: its gradient, AdamW's two f32
     /// moments, and an f32 master copy under bf16 (16 bytes a parameter in all, either way).
     pub fn trainable_extra_bytes(self) -> f64 {
@@ -140,6 +146,10 @@ pub struct Workload {
     pub weight_bytes: f64,
     /// Bytes per trainable parameter besides its weight (gradient, moments, master copy).
     pub trainable_extra_bytes: f64,
+    /// Bytes of a trainable parameter's gradient, of those above: what data parallelism
+    /// all-reduces, and copies into its buckets.
+    #[serde(default = "f32_bytes")]
+    pub gradient_bytes: f64,
     /// Bytes of an activation value.
     pub activation_bytes: f64,
     /// Forward FLOPs per sample.
@@ -195,6 +205,7 @@ impl Workload {
             head_params: head + shape.hidden as u64,
             weight_bytes: precision.weight_bytes(),
             trainable_extra_bytes: precision.trainable_extra_bytes(),
+            gradient_bytes: precision.gradient_bytes(),
             activation_bytes: act,
             forward_flops: shape.forward_flops(),
             head_flops: 2.0 * shape.seq as f64 * shape.hidden as f64 * shape.vocab as f64,
@@ -248,6 +259,7 @@ impl Workload {
             weight_bytes: bytes / params as f64,
             // An f32 gradient and AdamW's two f32 moments per adapter weight.
             trainable_extra_bytes: 12.0,
+            gradient_bytes: 4.0,
             backward_passes: 1.0,
             ..whole
         }
@@ -257,6 +269,12 @@ impl Workload {
     pub fn shards_into(&self, tp: usize) -> bool {
         tp <= self.block_activation_bytes.len() && self.shardable.is_multiple_of(tp)
     }
+}
+
+/// The serde default of [`Workload::gradient_bytes`], for a workload written before it was
+/// kept: an f32 gradient.
+fn f32_bytes() -> f64 {
+    4.0
 }
 
 #[cfg(test)]
