@@ -68,7 +68,8 @@ pub fn render(
     let _ = writeln!(
         out,
         "\n| # | strategy | dp | pp | tp | micro-batches | per device (weights + state + \
-         activations + buckets) | step (compute + update + bubble + dp + tp + pp + sync) | MFU | verdict |\n\
+         activations + buckets) | step (compute + update + bubble + dp + tp + pp + sync) | \
+         MFU | verdict |\n\
          | ---: | --- | ---: | ---: | ---: | --- | --- | --- | ---: | --- |"
     );
     for (i, c) in planned.candidates.iter().take(top).enumerate() {
@@ -129,8 +130,8 @@ fn row(i: usize, c: &Candidate) -> String {
     let l = &c.layout;
     let (m, t) = (&c.memory, &c.time);
     format!(
-        "| {i} | {} | {} | {} | {} | {} × {}{} | {} ({} + {} + {} + {}) | {} ms ({} + {} + {} + {} \
-         + {} + {} + {}) | {:.0} % | {} |",
+        "| {i} | {} | {} | {} | {} | {} × {}{} | {} ({} + {} + {} + {}) \
+         | {} ms ({} + {} + {} + {} + {} + {} + {}) | {:.0} % | {} |",
         c.strategy.name(),
         l.dp,
         l.pp,
