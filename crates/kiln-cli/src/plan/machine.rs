@@ -237,7 +237,11 @@ mod tests {
         assert_eq!(cluster.memory, 1 << 30);
         assert_eq!(cluster.cores, None, "a GPU shares no cores");
         let measured = cluster.measured.as_ref().expect("the step was timed");
-        assert!(measured.per_sample > 0.0);
+        // Timed at several sizes and fitted to a step that takes time. Not its samples' cost
+        // alone: on a busy machine (the other tests run beside this one) a small MLP's samples
+        // can cost less than the timings' noise, and the fit then rightly says 0.
+        assert!(measured.timings.len() >= 3, "{measured:?}");
+        assert!(measured.seconds(32, 1) > 0.0, "{measured:?}");
         let planned = planner.plan(1).unwrap();
         assert_eq!(planned.chosen().strategy, StrategyKind::Single);
         // The same model on a device too small for it: nothing fits, and the error says so.

@@ -89,7 +89,8 @@ pub(super) fn one() -> f64 {
 pub struct FitError(String);
 
 impl Measured {
-    /// The costs that fit `timings` best (least squares), none negative.
+    /// The costs that fit `timings` best (least squares, each relative to its step's time)
+    /// among those none of which is negative.
     ///
     /// # Errors
     /// [`FitError`] for fewer than three timings, a time that is not positive and finite, or
@@ -118,7 +119,9 @@ impl Measured {
             .collect();
         let mut a = [[0.0f64; 3]; 3];
         let mut y = [0.0f64; 3];
+        let mut yy = 0.0;
         for (x, target) in &rows {
+            yy += target * target;
             for i in 0..3 {
                 y[i] += x[i] * target;
                 for j in 0..3 {
@@ -126,12 +129,14 @@ impl Measured {
                 }
             }
         }
-        let [update, micro_batch, sample] =
-            solve(a, y).ok_or_else(|| FitError("they do not vary enough".into()))?;
+        if solve(a, y).is_none() {
+            return Err(FitError("they do not vary enough".into()));
+        }
+        let [update, micro_batch, sample] = non_negative(a, y, yy);
         Ok(Self {
-            per_sample: sample.max(0.0),
-            per_micro_batch: micro_batch.max(0.0),
-            per_update: update.max(0.0),
+            per_sample: sample,
+            per_micro_batch: micro_batch,
+            per_update: update,
             timings: timings.to_vec(),
             alone: 1.0,
             rendezvous: 0.0,
@@ -227,6 +232,49 @@ impl Measured {
     }
 }
 
+/// The non-negative `x` that minimises `|R x - t|²`, given the normal equations `a = RᵀR`,
+/// `y = Rᵀt` and `yy = tᵀt`: the least squares of every subset of the three costs (the others
+/// held at 0) that comes out non-negative, the one of least residual.
+///
+/// A noisy timing can pull one cost below 0 in the free fit. Clamping it to 0 afterwards
+/// leaves the other two fitted as if it were still negative (a step's samples then cost
+/// nothing and its dispatch too much); refitting them without it is the constrained optimum,
+/// and with three unknowns the seven subsets are cheaper to try than an active-set method.
+fn non_negative(a: [[f64; 3]; 3], y: [f64; 3], yy: f64) -> [f64; 3] {
+    // A pinned cost's row has a diagonal of the system's own scale, not 1, so that the
+    // solver's test of a vanishing pivot does not take it for one.
+    let scale = a.iter().flatten().fold(0.0f64, |m, v| m.max(v.abs()));
+    let mut best = ([0.0; 3], yy);
+    for subset in 1u8..8 {
+        let free = |i: usize| subset & (1 << i) != 0;
+        // The normal equations of the free costs; the others pinned to 0 by rows of their own.
+        let (mut sub, mut rhs) = (a, y);
+        for i in 0..3 {
+            for j in 0..3 {
+                if !(free(i) && free(j)) {
+                    sub[i][j] = if i == j { scale } else { 0.0 };
+                }
+            }
+            if !free(i) {
+                rhs[i] = 0.0;
+            }
+        }
+        let Some(x) = solve(sub, rhs) else { continue };
+        if x.iter().any(|&v| v < 0.0) {
+            continue;
+        }
+        // |R x - t|² = xᵀ a x - 2 xᵀ y + tᵀ t.
+        let quadratic: f64 = (0..3)
+            .map(|i| x[i] * ((0..3).map(|j| a[i][j] * x[j]).sum::<f64>() - 2.0 * y[i]))
+            .sum();
+        let residual = quadratic + yy;
+        if residual < best.1 {
+            best = (x, residual);
+        }
+    }
+    best.0
+}
+
 /// `x` with `a · x = y`, by Gaussian elimination with partial pivoting; `None` when `a` is
 /// singular.
 fn solve(mut a: [[f64; 3]; 3], mut y: [f64; 3]) -> Option<[f64; 3]> {
@@ -281,6 +329,64 @@ mod tests {
         assert!((fit.per_micro_batch - 5e-4).abs() < 1e-9, "{fit:?}");
         assert!((fit.per_sample - 1e-5).abs() < 1e-12, "{fit:?}");
         assert!((fit.seconds(128, 8) - truth(128, 8)).abs() < 1e-9);
+    }
+
+    /// The fit's squared relative error over `timings`: what [`Measured::fit`] minimises.
+    fn residual(fit: &Measured, timings: &[Timing]) -> f64 {
+        timings
+            .iter()
+            .map(|t| (fit.seconds(t.samples, t.micro_batches) / t.seconds - 1.0).powi(2))
+            .sum()
+    }
+
+    #[test]
+    fn a_cost_that_noise_pulls_below_zero_is_zero_and_the_others_refitted() {
+        // A small model's step under noise: the batch whole timed faster than its quarter,
+        // so the free fit's samples cost less than nothing.
+        let timings = [
+            timing(32, 1, 2.0e-3),
+            timing(8, 1, 2.1e-3),
+            timing(8, 8, 5.0e-3),
+            timing(32, 4, 3.2e-3),
+        ];
+        let fit = Measured::fit(&timings).unwrap();
+        assert_eq!(fit.per_sample, 0.0, "{fit:?}");
+        assert!(fit.per_update > 0.0 && fit.per_micro_batch > 0.0, "{fit:?}");
+        // The free fit, clamped as it used to be, fits worse.
+        let (mut a, mut y) = ([[0.0; 3]; 3], [0.0; 3]);
+        for t in &timings {
+            let w = 1.0 / t.seconds;
+            let x = [w, t.micro_batches as f64 * w, t.samples as f64 * w];
+            for i in 0..3 {
+                y[i] += x[i];
+                for j in 0..3 {
+                    a[i][j] += x[i] * x[j];
+                }
+            }
+        }
+        let [u, m, s] = solve(a, y).unwrap();
+        assert!(s < 0.0, "the free fit is negative: {s}");
+        let clamped = Measured {
+            per_update: u.max(0.0),
+            per_micro_batch: m.max(0.0),
+            per_sample: 0.0,
+            ..fit.clone()
+        };
+        let best = residual(&fit, &timings);
+        assert!(best < residual(&clamped, &timings), "{fit:?} {clamped:?}");
+        // And no non-negative neighbour fits better: the constrained optimum.
+        for (du, dm, ds) in [(1, 0, 0), (0, 1, 0), (0, 0, 1), (1, -1, 0), (-1, 1, 0)] {
+            for sign in [-1.0, 1.0] {
+                let step = |v: f64, d: i32| (v + sign * f64::from(d) * 1e-6).max(0.0);
+                let near = Measured {
+                    per_update: step(fit.per_update, du),
+                    per_micro_batch: step(fit.per_micro_batch, dm),
+                    per_sample: step(fit.per_sample, ds) * 1e-2,
+                    ..fit.clone()
+                };
+                assert!(residual(&near, &timings) >= best - 1e-15, "{near:?}");
+            }
+        }
     }
 
     #[test]
