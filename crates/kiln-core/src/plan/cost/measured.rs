@@ -249,14 +249,14 @@ fn non_negative(a: [[f64; 3]; 3], y: [f64; 3], yy: f64) -> [f64; 3] {
         let free = |i: usize| subset & (1 << i) != 0;
         // The normal equations of the free costs; the others pinned to 0 by rows of their own.
         let (mut sub, mut rhs) = (a, y);
-        for i in 0..3 {
-            for j in 0..3 {
+        for (i, (row, target)) in sub.iter_mut().zip(&mut rhs).enumerate() {
+            for (j, value) in row.iter_mut().enumerate() {
                 if !(free(i) && free(j)) {
-                    sub[i][j] = if i == j { scale } else { 0.0 };
+                    *value = if i == j { scale } else { 0.0 };
                 }
             }
             if !free(i) {
-                rhs[i] = 0.0;
+                *target = 0.0;
             }
         }
         let Some(x) = solve(sub, rhs) else { continue };
