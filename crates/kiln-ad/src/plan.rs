@@ -42,7 +42,7 @@ pub fn workload(config: &AdConfig, global_batch: usize) -> Workload {
 
 /// This machine's `cores` as devices for `config`'s model on `data`: the step timed on one
 /// core (beside copies on the others, and alone), the in-process collective probed, and the
-/// step over two and three ranks of `devices` ([`measure::TIMED_RANKS`]) for what several
+/// step over two to four ranks of `devices` ([`measure::TIMED_RANKS`]) for what several
 /// ranks cost beyond their parts. About a second.
 ///
 /// # Errors

@@ -71,7 +71,7 @@ pub fn planner(config: &TrainConfig) -> Result<Planner, MachineError> {
         backend if backend.is_cpu() => {
             let cores = backend.cpu_cores().unwrap_or(1);
             // The ranks' devices the calibration times over (the rendezvous over two,
-            // the crowding over three).
+            // the crowding over three, the shards over four).
             (
                 Machine::Cores(cores),
                 Placement::new(measure::TIMED_RANKS, None),

@@ -497,7 +497,7 @@ const PROBE_CALLS: usize = 20;
 /// This machine's `cores` as the planner's devices for `model`'s step (`workload` to the cost
 /// model) on batches of `batch` from `data`, trained with `optim`: the step timed on one core
 /// of `devices` ([`calibrate`], beside copies on the others, and alone), the in-process
-/// collective probed ([`probe_links`]), and the step over two and three ranks of `devices`
+/// collective probed ([`probe_links`]), and the step over two to four ranks of `devices`
 /// ([`calibrate_ranks`]).
 /// About a second. Where the process counts its memory, the memory model is then fitted to
 /// the model cut over shards and stages ([`fit_memory`](super::memory_fit::fit_memory)). What
