@@ -58,6 +58,14 @@ impl Launched {
         })
     }
 
+    /// The ranks of this process: its share of [`Self::world`] (at least one), what it
+    /// measures its own devices over (planning across processes needs MPI).
+    #[cfg(any(feature = "mpi", test))]
+    pub fn own_ranks(&self, world: Option<usize>, devices: Option<usize>) -> Option<usize> {
+        self.world(world, devices)
+            .map(|world| (world / self.processes()).max(1))
+    }
+
     /// The cores one process may use: the machine's, shared with the run's other processes
     /// on it.
     pub fn cores(&self, cores: Option<usize>) -> Option<usize> {
@@ -134,6 +142,14 @@ mod tests {
             Some(6),
             "named: checked by Placement"
         );
+        assert_eq!(two.own_ranks(None, Some(2)), Some(2), "its devices");
+        assert_eq!(
+            two.own_ranks(Some(6), None),
+            Some(3),
+            "its share of the world"
+        );
+        assert_eq!(two.own_ranks(None, None), Some(1));
+        assert_eq!(one.own_ranks(None, None), None, "the plan chooses");
         assert_eq!(two.cores(Some(4)), Some(2));
         assert_eq!(two.cores(Some(1)), Some(1));
         assert!(!two.is_main());

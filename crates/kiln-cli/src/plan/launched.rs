@@ -30,8 +30,14 @@ pub fn launched_planner(
     config: &TrainConfig,
     launched: &Launched,
 ) -> Result<Planner, MachineError> {
+    // The first process measures its own devices (on CUDA, the GPUs of its own ranks), not
+    // the whole run's: the other processes' GPUs may be on other machines.
+    let own = TrainConfig {
+        world: launched.own_ranks(config.world, config.devices.as_ref().map(Vec::len)),
+        ..config.clone()
+    };
     plan_together(launched, config.parallel.ddp.collective_timeout_s, || {
-        planner(config).map_err(|e| e.to_string())
+        planner(&own).map_err(|e| e.to_string())
     })
 }
 

@@ -238,11 +238,9 @@ impl TrainConfig {
         // measuring the model.
         let mut plan = Plan::resolve(request.clone())?;
         // `auto` plans with the model measured here, when there is more than one rank to lay
-        // out: the processes of a launched run (on the CPU) with the first one's measurement.
-        let measurable = match launched.processes() {
-            1 => self.backend.is_cpu() || self.backend == BackendKind::Cuda,
-            _ => cfg!(feature = "mpi") && self.backend.is_cpu(),
-        };
+        // out: the processes of a launched run with the first one's measurement.
+        let measurable = (self.backend.is_cpu() || self.backend == BackendKind::Cuda)
+            && (launched.processes() == 1 || cfg!(feature = "mpi"));
         if let AutoPlan::Measured { .. } = auto
             && self.strategy == StrategyKind::Auto
             && plan.world_size() > 1
