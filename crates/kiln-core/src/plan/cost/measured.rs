@@ -105,34 +105,9 @@ impl Measured {
         {
             return Err(FitError(format!("{t:?}")));
         }
-        // Normal equations of `seconds = u + m · a + s · b`, rows scaled to relative error:
-        // a step of 1 ms counts as much as one of 100 ms.
-        let rows: Vec<([f64; 3], f64)> = timings
-            .iter()
-            .map(|t| {
-                let w = 1.0 / t.seconds;
-                (
-                    [w, t.micro_batches as f64 * w, t.samples as f64 * w],
-                    t.seconds * w,
-                )
-            })
-            .collect();
-        let mut a = [[0.0f64; 3]; 3];
-        let mut y = [0.0f64; 3];
-        let mut yy = 0.0;
-        for (x, target) in &rows {
-            yy += target * target;
-            for i in 0..3 {
-                y[i] += x[i] * target;
-                for j in 0..3 {
-                    a[i][j] += x[i] * x[j];
-                }
-            }
-        }
-        if solve(a, y).is_none() {
-            return Err(FitError("they do not vary enough".into()));
-        }
-        let [update, micro_batch, sample] = non_negative(a, y, yy);
+        let (a, y, yy) = normal_equations(timings);
+        let [update, micro_batch, sample] =
+            non_negative(a, y, yy).ok_or_else(|| FitError("they do not vary enough".into()))?;
         Ok(Self {
             per_sample: sample,
             per_micro_batch: micro_batch,
@@ -232,20 +207,41 @@ impl Measured {
     }
 }
 
+/// The normal equations `(RᵀR, Rᵀt, tᵀt)` of `seconds = u + m · a + s · b` over `timings`,
+/// rows scaled to relative error: a step of 1 ms counts as much as one of 100 ms.
+fn normal_equations(timings: &[Timing]) -> ([[f64; 3]; 3], [f64; 3], f64) {
+    let (mut a, mut y, mut yy) = ([[0.0f64; 3]; 3], [0.0f64; 3], 0.0);
+    for t in timings {
+        let w = 1.0 / t.seconds;
+        let x = [w, t.micro_batches as f64 * w, t.samples as f64 * w];
+        let target = t.seconds * w;
+        yy += target * target;
+        for i in 0..3 {
+            y[i] += x[i] * target;
+            for j in 0..3 {
+                a[i][j] += x[i] * x[j];
+            }
+        }
+    }
+    (a, y, yy)
+}
+
 /// The non-negative `x` that minimises `|R x - t|²`, given the normal equations `a = RᵀR`,
 /// `y = Rᵀt` and `yy = tᵀt`: the least squares of every subset of the three costs (the others
-/// held at 0) that comes out non-negative, the one of least residual.
+/// held at 0) that comes out non-negative, the one of least residual. `None` when `a` is
+/// singular: the timings cannot separate the three costs.
 ///
 /// A noisy timing can pull one cost below 0 in the free fit. Clamping it to 0 afterwards
 /// leaves the other two fitted as if it were still negative (a step's samples then cost
 /// nothing and its dispatch too much); refitting them without it is the constrained optimum,
 /// and with three unknowns the seven subsets are cheaper to try than an active-set method.
-fn non_negative(a: [[f64; 3]; 3], y: [f64; 3], yy: f64) -> [f64; 3] {
+fn non_negative(a: [[f64; 3]; 3], y: [f64; 3], yy: f64) -> Option<[f64; 3]> {
     // A pinned cost's row has a diagonal of the system's own scale, not 1, so that the
     // solver's test of a vanishing pivot does not take it for one.
     let scale = a.iter().flatten().fold(0.0f64, |m, v| m.max(v.abs()));
+    const ALL: u8 = 0b111;
     let mut best = ([0.0; 3], yy);
-    for subset in 1u8..8 {
+    for subset in 1..=ALL {
         let free = |i: usize| subset & (1 << i) != 0;
         // The normal equations of the free costs; the others pinned to 0 by rows of their own.
         let (mut sub, mut rhs) = (a, y);
@@ -259,7 +255,13 @@ fn non_negative(a: [[f64; 3]; 3], y: [f64; 3], yy: f64) -> [f64; 3] {
                 *target = 0.0;
             }
         }
-        let Some(x) = solve(sub, rhs) else { continue };
+        let Some(x) = solve(sub, rhs) else {
+            // The free fit of all three is the system itself.
+            match subset {
+                ALL => return None,
+                _ => continue,
+            }
+        };
         if x.iter().any(|&v| v < 0.0) {
             continue;
         }
@@ -272,7 +274,7 @@ fn non_negative(a: [[f64; 3]; 3], y: [f64; 3], yy: f64) -> [f64; 3] {
             best = (x, residual);
         }
     }
-    best.0
+    Some(best.0)
 }
 
 /// `x` with `a · x = y`, by Gaussian elimination with partial pivoting; `None` when `a` is
@@ -353,17 +355,7 @@ mod tests {
         assert_eq!(fit.per_sample, 0.0, "{fit:?}");
         assert!(fit.per_update > 0.0 && fit.per_micro_batch > 0.0, "{fit:?}");
         // The free fit, clamped as it used to be, fits worse.
-        let (mut a, mut y) = ([[0.0; 3]; 3], [0.0; 3]);
-        for t in &timings {
-            let w = 1.0 / t.seconds;
-            let x = [w, t.micro_batches as f64 * w, t.samples as f64 * w];
-            for i in 0..3 {
-                y[i] += x[i];
-                for j in 0..3 {
-                    a[i][j] += x[i] * x[j];
-                }
-            }
-        }
+        let (a, y, _) = normal_equations(&timings);
         let [u, m, s] = solve(a, y).unwrap();
         assert!(s < 0.0, "the free fit is negative: {s}");
         let clamped = Measured {
