@@ -230,7 +230,7 @@ fn the_plan_bench_sets_every_candidate_s_prediction_beside_its_measurement() {
         "--global-batch",
         "8",
         "--rounds",
-        "1",
+        "2",
         "--seconds",
         "0",
         "--out",
@@ -247,9 +247,27 @@ fn the_plan_bench_sets_every_candidate_s_prediction_beside_its_measurement() {
     let rows = report["rows"].as_array().unwrap();
     // Single at world 1; Ddp, pipeline and tensor at world 2.
     assert_eq!(rows.len(), 4, "{report}");
+    // Each round calibrates afresh, and each row holds every round's prediction and timing,
+    // the row's own being one of them.
+    let calibrated: Vec<u64> = report["calibrations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["round"].as_u64().unwrap())
+        .collect();
+    assert_eq!(calibrated, [1, 2], "{report}");
     for row in rows {
-        assert!(row["measured"].as_f64().unwrap() > 0.0, "{row}");
-        assert!(row["predicted"]["total"].as_f64().unwrap() > 0.0, "{row}");
+        let rounds = row["rounds"].as_array().unwrap();
+        assert_eq!(rounds.len(), 2, "{row}");
+        let (predicted, measured) = (&row["predicted"]["total"], &row["measured"]);
+        assert!(measured.as_f64().unwrap() > 0.0, "{row}");
+        assert!(predicted.as_f64().unwrap() > 0.0, "{row}");
+        assert!(
+            rounds
+                .iter()
+                .any(|r| &r["predicted"] == predicted && &r["measured"] == measured),
+            "{row}"
+        );
     }
     assert_eq!(rows.iter().filter(|r| r["chosen"] == true).count(), 2);
     let table = std::fs::read_to_string(dir.join("plan.md")).unwrap();

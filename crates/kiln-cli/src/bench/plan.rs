@@ -1,19 +1,22 @@
-//! `kiln bench plan`: the planner against the clock. For each built-in model it measures this
-//! machine as `auto` does, then trains every candidate layout the cost model estimates at each
-//! world size and times it, in rounds whose order rotates, and writes predicted next to
-//! measured (`plan.json`, `plan.md`). Run it with `KILN_COUNT_MEMORY=1` to set each rank's
+//! `kiln bench plan`: the planner against the clock. For each built-in model, in rounds, it
+//! measures this machine as `auto` does, then trains every candidate layout the cost model
+//! estimates at each world size (those that fit at the first round) and times it, in an order
+//! that rotates, and writes each round's predictions next to its timings (`plan.json`,
+//! `plan.md`). Run it with `KILN_COUNT_MEMORY=1` to set each rank's
 //! peak memory beside the predicted. On the CPU backends the ranks are the cores; with
 //! `--backend cuda`, the GPUs (one rank each: `--worlds` up to their number).
 
 use std::path::PathBuf;
 
 use burn::tensor::backend::AutodiffBackend;
-use kiln_bench::plan::{Calibration, PlanReport, PlanRow, markdown};
+use kiln_bench::plan::{
+    Calibration, PlanReport, PlanRow, RoundTiming, mark_chosen, markdown, median_round,
+};
 use kiln_bench::stats::rotation;
 use kiln_core::data::DataSource;
 use kiln_core::model::ParallelModel;
 use kiln_core::optim::PerformanceConfig;
-use kiln_core::plan::cost::Candidate;
+use kiln_core::plan::cost::{Candidate, Layout, StepTime, memory, step_time};
 use kiln_core::plan::measure::{Budget, TimedSteps, median, spread, time_steps};
 use kiln_core::plan::{Plan, PlanRequest, Planner};
 use kiln_core::strategy::{PerformanceSpec, StrategyConfigs};
@@ -89,30 +92,41 @@ pub fn run(args: PlanBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
             ..TrainConfig::default()
         };
         config.validate()?;
-        let planner = crate::plan::planner(&config)?;
-        let measured = planner
-            .cluster
-            .measured
-            .clone()
-            .expect("a planner of this machine is measured");
-        report.calibrations.push(Calibration {
-            model: model.name().into(),
-            measured,
-            latency: planner.cluster.intra_latency,
-            bandwidth: planner.cluster.intra_bandwidth,
-        });
-        let rows = dispatch(
-            args.backend,
-            &Placement::new(most, None)?,
-            Candidates {
-                config: &config,
-                planner: &planner,
-                worlds: &args.worlds,
-                rounds: args.rounds,
-                budget,
-            },
-        )??;
-        report.rows.extend(rows);
+        let mut rows: Vec<Measuring> = Vec::new();
+        for round in 0..args.rounds {
+            let planner = crate::plan::planner(&config)?;
+            report.calibrations.push(Calibration {
+                model: model.name().into(),
+                round: round + 1,
+                measured: planner
+                    .cluster
+                    .measured
+                    .clone()
+                    .expect("a planner of this machine is measured"),
+                latency: planner.cluster.intra_latency,
+                bandwidth: planner.cluster.intra_bandwidth,
+            });
+            if round == 0 {
+                rows = fitting(&planner, &args.worlds)?;
+            }
+            let predicted = predict(&planner, &rows)?;
+            let timed = dispatch(
+                args.backend,
+                &Placement::new(most, None)?,
+                Round {
+                    config: &config,
+                    layouts: &rows,
+                    round,
+                    budget,
+                },
+            )??;
+            for ((row, prediction), timed) in rows.iter_mut().zip(predicted).zip(timed) {
+                row.add(prediction, timed);
+            }
+        }
+        let mut done: Vec<PlanRow> = rows.into_iter().map(|r| r.row(model.name())).collect();
+        mark_chosen(&mut done);
+        report.rows.extend(done);
     }
     std::fs::create_dir_all(&args.out)
         .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
@@ -129,80 +143,149 @@ pub fn run(args: PlanBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Every candidate of every world, trained and timed, as a job on the chosen backend.
-struct Candidates<'a> {
+/// A candidate being measured: as the first round listed it, and each round's prediction
+/// and timing so far.
+struct Measuring {
+    candidate: Candidate,
+    /// Each round's prediction: its step, its most loaded rank's bytes, and whether `auto`
+    /// chose it.
+    predicted: Vec<(StepTime, f64, bool)>,
+    /// Each round's timed steps.
+    steps: Vec<Vec<f64>>,
+    /// The most loaded rank's peak bytes over the rounds, if counted.
+    peak: Option<u64>,
+}
+
+impl Measuring {
+    fn add(&mut self, predicted: (StepTime, f64, bool), timed: TimedSteps) {
+        let peak = timed.ranks.iter().filter_map(|r| r.peak_bytes).max();
+        self.peak = self.peak.max(peak);
+        self.predicted.push(predicted);
+        self.steps.push(timed.steps);
+    }
+
+    /// The candidate's row: its median round, with every round beside it.
+    fn row(self, model: &str) -> PlanRow {
+        let rounds: Vec<RoundTiming> = self
+            .predicted
+            .iter()
+            .zip(&self.steps)
+            .map(|(&(time, _, chosen), steps)| RoundTiming {
+                predicted: time.total,
+                measured: median(steps),
+                chosen,
+            })
+            .collect();
+        let m = median_round(&rounds).expect("a benchmark has a round");
+        let all: Vec<f64> = self.steps.concat();
+        PlanRow {
+            model: model.into(),
+            world: self.candidate.ranks(),
+            strategy: self.candidate.strategy,
+            layout: self.candidate.layout,
+            predicted: self.predicted[m].0,
+            measured: rounds[m].measured,
+            spread: spread(&all),
+            predicted_bytes: self.predicted[m].1,
+            measured_bytes: self.peak,
+            chosen: false,
+            rounds,
+        }
+    }
+}
+
+/// Every candidate that fits at each of `worlds`, as the first round's calibration lists them.
+fn fitting(planner: &Planner, worlds: &[usize]) -> Result<Vec<Measuring>, String> {
+    let mut all = Vec::new();
+    for &world in worlds {
+        let planned = planner
+            .plan(world)
+            .map_err(|e| format!("world {world}: {e}"))?;
+        all.extend(
+            planned
+                .candidates
+                .into_iter()
+                .filter(|c| c.rejected.is_none())
+                .map(|candidate| Measuring {
+                    candidate,
+                    predicted: Vec::new(),
+                    steps: Vec::new(),
+                    peak: None,
+                }),
+        );
+    }
+    Ok(all)
+}
+
+/// Each row's step, memory and whether `auto` chooses it, by this round's calibration.
+fn predict(planner: &Planner, rows: &[Measuring]) -> Result<Vec<(StepTime, f64, bool)>, String> {
+    let mut chosen: Vec<(usize, Layout)> = Vec::new();
+    rows.iter()
+        .map(|row| {
+            let (world, layout) = (row.candidate.ranks(), &row.candidate.layout);
+            let choice = match chosen.iter().find(|(w, _)| *w == world) {
+                Some((_, layout)) => *layout,
+                None => {
+                    let planned = planner
+                        .plan(world)
+                        .map_err(|e| format!("world {world}: {e}"))?;
+                    let layout = planned.chosen().layout;
+                    chosen.push((world, layout));
+                    layout
+                }
+            };
+            Ok((
+                step_time(&planner.workload, &planner.cluster(world), layout),
+                memory(&planner.workload, layout).total,
+                choice == *layout,
+            ))
+        })
+        .collect()
+}
+
+/// One round: every candidate trained and timed once, in the round's rotated order, as a job
+/// on the chosen backend; the timings in the candidates' order.
+struct Round<'a> {
     config: &'a TrainConfig,
-    planner: &'a Planner,
-    worlds: &'a [usize],
-    rounds: usize,
+    layouts: &'a [Measuring],
+    round: usize,
     budget: Budget,
 }
 
-impl Job for Candidates<'_> {
-    type Output = Result<Vec<PlanRow>, String>;
+impl Job for Round<'_> {
+    type Output = Result<Vec<TimedSteps>, String>;
 
     fn run<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
         self,
         devices: Vec<B::Device>,
     ) -> Result<Self::Output, Box<dyn std::error::Error>> {
-        // Every candidate that fits, and whether `auto` chooses it at its world size.
-        let mut all: Vec<(Candidate, bool)> = Vec::new();
-        for &world in self.worlds {
-            let planned = match self.planner.plan(world) {
-                Ok(planned) => planned,
-                Err(e) => return Ok(Err(format!("world {world}: {e}"))),
+        let mut timed: Vec<Option<TimedSteps>> = vec![None; self.layouts.len()];
+        for i in rotation(self.layouts.len(), self.round) {
+            let candidate = &self.layouts[i].candidate;
+            tracing::info!(
+                "round {} {} world {}: {} {:?}",
+                self.round + 1,
+                self.config.model.name(),
+                candidate.ranks(),
+                candidate.strategy.name(),
+                candidate.layout
+            );
+            let job = Timed {
+                candidate,
+                performance: &self.config.optimizer,
+                batch: self.config.batch,
+                seed: self.config.seed,
+                budget: self.budget,
+                devices: &devices[..candidate.ranks()],
             };
-            for (i, c) in planned.candidates.into_iter().enumerate() {
-                if c.rejected.is_none() {
-                    all.push((c, i == 0));
-                }
+            match with_builtin::<B, _>(self.config, &devices[0], job) {
+                Ok(t) => timed[i] = Some(t),
+                Err(e) => return Ok(Err(e)),
             }
         }
-        let mut times: Vec<Vec<f64>> = vec![Vec::new(); all.len()];
-        let mut peaks: Vec<Option<u64>> = vec![None; all.len()];
-        for round in 0..self.rounds {
-            for i in rotation(all.len(), round) {
-                let (candidate, _) = &all[i];
-                tracing::info!(
-                    "round {} {} world {}: {} {:?}",
-                    round + 1,
-                    self.config.model.name(),
-                    candidate.ranks(),
-                    candidate.strategy.name(),
-                    candidate.layout
-                );
-                let job = Timed {
-                    candidate,
-                    performance: &self.config.optimizer,
-                    batch: self.config.batch,
-                    seed: self.config.seed,
-                    budget: self.budget,
-                    devices: &devices[..candidate.ranks()],
-                };
-                let timed = match with_builtin::<B, _>(self.config, &devices[0], job) {
-                    Ok(t) => t,
-                    Err(e) => return Ok(Err(e)),
-                };
-                times[i].extend(&timed.steps);
-                let peak = timed.ranks.iter().filter_map(|r| r.peak_bytes).max();
-                peaks[i] = peaks[i].max(peak);
-            }
-        }
-        Ok(Ok(all
+        Ok(Ok(timed
             .into_iter()
-            .zip(times.iter().zip(peaks))
-            .map(|((c, chosen), (steps, peak))| PlanRow {
-                model: self.config.model.name().into(),
-                world: c.ranks(),
-                strategy: c.strategy,
-                layout: c.layout,
-                predicted: c.time,
-                measured: median(steps),
-                spread: spread(steps),
-                predicted_bytes: c.memory.total,
-                measured_bytes: peak,
-                chosen,
-            })
+            .map(|t| t.expect("the rotation visits every candidate"))
             .collect()))
     }
 }
