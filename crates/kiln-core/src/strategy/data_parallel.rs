@@ -11,12 +11,11 @@ use std::time::{Duration, Instant};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::train::TrainStep;
-use rayon::ThreadPool;
 
 use super::handover::sync_device;
 use super::micro_batch::{LocalGradients, local_gradients};
 use super::step::{Findings, Sync, guarded_step};
-use super::threads::rank_pool;
+use super::threads::{RankPool, rank_pool};
 use super::{ConfigError, RankError, RankFailure, RankStats, StepOutput, Strategy, StrategyError};
 use crate::data::{DataSource, ShardPolicy};
 use crate::grads::add_weighted;
@@ -51,7 +50,7 @@ pub struct DataParallel<B: AutodiffBackend, M: TrainModel<B>, O, I> {
     optim: O,
     data: DataSource<B, I, M::Input>,
     devices: Vec<B::Device>,
-    pools: Vec<ThreadPool>,
+    pools: Vec<RankPool>,
     accumulation: usize,
     stats: Vec<RankStats>,
     steps: u64,

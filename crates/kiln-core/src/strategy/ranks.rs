@@ -371,7 +371,7 @@ impl<R: Send + 'static> RankThreads<R> {
     pub fn spawn<W>(
         name: &str,
         first: usize,
-        workers: Vec<(W, rayon::ThreadPool)>,
+        workers: Vec<(W, super::threads::RankPool)>,
         timeout: Duration,
     ) -> Result<(Self, Vec<RankDone>), StrategyError>
     where
