@@ -63,9 +63,12 @@ pub enum ConfigError {
         "collective_timeout_s must be a positive number of seconds up to a week (604800), got {0}"
     )]
     Timeout(f64),
-    /// Zero threads per rank.
-    #[error("threads_per_rank must be at least 1")]
-    ZeroThreads,
+    /// Threads per rank out of range.
+    #[error(
+        "threads_per_rank is {0}; it must be 1 to {MAX_THREADS_PER_RANK} (a rank's intra-op \
+         threads: this machine's cores shared among its ranks, or fewer)"
+    )]
+    Threads(usize),
     /// A world that spans processes given to a strategy that cannot span them.
     #[error("the world spans {processes} processes, but {strategy} cannot: {reason}")]
     MultiProcess {
@@ -445,6 +448,18 @@ impl StrategyError {
 /// The longest collective timeout a config may set, in seconds: a week.
 pub const MAX_TIMEOUT_S: f64 = 604_800.0;
 
+/// The most intra-op threads a rank may have. Beyond the cores, threads only take turns; far
+/// beyond, a pool of them takes minutes to start (rayon would start up to 65535).
+pub const MAX_THREADS_PER_RANK: usize = 1024;
+
+/// Checks a rank's intra-op threads.
+pub(super) fn check_threads(threads: usize) -> Result<(), ConfigError> {
+    match threads {
+        1..=MAX_THREADS_PER_RANK => Ok(()),
+        _ => Err(ConfigError::Threads(threads)),
+    }
+}
+
 /// Checks the settings that Ddp and Pipeline share.
 pub(super) fn check_shared_settings(
     grad_accumulation: usize,
@@ -463,8 +478,8 @@ pub(super) fn check_shared_settings(
     if !(collective_timeout_s > 0.0 && collective_timeout_s <= MAX_TIMEOUT_S) {
         return Err(ConfigError::Timeout(collective_timeout_s));
     }
-    if threads_per_rank == Some(0) {
-        return Err(ConfigError::ZeroThreads);
+    if let Some(threads) = threads_per_rank {
+        check_threads(threads)?;
     }
     Ok(())
 }

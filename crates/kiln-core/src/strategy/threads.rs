@@ -82,8 +82,10 @@ pub(crate) fn rank_pool(
     threads: Option<usize>,
 ) -> Result<RankPool, ConfigError> {
     let threads = match threads {
-        Some(0) => return Err(ConfigError::ZeroThreads),
-        Some(n) => n,
+        Some(n) => {
+            super::error::check_threads(n)?;
+            n
+        }
         None => {
             let cores = std::thread::available_parallelism().map_or(1, usize::from);
             (cores / ranks.max(1)).max(1)
@@ -142,6 +144,20 @@ mod tests {
 
     thread_local! {
         static LOCAL: Local = const { Local(&GONE) };
+    }
+
+    #[test]
+    fn a_pool_has_1_to_1024_threads() {
+        for threads in [0, 1025, usize::MAX] {
+            let e = rank_pool(0, 1, Some(threads)).err().unwrap();
+            assert!(
+                e.to_string().contains(&format!(
+                    "threads_per_rank is {threads}; it must be 1 to 1024"
+                )),
+                "{e}"
+            );
+        }
+        assert!(rank_pool(0, 1, Some(3)).is_ok());
     }
 
     #[test]
