@@ -308,12 +308,11 @@ pub fn step_time(work: &Workload, cluster: &Cluster, layout: &Layout) -> StepTim
             let handoff = cluster.measured.as_ref().map_or(0.0, |m| m.handoff);
             let transfer = work.boundary_bytes * micro_batch as f64 / bw + lat + handoff;
             // Each micro-batch's activation forward and its gradient back, on the critical
-            // path of the last stage. Where ranks outnumber the cores, a hand-off wakes one
-            // rank, whose core runs another's turn: it waits half a turn on average, where
-            // shards meeting mid-block wait for the last one's (2 replicas of 2 stages on 2
-            // cores, the MLP, in 15 runs: a median of 14 % under without the wait and 16 %
-            // over with a whole turn).
-            2.0 * micro_batches as f64 * transfer * (1.0 + crowding.max(1.0)) / 2.0
+            // path of the last stage; where ranks outnumber the cores, the two stages of a
+            // hand-off each wait for their turn, as shards meeting mid-block do (2 replicas
+            // of 2 stages on 2 cores: 17 % under without, the MLP; half a turn on average fit
+            // a quiet machine better and a busy one worse: the book's planning chapter).
+            2.0 * micro_batches as f64 * transfer * crowding.max(1.0)
         }
     };
     StepTime {
