@@ -72,9 +72,18 @@ pub struct PlanRow {
 }
 
 impl PlanRow {
+    /// The row's own prediction and timing (its median round's), as a round.
+    pub fn as_round(&self) -> RoundTiming {
+        RoundTiming {
+            predicted: self.predicted.total,
+            measured: self.measured,
+            chosen: self.chosen,
+        }
+    }
+
     /// The prediction's error: predicted over measured, minus one.
     pub fn error(&self) -> f64 {
-        self.predicted.total / self.measured.max(f64::MIN_POSITIVE) - 1.0
+        self.as_round().error()
     }
 
     /// The memory prediction's error, when memory was counted.
@@ -298,14 +307,7 @@ fn rounds_of(rows: &[&PlanRow]) -> usize {
 
 /// `row`'s round `k`; the row itself as its one round when it has none.
 fn round(row: &PlanRow, k: usize) -> RoundTiming {
-    match row.rounds.get(k) {
-        Some(t) => *t,
-        None => RoundTiming {
-            predicted: row.predicted.total,
-            measured: row.measured,
-            chosen: row.chosen,
-        },
-    }
+    row.rounds.get(k).copied().unwrap_or_else(|| row.as_round())
 }
 
 /// A candidate's measured speed over the rounds: the median of its rounds' timings, so that

@@ -115,7 +115,7 @@ pub fn run(args: PlanBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
                 &Placement::new(most, None)?,
                 Round {
                     config: &config,
-                    layouts: &rows,
+                    candidates: &rows,
                     round,
                     budget,
                 },
@@ -247,7 +247,7 @@ fn predict(planner: &Planner, rows: &[Measuring]) -> Result<Vec<(StepTime, f64, 
 /// on the chosen backend; the timings in the candidates' order.
 struct Round<'a> {
     config: &'a TrainConfig,
-    layouts: &'a [Measuring],
+    candidates: &'a [Measuring],
     round: usize,
     budget: Budget,
 }
@@ -259,9 +259,9 @@ impl Job for Round<'_> {
         self,
         devices: Vec<B::Device>,
     ) -> Result<Self::Output, Box<dyn std::error::Error>> {
-        let mut timed: Vec<Option<TimedSteps>> = vec![None; self.layouts.len()];
-        for i in rotation(self.layouts.len(), self.round) {
-            let candidate = &self.layouts[i].candidate;
+        let mut timed: Vec<Option<TimedSteps>> = vec![None; self.candidates.len()];
+        for i in rotation(self.candidates.len(), self.round) {
+            let candidate = &self.candidates[i].candidate;
             tracing::info!(
                 "round {} {} world {}: {} {:?}",
                 self.round + 1,

@@ -4,7 +4,6 @@
 //! process would otherwise all queue onto the one global pool; each rank runs inside a pool
 //! of its own, sized so that ranks together use the machine's cores once.
 
-use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -23,14 +22,14 @@ const EXIT_GRACE: Duration = Duration::from_secs(2);
 /// its thread-locals then: gemm keeps a packing buffer the size of a core's L2 cache in every
 /// thread that multiplies. Those bytes count as the rank's memory, so a rank of the same
 /// number started just after (the next candidate of a calibration, the next strategy of a
-/// process) began its peak with them: counted calibrations of the MLP read 512 KiB, two
-/// thirds of its step, too high in one run in five. Waiting for the threads makes a rank's
-/// peak its own.
+/// process) began its peak with them: the planner's counted calibrations of the MLP read
+/// 512 KiB, two thirds of its step, too high in 3 of 82 timings. Waiting for the threads
+/// makes a rank's peak its own.
 pub(crate) struct RankPool {
     /// `None` once dropped.
     pool: Option<ThreadPool>,
-    /// The pool's threads, as they were spawned.
-    threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    /// The pool's threads: rayon starts them all as the pool is built.
+    threads: Vec<JoinHandle<()>>,
     rank: usize,
 }
 
@@ -47,8 +46,7 @@ impl RankPool {
 impl Drop for RankPool {
     fn drop(&mut self) {
         drop(self.pool.take());
-        let threads =
-            std::mem::take(&mut *self.threads.lock().unwrap_or_else(PoisonError::into_inner));
+        let threads = std::mem::take(&mut self.threads);
         let deadline = Instant::now() + EXIT_GRACE;
         let me = std::thread::current().id();
         for thread in threads {
@@ -91,14 +89,13 @@ pub(crate) fn rank_pool(
             (cores / ranks.max(1)).max(1)
         }
     };
-    let spawned = Arc::new(Mutex::new(Vec::new()));
-    let handles = Arc::clone(&spawned);
+    let mut spawned = Vec::new();
     let pool = ThreadPoolBuilder::new()
         .num_threads(threads)
         .thread_name(move |i| format!("kiln-rank{rank}-{i}"))
         // What the rank computes is counted as its memory.
         .start_handler(move |_| crate::memory::count_thread_as(rank))
-        .spawn_handler(move |thread| {
+        .spawn_handler(|thread| {
             let mut builder = std::thread::Builder::new();
             if let Some(name) = thread.name() {
                 builder = builder.name(name.to_owned());
@@ -106,11 +103,7 @@ pub(crate) fn rank_pool(
             if let Some(size) = thread.stack_size() {
                 builder = builder.stack_size(size);
             }
-            let handle = builder.spawn(|| thread.run())?;
-            handles
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(handle);
+            spawned.push(builder.spawn(|| thread.run())?);
             Ok(())
         })
         .build()
