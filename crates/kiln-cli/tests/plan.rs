@@ -278,7 +278,7 @@ fn train(name: &str, args: &[&str]) -> serde_json::Value {
 
 #[test]
 fn memory_predictions_match_the_bytes_kiln_s_strategies_hold() {
-    use kiln_core::plan::cost::{Layout, Workload, memory};
+    use kiln_core::plan::cost::{Layout, Preset, Workload, memory};
     // The built-in transformer: 16 tokens and 16 positions of width 32, 2 pre-norm blocks
     // (4 heads, feed-forward 64, biases everywhere), a head with a bias; f32 and AdamW.
     let (v, l, d, f) = (16u64, 16u64, 32u64, 64u64);
@@ -352,7 +352,8 @@ fn memory_predictions_match_the_bytes_kiln_s_strategies_hold() {
         ),
     ] {
         let report = train(name, &args);
-        let predicted = memory(&work, &layout);
+        let gpus = Preset::named("h100-sxm").unwrap().cluster(4, 4, 0.5);
+        let predicted = memory(&work, &gpus, &layout);
         let weights = most(&report, &["param_bytes"]);
         let state = most(&report, &["grad_bytes", "optimizer_bytes"]);
         for (what, held, predicted) in [

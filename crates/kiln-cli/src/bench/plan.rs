@@ -234,9 +234,10 @@ fn predict(planner: &Planner, rows: &[Measuring]) -> Result<Vec<(StepTime, f64, 
                     layout
                 }
             };
+            let cluster = planner.cluster(world);
             Ok((
-                step_time(&planner.workload, &planner.cluster(world), layout),
-                memory(&planner.workload, layout).total,
+                step_time(&planner.workload, &cluster, layout),
+                memory(&planner.workload, &cluster, layout).total,
                 choice == *layout,
             ))
         })

@@ -68,7 +68,7 @@ where
         micro_batch: batch,
         recompute: false,
     };
-    let work = &mut planner.workload;
+    let (work, cluster) = (&mut planner.workload, &planner.cluster);
     let per_block_sample = (work.layers * batch) as f64;
     let shards = work.block_activation_bytes.len().min(MOST_SHARDS);
     for tp in (2..=shards).filter(|t| work.shardable.is_multiple_of(*t)) {
@@ -76,7 +76,7 @@ where
         let Some(measured) = peak(&layout)? else {
             break;
         };
-        let predicted = memory(work, &layout).total;
+        let predicted = memory(work, cluster, &layout).total;
         let bytes = &mut work.block_activation_bytes[tp - 1];
         *bytes = (*bytes + (measured - predicted) / per_block_sample).max(0.0);
     }
@@ -84,7 +84,7 @@ where
         let layout = Layout { pp: 2, ..whole };
         work.stage_activation_scale = 1.0;
         if let Some(measured) = peak(&layout)? {
-            let predicted = memory(work, &layout);
+            let predicted = memory(work, cluster, &layout);
             if predicted.activations > 0.0 {
                 let more = (measured - predicted.total) / predicted.activations;
                 work.stage_activation_scale = (1.0 + more).max(0.0);

@@ -41,7 +41,9 @@ pub struct Memory {
     /// Activations kept for the backward: its blocks', for the micro-batches in flight.
     pub activations: f64,
     /// The flat copy of its gradients that data parallelism packs into buckets to all-reduce
-    /// them (Kiln's `grads::BucketPlan`, as PyTorch's DDP): 0 without replicas.
+    /// them (Kiln's `grads::BucketPlan`, as PyTorch's DDP): 0 without replicas. Where the
+    /// ranks share one memory, a second copy: the reduced buckets every replica reads
+    /// ([`Cluster::bucket_copies`]).
     #[serde(default)]
     pub buckets: f64,
     /// All of it, with the workload's `fixed_bytes`.
@@ -75,9 +77,9 @@ pub struct StepTime {
     pub total: f64,
 }
 
-/// The device memory `layout` needs for `work`: its most loaded device's, the first stage's
-/// (the embeddings, the most micro-batches in flight) or the last's (the head).
-pub fn memory(work: &Workload, layout: &Layout) -> Memory {
+/// The device memory `layout` needs for `work` on `cluster`: its most loaded device's, the
+/// first stage's (the embeddings, the most micro-batches in flight) or the last's (the head).
+pub fn memory(work: &Workload, cluster: &Cluster, layout: &Layout) -> Memory {
     let (embedding, head) = (work.embedding_params as f64, work.head_params as f64);
     let per_block_params = (work.params as f64 - embedding - head) / work.layers as f64;
     let trainable_share = work.trainable as f64 / work.params.max(1) as f64;
@@ -89,7 +91,7 @@ pub fn memory(work: &Workload, layout: &Layout) -> Memory {
         let weights = params * work.weight_bytes;
         let trainable_state = params * trainable_share * work.trainable_extra_bytes;
         let buckets = match layout.dp > 1 {
-            true => gradients(work, trainable_state),
+            true => gradients(work, trainable_state) * cluster.bucket_copies(),
             false => 0.0,
         };
         let kept = per_block * blocks * micro_batch;
@@ -272,7 +274,7 @@ pub fn step_time(work: &Workload, cluster: &Cluster, layout: &Layout) -> StepTim
         bubble *= stretch;
     }
     // The most loaded device's gradients (every replica group all-reduces at once).
-    let grads = gradients(work, memory(work, layout).trainable_state);
+    let grads = gradients(work, memory(work, cluster, layout).trainable_state);
     let (bw, lat) = link(cluster, pp * tp, dp);
     let data_parallel = all_reduce(cluster, grads, dp, (bw, lat));
     // The first stage has the most blocks.

@@ -234,7 +234,10 @@ fn best_micro_batching(
             micro_batch: per_replica / micro_batches,
             recompute,
         };
-        let (memory, time) = (memory(work, &layout), step_time(work, cluster, &layout));
+        let (memory, time) = (
+            memory(work, cluster, &layout),
+            step_time(work, cluster, &layout),
+        );
         let model_flops =
             (1.0 + work.backward_passes) * work.forward_flops * work.global_batch as f64;
         let peak = time.total * cluster.devices as f64 * cluster.peak_flops;

@@ -208,18 +208,19 @@ fn replicas_hold_sixteen_bytes_a_parameter_and_their_activations() {
         micro_batch: 1,
         recompute: false,
     };
-    let m = memory(&w, &layout);
+    let m = memory(&w, &h100(1), &layout);
     let params = seven.params() as f64;
     assert!((m.weights + m.trainable_state - 16.0 * params).abs() < 1.0);
     assert!((m.activations - 32.0 * seven.block_activation_bytes(1, 2.0)).abs() < 1.0);
     // Two stages: the first holds the embedding and half the blocks, and two micro-batches.
-    let staged = memory(&w, &Layout { pp: 2, ..layout });
+    let staged = memory(&w, &h100(2), &Layout { pp: 2, ..layout });
     let first = w.embedding_params as f64 + 16.0 * seven.block_params() as f64;
     assert!((staged.weights - 2.0 * first).abs() < 1.0);
     assert!((staged.activations - m.activations).abs() < 1.0);
     // Recomputed, a stage keeps two micro-batches' inputs and one micro-batch's blocks.
     let recomputed = memory(
         &w,
+        &h100(2),
         &Layout {
             pp: 2,
             recompute: true,
@@ -245,13 +246,28 @@ fn replicas_also_hold_their_gradients_packed_into_buckets() {
     // Full training in bf16: of a parameter's 14 bytes of trainable state, 2 are its bf16
     // gradient.
     let full = work(&seven, 16);
-    let (one, four) = (memory(&full, &alone), memory(&full, &replicated));
+    let gpus = h100(16);
+    let (one, four) = (
+        memory(&full, &gpus, &alone),
+        memory(&full, &gpus, &replicated),
+    );
     assert_eq!(one.buckets, 0.0);
     assert!(
         (four.buckets - one.trainable_state * 2.0 / 14.0).abs() < 1.0,
         "{four:?}"
     );
     assert!((four.total - one.total - four.buckets).abs() < 1.0);
+    // Ranks sharing one memory read the first replica's reduced buckets: it holds two copies.
+    let shared = Cluster {
+        cores: Some(16),
+        ..gpus.clone()
+    };
+    let first = memory(&full, &shared, &replicated);
+    assert!(
+        (first.buckets - 2.0 * four.buckets).abs() < 1.0,
+        "{first:?}"
+    );
+    assert_eq!(memory(&full, &shared, &alone).buckets, 0.0);
     // LoRA: only the adapters' f32 gradients are packed, not the frozen base.
     let short = TransformerShape { seq: 512, ..seven };
     let adapters = Workload::lora(&short, Precision::Bf16, 16, 16, true);
@@ -260,7 +276,7 @@ fn replicas_also_hold_their_gradients_packed_into_buckets() {
         tp: 1,
         ..replicated
     };
-    let m = memory(&adapters, &whole);
+    let m = memory(&adapters, &gpus, &whole);
     assert!(
         (m.buckets - 4.0 * adapters.trainable as f64).abs() < 1.0,
         "{m:?}"
@@ -277,13 +293,13 @@ fn a_stage_holds_its_measured_surplus_once_however_many_micro_batches_are_in_fli
     let kept = 16.0 * seven.block_activation_bytes(1, 2.0);
     // Two micro-batches of one sample in flight on the first stage: both kept, the surplus
     // of one passing.
-    let staged = memory(&w, &layout(1, 2, 8, 1));
+    let staged = memory(&w, &h100(2), &layout(1, 2, 8, 1));
     assert!((staged.activations - (2.0 + 0.25) * kept).abs() < 1.0);
     // One micro-batch of two samples: the same samples in flight, a surplus twice as large.
-    let whole = memory(&w, &layout(1, 2, 1, 2));
+    let whole = memory(&w, &h100(2), &layout(1, 2, 1, 2));
     assert!((whole.activations - (2.0 + 0.5) * kept).abs() < 1.0);
     // Without stages there is no boundary and no surplus.
-    let unstaged = memory(&w, &layout(1, 1, 1, 2));
+    let unstaged = memory(&w, &h100(1), &layout(1, 1, 1, 2));
     assert!((unstaged.activations - 2.0 * 32.0 * seven.block_activation_bytes(1, 2.0)).abs() < 1.0);
 }
 
@@ -458,8 +474,8 @@ fn every_stage_holds_the_blocks_kiln_gives_it() {
     let (work, cluster) = cores(2, measured(1.0, 0.0, 0.0));
     let work = Workload { layers: 5, ..work };
     let staged = layout(1, 2, 1, 8);
-    let held = memory(&work, &staged);
-    let whole = memory(&work, &layout(1, 1, 1, 8));
+    let held = memory(&work, &cluster, &staged);
+    let whole = memory(&work, &cluster, &layout(1, 1, 1, 8));
     let per_block = (work.params - work.embedding_params - work.head_params) as f64 / 5.0;
     let first = 3.0 * per_block + work.embedding_params as f64;
     let last = 2.0 * per_block + work.head_params as f64;
