@@ -345,6 +345,7 @@ where
             micro_batches,
             seconds: median(steps),
             spread: spread(steps),
+            steps: steps.len(),
             peak_bytes,
         })
         .collect();

@@ -43,8 +43,8 @@ impl Cluster {
     }
 
     /// Step times closer than this share are the same to the planner: [`CLOSE`], or the
-    /// measured steps' own spread when it is larger (a fast step on a shared machine varies
-    /// by more than the cost model errs).
+    /// precision of the measured steps' medians when it is coarser ([`Measured::noise`]: a
+    /// step on a shared machine may be timed less precisely than the cost model errs).
     pub fn tolerance(&self) -> f64 {
         let noise = self.measured.as_ref().map_or(0.0, Measured::noise);
         CLOSE.max(noise)

@@ -275,6 +275,7 @@ mod tests {
             micro_batches: m,
             seconds: t,
             spread: 0.0,
+            steps: 0,
             peak_bytes: None,
         });
         let link = Link {
