@@ -28,8 +28,8 @@ pub const MOST_SHARDS: usize = 4;
 /// `device`'s CPU ranks, trained with `optim` on batches of `data` as large as the largest
 /// whose memory the calibration counted: the model split over 2 to [`MOST_SHARDS`]
 /// tensor-parallel shards (each a `block_activation_bytes` entry), and over two pipeline
-/// stages (the `stage_activation_scale`). Three steps each, alone. The planner is returned as it was where
-/// the process does not count its memory, or its calibration did not.
+/// stages (the `stage_activation_scale`). Three steps each, alone. The planner is returned
+/// as it was where the process does not count its memory, or its calibration did not.
 ///
 /// # Errors
 /// What a step returns, but for a model that cannot be cut so.

@@ -176,14 +176,17 @@ impl Measured {
     /// standard error, as a share of it. Layouts whose predicted times differ by less are the
     /// same to the planner.
     ///
-    /// The median of `n` steps is far more precise than one step: for normal noise its
-    /// standard error is `1.25 σ / √n`, and the interquartile range (the `spread`) is
-    /// `1.35 σ`, so `0.93 · spread / √n`. A timing without its count of steps stands for
-    /// one step. (The spread itself served here until 2026-11-27: at 8 to 41 % on this
-    /// project's shared 2-core machine, it had `auto` take the simplest layout within up to
-    /// two fifths of the fastest. Of its 408 choices in 34 runs of `kiln bench plan`, 270
-    /// were the measured fastest, 3.5 % behind it on average. The same predictions chosen
-    /// among by the median's precision, 5 to 16 % there, give 292, 2.8 % behind.)
+    /// The median of `n` steps is far more precise than one step: for independent normal
+    /// noise its standard error is `1.25 σ / √n`, and the interquartile range (the `spread`)
+    /// is `1.35 σ`, so `0.93 · spread / √n`. A timing without its count of steps stands for
+    /// one step. A shared machine's speed also drifts between steps, so this is the least a
+    /// prediction may err, not all of it; it is used because choosing by it proved better.
+    /// (The spread itself served here until 2026-11-27: at 8 to 41 % on this project's
+    /// shared 2-core machine, it had `auto` take the simplest layout within up to two
+    /// fifths of the fastest. Of its 408 choices in 34 runs of `kiln bench plan`, 270 were
+    /// the measured fastest, 3.5 % behind it on average. The same predictions chosen among
+    /// by the median's precision (5 to 16 %, each timing's steps estimated from its
+    /// seconds) give 292, 2.8 % behind; eight runs since, 65 of 96, 1.8 % behind.)
     pub fn noise(&self) -> f64 {
         let mut errors: Vec<f64> = self
             .timings
@@ -433,7 +436,7 @@ mod tests {
     fn the_noise_is_the_precision_of_the_medians_not_the_spread_of_a_step() {
         let timings: Vec<Timing> = [(64, 1), (16, 1), (64, 4), (32, 2)]
             .into_iter()
-            .zip([(0.3, 9), (0.6, 36), (0.1, 1), (0.9, 9)])
+            .zip([(0.2, 4), (0.05, 1), (0.6, 4), (0.9, 1)])
             .map(|((s, m), (spread, steps))| Timing {
                 spread,
                 steps,
@@ -441,8 +444,9 @@ mod tests {
             })
             .collect();
         let fit = Measured::fit(&timings).unwrap();
-        // Standard errors 0.093, 0.093, 0.093 and 0.279: their median.
-        assert!((fit.noise() - 0.093).abs() < 1e-12, "{}", fit.noise());
+        // Standard errors 0.093, 0.0465, 0.279 and 0.837: the upper middle one (over `n`
+        // rather than `√n` it would be 0.1395).
+        assert!((fit.noise() - 0.279).abs() < 1e-12, "{}", fit.noise());
         // Timings without their count of steps stand for one step each: their spreads.
         let uncounted: Vec<Timing> = timings.iter().map(|t| Timing { steps: 0, ..*t }).collect();
         let fit = Measured::fit(&uncounted).unwrap();
