@@ -91,17 +91,36 @@ fn ddp_and_single_agree_through_the_cli() {
     );
 }
 
+/// The strategy `auto` ran, checked to be the one its planner chose and names in its reason.
+/// Which layout that is over several ranks is measured: Ddp in a release build (predicted the
+/// fastest outright), but in a debug build, in a busy test run, the MLP's step is dispatch and
+/// Ddp and two stages come within the timings' precision, so either may be chosen.
+fn planned_strategy(report: &serde_json::Value) -> String {
+    let strategy = report["strategy"].as_str().unwrap().to_string();
+    // After what chose the world (`the CPU's cores as 2 single-threaded ranks; `), if it was
+    // chosen.
+    let reason = report["strategy_reason"].as_str().unwrap();
+    let planned = reason.rsplit("; ").next().unwrap();
+    assert!(planned.starts_with(&format!("{strategy}: ")), "{report}");
+    strategy
+}
+
 #[test]
-fn auto_uses_the_cpu_cores_as_ddp_ranks_unless_a_world_is_named() {
-    // No world named: every core a single-threaded Ddp rank, as many as the batch of 10 feeds.
+fn auto_uses_the_cpu_cores_as_ranks_unless_a_world_is_named() {
+    // No world named: every core a single-threaded rank, as many as the batch of 10 feeds.
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let ranks = cores.min(10);
     let auto = train_json("auto", &[]);
     assert_eq!(auto["world"], ranks);
-    assert_eq!(auto["strategy"], if ranks > 1 { "ddp" } else { "single" });
+    match ranks {
+        1 => assert_eq!(auto["strategy"], "single"),
+        _ => assert_ne!(planned_strategy(&auto), "single", "{auto}"),
+    }
     // A world named on the command line or in the config file is the user's.
     assert_eq!(train_json("auto1", &["--world", "1"])["strategy"], "single");
-    assert_eq!(train_json("auto2", &["--world", "2"])["strategy"], "ddp");
+    let two = train_json("auto2", &["--world", "2"]);
+    assert_eq!(two["world"], 2);
+    assert_ne!(planned_strategy(&two), "single", "{two}");
     let config = std::env::temp_dir().join(format!("kiln-cli-{}-auto.toml", std::process::id()));
     std::fs::write(&config, "world = 1\n").unwrap();
     let named = train_json("auto-toml", &["--config", config.to_str().unwrap()]);

