@@ -322,6 +322,8 @@ fn memory_predictions_match_the_bytes_kiln_s_strategies_hold() {
             .map(|r| keys.iter().map(|k| r[k].as_u64().unwrap()).sum::<u64>());
         per_rank.max().unwrap() as f64
     };
+    // Weights and trainable state, which do not depend on the devices' kind.
+    let gpus = Preset::named("h100-sxm").unwrap().cluster(4, 4, 0.5);
     for (name, args, layout, tolerance) in [
         (
             "ddp",
@@ -352,7 +354,6 @@ fn memory_predictions_match_the_bytes_kiln_s_strategies_hold() {
         ),
     ] {
         let report = train(name, &args);
-        let gpus = Preset::named("h100-sxm").unwrap().cluster(4, 4, 0.5);
         let predicted = memory(&work, &gpus, &layout);
         let weights = most(&report, &["param_bytes"]);
         let state = most(&report, &["grad_bytes", "optimizer_bytes"]);
