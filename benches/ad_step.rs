@@ -218,13 +218,14 @@ fn median(mut xs: Vec<f64>) -> f64 {
 }
 
 /// Launches and host synchronisations of each of `steps` steps (after 2 warm-up steps) of
-/// `Single` on wgpu, plain and with the guards: the minimum and maximum over the steps.
+/// `Single` on wgpu, plain, with the guards, and in f16 (lavapipe has no bf16; the casts and launches are the same): the minimum and maximum over the
+/// steps, then the last step's launches by kernel, with their cube counts.
 #[cfg(feature = "wgpu")]
 fn count_launches(config: &AdConfig, batches: &[Vec<usize>], steps: usize) {
     use burn::backend::Wgpu;
-    use kiln_bench::launches::Counts;
+    use kiln_bench::launches::{self, Counts};
     type G = Autodiff<Wgpu>;
-    for guarded in [false, true] {
+    for variant in ["single", "guarded (clip_norm 1.0)", "f16"] {
         let source = ad_source::<G>(config);
         let device = Default::default();
         <G as burn::tensor::backend::Backend>::seed(&device, 1);
@@ -234,17 +235,49 @@ fn count_launches(config: &AdConfig, batches: &[Vec<usize>], steps: usize) {
             threads_per_rank: Some(1),
         };
         let optim = FusedAdamWConfig::new().init::<G, _>();
-        let mut strategy: Box<dyn Strategy<G, _>> = if guarded {
-            let guards = PerformanceConfig::new().with_clip_norm(Some(1.0));
-            let optim = PerformanceOptimizer::new(optim, guards).expect("valid guards");
-            Box::new(Single::new(model, optim, source, device, single).expect("single"))
-        } else {
-            Box::new(Single::new(model, optim, source, device, single).expect("single"))
+        let mut strategy: Box<dyn Strategy<G, _>> = match variant {
+            "single" => Box::new(
+                Single::new(
+                    MixedPrecision::new(model, Precision::F32),
+                    optim,
+                    source,
+                    device,
+                    single,
+                )
+                .expect("single"),
+            ),
+            "f16" => Box::new(
+                Single::new(
+                    MixedPrecision::new(model, Precision::F16),
+                    optim,
+                    source,
+                    device,
+                    single,
+                )
+                .expect("single"),
+            ),
+            _ => {
+                let guards = PerformanceConfig::new().with_clip_norm(Some(1.0));
+                let optim = PerformanceOptimizer::new(optim, guards).expect("valid guards");
+                Box::new(
+                    Single::new(
+                        MixedPrecision::new(model, Precision::F32),
+                        optim,
+                        source,
+                        device,
+                        single,
+                    )
+                    .expect("single"),
+                )
+            }
         };
         let mut per_step = Vec::new();
-        for (i, batch) in batches.iter().take(steps + 2).enumerate() {
+        let taken = steps + 2;
+        for (i, batch) in batches.iter().take(taken).enumerate() {
             let before = Counts::now();
+            launches::record(i + 1 == taken);
             strategy.step(batch, LR).expect("step");
+            launches::record(false);
             if i >= 2 {
                 per_step.push(Counts::now().since(before));
             }
@@ -256,20 +289,34 @@ fn count_launches(config: &AdConfig, batches: &[Vec<usize>], steps: usize) {
                 values.iter().max().copied().unwrap_or(0),
             )
         };
-        let (launches, syncs) = (range(|c| c.launches), range(|c| c.host_syncs));
+        let (launched, syncs) = (range(|c| c.launches), range(|c| c.host_syncs));
         println!(
-            "kiln {}, wgpu: {}–{} kernel launches and {}–{} host synchronisations per step \
-             ({steps} steps)",
-            if guarded {
-                "guarded (clip_norm 1.0)"
-            } else {
-                "single"
-            },
-            launches.0,
-            launches.1,
-            syncs.0,
-            syncs.1
+            "kiln {variant}, wgpu: {}–{} kernel launches and {}–{} host synchronisations per \
+             step ({steps} steps)",
+            launched.0, launched.1, syncs.0, syncs.1
         );
+        print_by_kernel(&launches::take_log());
+    }
+}
+
+/// The launches of one step grouped by kernel: how many, and the fewest and most cubes.
+#[cfg(feature = "wgpu")]
+fn print_by_kernel(log: &[kiln_bench::launches::Launch]) {
+    let mut kernels: Vec<(&str, usize, u64, u64)> = Vec::new();
+    for launch in log {
+        let cubes = launch.cubes.unwrap_or(0);
+        match kernels.iter_mut().find(|k| k.0 == launch.short_name()) {
+            Some(k) => {
+                k.1 += 1;
+                k.2 = k.2.min(cubes);
+                k.3 = k.3.max(cubes);
+            }
+            None => kernels.push((launch.short_name(), 1, cubes, cubes)),
+        }
+    }
+    kernels.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    for (name, n, fewest, most) in kernels {
+        println!("  {n:4} × {name:<44} cubes {fewest}–{most}");
     }
 }
 

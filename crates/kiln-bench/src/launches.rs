@@ -8,12 +8,19 @@
 //! blocking read of a tensor to the host (`into_data`, `into_scalar`, and Burn's own reads).
 //! [`install`] makes a subscriber that counts those two spans, process-wide, and nothing else.
 //!
+//! [`record`] also keeps every launch's kernel name and cube count (the span's `kernel.name` and
+//! `count` fields), for [`Launch`]-level reports: which kernels a step runs, and whether a large
+//! reduction runs on enough cubes to fill a GPU.
+//!
 //! Explicit `Backend::sync` calls block in Burn without such a span; Kiln's strategies call
 //! them only where a thread hands tensors to another (a rank's model at the end), not inside a
 //! step.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::fmt;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id};
 use tracing::subscriber::Interest;
 use tracing::{Metadata, Subscriber};
@@ -22,6 +29,65 @@ use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 
 static LAUNCHES: AtomicU64 = AtomicU64::new(0);
 static HOST_SYNCS: AtomicU64 = AtomicU64::new(0);
+static RECORDING: AtomicBool = AtomicBool::new(false);
+static LOG: Mutex<Vec<Launch>> = Mutex::new(Vec::new());
+
+/// One kernel launch, as CubeCL's span describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Launch {
+    /// The kernel's name: its Rust path and type parameters, as CubeCL prints them.
+    pub kernel: String,
+    /// The cubes launched (the product of the static cube count), or `None` for a count read
+    /// from a device buffer.
+    pub cubes: Option<u64>,
+}
+
+impl Launch {
+    /// The kernel's name without its module path and type parameters (`reduce_kernel` for
+    /// `cubek_reduce::launch::reduce_kernel<f32, ..>`).
+    pub fn short_name(&self) -> &str {
+        let base = self.kernel.split('<').next().unwrap_or(&self.kernel);
+        base.rsplit("::").next().unwrap_or(base).trim()
+    }
+}
+
+/// Reads a launch span's fields: `kernel.name` (Display) and `count` (`CubeCount`'s Debug,
+/// `(x, y, z)` for a static count, `binding` for a dynamic one).
+#[derive(Default)]
+struct LaunchFields {
+    kernel: String,
+    cubes: Option<u64>,
+}
+
+impl Visit for LaunchFields {
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        match field.name() {
+            "kernel.name" => self.kernel = format!("{value:?}"),
+            "count" => self.cubes = cube_count(&format!("{value:?}")),
+            _ => {}
+        }
+    }
+}
+
+/// The cubes of a `CubeCount` printed as `(x, y, z)`.
+fn cube_count(debug: &str) -> Option<u64> {
+    let inner = debug.trim().strip_prefix('(')?.strip_suffix(')')?;
+    inner
+        .split(',')
+        .map(|n| n.trim().parse::<u64>().ok())
+        .try_fold(1u64, |product, n| Some(product * n?))
+}
+
+/// Starts (or stops) keeping every launch's kernel and cube count; [`take_log`] hands them
+/// over. Counting goes on either way.
+pub fn record(on: bool) {
+    RECORDING.store(on, Ordering::Relaxed);
+}
+
+/// The launches kept since the last call, oldest first.
+pub fn take_log() -> Vec<Launch> {
+    std::mem::take(&mut *LOG.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
+}
 
 /// Launches and host synchronisations so far (or between two readings: see
 /// [`Counts::since`]).
@@ -79,6 +145,16 @@ impl<S: Subscriber> Layer<S> for CountLayer {
     fn on_new_span(&self, attrs: &Attributes<'_>, _: &Id, _: Context<'_, S>) {
         if let Some(counter) = counted(attrs.metadata()) {
             counter.fetch_add(1, Ordering::Relaxed);
+            if std::ptr::eq(counter, &LAUNCHES) && RECORDING.load(Ordering::Relaxed) {
+                let mut fields = LaunchFields::default();
+                attrs.record(&mut fields);
+                LOG.lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .push(Launch {
+                        kernel: fields.kernel,
+                        cubes: fields.cubes,
+                    });
+            }
         }
     }
 }
@@ -91,4 +167,25 @@ impl<S: Subscriber> Layer<S> for CountLayer {
 /// When the process already has a global subscriber.
 pub fn install() -> Result<(), tracing::subscriber::SetGlobalDefaultError> {
     tracing::subscriber::set_global_default(Registry::default().with(CountLayer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cube_counts_are_read_from_the_span() {
+        assert_eq!(cube_count("(16, 1, 1)"), Some(16));
+        assert_eq!(cube_count("(4, 3, 2)"), Some(24));
+        assert_eq!(cube_count("binding"), None);
+    }
+
+    #[test]
+    fn short_names_drop_paths_and_parameters() {
+        let launch = Launch {
+            kernel: "cubek_reduce::launch::reduce_kernel<f32, f32>".into(),
+            cubes: Some(1),
+        };
+        assert_eq!(launch.short_name(), "reduce_kernel");
+    }
 }

@@ -18,6 +18,7 @@ pub mod autodiff;
 pub mod backend;
 mod cpu;
 pub mod cube;
+pub mod fusion;
 pub mod ops;
 pub mod optim;
 pub mod quant;

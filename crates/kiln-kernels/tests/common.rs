@@ -8,6 +8,9 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 
 /// The kernels on the runtime under test, f32 and f16: wgpu by default (Mesa's lavapipe on a
 /// machine without a GPU), CUDA with `--features cuda`. See `crates/kiln-kernels/GPU.md`.
+/// `Gpu32` and `Gpu16` are the plain CubeCL backends, `Fused32` and `Fused16` the same under
+/// Burn's fusion (what `burn::backend::Wgpu` and `Cuda` are), where the kernels run as custom
+/// operations of the stream.
 #[cfg(not(feature = "cuda"))]
 mod runtime {
     use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
@@ -15,6 +18,8 @@ mod runtime {
 
     pub type Gpu32 = CubeBackend<WgpuRuntime, f32, i32, u32>;
     pub type Gpu16 = CubeBackend<WgpuRuntime, f16, i32, u32>;
+    pub type Fused32 = burn_fusion::Fusion<Gpu32>;
+    pub type Fused16 = burn_fusion::Fusion<Gpu16>;
     pub type GpuDevice = WgpuDevice;
 
     /// Burn's own f32 matmul is exact f32 here (lavapipe has no TF32), so results that pass
@@ -36,8 +41,13 @@ mod runtime {
     use burn::backend::cuda::CudaDevice;
     use burn::tensor::f16;
 
-    pub type Gpu32 = burn::backend::Cuda<f32, i32>;
-    pub type Gpu16 = burn::backend::Cuda<f16, i32>;
+    use burn_cubecl::CubeBackend;
+    use burn_cubecl::cubecl::cuda::CudaRuntime;
+
+    pub type Gpu32 = CubeBackend<CudaRuntime, f32, i32, u8>;
+    pub type Gpu16 = CubeBackend<CudaRuntime, f16, i32, u8>;
+    pub type Fused32 = burn::backend::Cuda<f32, i32>;
+    pub type Fused16 = burn::backend::Cuda<f16, i32>;
     pub type GpuDevice = CudaDevice;
 
     /// Burn's f32 matmul on CUDA stages its inputs in TF32 on tensor cores (cubek-matmul's

@@ -30,7 +30,8 @@ fn compare(what: &str, got: &[Vec<f32>], expected: &[Vec<f32>], names: &[&str], 
 
 /// Compares `$run` through the fused op with the composite under Burn's autodiff: on the CPU
 /// (Flex: its CPU kernel for cross-entropy, the reference for the others), on wgpu in f32,
-/// and on wgpu in f16 (against f16-rounded inputs).
+/// and on wgpu in f16 (against f16-rounded inputs), each on the plain CubeCL backend and under
+/// Burn's fusion.
 macro_rules! check_everywhere {
     ($what:literal, $run:ident, $names:expr) => {{
         let cpu = Default::default();
@@ -50,10 +51,24 @@ macro_rules! check_everywhere {
             &names,
             F32_TOL,
         );
+        compare(
+            concat!($what, " fused f32"),
+            &$run::<Autodiff<Fused32>>(true, false, &gpu()),
+            &expected,
+            &names,
+            F32_TOL,
+        );
         let expected = $run::<AdCpu>(false, true, &cpu);
         compare(
             concat!($what, " f16"),
             &$run::<Autodiff<Gpu16>>(true, true, &gpu()),
+            &expected,
+            &names,
+            F16_TOL,
+        );
+        compare(
+            concat!($what, " fused f16"),
+            &$run::<Autodiff<Fused16>>(true, true, &gpu()),
             &expected,
             &names,
             F16_TOL,
@@ -349,10 +364,24 @@ fn adamw_matches_the_reference() {
         &names,
         F32_TOL,
     );
+    compare(
+        "adamw fused f32",
+        &adamw::<Fused32>(true, false, &gpu()),
+        &expected,
+        &names,
+        F32_TOL,
+    );
     let expected = adamw::<Cpu>(false, true, &Default::default());
     compare(
         "adamw f16",
         &adamw::<Gpu16>(true, true, &gpu()),
+        &expected,
+        &names,
+        F16_TOL,
+    );
+    compare(
+        "adamw fused f16",
+        &adamw::<Fused16>(true, true, &gpu()),
         &expected,
         &names,
         F16_TOL,
@@ -418,6 +447,8 @@ fn the_global_norm_matches_the_reference_and_counts_non_finite_values() {
         let got = ops::grad_norm(norm_inputs::<Gpu32>(false, poison, &gpu()), &gpu());
         assert_close("sq_norm", &[got.sq_norm], &[expected.sq_norm], F32_TOL);
         assert_eq!(got.non_finite, expected.non_finite);
+        let fused = ops::grad_norm(norm_inputs::<Fused32>(false, poison, &gpu()), &gpu());
+        assert_eq!(fused, got, "the same kernel under fusion");
         assert_eq!(got.non_finite, if poison { 3 } else { 0 });
         // Independent of both: the sum of squares in f64 on the host.
         let exact: f64 = norm_inputs::<Cpu>(false, poison, &Default::default())

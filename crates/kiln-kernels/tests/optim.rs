@@ -92,6 +92,7 @@ fn fused_adamw_trains_like_burns_adamw_on_the_cpu() {
 #[test]
 fn fused_adamw_trains_like_burns_adamw_on_wgpu() {
     check::<Autodiff<Gpu32>>(&gpu());
+    check::<Autodiff<Fused32>>(&gpu());
 }
 
 /// One training step of `m` with `optim`, on the `step`-th batch.

@@ -116,6 +116,7 @@ fn case(m: usize, k: usize, n: usize, format: QuantFormat) -> Case {
 fn nf4_f32_matches_the_reference() {
     // 37 rows (64-row tiles), k = 203: not a multiple of the word, the step or the block.
     check::<Gpu32>(case(37, 203, 75, QuantFormat::Nf4), false, 1e-4);
+    check::<Fused32>(case(37, 203, 75, QuantFormat::Nf4), false, 1e-4);
 }
 
 #[test]
@@ -127,6 +128,7 @@ fn int4_f32_matches_the_reference() {
 fn few_rows_use_the_small_tile_and_match() {
     check::<Gpu32>(case(1, 96, 33, QuantFormat::Nf4), false, 1e-4);
     check::<Gpu32>(case(5, 200, 70, QuantFormat::Int4), false, 1e-4);
+    check::<Fused32>(case(5, 200, 70, QuantFormat::Int4), false, 1e-4);
 }
 
 #[test]
@@ -159,6 +161,7 @@ fn f16_with_f16_scales_matches_the_reference() {
     c.scale_dtype = ScaleDtype::F16;
     check::<Gpu16>(c, true, 4e-3);
     check::<Gpu16>(case(3, 64, 65, QuantFormat::Int4), true, 4e-3);
+    check::<Fused16>(case(3, 64, 65, QuantFormat::Int4), true, 4e-3);
 }
 
 /// The reference backend (Flex) runs the op through Kiln's backward, which must equal Burn's

@@ -76,4 +76,5 @@ plain_tp_backend! {
         I: burn_cubecl::IntElement,
         BT: burn_cubecl::element::BoolElement,
     ];
+    impl [B] for burn_fusion::Fusion<B> where [B: burn_fusion::FusionBackend];
 }
