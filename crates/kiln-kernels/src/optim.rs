@@ -89,16 +89,3 @@ impl<B: KernelBackend> SimpleOptimizer<B> for FusedAdamW {
         }
     }
 }
-
-/// Strategies built by name make the fused AdamW for whatever module they train (the whole
-/// model, or each pipeline stage).
-impl<B> kiln_core::strategy::OptimizerSpec<B> for FusedAdamWConfig
-where
-    B: AutodiffBackend<InnerBackend: KernelBackend>,
-{
-    type Optimizer<M: AutodiffModule<B> + 'static> = OptimizerAdaptor<FusedAdamW, M, B>;
-
-    fn init<M: AutodiffModule<B> + 'static>(&self) -> OptimizerAdaptor<FusedAdamW, M, B> {
-        FusedAdamWConfig::init(self)
-    }
-}

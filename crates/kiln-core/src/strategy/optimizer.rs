@@ -10,6 +10,7 @@ use burn::module::AutodiffModule;
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig};
 use burn::tensor::backend::AutodiffBackend;
+use kiln_kernels::{FusedAdamW, FusedAdamWConfig, KernelBackend};
 
 use crate::optim::{
     GuardConfigError, GuardedOptimizer, LossScale, PerformanceConfig, PerformanceOptimizer,
@@ -33,6 +34,19 @@ pub trait OptimizerSpec<B: AutodiffBackend> {
     /// The dynamic loss scale the optimizers share with the model, under f16.
     fn loss_scale(&self) -> Option<&LossScale> {
         None
+    }
+}
+
+/// Strategies built by name make the fused AdamW for whatever module they train (the whole
+/// model, or each pipeline stage).
+impl<B> OptimizerSpec<B> for FusedAdamWConfig
+where
+    B: AutodiffBackend<InnerBackend: KernelBackend>,
+{
+    type Optimizer<M: AutodiffModule<B> + 'static> = OptimizerAdaptor<FusedAdamW, M, B>;
+
+    fn init<M: AutodiffModule<B> + 'static>(&self) -> OptimizerAdaptor<FusedAdamW, M, B> {
+        FusedAdamWConfig::init(self)
     }
 }
 
