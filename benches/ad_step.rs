@@ -295,7 +295,13 @@ fn count_launches(config: &AdConfig, batches: &[Vec<usize>], steps: usize) {
              step ({steps} steps)",
             launched.0, launched.1, syncs.0, syncs.1
         );
-        print_by_kernel(&launches::take_log());
+        let log = launches::take_log();
+        if std::env::var_os("KILN_LAUNCH_SEQUENCE").is_some() {
+            for launch in &log {
+                println!("    {} {:?}", launch.short_name(), launch.cubes);
+            }
+        }
+        print_by_kernel(&log);
     }
 }
 

@@ -12,9 +12,9 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::ops::{FloatTensor, IntTensor};
 
-use crate::AdamWStep;
 use crate::backend::KernelBackend;
 use crate::quant::QuantizedPrimitive;
+use crate::{AdamWStep, FlatLayout};
 
 type Ad<B, C> = Autodiff<B, C>;
 
@@ -423,6 +423,36 @@ impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
             constant::<B, C>(m),
             constant::<B, C>(v),
         )
+    }
+
+    fn adamw_many(
+        params: Vec<FloatTensor<Self>>,
+        grads: Vec<FloatTensor<Self>>,
+        m: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        layout: &FlatLayout,
+        step: &AdamWStep,
+        grad_scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let inner = |ts: Vec<FloatTensor<Self>>| ts.into_iter().map(|t| t.primitive).collect();
+        let (p, m, v) = B::adamw_many(
+            inner(params),
+            inner(grads),
+            m.primitive,
+            v.primitive,
+            layout,
+            step,
+            grad_scale,
+        );
+        (
+            constant::<B, C>(p),
+            constant::<B, C>(m),
+            constant::<B, C>(v),
+        )
+    }
+
+    fn flat_alignment(device: &Self::Device, dtype: burn::tensor::DType) -> usize {
+        B::flat_alignment(device, dtype)
     }
 
     fn grad_sq_norm(tensors: Vec<FloatTensor<Self>>, device: &Self::Device) -> FloatTensor<Self> {

@@ -10,9 +10,9 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{Tensor, TensorPrimitive};
 
-use crate::AdamWStep;
 use crate::quant::QuantizedPrimitive;
 use crate::reference;
+use crate::{AdamWStep, FlatLayout};
 
 /// A primitive as a `Tensor` of rank `D`.
 pub(crate) fn wrap<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
@@ -189,6 +189,40 @@ pub trait KernelBackend: Backend {
         let (p, m, v) =
             reference::adamw::step::<Self, 1>(wrap(param), wrap(grad), wrap(m), wrap(v), step);
         (unwrap(p), unwrap(m), unwrap(v))
+    }
+
+    /// One AdamW step of many tensors at once: `params[i]` with `grads[i]` (flat `[len_i]`;
+    /// the gradients may be of another float dtype and are multiplied by `grad_scale` first),
+    /// whose moments lie in the flat `m` and `v` at `layout`'s segments. Returns the updated
+    /// parameters and moments, flat in the same layout (what lies in the padding is unspecified).
+    /// Every parameter has the dtype of `m` and `v`.
+    #[allow(clippy::too_many_arguments)]
+    fn adamw_many(
+        params: Vec<FloatTensor<Self>>,
+        grads: Vec<FloatTensor<Self>>,
+        m: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        layout: &FlatLayout,
+        step: &AdamWStep,
+        grad_scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let (p, m, v) = reference::adamw::step_many::<Self>(
+            params.into_iter().map(wrap).collect(),
+            grads.into_iter().map(wrap).collect(),
+            wrap(m),
+            wrap(v),
+            layout,
+            step,
+            grad_scale,
+        );
+        (unwrap(p), unwrap(m), unwrap(v))
+    }
+
+    /// The alignment, in elements of `dtype`, at which a slice of a flat buffer on `device` is
+    /// a view rather than a copy: the segments of a [`FlatLayout`] for this backend start at
+    /// its multiples.
+    fn flat_alignment(_device: &Self::Device, _dtype: burn::tensor::DType) -> usize {
+        1
     }
 
     /// `[Σ x² over the finite x, number of non-finite x]` (f32, `[2]`) over flat tensors.

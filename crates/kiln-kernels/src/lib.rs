@@ -18,6 +18,7 @@ pub mod autodiff;
 pub mod backend;
 mod cpu;
 pub mod cube;
+pub mod flat;
 pub mod fusion;
 pub mod ops;
 pub mod optim;
@@ -26,5 +27,6 @@ pub mod reference;
 
 pub use adamw_step::AdamWStep;
 pub use backend::KernelBackend;
-pub use optim::{FusedAdamW, FusedAdamWConfig};
+pub use flat::FlatLayout;
+pub use optim::{AdamWRule, FusedAdamW, FusedAdamWConfig, FusedAdamWRecord};
 pub use quant::{QuantFormat, QuantizedWeight, ScaleDtype};

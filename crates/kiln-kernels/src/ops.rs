@@ -7,9 +7,9 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Shape, Tensor};
 use thiserror::Error;
 
-use crate::AdamWStep;
 use crate::backend::{KernelBackend, unwrap, wrap};
 use crate::quant::QuantizedWeight;
+use crate::{AdamWStep, FlatLayout};
 
 /// Inputs a kernel cannot take, with what was expected.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -276,6 +276,46 @@ pub fn adamw_step<B: KernelBackend, const D: usize>(
     let (p, m, v) = B::adamw_step(flat(param), flat(grad), flat(m), flat(v), step);
     let back = |t| wrap::<B, 1>(t).reshape(shape.clone());
     Ok((back(p), back(m), back(v)))
+}
+
+/// The updated parameters and moments of [`adamw_many`], flat.
+pub type FlatParamAndMoments<B> = (Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>);
+
+/// One AdamW step of every `params[i]` with `grads[i]` at once (flat tensors; gradients of
+/// any float dtype, multiplied by `grad_scale`), whose moments lie in the flat `m` and `v` at
+/// `layout`'s segments: the updated parameters, first and second moments, flat in `layout`.
+/// One kernel launch on the CubeCL backends (or a few: see `cube::adamw_many`).
+///
+/// # Errors
+/// [`KernelError`] when the tensors do not fit `layout`.
+pub fn adamw_many<B: KernelBackend>(
+    params: Vec<Tensor<B, 1>>,
+    grads: Vec<Tensor<B, 1>>,
+    m: Tensor<B, 1>,
+    v: Tensor<B, 1>,
+    layout: &FlatLayout,
+    step: &AdamWStep,
+    grad_scale: f32,
+) -> Result<FlatParamAndMoments<B>, KernelError> {
+    const OP: &str = "adamw_many";
+    check(OP, "the number of parameters", layout.len(), params.len())?;
+    check(OP, "the number of gradients", layout.len(), grads.len())?;
+    for ((param, grad), &len) in params.iter().zip(&grads).zip(layout.lens()) {
+        check(OP, "a parameter's length", len, param.dims()[0])?;
+        check(OP, "a gradient's length", len, grad.dims()[0])?;
+    }
+    check(OP, "m's length", layout.total(), m.dims()[0])?;
+    check(OP, "v's length", layout.total(), v.dims()[0])?;
+    let (p, m, v) = B::adamw_many(
+        params.into_iter().map(unwrap).collect(),
+        grads.into_iter().map(unwrap).collect(),
+        unwrap(m),
+        unwrap(v),
+        layout,
+        step,
+        grad_scale,
+    );
+    Ok((wrap(p), wrap(m), wrap(v)))
 }
 
 /// The global squared L2 norm of a set of tensors and how many of their values are NaN or

@@ -477,3 +477,23 @@ fn the_global_norm_matches_the_reference_and_counts_non_finite_values() {
         0.0
     );
 }
+
+/// More tensors than one launch binds on wgpu (31 buffers): the norm runs in chunks and still
+/// counts every tensor once.
+#[test]
+fn the_global_norm_over_many_tensors_matches_the_reference() {
+    fn inputs<B: Backend>(device: &B::Device) -> Vec<Tensor<B, 1>> {
+        (0..45)
+            .map(|i| {
+                let len = 1 + (i * 37) % 300;
+                tensor(&values(len, 1.0, 100 + i as u64, false), [len], device)
+            })
+            .collect()
+    }
+    let expected = ops::grad_norm::<Cpu>(inputs(&Default::default()), &Default::default());
+    let got = ops::grad_norm::<Gpu32>(inputs(&gpu()), &gpu());
+    assert_close("sq_norm", &[got.sq_norm], &[expected.sq_norm], F32_TOL);
+    assert_eq!(got.non_finite, 0);
+    let fused = ops::grad_norm::<Fused32>(inputs(&gpu()), &gpu());
+    assert_eq!(fused, got);
+}

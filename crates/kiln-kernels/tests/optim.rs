@@ -147,3 +147,67 @@ fn a_burn_adamw_checkpoint_resumes_with_the_fused_adamw() {
         "a fresh optimizer's step equals the resumed one"
     );
 }
+
+/// More parameters than one launch binds on wgpu, of sizes that do not fill an aligned segment:
+/// the step runs in chunks, and every parameter still matches Burn's AdamW.
+#[derive(Module, Debug)]
+struct Deep<B: burn::tensor::backend::Backend> {
+    layers: Vec<Linear<B>>,
+}
+
+fn train_deep<B: AutodiffBackend, O: Optimizer<Deep<B>, B>>(
+    mut optim: O,
+    device: &B::Device,
+) -> Vec<f32> {
+    let widths = [7usize, 13, 5, 64, 3, 17, 9, 31, 2, 11, 6, 8, 4, 10, 3];
+    let mut m = Deep {
+        layers: widths
+            .windows(2)
+            .enumerate()
+            .map(|(i, w)| {
+                let mut l = LinearConfig::new(w[0], w[1]).init::<B>(device);
+                l.weight = burn::module::Param::from_tensor(tensor(
+                    &values(w[0] * w[1], 0.4, 50 + i as u64, false),
+                    [w[0], w[1]],
+                    device,
+                ));
+                l.bias = Some(burn::module::Param::from_tensor(tensor(
+                    &values(w[1], 0.1, 70 + i as u64, false),
+                    [w[1]],
+                    device,
+                )));
+                l
+            })
+            .collect(),
+    };
+    for step in 0..3u64 {
+        let mut x = tensor::<B, 2>(&values(4 * 7, 1.0, 90 + step, false), [4, 7], device);
+        for layer in &m.layers {
+            x = relu(layer.forward(x)) + 0.01;
+        }
+        let grads = GradientsParams::from_grads(x.powi_scalar(2).mean().backward(), &m);
+        m = optim.step(1e-2, m, grads);
+    }
+    let m = m.valid();
+    m.layers
+        .into_iter()
+        .flat_map(|l| [to_vec(l.weight.val()), to_vec(l.bias.unwrap().val())])
+        .flatten()
+        .collect()
+}
+
+fn check_deep<B: AutodiffBackend<InnerBackend: KernelBackend>>(device: &B::Device) {
+    let burn = train_deep::<B, _>(AdamWConfig::new().with_weight_decay(0.1).init(), device);
+    let fused = train_deep::<B, _>(
+        FusedAdamWConfig::new().with_weight_decay(0.1).init(),
+        device,
+    );
+    assert_close("28 parameters, fused vs burn adamw", &fused, &burn, 1e-5);
+}
+
+#[test]
+fn fused_adamw_steps_many_parameters_like_burns_adamw() {
+    check_deep::<AdCpu>(&Default::default());
+    check_deep::<Autodiff<Gpu32>>(&gpu());
+    check_deep::<Autodiff<Fused32>>(&gpu());
+}

@@ -13,7 +13,7 @@ use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 
-use super::inspect::{grad_squares, param_path, scale_grads, total_squares};
+use super::inspect::{grad_squares, param_path};
 use super::{LossScale, NanPolicy, NonFinite, NonFiniteValue, PerformanceConfig};
 
 /// PyTorch's `clip_grad_norm_` adds this to the norm, so a zero norm never divides.
@@ -43,8 +43,13 @@ pub(crate) struct Local {
 
 /// The decision of one step.
 pub(crate) struct Settled {
-    /// The gradients to step with (clipped), or `None` to skip the step.
+    /// The gradients to step with, or `None` to skip the step.
     pub grads: Option<GradientsParams>,
+    /// What to multiply the gradients by before the step: the clipping factor over the loss
+    /// scale (1 for neither). The optimizer applies it ([`GuardedOptimizer::step_scaled`]).
+    ///
+    /// [`GuardedOptimizer::step_scaled`]: super::GuardedOptimizer::step_scaled
+    pub factor: f64,
     /// What is reported.
     pub report: GuardReport,
 }
@@ -54,6 +59,7 @@ impl Settled {
     pub fn unguarded(grads: GradientsParams) -> Self {
         Self {
             grads: Some(grads),
+            factor: 1.0,
             report: GuardReport {
                 grad_norm: f64::NAN,
                 skipped: false,
@@ -101,15 +107,15 @@ impl Guard {
         &self.config
     }
 
-    /// Inspects this rank's gradients (and whether its loss was finite).
+    /// Inspects this rank's gradients, whose `Σ g²` is `squares` (non-finite exactly when a
+    /// gradient is), and whether its loss was finite.
     pub(crate) fn inspect<B: AutodiffBackend, M: AutodiffModule<B>>(
         &self,
         module: &M,
         grads: &GradientsParams,
         loss_finite: bool,
-        skip: Option<&std::collections::HashSet<burn::module::ParamId>>,
+        squares: f64,
     ) -> Local {
-        let squares = total_squares::<B, M>(module, grads, skip);
         let code = if !loss_finite {
             1.0
         } else if squares.is_finite() {
@@ -133,7 +139,8 @@ impl Guard {
 
     /// Decides the step from every rank's finding `codes` (summed, indexed by rank) and the
     /// squared global norm of the synchronised gradients. `name` names a parameter by ordinal
-    /// when this rank holds it (`None` for another pipeline stage's rank).
+    /// when this rank holds it (`None` for another pipeline stage's rank). Clipping is left to
+    /// the optimizer: [`Settled::factor`] says by how much.
     ///
     /// # Errors
     /// [`NonFinite`] under [`NanPolicy::Halt`]; every rank builds the same one.
@@ -144,7 +151,6 @@ impl Guard {
         global_squares: f64,
         step: u64,
         name: impl Fn(usize, usize) -> Option<String>,
-        clip: impl FnOnce(GradientsParams, f64) -> GradientsParams,
     ) -> Result<Settled, NonFinite> {
         // Under a loss scale the gradients are `scale` times too large; the norm is reported
         // and clipped unscaled.
@@ -167,6 +173,7 @@ impl Guard {
                 );
                 return Ok(Settled {
                     grads: None,
+                    factor: 1.0,
                     report: GuardReport {
                         grad_norm: norm,
                         skipped: true,
@@ -214,6 +221,7 @@ impl Guard {
                     }
                     Ok(Settled {
                         grads: None,
+                        factor: 1.0,
                         report: GuardReport {
                             grad_norm: norm,
                             skipped: true,
@@ -227,15 +235,10 @@ impl Guard {
             Some(max) if norm > max => max / (norm + CLIP_EPS),
             _ => 1.0,
         };
-        // Unscaling and clipping are one multiplication.
-        let factor = clip_factor / scale.unwrap_or(1.0);
-        let grads = if factor == 1.0 {
-            grads
-        } else {
-            clip(grads, factor)
-        };
         Ok(Settled {
             grads: Some(grads),
+            // Unscaling and clipping are one multiplication.
+            factor: clip_factor / scale.unwrap_or(1.0),
             report: GuardReport {
                 grad_norm: norm,
                 skipped: false,
@@ -246,7 +249,8 @@ impl Guard {
 
     /// [`Self::settle`] for a module whose synchronised gradients are whole on this rank
     /// (every strategy but the pipeline): the global norm is theirs, and every parameter has
-    /// a name here. `local` is reused when the gradients were not summed since.
+    /// a name here. `local` is reused when the gradients were not summed since; otherwise
+    /// `squares` makes the pass over them.
     pub(crate) fn settle_replica<B: AutodiffBackend, M: AutodiffModule<B>>(
         &self,
         module: &M,
@@ -254,18 +258,14 @@ impl Guard {
         codes: &[f32],
         local: Option<Local>,
         step: u64,
+        squares: impl FnOnce(&GradientsParams) -> f64,
     ) -> Result<Settled, NonFinite> {
         let global = match local {
             Some(local) => local.squares,
-            None => total_squares::<B, M>(module, &grads, None),
+            None => squares(&grads),
         };
-        self.settle(
-            grads,
-            codes,
-            global,
-            step,
-            |_, ordinal| param_path::<B, M>(module, ordinal),
-            |grads, factor| scale_grads::<B, M>(module, grads, factor),
-        )
+        self.settle(grads, codes, global, step, |_, ordinal| {
+            param_path::<B, M>(module, ordinal)
+        })
     }
 }

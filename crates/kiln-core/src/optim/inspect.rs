@@ -42,6 +42,36 @@ pub(crate) fn total_squares<B: AutodiffBackend, M: AutodiffModule<B>>(
     f64::from(sum)
 }
 
+/// [`total_squares`] on the fused kernels: one multi-tensor pass over the gradients (a launch
+/// per chunk of tensors the runtime binds at once, then one for the total), no copy of them.
+/// The kernel sums the finite squares and counts the non-finite values; a count above zero
+/// makes the result NaN, as the plain sum would be.
+pub(crate) fn fused_squares<B, M>(
+    module: &M,
+    grads: &GradientsParams,
+    skip: Option<&HashSet<ParamId>>,
+) -> f64
+where
+    B: AutodiffBackend<InnerBackend: kiln_kernels::KernelBackend>,
+    M: AutodiffModule<B>,
+{
+    let mut visitor = Flatten::<B> {
+        grads,
+        seen: skip.cloned().unwrap_or_default(),
+        flats: Vec::new(),
+    };
+    module.visit(&mut visitor);
+    let Some(device) = visitor.flats.first().map(Tensor::device) else {
+        return 0.0;
+    };
+    let report = kiln_kernels::ops::grad_norm(visitor.flats, &device);
+    if report.non_finite > 0 {
+        f64::NAN
+    } else {
+        f64::from(report.sq_norm)
+    }
+}
+
 /// The sum of `t` in an order fixed by its length alone: the same on every run and every rank.
 ///
 /// `Tensor::sum` gives no such promise. CubeCL's full sum on CUDA adds with float atomics in

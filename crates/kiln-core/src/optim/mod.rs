@@ -31,7 +31,7 @@ mod state;
 pub use config::{GuardConfigError, NanPolicy, PerformanceConfig};
 pub use guard::{Guard, GuardReport};
 pub(crate) use guard::{Local, Settled};
-pub(crate) use inspect::{param_path, scale_grads, total_squares};
+pub(crate) use inspect::{param_path, total_squares};
 pub use performance::{GuardedOptimizer, PerformanceOptimizer};
 pub use precision::{MixedPrecision, Precision};
 pub use report::{NonFinite, NonFiniteValue};

@@ -1,12 +1,15 @@
 //! [`PerformanceOptimizer`]: a Burn optimizer composed with Kiln's stability guards.
 
-use burn::module::AutodiffModule;
+use std::collections::HashSet;
+
+use burn::module::{AutodiffModule, ParamId};
 use burn::optim::LearningRate;
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{GradientsParams, MultiGradientsParams, Optimizer, SimpleOptimizer};
 use burn::tensor::backend::AutodiffBackend;
 
 use super::guard::{Guard, GuardReport};
+use super::inspect::{scale_grads, total_squares};
 use super::{GuardConfigError, LossScale, NonFinite, PerformanceConfig};
 use crate::strategy::RankError;
 use crate::strategy::step::{Findings, Sync, guarded_step};
@@ -18,10 +21,38 @@ use crate::strategy::step::{Findings, Sync, guarded_step};
 /// optimizer Burn ships is an [`OptimizerAdaptor`] and has no guard; wrap one in a
 /// [`PerformanceOptimizer`] to add them. An optimizer of your own needs a one-line
 /// `impl GuardedOptimizer<M, B> for MyOptimizer {}`.
+///
+/// The guard's two passes over the gradients, [`Self::squares`] and [`Self::step_scaled`], are
+/// the optimizer's to make: their defaults run Burn's tensor ops, and an optimizer with fused
+/// kernels ([`kiln_kernels::FusedAdamW`]) makes each in one launch, or none.
 pub trait GuardedOptimizer<M: AutodiffModule<B>, B: AutodiffBackend>: Optimizer<M, B> {
     /// The guards to run before each step; `None` steps with the gradients as they are.
     fn guard(&self) -> Option<&Guard> {
         None
+    }
+
+    /// `Σ g²` over the gradients of `module` in `grads` (leaving out those of `skip`): non-finite
+    /// exactly when a gradient is, or when the sum overflows f32, and the same on every rank
+    /// that holds the same gradients (an order of addition fixed by their sizes).
+    fn squares(&self, module: &M, grads: &GradientsParams, skip: Option<&HashSet<ParamId>>) -> f64 {
+        total_squares::<B, M>(module, grads, skip)
+    }
+
+    /// One step with every gradient multiplied by `factor` first (the guard's clipping over the
+    /// loss scale; 1 for neither).
+    fn step_scaled(
+        &mut self,
+        lr: LearningRate,
+        module: M,
+        grads: GradientsParams,
+        factor: f64,
+    ) -> M {
+        let grads = if factor == 1.0 {
+            grads
+        } else {
+            scale_grads::<B, M>(&module, grads, factor)
+        };
+        self.step(lr, module, grads)
     }
 }
 
@@ -31,6 +62,28 @@ where
     M: AutodiffModule<B>,
     O: SimpleOptimizer<B::InnerBackend>,
 {
+}
+
+/// The fused AdamW makes the guard's passes in a launch or two: the squared norm of every
+/// gradient in one multi-tensor pass, and the clipping inside its own step.
+impl<M, B> GuardedOptimizer<M, B> for kiln_kernels::FusedAdamW<M, B>
+where
+    B: AutodiffBackend<InnerBackend: kiln_kernels::KernelBackend>,
+    M: AutodiffModule<B>,
+{
+    fn squares(&self, module: &M, grads: &GradientsParams, skip: Option<&HashSet<ParamId>>) -> f64 {
+        super::inspect::fused_squares::<B, M>(module, grads, skip)
+    }
+
+    fn step_scaled(
+        &mut self,
+        lr: LearningRate,
+        module: M,
+        grads: GradientsParams,
+        factor: f64,
+    ) -> M {
+        kiln_kernels::FusedAdamW::step_scaled(self, lr, module, grads, factor as f32)
+    }
 }
 
 /// A Burn optimizer composed with global-norm clipping and a NaN/Inf guard, applied the same
@@ -114,7 +167,7 @@ impl<O> PerformanceOptimizer<O> {
     where
         B: AutodiffBackend,
         M: AutodiffModule<B>,
-        O: Optimizer<M, B>,
+        O: GuardedOptimizer<M, B>,
     {
         // The device only matters for collectives, which one device has none of.
         let device = module.devices().into_iter().next().unwrap_or_default();
@@ -172,9 +225,23 @@ impl<O, M, B> GuardedOptimizer<M, B> for PerformanceOptimizer<O>
 where
     B: AutodiffBackend,
     M: AutodiffModule<B>,
-    O: Optimizer<M, B>,
+    O: GuardedOptimizer<M, B>,
 {
     fn guard(&self) -> Option<&Guard> {
         Some(&self.guard)
+    }
+
+    fn squares(&self, module: &M, grads: &GradientsParams, skip: Option<&HashSet<ParamId>>) -> f64 {
+        self.inner.squares(module, grads, skip)
+    }
+
+    fn step_scaled(
+        &mut self,
+        lr: LearningRate,
+        module: M,
+        grads: GradientsParams,
+        factor: f64,
+    ) -> M {
+        self.inner.step_scaled(lr, module, grads, factor)
     }
 }

@@ -20,7 +20,7 @@ use super::{ConfigError, RankError, RankFailure, RankStats, StepOutput, Strategy
 use crate::data::{DataSource, ShardPolicy};
 use crate::grads::add_weighted;
 use crate::model::TrainModel;
-use crate::optim::{GuardedOptimizer, OptimizerState, StateLayout, decode, encode};
+use crate::optim::{GuardedOptimizer, OptimizerState, StateLayout, decode, encode, total_squares};
 
 /// Configuration of [`DataParallel`].
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -153,11 +153,12 @@ where
                             )?;
                             // Each device's findings, so a NaN names the device it came from.
                             let code = guard.map(|g| {
+                                let squares = total_squares::<B, M>(&replica, &local.grads, None);
                                 g.inspect::<B, M>(
                                     &replica,
                                     &local.grads,
                                     local.loss_sum.is_finite(),
-                                    None,
+                                    squares,
                                 )
                                 .code
                             });

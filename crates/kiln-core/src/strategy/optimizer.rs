@@ -43,9 +43,9 @@ impl<B> OptimizerSpec<B> for FusedAdamWConfig
 where
     B: AutodiffBackend<InnerBackend: KernelBackend>,
 {
-    type Optimizer<M: AutodiffModule<B> + 'static> = OptimizerAdaptor<FusedAdamW, M, B>;
+    type Optimizer<M: AutodiffModule<B> + 'static> = FusedAdamW<M, B>;
 
-    fn init<M: AutodiffModule<B> + 'static>(&self) -> OptimizerAdaptor<FusedAdamW, M, B> {
+    fn init<M: AutodiffModule<B> + 'static>(&self) -> FusedAdamW<M, B> {
         FusedAdamWConfig::init(self)
     }
 }

@@ -22,10 +22,7 @@ use burn::tensor::backend::AutodiffBackend;
 use super::RankError;
 use crate::collective::{Collective, ReduceOp};
 use crate::grads::{BucketPlan, all_reduce_gradients};
-use crate::optim::{
-    Guard, GuardReport, GuardedOptimizer, Local, NonFinite, Settled, param_path, scale_grads,
-    total_squares,
-};
+use crate::optim::{Guard, GuardReport, GuardedOptimizer, Local, NonFinite, Settled, param_path};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
@@ -112,10 +109,13 @@ where
     };
     let (local, mut codes) = match (&guard, findings) {
         (None, _) => (None, Vec::new()),
-        (Some(g), Findings::Inspect { loss_finite }) => (
-            Some(g.inspect::<B, M>(&model, &grads, loss_finite, skip)),
-            Vec::new(),
-        ),
+        (Some(g), Findings::Inspect { loss_finite }) => {
+            let squares = optim.squares(&model, &grads, skip);
+            (
+                Some(g.inspect::<B, M>(&model, &grads, loss_finite, squares)),
+                Vec::new(),
+            )
+        }
         (Some(_), Findings::Given(codes)) => (None, codes),
     };
     let mut compute = start.elapsed();
@@ -150,19 +150,25 @@ where
         (None, _) => Settled::unguarded(grads),
         (Some(g), None) => {
             let local = if summed { None } else { local };
-            g.settle_replica::<B, M>(&model, grads, &codes, local, step)?
+            g.settle_replica::<B, M>(&model, grads, &codes, local, step, |grads| {
+                optim.squares(&model, grads, None)
+            })?
         }
         (Some(g), Some(split)) => {
             let local = local.expect("a split model's ranks inspect their own gradients");
-            let (settled, spent) =
-                settle_split(g, &model, grads, local, summed, split, device, step)?;
+            let squares = |grads: &GradientsParams, skip: Option<&HashSet<ParamId>>| {
+                optim.squares(&model, grads, skip)
+            };
+            let (settled, spent) = settle_split(
+                g, &model, grads, local, summed, split, device, step, squares,
+            )?;
             settle_communication = spent;
             settled
         }
     };
     communication += settle_communication;
     let model = match settled.grads {
-        Some(grads) => optim.step(lr, model, grads),
+        Some(grads) => optim.step_scaled(lr, model, grads, settled.factor),
         None => model,
     };
     compute += settle_start.elapsed().saturating_sub(settle_communication);
@@ -193,10 +199,11 @@ fn settle_split<B: AutodiffBackend, M: AutodiffModule<B>>(
     split: Split<'_, B>,
     device: &B::Device,
     step: u64,
+    squares: impl FnOnce(&GradientsParams, Option<&HashSet<ParamId>>) -> f64,
 ) -> Result<(Settled, Duration), RankError> {
     let squares = if summed {
         let skip = (!counts_replicated(&split)).then_some(split.replicated);
-        total_squares::<B, M>(module, &grads, skip)
+        squares(&grads, skip)
     } else {
         // Inspected without the replicated parameters already where they are not counted.
         local.squares
@@ -237,7 +244,6 @@ fn settle_split<B: AutodiffBackend, M: AutodiffModule<B>>(
                     .then(|| param_path::<B, M>(module, ordinal))
                     .flatten()
             },
-            |grads, factor| scale_grads::<B, M>(module, grads, factor),
         )
         .map_err(|mut report: NonFinite| {
             if split.shards > 1 {

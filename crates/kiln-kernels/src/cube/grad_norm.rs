@@ -1,7 +1,9 @@
-//! The global squared norm and non-finite count over many tensors in one pass: each tensor's
-//! cubes write `(Σ x², #non-finite)` partials into one buffer, then a single cube sums them.
-//! Shared-memory reductions only, and no float atomics: not every runtime has them, and the
-//! order in which they add is not fixed, while replicas must compute the same norm.
+//! The global squared norm and non-finite count over many tensors in one pass: the tensors are
+//! bound together (a `Sequence`, in chunks of as many as the runtime binds to one launch: every
+//! tensor of a model Kiln trains in one launch on CUDA, 30 at a time on wgpu over lavapipe), each
+//! tensor's cubes write `(Σ x², #non-finite)` partials into one buffer, then a single cube sums
+//! them. Shared-memory reductions only, and no float atomics: not every runtime has them, and
+//! the order in which they add is not fixed, while replicas must compute the same norm.
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::CubeRuntime;
@@ -16,27 +18,47 @@ use super::reduce::{UNITS, block_sum};
 /// over the partials is short.
 const MAX_CUBES: usize = 256;
 
+/// The cubes a tensor of `len` values gets: one per `UNITS` values, at most `MAX_CUBES` (the
+/// rest loop). The host sizes the launch with the same formula.
+#[cube]
+fn cubes_for(len: usize) -> usize {
+    usize::min(len.div_ceil(UNITS), MAX_CUBES)
+}
+
 #[cube(launch)]
 fn partial_kernel<F: Float>(
-    x: &Tensor<F>,
+    xs: &Sequence<Tensor<F>>,
     partials: &mut Tensor<f32>,
     offset: u32,
+    #[comptime] count: usize,
     #[define(F)] _dtype: StorageType,
 ) {
-    let len = x.len();
     let cube = CUBE_POS_X as usize;
-    let stride = CUBE_COUNT_X as usize * UNITS;
-    let mut i = cube * UNITS + UNIT_POS as usize;
     let mut sq = 0.0f32;
     let mut bad = 0.0f32;
-    while i < len {
-        let v = f32::cast_from(x[i]);
-        if f32::is_nan(v) || f32::is_inf(v) {
-            bad += 1.0;
-        } else {
-            sq += v * v;
+    // Tensor `t` holds cubes [before, before + cubes_for(len)). Each cube reads its own
+    // tensor's part; the sum over the cube's units comes after, outside any branch, where
+    // every unit reaches the barrier.
+    let mut before = 0usize;
+    #[unroll]
+    for t in 0..count {
+        let x = xs.index(t);
+        let len = x.len();
+        let cubes = cubes_for(len);
+        if cube >= before && cube < before + cubes {
+            let stride = cubes * UNITS;
+            let mut i = (cube - before) * UNITS + UNIT_POS as usize;
+            while i < len {
+                let v = f32::cast_from(x[i]);
+                if f32::is_nan(v) || f32::is_inf(v) {
+                    bad += 1.0;
+                } else {
+                    sq += v * v;
+                }
+                i += stride;
+            }
         }
-        i += stride;
+        before += cubes;
     }
     let sq = block_sum(sq);
     let bad = block_sum(bad);
@@ -88,16 +110,35 @@ pub(crate) fn sq_norm<R: CubeRuntime>(
         Shape::new([2 * total.max(1)]),
         DType::F32,
     );
+    // The partials' buffer and every tensor of the chunk are bound to each launch; tensors of
+    // one chunk share a dtype (the kernel is compiled for one).
+    let per_launch = (client.properties().hardware.max_bindings as usize)
+        .saturating_sub(1)
+        .max(1);
     let mut offset = 0;
-    for (t, n) in tensors.into_iter().zip(&cubes) {
-        let dtype = t.dtype;
+    let mut rest: Vec<(CubeTensor<R>, usize)> = tensors.into_iter().zip(cubes).collect();
+    while !rest.is_empty() {
+        let dtype = rest[0].0.dtype;
+        let take = rest
+            .iter()
+            .take(per_launch)
+            .take_while(|(t, _)| t.dtype == dtype)
+            .count();
+        let chunk: Vec<_> = rest.drain(..take).collect();
+        let n: usize = chunk.iter().map(|(_, n)| n).sum();
+        let count = chunk.len();
+        let mut xs = SequenceArg::new();
+        for (t, _) in chunk {
+            xs.push(t.into_tensor_arg());
+        }
         partial_kernel::launch::<R>(
             &client,
-            CubeCount::Static(*n as u32, 1, 1),
+            CubeCount::Static(n as u32, 1, 1),
             CubeDim::new_1d(UNITS as u32),
-            t.into_tensor_arg(),
+            xs,
             partials.clone().into_tensor_arg(),
             offset as u32,
+            count,
             dtype.into(),
         );
         offset += n;

@@ -2,6 +2,7 @@
 //! backends (`CubeBackend<R, ..>`: wgpu, CUDA, …). Each kernel accumulates in f32 whatever the
 //! tensors' float type (f32, f16, bf16), and none uses plane (warp) operations.
 
+mod adamw_many;
 mod attention;
 mod cross_entropy;
 mod elementwise;
@@ -16,9 +17,9 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn_cubecl::element::BoolElement;
 use burn_cubecl::{CubeBackend, CubeRuntime, FloatElement, IntElement};
 
-use crate::AdamWStep;
 use crate::backend::KernelBackend;
 use crate::quant::QuantizedPrimitive;
+use crate::{AdamWStep, FlatLayout};
 
 fn weight<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
     w: QuantizedPrimitive<CubeBackend<R, F, I, BT>>,
@@ -156,6 +157,22 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> KernelBack
         step: &AdamWStep,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         elementwise::adamw(param, grad, m, v, step)
+    }
+
+    fn adamw_many(
+        params: Vec<FloatTensor<Self>>,
+        grads: Vec<FloatTensor<Self>>,
+        m: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        layout: &FlatLayout,
+        step: &AdamWStep,
+        grad_scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        adamw_many::adamw_many(params, grads, m, v, layout, step, grad_scale)
+    }
+
+    fn flat_alignment(device: &Self::Device, dtype: burn::tensor::DType) -> usize {
+        adamw_many::alignment(&R::client(device), dtype)
     }
 
     fn grad_sq_norm(tensors: Vec<FloatTensor<Self>>, device: &Self::Device) -> FloatTensor<Self> {

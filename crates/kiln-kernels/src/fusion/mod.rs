@@ -13,9 +13,9 @@ use burn::tensor::{DType, Shape};
 use burn_fusion::{Fusion, FusionBackend, get_client};
 
 use self::queue::{Prim, queue, take};
-use crate::AdamWStep;
 use crate::backend::KernelBackend;
 use crate::quant::QuantizedPrimitive;
+use crate::{AdamWStep, FlatLayout};
 
 /// The first `N` outputs of a queued kernel.
 fn outputs<T, const N: usize>(outputs: Vec<T>) -> [T; N] {
@@ -43,20 +43,32 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
     fn dense_float(t: FloatTensor<Self>) -> FloatTensor<Self> {
         let out = [(t.shape.clone(), t.dtype)];
         let client = t.client.clone();
-        let [t] = outputs(queue::<B, _>("kiln.dense", &client, vec![t], &out, |inputs| {
-            let [t] = take(inputs);
-            vec![Prim::Float(B::dense_float(t.float()))]
-        }));
+        let [t] = outputs(queue::<B, _>(
+            "kiln.dense",
+            &client,
+            vec![t],
+            &out,
+            |inputs| {
+                let [t] = take(inputs);
+                vec![Prim::Float(B::dense_float(t.float()))]
+            },
+        ));
         t
     }
 
     fn dense_int(t: IntTensor<Self>) -> IntTensor<Self> {
         let out = [(t.shape.clone(), t.dtype)];
         let client = t.client.clone();
-        let [t] = outputs(queue::<B, _>("kiln.dense_int", &client, vec![t], &out, |inputs| {
-            let [t] = take(inputs);
-            vec![Prim::Int(B::dense_int(t.int()))]
-        }));
+        let [t] = outputs(queue::<B, _>(
+            "kiln.dense_int",
+            &client,
+            vec![t],
+            &out,
+            |inputs| {
+                let [t] = take(inputs);
+                vec![Prim::Int(B::dense_int(t.int()))]
+            },
+        ));
         t
     }
 
@@ -71,23 +83,29 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
         let (k, n) = (weight.k, weight.n);
         let client = x.client.clone();
         let inputs = vec![x, weight.packed, weight.scales, weight.codebook, t, b];
-        let [y] = outputs(queue::<B, _>("kiln.qlora", &client, inputs, &out, move |inputs| {
-            let [x, packed, scales, codebook, t, b] = take(inputs);
-            let weight = QuantizedPrimitive {
-                packed: packed.int(),
-                scales: scales.float(),
-                codebook: codebook.float(),
-                k,
-                n,
-            };
-            floats([B::qlora_forward(
-                x.float(),
-                weight,
-                t.float(),
-                b.float(),
-                scale,
-            )])
-        }));
+        let [y] = outputs(queue::<B, _>(
+            "kiln.qlora",
+            &client,
+            inputs,
+            &out,
+            move |inputs| {
+                let [x, packed, scales, codebook, t, b] = take(inputs);
+                let weight = QuantizedPrimitive {
+                    packed: packed.int(),
+                    scales: scales.float(),
+                    codebook: codebook.float(),
+                    k,
+                    n,
+                };
+                floats([B::qlora_forward(
+                    x.float(),
+                    weight,
+                    t.float(),
+                    b.float(),
+                    scale,
+                )])
+            },
+        ));
         y
     }
 
@@ -303,7 +321,10 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
         gate: FloatTensor<Self>,
         up: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let out = [(gate.shape.clone(), gate.dtype), (gate.shape.clone(), gate.dtype)];
+        let out = [
+            (gate.shape.clone(), gate.dtype),
+            (gate.shape.clone(), gate.dtype),
+        ];
         let client = gate.client.clone();
         let [dgate, dup] = outputs(queue::<B, _>(
             "kiln.swiglu_backward",
@@ -322,10 +343,16 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
     fn relu_forward(x: FloatTensor<Self>) -> FloatTensor<Self> {
         let out = [(x.shape.clone(), x.dtype)];
         let client = x.client.clone();
-        let [y] = outputs(queue::<B, _>("kiln.relu", &client, vec![x], &out, |inputs| {
-            let [x] = take(inputs);
-            floats([B::relu_forward(x.float())])
-        }));
+        let [y] = outputs(queue::<B, _>(
+            "kiln.relu",
+            &client,
+            vec![x],
+            &out,
+            |inputs| {
+                let [x] = take(inputs);
+                floats([B::relu_forward(x.float())])
+            },
+        ));
         y
     }
 
@@ -419,6 +446,43 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
             },
         ));
         (param, m, v)
+    }
+
+    fn adamw_many(
+        params: Vec<FloatTensor<Self>>,
+        grads: Vec<FloatTensor<Self>>,
+        m: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        layout: &FlatLayout,
+        step: &AdamWStep,
+        grad_scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let flat = (m.shape.clone(), m.dtype);
+        let out = [flat.clone(), flat.clone(), flat];
+        let client = m.client.clone();
+        let count = params.len();
+        let (layout, step) = (layout.clone(), *step);
+        let inputs = params.into_iter().chain(grads).chain([m, v]).collect();
+        let [p, m, v] = outputs(queue::<B, _>(
+            "kiln.adamw_many",
+            &client,
+            inputs,
+            &out,
+            move |inputs| {
+                let mut inputs = inputs.into_iter().map(Prim::float);
+                let params = inputs.by_ref().take(count).collect();
+                let grads = inputs.by_ref().take(count).collect();
+                let (m, v) = (inputs.next(), inputs.next());
+                let (m, v) = m.zip(v).expect("the moments follow the tensors");
+                let (p, m, v) = B::adamw_many(params, grads, m, v, &layout, &step, grad_scale);
+                floats([p, m, v])
+            },
+        ));
+        (p, m, v)
+    }
+
+    fn flat_alignment(device: &Self::Device, dtype: DType) -> usize {
+        B::flat_alignment(device, dtype)
     }
 
     fn grad_sq_norm(tensors: Vec<FloatTensor<Self>>, device: &Self::Device) -> FloatTensor<Self> {

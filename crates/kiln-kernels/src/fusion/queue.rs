@@ -11,8 +11,8 @@ use std::marker::PhantomData;
 use burn::backend::ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{DType, Shape, TensorMetadata};
-use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::client::GlobalFusionClient;
+use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{FusionBackend, FusionRuntime, FusionTensor};
 
 type Runtime<B> = <B as FusionBackend>::FusionRuntime;

@@ -3,7 +3,7 @@
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
-use crate::AdamWStep;
+use crate::{AdamWStep, FlatLayout};
 
 /// `(param, m, v)` after one step.
 pub fn step<B: Backend, const D: usize>(
@@ -22,4 +22,52 @@ pub fn step<B: Backend, const D: usize>(
             .add_scalar(h.epsilon));
     let param = param.mul_scalar(1.0 - h.lr * h.weight_decay) - update.mul_scalar(h.lr);
     (param, m, v)
+}
+
+/// One step of every `params[i]` with `grads[i]` (flattened; gradients in any float dtype,
+/// multiplied by `grad_scale`), whose moments lie in the flat `m` and `v` at `layout`'s
+/// segments: `(params, m, v)` after the step, flat in the same layout, padding zero.
+pub fn step_many<B: Backend>(
+    params: Vec<Tensor<B, 1>>,
+    grads: Vec<Tensor<B, 1>>,
+    m: Tensor<B, 1>,
+    v: Tensor<B, 1>,
+    layout: &FlatLayout,
+    h: &AdamWStep,
+    grad_scale: f32,
+) -> (Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>) {
+    let device = m.device();
+    let mut parts: [Vec<Tensor<B, 1>>; 3] = Default::default();
+    for (i, (param, grad)) in params.into_iter().zip(grads).enumerate() {
+        let segment = layout.segment(i);
+        let grad = grad.cast(param.dtype());
+        let grad = if grad_scale == 1.0 {
+            grad
+        } else {
+            grad.mul_scalar(grad_scale)
+        };
+        let (p, m, v) = step(
+            param,
+            grad,
+            m.clone().slice(segment.clone()),
+            v.clone().slice(segment),
+            h,
+        );
+        let pad = layout.padding(i);
+        for (part, t) in parts.iter_mut().zip([p, m, v]) {
+            let dtype = t.dtype();
+            part.push(t);
+            if pad > 0 {
+                part.push(Tensor::zeros([pad], (&device, dtype)));
+            }
+        }
+    }
+    let [p, m, v] = parts.map(|part| {
+        if part.is_empty() {
+            Tensor::zeros([0], &device)
+        } else {
+            Tensor::cat(part, 0)
+        }
+    });
+    (p, m, v)
 }

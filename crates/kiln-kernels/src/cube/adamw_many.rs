@@ -1,0 +1,164 @@
+//! AdamW over many tensors in one launch: the parameters and gradients are bound one tensor
+//! each (a `Sequence`), the moments and the updated parameters are flat buffers laid out by a
+//! [`FlatLayout`]. A unit steps one element; the units run over the tensors one after another.
+//!
+//! A runtime binds a bounded number of buffers to one launch (31 on wgpu over lavapipe, 1,024
+//! on CUDA), so the tensors are stepped in chunks of as many as fit: one launch on CUDA for any
+//! model Kiln trains, a few on wgpu.
+
+use burn::tensor::Shape;
+use burn_cubecl::CubeRuntime;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::{calculate_cube_count_elemwise, prelude::*};
+
+use super::layout::{dense_input, dense_output};
+use crate::{AdamWStep, FlatLayout};
+
+/// Buffers every launch binds besides the chunk's parameters and gradients: `m`, `v` and the
+/// three outputs.
+const FIXED_BINDINGS: usize = 5;
+
+/// The hyper-parameters of a step, as the kernel reads them.
+#[derive(CubeType, CubeLaunch, Clone, Copy)]
+struct Hyper {
+    lr: f32,
+    beta_1: f32,
+    beta_2: f32,
+    epsilon: f32,
+    /// `1 − lr·wd`.
+    decay: f32,
+    /// `1/(1 − β₁ᵗ)`.
+    correction_1: f32,
+    /// `1/(1 − β₂ᵗ)`.
+    correction_2: f32,
+    grad_scale: f32,
+}
+
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn adamw_many_kernel<F: Float, G: Float>(
+    params: &Sequence<Tensor<F>>,
+    grads: &Sequence<Tensor<G>>,
+    m: &Tensor<F>,
+    v: &Tensor<F>,
+    param_out: &mut Tensor<F>,
+    m_out: &mut Tensor<F>,
+    v_out: &mut Tensor<F>,
+    hyper: Hyper,
+    first_segment: u32,
+    units: u32,
+    #[comptime] count: usize,
+    #[comptime] align: usize,
+    #[define(F, G)] _dtypes: [StorageType; 2],
+) {
+    let unit = ABSOLUTE_POS;
+    if unit >= units as usize {
+        terminate!();
+    }
+    // Tensor `i` holds units [before, before + len) and the flat segment starting at `segment`.
+    let mut before = 0usize;
+    let mut segment = first_segment as usize;
+    #[unroll]
+    for i in 0..count {
+        let param = params.index(i);
+        let len = param.len();
+        if unit >= before && unit < before + len {
+            let j = unit - before;
+            let at = segment + j;
+            let g = f32::cast_from(grads.index(i)[j]) * hyper.grad_scale;
+            let m1 = hyper.beta_1 * f32::cast_from(m[at]) + (1.0f32 - hyper.beta_1) * g;
+            let v1 = hyper.beta_2 * f32::cast_from(v[at]) + (1.0f32 - hyper.beta_2) * g * g;
+            let update =
+                m1 * hyper.correction_1 / (f32::sqrt(v1 * hyper.correction_2) + hyper.epsilon);
+            param_out[at] =
+                F::cast_from(f32::cast_from(param[j]) * hyper.decay - hyper.lr * update);
+            m_out[at] = F::cast_from(m1);
+            v_out[at] = F::cast_from(v1);
+        }
+        before += len;
+        segment += len.div_ceil(align) * align;
+    }
+}
+
+/// Elements of `dtype` that make the runtime's offset alignment: a slice starting and ending at
+/// their multiples is a view of its buffer.
+pub(crate) fn alignment<R: CubeRuntime>(
+    client: &ComputeClient<R>,
+    dtype: burn::tensor::DType,
+) -> usize {
+    (client.properties().memory.alignment as usize / dtype.size()).max(1)
+}
+
+/// See [`crate::KernelBackend::adamw_many`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn adamw_many<R: CubeRuntime>(
+    params: Vec<CubeTensor<R>>,
+    grads: Vec<CubeTensor<R>>,
+    m: CubeTensor<R>,
+    v: CubeTensor<R>,
+    layout: &FlatLayout,
+    step: &AdamWStep,
+    grad_scale: f32,
+) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
+    let (m, v) = (dense_input(m), dense_input(v));
+    let client = m.client.clone();
+    let dtype = m.dtype;
+    let total = Shape::new([layout.total()]);
+    let outs = [0; 3].map(|_| dense_output(&m, total.clone(), dtype));
+    let hyper = || {
+        HyperLaunch::new(
+            step.lr,
+            step.beta_1,
+            step.beta_2,
+            step.epsilon,
+            1.0 - step.lr * step.weight_decay,
+            step.bias_correction_1(),
+            step.bias_correction_2(),
+            grad_scale,
+        )
+    };
+    let per_launch =
+        (client.properties().hardware.max_bindings as usize).saturating_sub(FIXED_BINDINGS) / 2;
+    let per_launch = per_launch.max(1);
+    let tensors: Vec<(CubeTensor<R>, CubeTensor<R>)> = params
+        .into_iter()
+        .map(dense_input)
+        .zip(grads.into_iter().map(dense_input))
+        .collect();
+    let mut first = 0;
+    for chunk in tensors.chunks(per_launch) {
+        let units: usize = layout.lens()[first..first + chunk.len()].iter().sum();
+        if units > 0 {
+            let grad_dtype = chunk[0].1.dtype;
+            let mut params = SequenceArg::new();
+            let mut grads = SequenceArg::new();
+            for (p, g) in chunk {
+                debug_assert_eq!((p.dtype, g.dtype), (dtype, grad_dtype));
+                params.push(p.clone().into_tensor_arg());
+                grads.push(g.clone().into_tensor_arg());
+            }
+            let dim = CubeDim::new(&client, units);
+            adamw_many_kernel::launch::<R>(
+                &client,
+                calculate_cube_count_elemwise(&client, units, dim),
+                dim,
+                params,
+                grads,
+                m.clone().into_tensor_arg(),
+                v.clone().into_tensor_arg(),
+                outs[0].clone().into_tensor_arg(),
+                outs[1].clone().into_tensor_arg(),
+                outs[2].clone().into_tensor_arg(),
+                hyper(),
+                layout.offsets()[first] as u32,
+                units as u32,
+                chunk.len(),
+                layout.align(),
+                [dtype.into(), grad_dtype.into()],
+            );
+        }
+        first += chunk.len();
+    }
+    let [p, m, v] = outs;
+    (p, m, v)
+}
