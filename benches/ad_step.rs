@@ -24,7 +24,6 @@
 //! `cuda`): the step in f32, bf16 and f16, each timed between two device synchronisations. This is
 //! the bench `benches/peer/ad_step.py --device cuda` stands beside.
 
-use std::sync::OnceLock;
 use std::time::Instant;
 
 #[cfg(feature = "cuda")]
@@ -35,27 +34,18 @@ use burn::module::Module;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use kiln::ad::config::AdConfig;
-use kiln::ad::dataset::{AdBatch, WindowBatcher, WindowDataset, WindowRef};
-use kiln::ad::train::{Data, generate};
-use kiln::core::data::{DataSource, EpochSampler};
+use kiln::ad::dataset::{WindowBatcher, WindowDataset};
 use kiln::core::optim::{
     MixedPrecision, NanPolicy, PerformanceConfig, PerformanceOptimizer, Precision,
 };
 use kiln::core::strategy::{Single, SingleConfig, Strategy};
 use kiln::kernels::{FusedAdamWConfig, KernelBackend};
 
-const LR: f64 = 1e-3;
+use kiln_bench::ad_step::{LR, batches, histories, source};
 
 /// The `kiln` binary's allocator, so that the bench times what the binary runs.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// The source's learning histories, generated once per process: every runner and round trains
-/// on the same data, and generating it is not what is timed.
-fn histories(config: &AdConfig) -> &'static Data {
-    static DATA: OnceLock<Data> = OnceLock::new();
-    DATA.get_or_init(|| generate(config).expect("default config"))
-}
 
 fn one_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     rayon::ThreadPoolBuilder::new()
@@ -97,18 +87,6 @@ fn plain<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
         B::sync(&device).expect("sync");
         1e3 * timed.elapsed().as_secs_f64() / steps as f64
     })
-}
-
-/// The AD data set as Kiln reads it.
-fn ad_source<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
-    config: &AdConfig,
-) -> DataSource<B, WindowRef, AdBatch<B>> {
-    let data = histories(config);
-    let context = config.model.context;
-    DataSource::new(
-        WindowDataset::new(data.histories.clone(), context).expect("default context"),
-        WindowBatcher::new(data.histories.clone(), context),
-    )
 }
 
 fn kiln_single<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
@@ -153,7 +131,7 @@ fn kiln_in<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
     steps: usize,
     precision: Precision,
 ) -> f64 {
-    let source = ad_source(config);
+    let source = source(config);
     let device = B::Device::default();
     B::seed(&device, 1);
     let model = MixedPrecision::new(config.model.init::<B>(&config.env, &device), precision);
@@ -192,7 +170,7 @@ fn kiln_single_with<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBack
     steps: usize,
     guards: Option<PerformanceConfig>,
 ) -> f64 {
-    let source = ad_source(config);
+    let source = source(config);
     let device = B::Device::default();
     B::seed(&device, 1);
     let model = config.model.init::<B>(&config.env, &device);
@@ -218,90 +196,42 @@ fn median(mut xs: Vec<f64>) -> f64 {
 }
 
 /// Launches and host synchronisations of each of `steps` steps (after 2 warm-up steps) of
-/// `Single` on wgpu, plain, with the guards, and in f16 (lavapipe has no bf16; the casts and launches are the same): the minimum and maximum over the
-/// steps, then the last step's launches by kernel, with their cube counts.
+/// `Single` on wgpu (the plain CubeCL backend, then under Burn's fusion), plain, with the guards,
+/// and in f16 (lavapipe has no bf16; its casts and launches are f16's): the fewest and most per
+/// step, then the last step's launches by kernel, with their cube counts
+/// (`KILN_LAUNCH_SEQUENCE=1` lists them in order).
 #[cfg(feature = "wgpu")]
-fn count_launches(config: &AdConfig, batches: &[Vec<usize>], steps: usize) {
-    use burn::backend::Wgpu;
-    use kiln_bench::launches::{self, Counts};
-    type G = Autodiff<Wgpu>;
-    for variant in ["single", "guarded (clip_norm 1.0)", "f16"] {
-        let source = ad_source::<G>(config);
-        let device = Default::default();
-        <G as burn::tensor::backend::Backend>::seed(&device, 1);
-        let model = config.model.init::<G>(&config.env, &device);
-        let single = SingleConfig {
-            grad_accumulation: 1,
-            threads_per_rank: Some(1),
-        };
-        let optim = FusedAdamWConfig::new().init::<G, _>();
-        let mut strategy: Box<dyn Strategy<G, _>> = match variant {
-            "single" => Box::new(
-                Single::new(
-                    MixedPrecision::new(model, Precision::F32),
-                    optim,
-                    source,
-                    device,
-                    single,
-                )
-                .expect("single"),
-            ),
-            "f16" => Box::new(
-                Single::new(
-                    MixedPrecision::new(model, Precision::F16),
-                    optim,
-                    source,
-                    device,
-                    single,
-                )
-                .expect("single"),
-            ),
-            _ => {
-                let guards = PerformanceConfig::new().with_clip_norm(Some(1.0));
-                let optim = PerformanceOptimizer::new(optim, guards).expect("valid guards");
-                Box::new(
-                    Single::new(
-                        MixedPrecision::new(model, Precision::F32),
-                        optim,
-                        source,
-                        device,
-                        single,
-                    )
-                    .expect("single"),
-                )
+fn count_launches(config: &AdConfig, steps: usize) {
+    use burn::backend::wgpu::{CubeBackend, WgpuRuntime};
+    use kiln_bench::ad_step::{Variant, count};
+    type Plain = Autodiff<CubeBackend<WgpuRuntime, f32, i32, u32>>;
+    type Fused = Autodiff<burn_fusion::Fusion<CubeBackend<WgpuRuntime, f32, i32, u32>>>;
+    let variants = [
+        Variant::Single,
+        Variant::Guarded,
+        Variant::Precision(Precision::F16),
+    ];
+    for (backend, fused) in [("wgpu", false), ("wgpu, fused", true)] {
+        for variant in variants {
+            let device = Default::default();
+            let counts = if fused {
+                count::<Fused>(config, variant, steps, &device)
+            } else {
+                count::<Plain>(config, variant, steps, &device)
+            };
+            let (launched, syncs) = (counts.range(|c| c.launches), counts.range(|c| c.host_syncs));
+            println!(
+                "kiln {variant}, {backend}: {}–{} kernel launches and {}–{} host \
+                 synchronisations per step ({steps} steps)",
+                launched.0, launched.1, syncs.0, syncs.1
+            );
+            if std::env::var_os("KILN_LAUNCH_SEQUENCE").is_some() {
+                for launch in &counts.last {
+                    println!("    {} {:?}", launch.short_name(), launch.cubes);
+                }
             }
-        };
-        let mut per_step = Vec::new();
-        let taken = steps + 2;
-        for (i, batch) in batches.iter().take(taken).enumerate() {
-            let before = Counts::now();
-            launches::record(i + 1 == taken);
-            strategy.step(batch, LR).expect("step");
-            launches::record(false);
-            if i >= 2 {
-                per_step.push(Counts::now().since(before));
-            }
+            print_by_kernel(&counts.last);
         }
-        let range = |f: fn(&Counts) -> u64| {
-            let values: Vec<u64> = per_step.iter().map(f).collect();
-            (
-                values.iter().min().copied().unwrap_or(0),
-                values.iter().max().copied().unwrap_or(0),
-            )
-        };
-        let (launched, syncs) = (range(|c| c.launches), range(|c| c.host_syncs));
-        println!(
-            "kiln {variant}, wgpu: {}–{} kernel launches and {}–{} host synchronisations per \
-             step ({steps} steps)",
-            launched.0, launched.1, syncs.0, syncs.1
-        );
-        let log = launches::take_log();
-        if std::env::var_os("KILN_LAUNCH_SEQUENCE").is_some() {
-            for launch in &log {
-                println!("    {} {:?}", launch.short_name(), launch.cubes);
-            }
-        }
-        print_by_kernel(&log);
     }
 }
 
@@ -352,13 +282,7 @@ fn main() {
     if let Some(batch) = batch {
         config.train.batch = batch;
     }
-    let data = histories(&config);
-    let windows = data.histories.count() * (data.histories.len() - config.model.context + 1);
-    let batches: Vec<Vec<usize>> = EpochSampler::new(windows, config.train.batch, 7)
-        .expect("sampler")
-        .batches()
-        .take(steps + 3)
-        .collect();
+    let batches = batches(&config, steps + 3);
     println!(
         "AD step: batch {}, context {}, d_model {}, {} layers, {} heads, d_ff {}; one thread; \
          {steps} steps x {rounds} rounds",
@@ -371,7 +295,7 @@ fn main() {
     );
     if counting {
         #[cfg(feature = "wgpu")]
-        count_launches(&config, &batches, steps);
+        count_launches(&config, steps);
         #[cfg(not(feature = "wgpu"))]
         println!(
             "counting launches needs wgpu: cargo bench --bench ad_step --features wgpu -- launches"

@@ -1,5 +1,6 @@
 //! Kiln's benchmark harness, shared by the `kiln bench` commands.
 //!
+//! - [`ad_step`]: the Algorithm Distillation training step the benchmarks time and count.
 //! - [`kernels`]: every CubeCL kernel next to the Burn composite it replaces, with achieved
 //!   bandwidth and throughput (`kiln bench kernels`).
 //! - [`strategies`]: a matrix of strategy × world size × model, each scenario repeated after a
@@ -15,6 +16,7 @@
 //! Both measure side by side in one run: on a shared machine, only ratios taken in the same
 //! run mean much, and the median of rotated repeats is the figure to read.
 
+pub mod ad_step;
 pub mod kernels;
 pub mod launches;
 pub mod llm;

@@ -451,6 +451,16 @@ impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
         )
     }
 
+    fn cast_many(
+        tensors: Vec<FloatTensor<Self>>,
+        layout: &FlatLayout,
+        dtype: burn::tensor::FloatDType,
+        device: &Self::Device,
+    ) -> FloatTensor<Self> {
+        let tensors = tensors.into_iter().map(|t| t.primitive).collect();
+        constant::<B, C>(B::cast_many(tensors, layout, dtype, device))
+    }
+
     fn flat_alignment(device: &Self::Device, dtype: burn::tensor::DType) -> usize {
         B::flat_alignment(device, dtype)
     }

@@ -218,6 +218,22 @@ pub trait KernelBackend: Backend {
         (unwrap(p), unwrap(m), unwrap(v))
     }
 
+    /// `tensors` (flat `[len_i]`) cast to `dtype`, side by side in one flat buffer on `device`
+    /// laid out by `layout` (what lies in the padding is unspecified): one pass over all of them.
+    fn cast_many(
+        tensors: Vec<FloatTensor<Self>>,
+        layout: &FlatLayout,
+        dtype: burn::tensor::FloatDType,
+        device: &Self::Device,
+    ) -> FloatTensor<Self> {
+        unwrap(reference::cast::cast_many::<Self>(
+            tensors.into_iter().map(wrap).collect(),
+            layout,
+            dtype,
+            device,
+        ))
+    }
+
     /// The alignment, in elements of `dtype`, at which a slice of a flat buffer on `device` is
     /// a view rather than a copy: the segments of a [`FlatLayout`] for this backend start at
     /// its multiples.

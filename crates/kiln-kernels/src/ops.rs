@@ -318,6 +318,36 @@ pub fn adamw_many<B: KernelBackend>(
     Ok((wrap(p), wrap(m), wrap(v)))
 }
 
+/// `tensors` (any shapes, float) cast to `dtype` in one pass: each result is a view of one
+/// flat buffer (a copy only where a tensor's length breaks the device's offset alignment).
+/// Mixed precision casts every parameter this way, and every gradient back.
+pub fn cast_many<B: KernelBackend, const D: usize>(
+    tensors: Vec<Tensor<B, D>>,
+    dtype: burn::tensor::FloatDType,
+    device: &B::Device,
+) -> Vec<Tensor<B, D>> {
+    let shapes: Vec<Shape> = tensors.iter().map(Tensor::shape).collect();
+    let layout = FlatLayout::new(
+        shapes.iter().map(Shape::num_elements).collect(),
+        B::flat_alignment(device, dtype.into()),
+    );
+    let flat = wrap::<B, 1>(B::cast_many(
+        tensors
+            .into_iter()
+            .zip(&shapes)
+            .map(|(t, s)| unwrap(t.reshape([s.num_elements()])))
+            .collect(),
+        &layout,
+        dtype,
+        device,
+    ));
+    shapes
+        .into_iter()
+        .enumerate()
+        .map(|(i, shape)| flat.clone().slice(layout.segment(i)).reshape(shape))
+        .collect()
+}
+
 /// The global squared L2 norm of a set of tensors and how many of their values are NaN or
 /// infinite, in one pass over them.
 #[derive(Clone, Copy, Debug, PartialEq)]

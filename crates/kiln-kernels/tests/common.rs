@@ -8,9 +8,9 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 
 /// The kernels on the runtime under test, f32 and f16: wgpu by default (Mesa's lavapipe on a
 /// machine without a GPU), CUDA with `--features cuda`. See `crates/kiln-kernels/GPU.md`.
-/// `Gpu32` and `Gpu16` are the plain CubeCL backends, `Fused32` and `Fused16` the same under
-/// Burn's fusion (what `burn::backend::Wgpu` and `Cuda` are), where the kernels run as custom
-/// operations of the stream.
+/// `Gpu32` and `Gpu16` are the plain CubeCL backends (what `burn::backend::Wgpu` and `Cuda`
+/// are in Kiln's build), `Fused32` and `Fused16` the same under Burn's fusion, where the kernels
+/// run as custom operations of the stream.
 #[cfg(not(feature = "cuda"))]
 mod runtime {
     use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
@@ -46,8 +46,8 @@ mod runtime {
 
     pub type Gpu32 = CubeBackend<CudaRuntime, f32, i32, u8>;
     pub type Gpu16 = CubeBackend<CudaRuntime, f16, i32, u8>;
-    pub type Fused32 = burn::backend::Cuda<f32, i32>;
-    pub type Fused16 = burn::backend::Cuda<f16, i32>;
+    pub type Fused32 = burn_fusion::Fusion<Gpu32>;
+    pub type Fused16 = burn_fusion::Fusion<Gpu16>;
     pub type GpuDevice = CudaDevice;
 
     /// Burn's f32 matmul on CUDA stages its inputs in TF32 on tensor cores (cubek-matmul's

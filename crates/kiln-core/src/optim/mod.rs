@@ -23,6 +23,7 @@ mod guard;
 mod inspect;
 mod performance;
 mod precision;
+mod precision_cast;
 mod precision_parallel;
 mod report;
 mod scaler;

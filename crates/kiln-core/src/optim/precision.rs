@@ -2,9 +2,9 @@
 //! optimizer keeps and steps.
 //!
 //! [`MixedPrecision`] wraps a model and is itself a model any strategy trains. Its training
-//! step casts a copy of the parameters to the low precision (the casts are recorded by
-//! autodiff, so the gradients flow back through them into the f32 parameters and arrive in
-//! f32), and asks the model to compute its output in that precision
+//! step casts a copy of the parameters to the low precision in one pass, as leaves of the graph
+//! whose gradients are cast back to f32 in one pass too (`precision_cast`), and asks the model
+//! to compute its output in that precision
 //! ([`LowPrecisionStep`](crate::model::LowPrecisionStep)): the model casts its inputs, and computes its loss in f32, because a
 //! mean over a batch and a softmax are where half precision loses most. For f16, whose
 //! gradients below 6e-8 underflow, a [`LossScale`] shared with the PerformanceOptimizer scales
@@ -14,14 +14,15 @@
 //! 0.47 and 0.57 ms against 0.57 ms in f32) and autodiff through casts, with f32 gradients;
 //! NdArray panics on any bf16 or f16 tensor ("Unsupported dtype").
 
-use burn::module::{AutodiffModule, Module, ModuleMapper, Param};
+use burn::module::{AutodiffModule, Module};
 use burn::optim::GradientsParams;
+use burn::tensor::FloatDType;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{FloatDType, Tensor};
 use burn::train::{TrainOutput, TrainStep};
 use serde::{Deserialize, Serialize};
 
 use super::LossScale;
+use super::precision_cast::{grads_to_f32, low_precision_copy};
 use crate::model::{LowPrecisionStep, StepLoss};
 
 /// The float precision of the forward and backward passes.
@@ -138,7 +139,7 @@ impl<B: Backend, Model: Module<B>> MixedPrecision<B, Model> {
 
 impl<B, M> TrainStep for MixedPrecision<B, M>
 where
-    B: AutodiffBackend,
+    B: AutodiffBackend<InnerBackend: kiln_kernels::KernelBackend>,
     M: AutodiffModule<B> + LowPrecisionStep<B>,
     M::Output: StepLoss<B>,
 {
@@ -150,30 +151,17 @@ where
             return self.model.step(input);
         }
         let dtype = self.precision.dtype();
-        let low = self.model.clone().map(&mut Cast { dtype });
+        let low = low_precision_copy::<B, M>(&self.model, dtype);
         let output = low.forward_in(input, dtype);
         let loss = output.loss_tensor();
         let loss = match &self.loss_scale {
             Some(scale) => loss.mul_scalar(scale.value()),
             None => loss,
         };
-        let grads = loss.backward();
-        // The f32 parameters are the autodiff leaves: their gradients arrive through the casts.
+        let grads = GradientsParams::from_grads(loss.backward(), &low);
         TrainOutput {
-            grads: GradientsParams::from_grads(grads, &self.model),
+            grads: grads_to_f32::<B, M>(&low, grads),
             item: output,
         }
-    }
-}
-
-/// Casts every float parameter to `dtype`, keeping its id; the cast is part of the graph.
-struct Cast {
-    dtype: FloatDType,
-}
-
-impl<B: Backend> ModuleMapper<B> for Cast {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let (id, tensor, mapper) = param.consume();
-        Param::from_mapped_value(id, tensor.cast(self.dtype), mapper)
     }
 }

@@ -5,6 +5,7 @@
 
 use burn::module::{AutodiffModule, ModuleDisplay};
 use burn::tensor::backend::AutodiffBackend;
+use kiln_kernels::KernelBackend;
 
 use super::MixedPrecision;
 use crate::model::{
@@ -19,7 +20,7 @@ use crate::tensor_parallel::{TpBackend, TpGroup};
 #[allow(private_bounds)]
 impl<B, M> ParallelModel<B> for MixedPrecision<B, M>
 where
-    B: AutodiffBackend + TpBackend,
+    B: AutodiffBackend<InnerBackend: KernelBackend> + TpBackend,
     M: TrainModel<B> + LowPrecisionStep<B> + ModuleDisplay + ParallelModel<B>,
     <M as AutodiffModule<B>>::InnerModule: ModuleDisplay,
     M::Tensor: TensorSupport<B, Self>,
@@ -31,7 +32,7 @@ where
 
 impl<B, M> TensorParallelModel<B> for MixedPrecision<B, M>
 where
-    B: AutodiffBackend + TpBackend,
+    B: AutodiffBackend<InnerBackend: KernelBackend> + TpBackend,
     M: TensorParallelModel<B> + LowPrecisionStep<B> + ModuleDisplay,
     <M as AutodiffModule<B>>::InnerModule: ModuleDisplay,
     M::Sharded: LowPrecisionStep<B> + ModuleDisplay,

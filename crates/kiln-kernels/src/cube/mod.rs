@@ -4,6 +4,7 @@
 
 mod adamw_many;
 mod attention;
+mod cast_many;
 mod cross_entropy;
 mod elementwise;
 mod grad_norm;
@@ -169,6 +170,15 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> KernelBack
         grad_scale: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         adamw_many::adamw_many(params, grads, m, v, layout, step, grad_scale)
+    }
+
+    fn cast_many(
+        tensors: Vec<FloatTensor<Self>>,
+        layout: &FlatLayout,
+        dtype: burn::tensor::FloatDType,
+        device: &Self::Device,
+    ) -> FloatTensor<Self> {
+        cast_many::cast_many(tensors, layout, dtype.into(), device)
     }
 
     fn flat_alignment(device: &Self::Device, dtype: burn::tensor::DType) -> usize {

@@ -481,6 +481,28 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
         (p, m, v)
     }
 
+    fn cast_many(
+        tensors: Vec<FloatTensor<Self>>,
+        layout: &FlatLayout,
+        dtype: burn::tensor::FloatDType,
+        device: &Self::Device,
+    ) -> FloatTensor<Self> {
+        let client = get_client::<B>(device);
+        let out = [(Shape::new([layout.total()]), dtype.into())];
+        let (layout, on) = (layout.clone(), device.clone());
+        let [flat] = outputs(queue::<B, _>(
+            "kiln.cast_many",
+            &client,
+            tensors,
+            &out,
+            move |inputs| {
+                let tensors = inputs.into_iter().map(Prim::float).collect();
+                floats([B::cast_many(tensors, &layout, dtype, &on)])
+            },
+        ));
+        flat
+    }
+
     fn flat_alignment(device: &Self::Device, dtype: DType) -> usize {
         B::flat_alignment(device, dtype)
     }

@@ -5,6 +5,7 @@
 
 pub mod adamw;
 pub mod attention;
+pub mod cast;
 pub mod cross_entropy;
 pub mod grad_norm;
 pub mod layer_norm;

@@ -109,8 +109,10 @@ impl<B: AutodiffBackend> TrainStep for Mlp<B> {
     }
 }
 
-impl<B: AutodiffBackend + kiln_core::tensor_parallel::TpBackend> kiln_core::model::ParallelModel<B>
-    for Mlp<B>
+impl<B> kiln_core::model::ParallelModel<B> for Mlp<B>
+where
+    B: AutodiffBackend<InnerBackend: kiln_kernels::KernelBackend>
+        + kiln_core::tensor_parallel::TpBackend,
 {
     type Pipeline = kiln_core::model::Supported;
     type Tensor = kiln_core::model::Unsupported;

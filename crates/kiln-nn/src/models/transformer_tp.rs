@@ -15,6 +15,7 @@ use kiln_core::model::{
     Unsupported,
 };
 use kiln_core::tensor_parallel::{TpBackend, TpGroup};
+use kiln_kernels::KernelBackend;
 
 use super::Transformer;
 use super::transformer::{embed, sequence_loss};
@@ -71,7 +72,7 @@ impl<B: AutodiffBackend<InnerBackend: TpBackend> + TpBackend> LowPrecisionStep<B
     }
 }
 
-impl<B: AutodiffBackend<InnerBackend: TpBackend> + TpBackend> TensorParallelModel<B>
+impl<B: AutodiffBackend<InnerBackend: TpBackend + KernelBackend> + TpBackend> TensorParallelModel<B>
     for Transformer<B>
 {
     type Sharded = TpTransformer<B>;
@@ -126,13 +127,15 @@ impl<B: AutodiffBackend<InnerBackend: TpBackend> + TpBackend> TensorParallelMode
     }
 }
 
-impl<B: AutodiffBackend<InnerBackend: TpBackend> + TpBackend> ParallelModel<B> for Transformer<B> {
+impl<B: AutodiffBackend<InnerBackend: TpBackend + KernelBackend> + TpBackend> ParallelModel<B>
+    for Transformer<B>
+{
     type Pipeline = Supported;
     type Tensor = Supported;
     type LowPrecision = Supported;
 }
 
-impl<B: AutodiffBackend<InnerBackend: TpBackend> + TpBackend> ParallelModel<B>
+impl<B: AutodiffBackend<InnerBackend: TpBackend + KernelBackend> + TpBackend> ParallelModel<B>
     for TpTransformer<B>
 {
     type Pipeline = Supported;

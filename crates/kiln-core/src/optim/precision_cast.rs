@@ -1,0 +1,161 @@
+//! Mixed precision's two casts, each one pass over every parameter: the model's f32 parameters
+//! to the compute dtype before the forward, and the gradients back to f32 after the backward.
+//!
+//! Cast one by one (as autodiff records a cast per parameter, whose backward casts each
+//! gradient back), a model of `n` parameters launches `2n` cast kernels a step on a GPU, which
+//! made bf16 steps slower than f32 ones. Here each direction is one multi-tensor kernel
+//! ([`kiln_kernels::ops::cast_many`]): the low-precision parameters are leaves of the graph of
+//! their own, and their gradients, all of them at once, become the f32 parameters'. The values
+//! are the same as through autodiff's casts: a gradient cast from bf16 or f16 to f32 is exact.
+
+use std::any::Any;
+use std::collections::{HashMap, HashSet};
+use std::marker::PhantomData;
+
+use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::optim::GradientsParams;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{FloatDType, Tensor};
+use kiln_kernels::{KernelBackend, ops};
+
+type Inner<B> = <B as AutodiffBackend>::InnerBackend;
+
+/// `model` with every float parameter cast to `dtype` (ids kept), each a leaf of the graph
+/// that requires a gradient where the parameter does: the copy's gradients are the model's, in
+/// `dtype` ([`grads_to_f32`] brings them back).
+pub(crate) fn low_precision_copy<B, M>(model: &M, dtype: FloatDType) -> M
+where
+    B: AutodiffBackend<InnerBackend: KernelBackend>,
+    M: AutodiffModule<B>,
+{
+    let mut params = Params::<B> {
+        seen: HashSet::new(),
+        ids: Vec::new(),
+        tensors: Vec::new(),
+    };
+    model.visit(&mut params);
+    let Some(device) = params.tensors.first().map(Tensor::device) else {
+        return model.clone();
+    };
+    let low = ops::cast_many(params.tensors, dtype, &device);
+    model.clone().map(&mut Leaves::<B> {
+        low: params.ids.into_iter().zip(low).collect(),
+        made: HashMap::new(),
+    })
+}
+
+/// The gradients of `low` (a copy [`low_precision_copy`] made) in f32, under the same ids,
+/// cast in one pass.
+pub(crate) fn grads_to_f32<B, M>(low: &M, grads: GradientsParams) -> GradientsParams
+where
+    B: AutodiffBackend<InnerBackend: KernelBackend>,
+    M: AutodiffModule<B>,
+{
+    let mut taken = Grads::<B> {
+        grads,
+        seen: HashSet::new(),
+        ids: Vec::new(),
+        tensors: Vec::new(),
+    };
+    low.visit(&mut taken);
+    let Some(device) = taken.tensors.first().map(Tensor::device) else {
+        return taken.grads;
+    };
+    let full = ops::cast_many(taken.tensors, FloatDType::F32, &device);
+    let mut back = Register::<B> {
+        grads: taken.grads,
+        full: taken.ids.into_iter().zip(full).collect(),
+        backend: PhantomData,
+    };
+    low.visit(&mut back);
+    back.grads
+}
+
+/// Every float parameter, flattened, once per parameter, in visiting order.
+struct Params<B: AutodiffBackend> {
+    seen: HashSet<ParamId>,
+    ids: Vec<ParamId>,
+    tensors: Vec<Tensor<Inner<B>, 1>>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Params<B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if self.seen.insert(param.id) {
+            let tensor = param.val().inner();
+            let numel = tensor.shape().num_elements();
+            self.ids.push(param.id);
+            self.tensors.push(tensor.reshape([numel]));
+        }
+    }
+}
+
+/// Every parameter's gradient, taken out of `grads` and flattened, in visiting order.
+struct Grads<B: AutodiffBackend> {
+    grads: GradientsParams,
+    seen: HashSet<ParamId>,
+    ids: Vec<ParamId>,
+    tensors: Vec<Tensor<Inner<B>, 1>>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Grads<B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if !self.seen.insert(param.id) {
+            return;
+        }
+        if let Some(grad) = self.grads.remove::<Inner<B>, D>(param.id) {
+            let numel = grad.shape().num_elements();
+            self.ids.push(param.id);
+            self.tensors.push(grad.reshape([numel]));
+        }
+    }
+}
+
+/// Puts the f32 gradients back under their parameters' ids, in their shapes.
+struct Register<B: AutodiffBackend> {
+    grads: GradientsParams,
+    full: HashMap<ParamId, Tensor<Inner<B>, 1>>,
+    backend: PhantomData<B>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Register<B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if let Some(grad) = self.full.remove(&param.id) {
+            self.grads
+                .register::<Inner<B>, D>(param.id, grad.reshape(param.shape()));
+        }
+    }
+}
+
+/// Replaces each parameter with its low-precision copy as a leaf; a parameter used twice (tied)
+/// gets the same leaf both times, so that both uses' gradients add up in it.
+struct Leaves<B: AutodiffBackend> {
+    low: HashMap<ParamId, Tensor<Inner<B>, 1>>,
+    made: HashMap<ParamId, Box<dyn Any>>,
+}
+
+impl<B: AutodiffBackend> ModuleMapper<B> for Leaves<B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        let leaf = match self
+            .made
+            .get(&id)
+            .and_then(|t| t.downcast_ref::<Tensor<B, D>>())
+        {
+            Some(leaf) => leaf.clone(),
+            None => {
+                let low = self
+                    .low
+                    .remove(&id)
+                    .expect("every parameter was cast")
+                    .reshape(tensor.shape());
+                let mut leaf = Tensor::from_inner(low);
+                if tensor.is_require_grad() {
+                    leaf = leaf.require_grad();
+                }
+                self.made.insert(id, Box::new(leaf.clone()));
+                leaf
+            }
+        };
+        Param::from_mapped_value(id, leaf, mapper)
+    }
+}
