@@ -199,7 +199,7 @@ impl<B: Backend> AdCache<B> {
 /// # Panics
 /// When `seq` exceeds the context the positions cover (a caller's bug: the evaluator and the
 /// data set never pass longer windows).
-pub(crate) fn embed<B: Backend>(
+pub(crate) fn embed<B: KernelBackend>(
     embed: &Linear<B>,
     positions: &Param<Tensor<B, 2>>,
     features: Tensor<B, 3>,
@@ -208,7 +208,7 @@ pub(crate) fn embed<B: Backend>(
 }
 
 /// [`embed`] of steps at window positions `start..start + seq`.
-fn embed_at<B: Backend>(
+fn embed_at<B: KernelBackend>(
     embed: &Linear<B>,
     positions: &Param<Tensor<B, 2>>,
     features: Tensor<B, 3>,

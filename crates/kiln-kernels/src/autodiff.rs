@@ -6,6 +6,7 @@
 //! are constants of the graph, as are the AdamW step and the gradient norm.
 
 use burn::backend::Autodiff;
+use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
@@ -32,6 +33,58 @@ fn inner<B: KernelBackend, C: CheckpointStrategy>(
         codebook: w.codebook.primitive,
         k: w.k,
         n: w.n,
+    }
+}
+
+#[derive(Debug)]
+struct LinearBackward;
+
+impl<B: KernelBackend> Backward<B, 3> for LinearBackward {
+    // x for w's gradient, w for x's; each kept only when the other's gradient is wanted.
+    type State = (Option<FloatTensor<B>>, Option<FloatTensor<B>>);
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_x, node_w, node_b] = ops.parents;
+        let dy = grads.consume::<B>(&ops.node);
+        let (x, w) = ops.state;
+        let ids = [node_x, node_w, node_b].map(|n| n.map(|n| n.id));
+        linear_grads::<B>(dy, x, w, ids, grads);
+    }
+}
+
+#[derive(Debug)]
+struct LinearNoBiasBackward;
+
+impl<B: KernelBackend> Backward<B, 2> for LinearNoBiasBackward {
+    type State = (Option<FloatTensor<B>>, Option<FloatTensor<B>>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_x, node_w] = ops.parents;
+        let dy = grads.consume::<B>(&ops.node);
+        let (x, w) = ops.state;
+        let ids = [node_x.map(|n| n.id), node_w.map(|n| n.id), None];
+        linear_grads::<B>(dy, x, w, ids, grads);
+    }
+}
+
+/// `dx = dy·wᵀ`, `dw = xᵀ·dy`, `db = Σ_rows dy`, for the parents that want them.
+fn linear_grads<B: KernelBackend>(
+    dy: FloatTensor<B>,
+    x: Option<FloatTensor<B>>,
+    w: Option<FloatTensor<B>>,
+    [node_x, node_w, node_b]: [Option<NodeId>; 3],
+    grads: &mut Gradients,
+) {
+    if let Some(node) = node_b {
+        grads.register::<B>(node, B::column_sum(dy.clone()));
+    }
+    if let Some(node) = node_w {
+        let x = x.expect("x is kept when w wants a gradient");
+        grads.register::<B>(node, B::float_matmul(B::float_transpose(x), dy.clone()));
+    }
+    if let Some(node) = node_x {
+        let w = w.expect("w is kept when x wants a gradient");
+        grads.register::<B>(node, B::float_matmul(dy, B::float_transpose(w)));
     }
 }
 
@@ -188,6 +241,53 @@ impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
 
     fn dense_int(t: IntTensor<Self>) -> IntTensor<Self> {
         B::dense_int(t)
+    }
+
+    fn linear_forward(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        b: Option<FloatTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        let out = B::linear_forward(
+            x.primitive.clone(),
+            w.primitive.clone(),
+            b.as_ref().map(|b| b.primitive.clone()),
+        );
+        // Each input is kept only for the other's gradient.
+        let keep_x = !w.node.requirement.is_none();
+        let keep_w = !x.node.requirement.is_none();
+        let state = (
+            keep_x.then(|| x.primitive.clone()),
+            keep_w.then(|| w.primitive.clone()),
+        );
+        match b {
+            Some(b) => {
+                let nodes = [x.node, w.node, b.node];
+                match LinearBackward
+                    .prepare::<C>(nodes)
+                    .compute_bound()
+                    .stateful()
+                {
+                    OpsKind::Tracked(prep) => prep.finish(state, out),
+                    OpsKind::UnTracked(prep) => prep.finish(out),
+                }
+            }
+            None => {
+                let nodes = [x.node, w.node];
+                match LinearNoBiasBackward
+                    .prepare::<C>(nodes)
+                    .compute_bound()
+                    .stateful()
+                {
+                    OpsKind::Tracked(prep) => prep.finish(state, out),
+                    OpsKind::UnTracked(prep) => prep.finish(out),
+                }
+            }
+        }
+    }
+
+    fn column_sum(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        constant::<B, C>(B::column_sum(x.primitive))
     }
 
     fn qlora_forward(

@@ -41,6 +41,25 @@ pub trait KernelBackend: Backend {
         t
     }
 
+    /// `x·w (+ b)`: `x [rows, k]`, `w [k, n]`, `b [n]` → `[rows, n]`. Its backward is two
+    /// matmuls and [`Self::column_sum`] for the bias.
+    fn linear_forward(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        b: Option<FloatTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        unwrap(reference::linear::forward(
+            wrap::<Self, 2>(x),
+            wrap(w),
+            b.map(wrap),
+        ))
+    }
+
+    /// `Σ over the rows of x [rows, cols]`: `[cols]`, a bias's gradient.
+    fn column_sum(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        unwrap(reference::linear::column_sum(wrap::<Self, 2>(x)))
+    }
+
     /// `y = x·deq(W) + s·t·B`: `x [m, k]`, `t = x·A [m, r]`, `b [r, n]` → `[m, n]`.
     fn qlora_forward(
         x: FloatTensor<Self>,

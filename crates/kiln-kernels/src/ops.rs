@@ -93,6 +93,38 @@ fn with_last<const D: usize>(shape: &Shape, last: usize) -> [usize; D] {
     dims
 }
 
+/// `x·w (+ b)` over rows: `x [.., k]`, `w [k, n]`, `b [n]` → `[.., n]`, the function of Burn's
+/// `Linear` (whose weight is `[k, n]`). Its backward sums the bias's gradient down the rows on
+/// many cubes (Burn's `sum_dim` gives each column one unit on the CubeCL backends).
+///
+/// # Errors
+/// [`KernelError`] when the shapes do not agree.
+pub fn linear<B: KernelBackend, const D: usize>(
+    x: Tensor<B, D>,
+    w: Tensor<B, 2>,
+    b: Option<Tensor<B, 1>>,
+) -> Result<Tensor<B, D>, KernelError> {
+    const OP: &str = "linear";
+    let (x, shape) = rows(x);
+    let [k, n] = w.dims();
+    check(
+        OP,
+        "the input's last dimension (the weight's rows)",
+        k,
+        x.dims()[1],
+    )?;
+    if let Some(b) = &b {
+        check(
+            OP,
+            "the bias's length (the weight's columns)",
+            n,
+            b.dims()[0],
+        )?;
+    }
+    let y = wrap::<B, 2>(B::linear_forward(unwrap(x), unwrap(w), b.map(unwrap)));
+    Ok(y.reshape(with_last::<D>(&shape, n)))
+}
+
 /// `x·deq(W) + scale·t·B` where `t = x'·A` for the adapter input `x'` (`x`, or a dropout of
 /// it): the QLoRA matmul with its low-rank term fused into the kernel's epilogue.
 ///

@@ -245,8 +245,7 @@ where
     /// Lays the moments out afresh for `items`: a group per run of parameters that share a step
     /// count and a dtype, with moments from the last step, a loaded record, or zeros.
     fn regroup(&mut self, items: &[Item<Inner<B>>]) -> Vec<Group<Inner<B>>> {
-        let mut previous: HashMap<ParamId, (Tensor<Inner<B>, 1>, Tensor<Inner<B>, 1>, usize)> =
-            HashMap::new();
+        let mut previous: HashMap<ParamId, Moments<B>> = HashMap::new();
         for group in self.groups.drain(..) {
             for (i, id) in group.ids.iter().enumerate() {
                 let segment = group.layout.segment(i);
@@ -256,7 +255,7 @@ where
             }
         }
         let mut groups: Vec<Group<Inner<B>>> = Vec::new();
-        let mut runs: Vec<Vec<(&Item<Inner<B>>, Option<Moments<B>>)>> = Vec::new();
+        let mut runs: Vec<Run<'_, B>> = Vec::new();
         let mut key: Option<(usize, DType)> = None;
         for item in items {
             let state = item.loaded.clone().or_else(|| previous.remove(&item.id));
@@ -310,7 +309,11 @@ where
     }
 }
 
+/// A parameter's first and second moments, flat, and the steps they have seen.
 type Moments<B> = (Tensor<Inner<B>, 1>, Tensor<Inner<B>, 1>, usize);
+
+/// Parameters stepped together, with the moments each brings.
+type Run<'a, B> = Vec<(&'a Item<Inner<B>>, Option<Moments<B>>)>;
 
 /// Takes each parameter's gradient (and loaded state) in visiting order, once per parameter.
 struct Collect<'a, B: AutodiffBackend<InnerBackend: KernelBackend>> {

@@ -86,15 +86,35 @@ fn rms<B: AutodiffBackend + KernelBackend>(
     half: bool,
     device: &B::Device,
 ) -> Vec<Vec<f32>> {
-    let x = tensor::<B, 3>(&values(ROWS * D, 2.0, 1, half), [1, ROWS, D], device).require_grad();
-    let gamma = tensor::<B, 1>(&values(D, 1.5, 2, half), [D], device).require_grad();
-    let probe = tensor::<B, 3>(&values(ROWS * D, 1.0, 3, half), [1, ROWS, D], device);
+    rms_shaped::<B>(ROWS, D, fused, half, device)
+}
+
+/// Many rows of a narrow norm: `dγ`'s sum down the rows is cut into chunks (the column sum's
+/// second launch), which 13 rows never are.
+fn rms_tall<B: AutodiffBackend + KernelBackend>(
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    rms_shaped::<B>(700, 17, fused, half, device)
+}
+
+fn rms_shaped<B: AutodiffBackend + KernelBackend>(
+    rows: usize,
+    d: usize,
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    let x = tensor::<B, 3>(&values(rows * d, 2.0, 1, half), [1, rows, d], device).require_grad();
+    let gamma = tensor::<B, 1>(&values(d, 1.5, 2, half), [d], device).require_grad();
+    let probe = tensor::<B, 3>(&values(rows * d, 1.0, 3, half), [1, rows, d], device);
     let y = if fused {
         ops::rms_norm(x.clone(), gamma.clone(), 1e-5).unwrap()
     } else {
         let (y, _) =
-            reference::rms_norm::forward(x.clone().reshape([ROWS, D]), gamma.clone(), 1e-5);
-        y.reshape([1, ROWS, D])
+            reference::rms_norm::forward(x.clone().reshape([rows, d]), gamma.clone(), 1e-5);
+        y.reshape([1, rows, d])
     };
     let grads = (y.clone() * probe).sum().backward();
     vec![
@@ -107,6 +127,71 @@ fn rms<B: AutodiffBackend + KernelBackend>(
 #[test]
 fn rms_norm_matches_the_reference() {
     check_everywhere!("rms_norm", rms, ["y", "dx", "dgamma"]);
+    check_everywhere!("rms_norm tall", rms_tall, ["y", "dx", "dgamma"]);
+}
+
+// ---------------------------------------------------------------- linear
+
+/// `x·w + b` and its gradients against Burn's matmul and broadcast add: a bias of 5 columns over
+/// 2,100 rows (its gradient's sum cut into chunks), and one of 64 (a cube per 2 columns).
+fn linear<B: AutodiffBackend + KernelBackend>(
+    rows: usize,
+    k: usize,
+    n: usize,
+    bias: bool,
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    let x = tensor::<B, 3>(&values(rows * k, 1.0, 41, half), [1, rows, k], device).require_grad();
+    let w = tensor::<B, 2>(&values(k * n, 0.5, 42, half), [k, n], device).require_grad();
+    let b = bias.then(|| tensor::<B, 1>(&values(n, 0.5, 43, half), [n], device).require_grad());
+    let probe = tensor::<B, 3>(&values(rows * n, 1.0, 44, half), [1, rows, n], device);
+    let y = if fused {
+        ops::linear(x.clone(), w.clone(), b.clone()).unwrap()
+    } else {
+        reference::linear::forward(x.clone().reshape([rows, k]), w.clone(), b.clone())
+            .reshape([1, rows, n])
+    };
+    let grads = (y.clone() * probe).sum().backward();
+    let mut out = vec![
+        to_vec(y),
+        to_vec(x.grad(&grads).unwrap()),
+        to_vec(w.grad(&grads).unwrap()),
+    ];
+    out.extend(b.map(|b| to_vec(b.grad(&grads).unwrap())));
+    out
+}
+
+fn linear_narrow<B: AutodiffBackend + KernelBackend>(
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    linear::<B>(2100, 7, 5, true, fused, half, device)
+}
+
+fn linear_wide<B: AutodiffBackend + KernelBackend>(
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    linear::<B>(300, 9, 64, true, fused, half, device)
+}
+
+fn linear_unbiased<B: AutodiffBackend + KernelBackend>(
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    linear::<B>(30, 9, 11, false, fused, half, device)
+}
+
+#[test]
+fn linear_matches_the_reference() {
+    check_everywhere!("linear narrow", linear_narrow, ["y", "dx", "dw", "db"]);
+    check_everywhere!("linear wide", linear_wide, ["y", "dx", "dw", "db"]);
+    check_everywhere!("linear unbiased", linear_unbiased, ["y", "dx", "dw"]);
 }
 
 // ---------------------------------------------------------------- SwiGLU

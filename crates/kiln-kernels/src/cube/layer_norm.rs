@@ -2,8 +2,8 @@
 //! reductions (two passes, as Burn's `var_mean_bias` computes them), then each unit normalises
 //! the values it summed. The backward is two launches. In the first, the first `rows` cubes
 //! compute `dx` a row each (two reductions, `Σg` and `Σg·x̂`), and the cubes after them sum
-//! `dy·x̂` and `dy` down chunks of 64 rows for 32 adjacent columns each (8 lanes a column), into
-//! f32 partials; the second adds each column's partials. A unit per column over every row
+//! `dy·x̂` and `dy` down chunks of 64 rows or more for 32 adjacent columns each (8 lanes a
+//! column), into f32 partials; the second adds each column's partials (at most ~10k of them). A unit per column over every row
 //! would be one launch, but a few dozen busy units for a 64-wide norm: milliseconds on a GPU.
 
 use burn::tensor::{DType, Shape};
@@ -11,6 +11,7 @@ use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
+use super::column_sum::SMALL;
 use super::layout::{dense_input, dense_output};
 use super::reduce::{UNITS, block_sum};
 
@@ -60,8 +61,16 @@ fn layer_norm_kernel<F: Float>(
 
 /// Columns of a column-sum cube: `UNITS / COLUMNS` lanes go down the rows of each.
 const COLUMNS: usize = 32;
-/// Rows one column-sum cube sums.
+/// The fewest rows one column-sum cube sums.
 const CHUNK_ROWS: usize = 64;
+
+/// Rows per chunk of a `[rows, d]` backward: [`CHUNK_ROWS`], or more where that would leave the
+/// second launch, which runs on one cube, more than [`SMALL`] partials to add (at batch 256 of
+/// the AD model, 480 chunks of 128 columns did).
+fn chunk_rows(rows: usize, d: usize) -> usize {
+    let most_chunks = (SMALL / (2 * d).max(1)).max(1);
+    CHUNK_ROWS.max(rows.div_ceil(most_chunks))
+}
 
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
@@ -73,9 +82,11 @@ fn layer_norm_backward_kernel<F: Float>(
     rstd: &Tensor<F>,
     dx: &mut Tensor<F>,
     partials: &mut Tensor<f32>,
+    chunk_rows: u32,
     #[define(F)] _dtype: StorageType,
 ) {
     let rows = x.shape(0);
+    let chunk_rows = chunk_rows as usize;
     let d = x.shape(1);
     let cube = CUBE_POS_X as usize;
     let unit = UNIT_POS as usize;
@@ -114,11 +125,11 @@ fn layer_norm_backward_kernel<F: Float>(
         let col = (at % blocks) * COLUMNS + unit % COLUMNS;
         let lane = unit / COLUMNS;
         let lanes = UNITS / COLUMNS;
-        let end = usize::min(rows, (chunk + 1) * CHUNK_ROWS);
+        let end = usize::min(rows, (chunk + 1) * chunk_rows);
         let mut sum_dg = 0.0f32;
         let mut sum_db = 0.0f32;
         if col < d {
-            let mut row = chunk * CHUNK_ROWS + lane;
+            let mut row = chunk * chunk_rows + lane;
             while row < end {
                 let i = row * d + col;
                 let g = f32::cast_from(dy[i]);
@@ -225,7 +236,8 @@ pub(crate) fn backward<R: CubeRuntime>(
         return (dx, dgamma, dbeta);
     }
     // At least one chunk, so that an empty batch's sums are written (as zeros).
-    let chunks = rows.div_ceil(CHUNK_ROWS).max(1);
+    let chunk_rows = chunk_rows(rows, d);
+    let chunks = rows.div_ceil(chunk_rows).max(1);
     let partials = dense_output(&x, Shape::new([chunks, 2, d]), DType::F32);
     let cubes = rows + chunks * d.div_ceil(COLUMNS);
     layer_norm_backward_kernel::launch::<R>(
@@ -239,6 +251,7 @@ pub(crate) fn backward<R: CubeRuntime>(
         rstd.into_tensor_arg(),
         dx.clone().into_tensor_arg(),
         partials.clone().into_tensor_arg(),
+        chunk_rows as u32,
         dtype.into(),
     );
     column_total_kernel::launch::<R>(

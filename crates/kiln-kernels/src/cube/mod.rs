@@ -5,6 +5,7 @@
 mod adamw_many;
 mod attention;
 mod cast_many;
+mod column_sum;
 mod cross_entropy;
 mod elementwise;
 mod grad_norm;
@@ -43,6 +44,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> KernelBack
 
     fn dense_int(t: IntTensor<Self>) -> IntTensor<Self> {
         layout::dense_input(t)
+    }
+
+    fn column_sum(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        column_sum::column_sum(x, None)
     }
 
     fn qlora_forward(

@@ -1,12 +1,13 @@
 //! RMSNorm, one cube per row: a shared-memory tree reduction for `Σx²` (no plane operations),
 //! then each unit normalises the values it summed. The backward reduces `Σ g·x̂` the same way
-//! and sums `dγ` over rows with one unit per column.
+//! and sums `dγ` down the rows with the column sum (`column_sum`), on many cubes.
 
 use burn::tensor::Shape;
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
+use super::column_sum::column_sum;
 use super::layout::{dense_input, dense_output};
 use super::reduce::{UNITS, block_sum};
 
@@ -73,28 +74,6 @@ fn rms_norm_dx_kernel<F: Float>(
     }
 }
 
-#[cube(launch)]
-fn rms_norm_dgamma_kernel<F: Float>(
-    dy: &Tensor<F>,
-    x: &Tensor<F>,
-    rstd: &Tensor<F>,
-    dgamma: &mut Tensor<F>,
-    #[define(F)] _dtype: StorageType,
-) {
-    let rows = x.shape(0);
-    let d = x.shape(1);
-    let col = ABSOLUTE_POS;
-    if col >= d {
-        terminate!();
-    }
-    let mut sum = 0.0f32;
-    for row in 0..rows {
-        let i = row * d + col;
-        sum += f32::cast_from(dy[i]) * f32::cast_from(x[i]) * f32::cast_from(rstd[row]);
-    }
-    dgamma[col] = F::cast_from(sum);
-}
-
 /// `(y, rstd)`.
 pub(crate) fn forward<R: CubeRuntime>(
     x: CubeTensor<R>,
@@ -137,7 +116,6 @@ pub(crate) fn backward<R: CubeRuntime>(
     let [rows, d] = x.meta.shape().dims::<2>();
     let (client, dtype) = (x.client.clone(), x.dtype);
     let dx = dense_output(&x, Shape::new([rows, d]), dtype);
-    let dgamma = dense_output(&x, Shape::new([d]), dtype);
     if rows > 0 {
         rms_norm_dx_kernel::launch::<R>(
             &client,
@@ -151,16 +129,7 @@ pub(crate) fn backward<R: CubeRuntime>(
             dtype.into(),
         );
     }
-    let dim = CubeDim::new_1d(UNITS as u32);
-    rms_norm_dgamma_kernel::launch::<R>(
-        &client,
-        CubeCount::Static(d.div_ceil(UNITS) as u32, 1, 1),
-        dim,
-        dy.into_tensor_arg(),
-        x.into_tensor_arg(),
-        rstd.into_tensor_arg(),
-        dgamma.clone().into_tensor_arg(),
-        dtype.into(),
-    );
+    // dγ = Σ_rows dy·x·rstd, down the rows on many cubes.
+    let dgamma = column_sum(dy, Some((x, rstd)));
     (dx, dgamma)
 }

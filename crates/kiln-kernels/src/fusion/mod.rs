@@ -72,6 +72,22 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
         t
     }
 
+    fn column_sum(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let out = [(cols_of(&x.shape), x.dtype)];
+        let client = x.client.clone();
+        let [sum] = outputs(queue::<B, _>(
+            "kiln.column_sum",
+            &client,
+            vec![x],
+            &out,
+            |inputs| {
+                let [x] = take(inputs);
+                floats([B::column_sum(x.float())])
+            },
+        ));
+        sum
+    }
+
     fn qlora_forward(
         x: FloatTensor<Self>,
         weight: QuantizedPrimitive<Self>,

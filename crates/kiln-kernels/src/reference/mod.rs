@@ -9,6 +9,7 @@ pub mod cast;
 pub mod cross_entropy;
 pub mod grad_norm;
 pub mod layer_norm;
+pub mod linear;
 pub mod qlora;
 pub mod relu;
 pub mod rms_norm;

@@ -2,7 +2,7 @@
 
 use burn::nn::Linear;
 use burn::tensor::Tensor;
-use burn::tensor::backend::Backend;
+use kiln_kernels::{KernelBackend, ops};
 
 /// `linear` of `x [batch, seq, d_in]` as one `[batch·seq, d_in]` matrix: `[batch, seq, d_out]`.
 ///
@@ -11,12 +11,12 @@ use burn::tensor::backend::Backend;
 /// `batch` small products `xᵢᵀ·dyᵢ` (with `seq` terms each) written to a `[batch, d_in, d_out]`
 /// intermediate and summed over the batch. On the flattened rows both directions are one
 /// matrix product each: `x·W`, `dy·Wᵀ` and `xᵀ·dy` over all `batch·seq` rows at once. The
-/// reshapes are free (views of contiguous tensors).
-pub fn linear_rows<B: Backend>(linear: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
-    let [batch, seq, d_in] = x.dims();
-    let y = linear.forward(x.reshape([batch * seq, d_in]));
-    let d_out = y.dims()[1];
-    y.reshape([batch, seq, d_out])
+/// reshapes are free (views of contiguous tensors). Through Kiln's [`ops::linear`], the bias's
+/// gradient (a sum down `batch·seq` rows) runs on many cubes of a GPU, not on one.
+pub fn linear_rows<B: KernelBackend>(linear: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    let bias = linear.bias.as_ref().map(|b| b.val());
+    ops::linear(x, linear.weight.val(), bias)
+        .expect("a Linear's weight takes its own input width and matches its bias")
 }
 
 #[cfg(test)]

@@ -1,0 +1,122 @@
+//! Kernel launches per training step and cubes per reduction, counted on wgpu (lavapipe in CI):
+//! counts, not timings, so they hold on a shared machine. A change that launches more kernels
+//! per step, or sums a large tensor on a few cubes, fails here.
+//!
+//! The counts are CubeCL's, the same on CUDA but for two things wgpu does differently: it binds
+//! at most 31 buffers to a launch, so the fused AdamW and the multi-tensor casts run in 3 and 2
+//! launches where CUDA runs one, and lavapipe has no bf16 (f16 stands for it).
+//!
+//! One test function: the counter is process-wide, so nothing may run beside it.
+
+use burn::backend::Autodiff;
+use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Distribution, Tensor};
+use kiln_ad::config::AdConfig;
+use kiln_bench::ad_step::{Variant, count};
+use kiln_bench::launches::{self, Launch};
+use kiln_core::optim::Precision;
+use kiln_kernels::ops;
+
+type Plain = CubeBackend<WgpuRuntime, f32, i32, u32>;
+type Fused = burn_fusion::Fusion<Plain>;
+
+/// Launches per AD step (batch 32), on the plain CubeCL backend and under Burn's fusion.
+/// Measured 2026-11-28 before this work: 149 single, 231 guarded, 228 in f16.
+const BUDGETS: [(Variant, u64, u64); 3] = [
+    (Variant::Single, 116, 111),
+    (Variant::Guarded, 119, 114),
+    (Variant::Precision(Precision::F16), 125, 120),
+];
+
+/// A reduction's first launch (the one that reads the large input) must run on this many cubes.
+const MIN_CUBES: u64 = 32;
+
+fn device() -> WgpuDevice {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        // SAFETY: set before any thread reads the environment.
+        unsafe { std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir()) };
+    }
+    WgpuDevice::Cpu
+}
+
+/// The launches `run` makes on `device`, after it and everything before it finished.
+fn launches_of<B: Backend>(device: &B::Device, run: impl FnOnce()) -> Vec<Launch> {
+    B::sync(device).unwrap();
+    launches::take_log();
+    launches::record(true);
+    run();
+    B::sync(device).unwrap();
+    launches::record(false);
+    launches::take_log()
+}
+
+fn check_budgets(config: &AdConfig) {
+    let device = device();
+    for (variant, plain, fused) in BUDGETS {
+        let got = count::<Autodiff<Plain>>(config, variant, 1, &device).most_launches();
+        assert!(
+            got <= plain,
+            "{variant} on wgpu: {got} launches per step, over the budget of {plain}"
+        );
+        let got = count::<Autodiff<Fused>>(config, variant, 1, &device).most_launches();
+        assert!(
+            got <= fused,
+            "{variant} on fused wgpu: {got} launches per step, over the budget of {fused}"
+        );
+    }
+}
+
+/// Every column reduction of a backward reads its large input on at least `MIN_CUBES` cubes,
+/// and none of them is Burn's `sum_dim` (one unit per column).
+fn check_reductions() {
+    type Ad = Autodiff<Plain>;
+    let device = device();
+    let shapes = [(30_720, 5), (3840, 64), (3840, 256)];
+    for (rows, cols) in shapes {
+        let x = Tensor::<Ad, 2>::random([rows, 16], Distribution::Default, &device).require_grad();
+        let w = Tensor::<Ad, 2>::random([16, cols], Distribution::Default, &device).require_grad();
+        let b = Tensor::<Ad, 1>::zeros([cols], &device).require_grad();
+        let y = ops::linear(x, w, Some(b.clone())).unwrap();
+        let log = launches_of::<Ad>(&device, || {
+            let grads = y.sum().backward();
+            b.grad(&grads).unwrap();
+        });
+        let sums: Vec<&Launch> = log
+            .iter()
+            .filter(|l| l.short_name() == "ColumnPartialsKernel")
+            .collect();
+        assert!(!sums.is_empty(), "{rows}x{cols}: no column sum in {log:?}");
+        assert!(
+            sums[0].cubes.unwrap_or(0) >= MIN_CUBES,
+            "{rows}x{cols}: the bias's gradient read on {:?} cubes",
+            sums[0].cubes
+        );
+        assert!(
+            log.iter().all(|l| l.short_name() != "ReduceKernel"),
+            "{rows}x{cols}: a reduction of Burn's in {log:?}"
+        );
+    }
+    let x = Tensor::<Ad, 2>::random([4096, 576], Distribution::Default, &device).require_grad();
+    let gamma = Tensor::<Ad, 1>::ones([576], &device).require_grad();
+    let y = ops::rms_norm(x, gamma.clone(), 1e-5).unwrap();
+    let log = launches_of::<Ad>(&device, || {
+        let grads = y.sum().backward();
+        gamma.grad(&grads).unwrap();
+    });
+    let sums: Vec<&Launch> = log
+        .iter()
+        .filter(|l| l.short_name() == "ColumnPartialsKernel")
+        .collect();
+    assert!(
+        sums.first().and_then(|l| l.cubes).unwrap_or(0) >= MIN_CUBES,
+        "RMSNorm's dγ over 4096 rows: {sums:?}"
+    );
+}
+
+#[test]
+fn steps_and_reductions_stay_within_their_launches_and_cubes() {
+    launches::install().expect("this test binary installs the only subscriber");
+    check_reductions();
+    check_budgets(&AdConfig::default());
+}
