@@ -9,6 +9,7 @@
 //! - [`llm`]: a random LLaMA-family checkpoint of a chosen size, its host memory when loaded
 //!   in f32 and in 4 bits, and LoRA / QLoRA fine-tuning throughput through strategies
 //!   (`kiln bench llm`).
+//! - [`llm_step`]: the users' LoRA / QLoRA fine-tuning step, its launches per decoder layer.
 //! - [`memory`]: the process's peak host memory.
 //! - [`launches`]: kernel launches and host synchronisations, counted on any CubeCL runtime
 //!   (the AD step benchmark reports them per step).
@@ -20,6 +21,7 @@ pub mod ad_step;
 pub mod kernels;
 pub mod launches;
 pub mod llm;
+pub mod llm_step;
 pub mod memory;
 pub mod plan;
 pub mod stats;

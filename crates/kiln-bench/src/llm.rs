@@ -14,12 +14,12 @@ use std::time::{Duration, Instant};
 
 use burn::backend::{Autodiff, Flex};
 use burn::data::dataset::InMemDataset;
-use burn::optim::AdamWConfig;
 use kiln_core::data::DataSource;
 use kiln_core::fit::{Training, fit};
 use kiln_core::optim::PerformanceConfig;
 use kiln_core::plan::{Plan, PlanRequest};
 use kiln_core::strategy::{PerformanceSpec, StepOutput, StrategyConfigs, StrategyKind};
+use kiln_kernels::FusedAdamWConfig;
 use kiln_nn::llm::{CausalLm, LlmConfig, LlmError, LmBatcher, LmItem, LoraSpec, TARGET_MODULES};
 use kiln_nn::llm::{load, load_4bit};
 use kiln_nn::lora::QuantConfig;
@@ -290,7 +290,8 @@ fn time_case(
         save_every: None,
         stop: None,
     };
-    let optim = PerformanceSpec::new(AdamWConfig::new(), PerformanceConfig::default())?;
+    // The optimizer `kiln finetune` trains with.
+    let optim = PerformanceSpec::new(FusedAdamWConfig::new(), PerformanceConfig::default())?;
     let mut ends = Vec::with_capacity(steps + 1);
     let mut last_loss = f64::NAN;
     ends.push(Instant::now());

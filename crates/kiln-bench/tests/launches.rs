@@ -15,6 +15,7 @@ use burn::tensor::{Distribution, Tensor};
 use kiln_ad::config::AdConfig;
 use kiln_bench::ad_step::{Variant, count};
 use kiln_bench::launches::{self, Launch};
+use kiln_bench::llm_step;
 use kiln_core::optim::Precision;
 use kiln_kernels::ops;
 
@@ -114,9 +115,43 @@ fn check_reductions() {
     );
 }
 
+/// Launches per decoder layer of the LoRA and QLoRA fine-tuning step: a two-layer model's step
+/// less a one-layer model's.
+fn llm_launches_per_layer(four_bit: bool) -> u64 {
+    let device = device();
+    let dir = std::env::temp_dir().join(format!("kiln-llm-launches-{}", std::process::id()));
+    let mut per_step = Vec::new();
+    for layers in [1, 2] {
+        let folder = dir.join(layers.to_string());
+        llm_step::write(layers, &folder).unwrap();
+        let counts =
+            llm_step::count::<Autodiff<Plain>>(&folder, four_bit, Precision::F32, 1, &device)
+                .unwrap();
+        per_step.push(counts.iter().map(|c| c.launches).max().unwrap());
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    per_step[1] - per_step[0]
+}
+
+/// Launches per decoder layer of the LLM step (rank-8 adapters on all seven projections, f32):
+/// LoRA, then QLoRA. Measured 2026-11-28 with the fused AdamW and the multi-tensor casts.
+const LLM_LAYER_BUDGETS: [(bool, u64); 2] = [(false, 194), (true, 173)];
+
+fn check_llm_layers() {
+    for (four_bit, budget) in LLM_LAYER_BUDGETS {
+        let got = llm_launches_per_layer(four_bit);
+        let name = if four_bit { "QLoRA" } else { "LoRA" };
+        assert!(
+            got <= budget,
+            "the {name} step launches {got} kernels per decoder layer, over the budget of {budget}"
+        );
+    }
+}
+
 #[test]
 fn steps_and_reductions_stay_within_their_launches_and_cubes() {
     launches::install().expect("this test binary installs the only subscriber");
+    check_llm_layers();
     check_reductions();
     check_budgets(&AdConfig::default());
 }

@@ -18,6 +18,7 @@ mod common;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, f16};
 use common::*;
+use kiln_kernels::cube::QLORA_DENSE_ROWS;
 use kiln_kernels::quant::{HostQuantized, QuantizedWeight};
 use kiln_kernels::{KernelBackend, QuantFormat, ScaleDtype, ops, reference};
 
@@ -85,8 +86,14 @@ where
     let d = data(&c, half);
     let expected = run::<AdCpu>(&c, &d, false, &Default::default());
     let got = run::<burn::backend::Autodiff<G>>(&c, &d, true, &gpu());
-    // The gradients pass through Burn's matmul (the adapter's terms); `y` does not.
+    // The gradients pass through Burn's matmul (the adapter's terms); `y` does too from
+    // QLORA_DENSE_ROWS rows on, where the decoded weight is multiplied by Burn's matmul.
     let through_matmul = if half { tol } else { tol.max(MATMUL_F32_TOL) };
+    let y_tol = if c.m >= QLORA_DENSE_ROWS {
+        through_matmul
+    } else {
+        tol
+    };
     for (i, (name, (g, e))) in ["y", "dx", "dA", "dB"]
         .iter()
         .zip(got.iter().zip(&expected))
@@ -96,7 +103,7 @@ where
             &format!("{name} ({}x{}x{}, {:?})", c.m, c.k, c.n, c.format),
             g,
             e,
-            if i == 0 { tol } else { through_matmul },
+            if i == 0 { y_tol } else { through_matmul },
         );
     }
 }
@@ -119,9 +126,11 @@ fn nf4_f32_matches_the_reference() {
     check::<Fused32>(case(37, 203, 75, QuantFormat::Nf4), false, 1e-4);
 }
 
+/// 70 rows: past `QLORA_DENSE_ROWS`, the weight decoded to a dense buffer and Burn's matmul.
 #[test]
 fn int4_f32_matches_the_reference() {
     check::<Gpu32>(case(70, 136, 130, QuantFormat::Int4), false, 1e-4);
+    check::<Fused32>(case(70, 136, 130, QuantFormat::Int4), false, 1e-4);
 }
 
 #[test]

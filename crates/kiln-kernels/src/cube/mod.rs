@@ -15,9 +15,11 @@ mod qlora;
 mod reduce;
 mod rms_norm;
 
-use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
 use burn_cubecl::element::BoolElement;
 use burn_cubecl::{CubeBackend, CubeRuntime, FloatElement, IntElement};
+
+pub use qlora::DENSE_ROWS as QLORA_DENSE_ROWS;
 
 use crate::backend::KernelBackend;
 use crate::quant::QuantizedPrimitive;
@@ -57,11 +59,21 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> KernelBack
         b: FloatTensor<Self>,
         scale: f32,
     ) -> FloatTensor<Self> {
-        qlora::qlora_matmul(x, weight(w), Some((t, b, scale)), false)
+        if x.meta.shape()[0] < qlora::DENSE_ROWS {
+            return qlora::qlora_matmul(x, weight(w), Some((t, b, scale)), false);
+        }
+        // Training batches: the decoded weight through Burn's (tensor-core) matmul.
+        let deq = qlora::dequantize(weight(w), x.dtype);
+        let low = Self::float_mul_scalar(Self::float_matmul(t, b), scale.into());
+        Self::float_add(Self::float_matmul(x, deq), low)
     }
 
     fn qlora_input_grad(dy: FloatTensor<Self>, w: QuantizedPrimitive<Self>) -> FloatTensor<Self> {
-        qlora::qlora_matmul(dy, weight(w), None, true)
+        if dy.meta.shape()[0] < qlora::DENSE_ROWS {
+            return qlora::qlora_matmul(dy, weight(w), None, true);
+        }
+        let deq = qlora::dequantize(weight(w), dy.dtype);
+        Self::float_matmul(dy, Self::float_transpose(deq))
     }
 
     fn rms_norm_forward(
