@@ -12,8 +12,9 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use burn::backend::{Autodiff, Flex};
+use burn::backend::Flex;
 use burn::data::dataset::InMemDataset;
+use burn::tensor::backend::AutodiffBackend;
 use kiln_core::data::DataSource;
 use kiln_core::fit::{Training, fit};
 use kiln_core::optim::PerformanceConfig;
@@ -23,6 +24,7 @@ use kiln_kernels::FusedAdamWConfig;
 use kiln_nn::llm::{CausalLm, LlmConfig, LlmError, LmBatcher, LmItem, LoraSpec, TARGET_MODULES};
 use kiln_nn::llm::{load, load_4bit};
 use kiln_nn::lora::QuantConfig;
+use kiln_nn::tensor_parallel::ShardedBackend;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -232,21 +234,25 @@ pub struct FinetuneResult {
 }
 
 /// Fine-tunes the folder `dir` with fresh adapters through every case in turn, on the CPU, on
-/// random token sequences (every token trained), and times its steps.
+/// random token sequences (every token trained), and times its steps, on backend `B`: a case of
+/// `world` ranks runs on the first `world` of `devices`.
 ///
 /// # Errors
-/// A folder that does not load, or a plan or run that fails.
-pub fn finetune_throughput(
+/// A folder that does not load, too few devices, or a plan or run that fails.
+pub fn finetune_throughput<B>(
     dir: &Path,
     cases: &[FinetuneCase],
     setup: &FinetuneSetup,
-) -> Result<Vec<FinetuneResult>, Box<dyn std::error::Error>> {
-    type A = Autodiff<Flex>;
-    let device = Default::default();
+    devices: &[B::Device],
+) -> Result<Vec<FinetuneResult>, Box<dyn std::error::Error>>
+where
+    B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend,
+{
+    let device = devices.first().ok_or("no device to fine-tune on")?;
     let (config, base) = if setup.four_bit {
-        load_4bit::<A>(dir, &device, &QuantConfig::new())?
+        load_4bit::<B>(dir, device, &QuantConfig::new())?
     } else {
-        load::<A>(dir, &device)?
+        load::<B>(dir, device)?
     };
     let spec = LoraSpec {
         rank: setup.lora_rank,
@@ -259,17 +265,28 @@ pub fn finetune_throughput(
     let items = random_sequences(&config, setup.batch * total, setup.seq_len);
     let mut results = Vec::with_capacity(cases.len());
     for &case in cases {
-        results.push(time_case(&start, case, setup, items.clone())?);
+        let ranks = devices.get(..case.world).ok_or_else(|| {
+            format!(
+                "{case} needs {} devices, {} given",
+                case.world,
+                devices.len()
+            )
+        })?;
+        results.push(time_case::<B>(&start, case, setup, items.clone(), ranks)?);
     }
     Ok(results)
 }
 
-fn time_case(
-    start: &CausalLm<Autodiff<Flex>>,
+fn time_case<B>(
+    start: &CausalLm<B>,
     case: FinetuneCase,
     setup: &FinetuneSetup,
     items: Vec<LmItem>,
-) -> Result<FinetuneResult, Box<dyn std::error::Error>> {
+    devices: &[B::Device],
+) -> Result<FinetuneResult, Box<dyn std::error::Error>>
+where
+    B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend,
+{
     let mut configs = StrategyConfigs::default();
     if case.strategy == StrategyKind::Pipeline {
         configs.pipeline.stages = case.world;
@@ -300,11 +317,10 @@ fn time_case(
         last_loss = out.loss;
     };
     let data = DataSource::new(InMemDataset::new(items), LmBatcher);
-    let devices = vec![Default::default(); case.world];
     fit(
         &plan,
         &training,
-        devices,
+        devices.to_vec(),
         start.clone(),
         &optim,
         data,
@@ -369,7 +385,10 @@ mod tests {
                 world: 2,
             },
         ];
-        let results = finetune_throughput(&dir, &cases, &setup).unwrap();
+        let devices = vec![Default::default(); 2];
+        let results =
+            finetune_throughput::<burn::backend::Autodiff<Flex>>(&dir, &cases, &setup, &devices)
+                .unwrap();
         assert_eq!(results.len(), 2);
         for r in &results {
             assert!(r.tokens_per_s > 0.0 && r.final_loss.is_finite(), "{r:?}");

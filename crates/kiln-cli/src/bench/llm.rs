@@ -1,15 +1,20 @@
 //! `kiln bench llm`: a random LLaMA-shaped Hugging Face folder of a chosen size, the host
 //! memory of loading it in f32 and in 4 bits (each in a fresh `kiln` process), and LoRA or
-//! QLoRA fine-tuning throughput through strategies side by side, on the CPU.
+//! QLoRA fine-tuning throughput through strategies side by side, on the CPU or a GPU
+//! (`--backend cuda`, where `benches/peer/finetune.py` is the transformers + PEFT peer).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use burn::tensor::backend::AutodiffBackend;
 use kiln_bench::llm::{
     FinetuneCase, FinetuneResult, FinetuneSetup, LlmSize, LoadMemory, finetune_throughput,
     measure_load, write_checkpoint,
 };
 use kiln_core::strategy::StrategyKind;
+use kiln_nn::tensor_parallel::ShardedBackend;
+
+use crate::backend::{BackendKind, Job, Placement, dispatch};
 
 /// Options of `kiln bench llm`.
 #[derive(clap::Args, Debug)]
@@ -30,6 +35,9 @@ pub struct LlmArgs {
     /// Fine-tune on a 4-bit base (QLoRA).
     #[arg(long)]
     load_in_4bit: bool,
+    /// Backend of the fine-tuning runs (loading is measured on the CPU) [default: flex].
+    #[arg(long, value_enum)]
+    backend: Option<BackendKind>,
     /// Sequences per step.
     #[arg(long, default_value_t = 8)]
     batch: usize,
@@ -59,6 +67,7 @@ pub struct LlmArgs {
 struct LlmReport {
     size: String,
     dir: String,
+    backend: String,
     load: Vec<LoadMemory>,
     finetune: Vec<FinetuneResult>,
     setup: FinetuneSetup,
@@ -167,7 +176,17 @@ pub fn run(args: LlmArgs) -> Result<(), Box<dyn std::error::Error>> {
     let finetune = if cases.is_empty() {
         Vec::new()
     } else {
-        finetune_throughput(&dir, &cases, &setup)?
+        let ranks = cases.iter().map(|c| c.world).max().unwrap_or(1);
+        let job = Finetune {
+            dir: &dir,
+            cases: &cases,
+            setup: &setup,
+        };
+        dispatch(
+            args.backend.unwrap_or(BackendKind::Flex),
+            &Placement::Ranks(ranks),
+            job,
+        )?
     };
     for r in &finetune {
         println!(
@@ -185,6 +204,7 @@ pub fn run(args: LlmArgs) -> Result<(), Box<dyn std::error::Error>> {
         let report = LlmReport {
             size: args.size.to_string(),
             dir: dir.display().to_string(),
+            backend: args.backend.unwrap_or(BackendKind::Flex).to_string(),
             load,
             finetune,
             setup,
@@ -193,6 +213,24 @@ pub fn run(args: LlmArgs) -> Result<(), Box<dyn std::error::Error>> {
             .map_err(|e| format!("--json {}: cannot be written: {e}", path.display()))?;
     }
     Ok(())
+}
+
+/// The fine-tuning cases on the backend the user chose.
+struct Finetune<'a> {
+    dir: &'a Path,
+    cases: &'a [FinetuneCase],
+    setup: &'a FinetuneSetup,
+}
+
+impl Job for Finetune<'_> {
+    type Output = Vec<FinetuneResult>;
+
+    fn run<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
+        self,
+        devices: Vec<B::Device>,
+    ) -> Result<Self::Output, Box<dyn std::error::Error>> {
+        finetune_throughput::<B>(self.dir, self.cases, self.setup, &devices)
+    }
 }
 
 /// The loading of `dir` in `mode`, measured by a fresh `kiln` process.
