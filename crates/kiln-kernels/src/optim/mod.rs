@@ -1,0 +1,197 @@
+//! AdamW on the fused kernels, as a Burn optimizer: `FusedAdamWConfig::init()` drops in wherever
+//! `AdamWConfig::init()` does (Kiln strategies, burn-train's `Learner`, hand-written loops).
+//!
+//! One step is one kernel launch for every parameter together (a few on runtimes that bind few
+//! buffers per launch), as PyTorch's `fused=True` AdamW is: the moments of all parameters live
+//! in two flat buffers ([`FlatLayout`]), and the updated parameters are written to a third,
+//! of which each parameter is a view. Burn's own AdamW, and an optimizer stepping one tensor at a
+//! time, launch a kernel (or a dozen) per parameter.
+//!
+//! Its record is Burn's: a map from parameter to [`AdamWState`], so a checkpoint written with
+//! Burn's `AdamW` resumes with this optimizer and the other way round.
+
+mod groups;
+mod record;
+mod rule;
+
+use std::collections::{HashMap, HashSet};
+use std::marker::PhantomData;
+
+use burn::config::Config;
+use burn::module::AutodiffModule;
+use burn::optim::adaptor::GradAdaptor;
+use burn::optim::{GradientsParams, LearningRate, MultiGradientsParams, Optimizer};
+use burn::tensor::backend::AutodiffBackend;
+use hashbrown::HashMap as RecordMap;
+
+use self::groups::{Collect, Group, Item, Replace, matching, regroup};
+use self::record::record_of;
+pub use self::rule::{AdamWRule, FusedAdamWRecord};
+use crate::{AdamWStep, KernelBackend, ops};
+
+type Inner<B> = <B as AutodiffBackend>::InnerBackend;
+
+/// Hyper-parameters, with Burn's `AdamWConfig` defaults.
+#[derive(Config, Debug)]
+pub struct FusedAdamWConfig {
+    /// First-moment decay.
+    #[config(default = 0.9)]
+    pub beta_1: f32,
+    /// Second-moment decay.
+    #[config(default = 0.999)]
+    pub beta_2: f32,
+    /// Added to `√v̂`.
+    #[config(default = 1e-5)]
+    pub epsilon: f32,
+    /// Decoupled weight decay.
+    #[config(default = 1e-4)]
+    pub weight_decay: f32,
+}
+
+impl FusedAdamWConfig {
+    /// The optimizer for module `M` on autodiff backend `B`.
+    pub fn init<B, M>(&self) -> FusedAdamW<M, B>
+    where
+        B: AutodiffBackend<InnerBackend: KernelBackend>,
+        M: AutodiffModule<B>,
+    {
+        FusedAdamW {
+            config: self.clone(),
+            groups: Vec::new(),
+            pending: RecordMap::new(),
+            module: PhantomData,
+        }
+    }
+
+    fn step(&self, lr: LearningRate, time: usize) -> AdamWStep {
+        AdamWStep {
+            lr: lr as f32,
+            beta_1: self.beta_1,
+            beta_2: self.beta_2,
+            epsilon: self.epsilon,
+            weight_decay: self.weight_decay,
+            time: time as u32,
+        }
+    }
+}
+
+/// AdamW stepping every parameter in one launch; see the [module docs](self).
+#[derive(Clone)]
+pub struct FusedAdamW<M, B: AutodiffBackend<InnerBackend: KernelBackend>> {
+    config: FusedAdamWConfig,
+    /// The moments after the last step, by groups of parameters stepped together.
+    groups: Vec<Group<Inner<B>>>,
+    /// States loaded from a record and not stepped since.
+    pending: FusedAdamWRecord<B>,
+    module: PhantomData<M>,
+}
+
+impl<M, B> FusedAdamW<M, B>
+where
+    B: AutodiffBackend<InnerBackend: KernelBackend>,
+    M: AutodiffModule<B>,
+{
+    /// One step with every gradient multiplied by `grad_scale` first (the guard's clipping
+    /// factor), inside the same launch.
+    pub fn step_scaled(
+        &mut self,
+        lr: LearningRate,
+        module: M,
+        grads: GradientsParams,
+        grad_scale: f32,
+    ) -> M {
+        self.step_adapted(lr, module, grads.into(), grad_scale)
+    }
+
+    fn step_adapted(
+        &mut self,
+        lr: LearningRate,
+        module: M,
+        mut grads: GradAdaptor,
+        grad_scale: f32,
+    ) -> M {
+        let mut collect = Collect::<B> {
+            grads: &mut grads,
+            pending: &mut self.pending,
+            seen: HashSet::new(),
+            items: Vec::new(),
+        };
+        module.visit(&mut collect);
+        let items = collect.items;
+        if items.is_empty() {
+            return module;
+        }
+        let last = std::mem::take(&mut self.groups);
+        let groups = if matching::<B>(&last, &items) {
+            last
+        } else {
+            regroup::<B>(last, &items)
+        };
+        let mut items = items.into_iter();
+        let mut updated = HashMap::new();
+        let mut stepped = Vec::with_capacity(groups.len());
+        for group in groups {
+            let members: Vec<Item<Inner<B>>> = items.by_ref().take(group.ids.len()).collect();
+            let time = group.time + 1;
+            let (params, grads): (Vec<_>, Vec<_>) =
+                members.into_iter().map(|i| (i.param, i.grad)).unzip();
+            let (flat, m, v) = ops::adamw_many(
+                params,
+                grads,
+                group.m,
+                group.v,
+                &group.layout,
+                &self.config.step(lr, time),
+                grad_scale,
+            )
+            .expect("the optimizer lays out what it steps");
+            for (i, id) in group.ids.iter().enumerate() {
+                let view = flat.clone().slice(group.layout.segment(i));
+                updated.insert(*id, view);
+            }
+            stepped.push(Group {
+                m,
+                v,
+                time,
+                ..group
+            });
+        }
+        self.groups = stepped;
+        module.map(&mut Replace::<B> { updated })
+    }
+}
+
+impl<M, B> Optimizer<M, B> for FusedAdamW<M, B>
+where
+    B: AutodiffBackend<InnerBackend: KernelBackend>,
+    M: AutodiffModule<B>,
+{
+    type Record = FusedAdamWRecord<B>;
+
+    fn step(&mut self, lr: LearningRate, module: M, grads: GradientsParams) -> M {
+        self.step_adapted(lr, module, grads.into(), 1.0)
+    }
+
+    fn step_multi(&mut self, lr: LearningRate, module: M, grads: MultiGradientsParams) -> M {
+        self.step_adapted(lr, module, grads.into(), 1.0)
+    }
+
+    fn to_record(&self) -> Self::Record {
+        let mut record = self.pending.clone();
+        for group in &self.groups {
+            for (i, (id, shape)) in group.ids.iter().zip(&group.shapes).enumerate() {
+                let segment = group.layout.segment(i);
+                let m = group.m.clone().slice(segment.clone());
+                let v = group.v.clone().slice(segment);
+                record.insert(*id, record_of::<B>(shape, m, v, group.time));
+            }
+        }
+        record
+    }
+
+    fn load_record(mut self, record: Self::Record) -> Self {
+        self.groups.clear();
+        self.pending = record;
+        self
+    }
+}
