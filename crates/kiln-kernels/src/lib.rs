@@ -2,9 +2,11 @@
 //! block-quantised weights and fused RMSNorm, LayerNorm, causal attention, SwiGLU, ReLU,
 //! softmax cross-entropy, AdamW and a global squared norm with a non-finite check.
 //!
-//! [`KernelBackend`] is implemented four ways (the book's kernels page explains why):
+//! [`KernelBackend`] is implemented five ways (the book's kernels page explains why):
 //! - for Burn's CubeCL backends (`CubeBackend<R, ..>`: wgpu, CUDA) by the kernels in [`cube`],
 //!   written once in CubeCL, with a path that uses no plane (warp) operations;
+//! - for Burn's fusion backend (`Fusion<B>`) by queueing the inner backend's kernels as custom
+//!   operations of the fusion stream ([`fusion`]);
 //! - for Flex by vectorised CPU kernels for LayerNorm, causal attention and cross-entropy
 //!   (the private `cpu` module), and the reference for the rest;
 //! - for `Autodiff<B>` with a backward for every differentiable op ([`autodiff`]);
