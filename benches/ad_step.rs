@@ -35,13 +35,11 @@ use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use kiln::ad::config::AdConfig;
 use kiln::ad::dataset::{WindowBatcher, WindowDataset};
-use kiln::core::optim::{
-    MixedPrecision, NanPolicy, PerformanceConfig, PerformanceOptimizer, Precision,
-};
-use kiln::core::strategy::{Single, SingleConfig, Strategy};
-use kiln::kernels::{FusedAdamWConfig, KernelBackend};
+use kiln::core::optim::Precision;
+use kiln::core::strategy::Strategy;
+use kiln::kernels::KernelBackend;
 
-use kiln_bench::ad_step::{LR, batches, histories, source};
+use kiln_bench::ad_step::{LR, Variant, batches, histories, strategy};
 
 /// The `kiln` binary's allocator, so that the bench times what the binary runs.
 #[global_allocator]
@@ -89,23 +87,34 @@ fn plain<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
     })
 }
 
+/// Kiln's `Single` on `variant`, built as the launch counts build it
+/// ([`kiln_bench::ad_step::strategy`]).
+fn kiln<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
+    config: &AdConfig,
+    batches: &[Vec<usize>],
+    steps: usize,
+    variant: Variant,
+) -> f64 {
+    let device = B::Device::default();
+    let mut strategy = strategy::<B>(config, variant, &device);
+    time_steps(strategy.as_mut(), &device, batches, steps)
+}
+
 fn kiln_single<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
     config: &AdConfig,
     batches: &[Vec<usize>],
     steps: usize,
 ) -> f64 {
-    kiln_single_with::<B>(config, batches, steps, None)
+    kiln::<B>(config, batches, steps, Variant::Single)
 }
 
+/// With global-norm clipping at 1.0 and the NaN guard (`nan_policy` halt, the default).
 fn kiln_guarded<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
     config: &AdConfig,
     batches: &[Vec<usize>],
     steps: usize,
 ) -> f64 {
-    let guards = PerformanceConfig::new()
-        .with_clip_norm(Some(1.0))
-        .with_nan_policy(NanPolicy::Halt);
-    kiln_single_with::<B>(config, batches, steps, Some(guards))
+    kiln::<B>(config, batches, steps, Variant::Guarded)
 }
 
 fn kiln_bf16<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
@@ -113,7 +122,7 @@ fn kiln_bf16<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
     batches: &[Vec<usize>],
     steps: usize,
 ) -> f64 {
-    kiln_in::<B>(config, batches, steps, Precision::Bf16)
+    kiln::<B>(config, batches, steps, Variant::Precision(Precision::Bf16))
 }
 
 fn kiln_f16<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
@@ -121,27 +130,7 @@ fn kiln_f16<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
     batches: &[Vec<usize>],
     steps: usize,
 ) -> f64 {
-    kiln_in::<B>(config, batches, steps, Precision::F16)
-}
-
-/// `Single` over the AD model wrapped in [`MixedPrecision`].
-fn kiln_in<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
-    config: &AdConfig,
-    batches: &[Vec<usize>],
-    steps: usize,
-    precision: Precision,
-) -> f64 {
-    let source = source(config);
-    let device = B::Device::default();
-    B::seed(&device, 1);
-    let model = MixedPrecision::new(config.model.init::<B>(&config.env, &device), precision);
-    let single = SingleConfig {
-        grad_accumulation: 1,
-        threads_per_rank: Some(1),
-    };
-    let optim = FusedAdamWConfig::new().init::<B, _>();
-    let mut strategy = Single::new(model, optim, source, device.clone(), single).expect("single");
-    time_steps(&mut strategy, &device, batches, steps)
+    kiln::<B>(config, batches, steps, Variant::Precision(Precision::F16))
 }
 
 /// Milliseconds per step of `steps` steps after 3 untimed ones; the device is synchronised
@@ -162,32 +151,6 @@ fn time_steps<B: AutodiffBackend, M: kiln::core::model::TrainModel<B>>(
     }
     B::sync(device).expect("sync");
     1e3 * timed.elapsed().as_secs_f64() / steps as f64
-}
-
-fn kiln_single_with<B: AutodiffBackend<InnerBackend: KernelBackend> + KernelBackend>(
-    config: &AdConfig,
-    batches: &[Vec<usize>],
-    steps: usize,
-    guards: Option<PerformanceConfig>,
-) -> f64 {
-    let source = source(config);
-    let device = B::Device::default();
-    B::seed(&device, 1);
-    let model = config.model.init::<B>(&config.env, &device);
-    let optim = FusedAdamWConfig::new().init::<B, _>();
-    let single = SingleConfig {
-        grad_accumulation: 1,
-        threads_per_rank: Some(1),
-    };
-    let on = device.clone();
-    let mut strategy: Box<dyn Strategy<B, _>> = match guards {
-        None => Box::new(Single::new(model, optim, source, on, single).expect("single")),
-        Some(guards) => {
-            let optim = PerformanceOptimizer::new(optim, guards).expect("valid guards");
-            Box::new(Single::new(model, optim, source, on, single).expect("single"))
-        }
-    };
-    time_steps(strategy.as_mut(), &device, batches, steps)
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {

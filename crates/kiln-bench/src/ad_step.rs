@@ -158,19 +158,12 @@ where
     let taken = steps + 2;
     let mut per_step = Vec::new();
     for (i, batch) in batches(config, taken).iter().enumerate() {
-        let before = Counts::now();
         launches::record(i + 1 == taken);
-        strategy.step(batch, LR).expect("step");
-        let stepped = Counts::now();
-        // What a fusion stream still holds is launched now, and counted with the step; this
-        // synchronisation itself is the bench's, not the step's.
-        B::sync(device).expect("sync");
+        let counts =
+            launches::measure_step::<B, _, _>(device, || strategy.step(batch, LR)).expect("step");
         launches::record(false);
         if i >= 2 {
-            per_step.push(Counts {
-                launches: Counts::now().since(before).launches,
-                host_syncs: stepped.since(before).host_syncs,
-            });
+            per_step.push(counts);
         }
     }
     StepCounts {

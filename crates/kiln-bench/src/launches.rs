@@ -117,6 +117,29 @@ impl Counts {
     }
 }
 
+/// The launches and host synchronisations of one call of `step` on `device`, the launches the
+/// device still held queued afterwards (a fusion stream's) included: the device is synchronised
+/// after `step`, and that synchronisation is not counted as the step's.
+///
+/// # Errors
+/// `step`'s error, or a device that fails to synchronise.
+pub fn measure_step<B: burn::tensor::backend::Backend, T, E>(
+    device: &B::Device,
+    step: impl FnOnce() -> Result<T, E>,
+) -> Result<Counts, Box<dyn std::error::Error>>
+where
+    E: Into<Box<dyn std::error::Error>>,
+{
+    let before = Counts::now();
+    step().map_err(Into::into)?;
+    let stepped = Counts::now();
+    B::sync(device).map_err(|e| format!("the device did not synchronise: {e:?}"))?;
+    Ok(Counts {
+        launches: Counts::now().since(before).launches,
+        host_syncs: stepped.since(before).host_syncs,
+    })
+}
+
 /// Which of CubeCL's spans a callsite is.
 fn counted(metadata: &Metadata<'_>) -> Option<&'static AtomicU64> {
     match (metadata.target(), metadata.name()) {

@@ -101,6 +101,15 @@ impl fmt::Display for LlmSize {
 /// # Errors
 /// A file that cannot be written.
 pub fn write_checkpoint(size: LlmSize, dir: &Path) -> Result<LlmConfig, LlmError> {
+    write_model(&size.config_json(), dir)
+}
+
+/// Writes a model of `config` (a `config.json`'s value) with freshly initialised weights into
+/// `dir`, as [`write_checkpoint`] does.
+///
+/// # Errors
+/// A file that cannot be written, or a config Kiln does not take.
+pub fn write_model(config: &serde_json::Value, dir: &Path) -> Result<LlmConfig, LlmError> {
     let io = |e: std::io::Error| LlmError::Io {
         path: dir.display().to_string(),
         reason: e.to_string(),
@@ -108,7 +117,7 @@ pub fn write_checkpoint(size: LlmSize, dir: &Path) -> Result<LlmConfig, LlmError
     // The config waits in a folder of its own, which save_pretrained copies it from last.
     let staging = dir.join(".config");
     std::fs::create_dir_all(&staging).map_err(io)?;
-    let text = serde_json::to_string_pretty(&size.config_json()).expect("a JSON value");
+    let text = serde_json::to_string_pretty(config).expect("a JSON value");
     std::fs::write(staging.join("config.json"), &text).map_err(io)?;
     let config = LlmConfig::from_json(&text)?;
     config
@@ -343,7 +352,7 @@ where
 
 /// `n` sequences of `seq_len + 1` random tokens of the model's vocabulary, every target
 /// trained.
-fn random_sequences(config: &LlmConfig, n: usize, seq_len: usize) -> Vec<LmItem> {
+pub(crate) fn random_sequences(config: &LlmConfig, n: usize, seq_len: usize) -> Vec<LmItem> {
     let mut rng = StdRng::seed_from_u64(0);
     (0..n)
         .map(|_| {

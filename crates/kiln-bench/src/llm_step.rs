@@ -11,15 +11,12 @@ use kiln_core::data::DataSource;
 use kiln_core::optim::{MixedPrecision, Precision};
 use kiln_core::strategy::{Single, SingleConfig, Strategy};
 use kiln_kernels::FusedAdamWConfig;
-use kiln_nn::llm::{
-    LlmConfig, LlmError, LmBatcher, LmItem, LoraSpec, TARGET_MODULES, load, load_4bit,
-};
+use kiln_nn::llm::{LlmConfig, LlmError, LmBatcher, LoraSpec, TARGET_MODULES, load, load_4bit};
 use kiln_nn::lora::QuantConfig;
 use kiln_nn::tensor_parallel::ShardedBackend;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 
-use crate::launches::Counts;
+use crate::launches::{Counts, measure_step};
+use crate::llm::{random_sequences, write_model};
 
 /// Sequences per step.
 pub const BATCH: usize = 2;
@@ -52,20 +49,7 @@ pub fn config_json(layers: usize) -> serde_json::Value {
 /// # Errors
 /// A file that cannot be written.
 pub fn write(layers: usize, dir: &Path) -> Result<LlmConfig, LlmError> {
-    let io = |e: std::io::Error| LlmError::Io {
-        path: dir.display().to_string(),
-        reason: e.to_string(),
-    };
-    let staging = dir.join(".config");
-    std::fs::create_dir_all(&staging).map_err(io)?;
-    let text = serde_json::to_string_pretty(&config_json(layers)).expect("a JSON value");
-    std::fs::write(staging.join("config.json"), &text).map_err(io)?;
-    let config = LlmConfig::from_json(&text)?;
-    config
-        .init::<burn::backend::Flex>(&Default::default())
-        .save_pretrained(dir, &staging)?;
-    std::fs::remove_dir_all(&staging).map_err(io)?;
-    Ok(config)
+    write_model(&config_json(layers), dir)
 }
 
 /// The launches (and host synchronisations) of each of `steps` steps, after two warm-up steps,
@@ -96,15 +80,7 @@ where
         use_rslora: false,
     };
     let model = MixedPrecision::new(base.with_lora(&spec)?, precision);
-    let mut rng = StdRng::seed_from_u64(0);
-    let items: Vec<LmItem> = (0..BATCH * (steps + 2))
-        .map(|_| {
-            let tokens = (0..=SEQ_LEN)
-                .map(|_| rng.random_range(0..config.vocab_size as u32))
-                .collect();
-            LmItem::all_trained(tokens)
-        })
-        .collect();
+    let items = random_sequences(&config, BATCH * (steps + 2), SEQ_LEN);
     let data = DataSource::new(InMemDataset::new(items), LmBatcher);
     let single = SingleConfig {
         grad_accumulation: 1,
@@ -115,15 +91,9 @@ where
     let mut per_step = Vec::with_capacity(steps);
     for i in 0..steps + 2 {
         let batch: Vec<usize> = (i * BATCH..(i + 1) * BATCH).collect();
-        let before = Counts::now();
-        strategy.step(&batch, 1e-4)?;
-        let stepped = Counts::now();
-        B::sync(device)?;
+        let counts = measure_step::<B, _, _>(device, || strategy.step(&batch, 1e-4))?;
         if i >= 2 {
-            per_step.push(Counts {
-                launches: Counts::now().since(before).launches,
-                host_syncs: stepped.since(before).host_syncs,
-            });
+            per_step.push(counts);
         }
     }
     Ok(per_step)
