@@ -1,6 +1,9 @@
 //! Many tensors side by side in one flat buffer: the layout of the fused AdamW's moments and
 //! updated parameters, so that one launch steps every parameter.
 
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Tensor};
+
 /// Where each of a list of tensors lies in a flat buffer: one after another, each segment
 /// starting at a multiple of `align` elements (the device's offset alignment), so that a slice
 /// of one segment is a view of the buffer, not a copy.
@@ -69,6 +72,30 @@ impl FlatLayout {
     /// Whether there are no segments.
     pub fn is_empty(&self) -> bool {
         self.lens.is_empty()
+    }
+
+    /// `parts` (one `[len_i]` tensor per segment, in order) as one flat `dtype` tensor laid out
+    /// this way on `device`, zeros in the padding: how the plain-Burn paths build a flat buffer.
+    pub fn join<B: Backend>(
+        &self,
+        parts: Vec<Tensor<B, 1>>,
+        device: &B::Device,
+        dtype: DType,
+    ) -> Tensor<B, 1> {
+        debug_assert_eq!(parts.len(), self.len(), "a part per segment");
+        let mut padded = Vec::with_capacity(2 * parts.len());
+        for (i, part) in parts.into_iter().enumerate() {
+            padded.push(part);
+            let pad = self.padding(i);
+            if pad > 0 {
+                padded.push(Tensor::zeros([pad], (device, dtype)));
+            }
+        }
+        if padded.is_empty() {
+            Tensor::zeros([0], (device, dtype))
+        } else {
+            Tensor::cat(padded, 0)
+        }
     }
 }
 

@@ -2,15 +2,16 @@
 //! each (a `Sequence`), the moments and the updated parameters are flat buffers laid out by a
 //! [`FlatLayout`]. A unit steps one element; the units run over the tensors one after another.
 //!
-//! A runtime binds a bounded number of buffers to one launch (31 on wgpu over lavapipe, 1,024
-//! on CUDA), so the tensors are stepped in chunks of as many as fit: one launch on CUDA for any
-//! model Kiln trains, a few on wgpu.
+//! A runtime binds a bounded number of buffers to one launch, so the tensors are stepped in
+//! chunks of as many as fit (`bindings`): one launch on CUDA for any model Kiln trains, a few
+//! on wgpu.
 
 use burn::tensor::Shape;
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::{calculate_cube_count_elemwise, prelude::*};
 
+use super::bindings::{launches, tensors_per_launch};
 use super::layout::{dense_input, dense_output};
 use crate::{AdamWStep, FlatLayout};
 
@@ -117,25 +118,25 @@ pub(crate) fn adamw_many<R: CubeRuntime>(
             grad_scale,
         )
     };
-    let per_launch =
-        (client.properties().hardware.max_bindings as usize).saturating_sub(FIXED_BINDINGS) / 2;
-    let per_launch = per_launch.max(1);
+    // A parameter and its gradient per tensor; the gradients of one launch share a dtype.
+    let per_launch = tensors_per_launch(&client, FIXED_BINDINGS, 2);
     let tensors: Vec<(CubeTensor<R>, CubeTensor<R>)> = params
         .into_iter()
         .map(dense_input)
         .zip(grads.into_iter().map(dense_input))
         .collect();
     let mut first = 0;
-    for chunk in tensors.chunks(per_launch) {
+    for chunk in launches(tensors, per_launch, |(_, g)| g.dtype) {
         let units: usize = layout.lens()[first..first + chunk.len()].iter().sum();
+        let count = chunk.len();
         if units > 0 {
             let grad_dtype = chunk[0].1.dtype;
             let mut params = SequenceArg::new();
             let mut grads = SequenceArg::new();
             for (p, g) in chunk {
-                debug_assert_eq!((p.dtype, g.dtype), (dtype, grad_dtype));
-                params.push(p.clone().into_tensor_arg());
-                grads.push(g.clone().into_tensor_arg());
+                debug_assert_eq!(p.dtype, dtype);
+                params.push(p.into_tensor_arg());
+                grads.push(g.into_tensor_arg());
             }
             let dim = CubeDim::new(&client, units);
             adamw_many_kernel::launch::<R>(
@@ -152,12 +153,12 @@ pub(crate) fn adamw_many<R: CubeRuntime>(
                 hyper(),
                 layout.offsets()[first] as u32,
                 units as u32,
-                chunk.len(),
+                count,
                 layout.align(),
                 [dtype.into(), grad_dtype.into()],
             );
         }
-        first += chunk.len();
+        first += count;
     }
     let [p, m, v] = outs;
     (p, m, v)

@@ -7,6 +7,7 @@ use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::{calculate_cube_count_elemwise, prelude::*};
 
+use super::bindings::{launches, tensors_per_launch};
 use super::layout::{dense_input, dense_output_on};
 use crate::FlatLayout;
 
@@ -54,19 +55,11 @@ pub(crate) fn cast_many<R: CubeRuntime>(
         dtype,
     );
     // The output and the chunk's tensors are bound to each launch; a chunk shares one dtype.
-    let per_launch = (client.properties().hardware.max_bindings as usize)
-        .saturating_sub(1)
-        .max(1);
-    let mut rest: Vec<CubeTensor<R>> = tensors.into_iter().map(dense_input).collect();
+    let per_launch = tensors_per_launch(&client, 1, 1);
+    let tensors: Vec<CubeTensor<R>> = tensors.into_iter().map(dense_input).collect();
     let mut first = 0;
-    while !rest.is_empty() {
-        let from = rest[0].dtype;
-        let take = rest
-            .iter()
-            .take(per_launch)
-            .take_while(|t| t.dtype == from)
-            .count();
-        let chunk: Vec<_> = rest.drain(..take).collect();
+    for chunk in launches(tensors, per_launch, |t| t.dtype) {
+        let (from, take) = (chunk[0].dtype, chunk.len());
         let units: usize = layout.lens()[first..first + take].iter().sum();
         if units > 0 {
             let mut xs = SequenceArg::new();

@@ -11,6 +11,7 @@ use burn_cubecl::ops::numeric::zeros;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
+use super::bindings::{launches, tensors_per_launch};
 use super::layout::{dense_input, dense_output_on};
 use super::reduce::{UNITS, block_sum};
 
@@ -112,19 +113,11 @@ pub(crate) fn sq_norm<R: CubeRuntime>(
     );
     // The partials' buffer and every tensor of the chunk are bound to each launch; tensors of
     // one chunk share a dtype (the kernel is compiled for one).
-    let per_launch = (client.properties().hardware.max_bindings as usize)
-        .saturating_sub(1)
-        .max(1);
+    let per_launch = tensors_per_launch(&client, 1, 1);
     let mut offset = 0;
-    let mut rest: Vec<(CubeTensor<R>, usize)> = tensors.into_iter().zip(cubes).collect();
-    while !rest.is_empty() {
-        let dtype = rest[0].0.dtype;
-        let take = rest
-            .iter()
-            .take(per_launch)
-            .take_while(|(t, _)| t.dtype == dtype)
-            .count();
-        let chunk: Vec<_> = rest.drain(..take).collect();
+    let tensors: Vec<(CubeTensor<R>, usize)> = tensors.into_iter().zip(cubes).collect();
+    for chunk in launches(tensors, per_launch, |(t, _)| t.dtype) {
+        let dtype = chunk[0].0.dtype;
         let n: usize = chunk.iter().map(|(_, n)| n).sum();
         let count = chunk.len();
         let mut xs = SequenceArg::new();

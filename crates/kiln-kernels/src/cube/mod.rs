@@ -4,6 +4,7 @@
 
 mod adamw_many;
 mod attention;
+mod bindings;
 mod cast_many;
 mod column_sum;
 mod cross_entropy;

@@ -96,24 +96,20 @@ pub(super) fn regroup<B: AutodiffBackend<InnerBackend: KernelBackend>>(
             run.iter().map(|(i, _)| i.shape.num_elements()).collect(),
             align,
         );
+        let fresh = run.iter().all(|(_, s)| s.is_none());
         let flat = |pick: fn(&Moments<B>) -> Tensor<Inner<B>, 1>| {
-            let mut parts = Vec::new();
-            for (i, (item, state)) in run.iter().enumerate() {
-                let len = item.shape.num_elements();
-                parts.push(match state {
+            if fresh {
+                // A first step: one buffer of zeros, not one per parameter joined.
+                return Tensor::zeros([layout.total()], (&device, dtype));
+            }
+            let parts = run
+                .iter()
+                .map(|(item, state)| match state {
                     Some(s) => pick(s).to_device(&device).cast(dtype),
-                    None => Tensor::zeros([len], (&device, dtype)),
-                });
-                let pad = layout.padding(i);
-                if pad > 0 {
-                    parts.push(Tensor::zeros([pad], (&device, dtype)));
-                }
-            }
-            if run.iter().all(|(_, s)| s.is_none()) {
-                Tensor::zeros([layout.total()], (&device, dtype))
-            } else {
-                Tensor::cat(parts, 0)
-            }
+                    None => Tensor::zeros([item.shape.num_elements()], (&device, dtype)),
+                })
+                .collect();
+            layout.join(parts, &device, dtype)
         };
         groups.push(Group {
             ids: run.iter().map(|(i, _)| i.id).collect(),

@@ -53,21 +53,11 @@ pub fn step_many<B: Backend>(
             v.clone().slice(segment),
             h,
         );
-        let pad = layout.padding(i);
         for (part, t) in parts.iter_mut().zip([p, m, v]) {
-            let dtype = t.dtype();
             part.push(t);
-            if pad > 0 {
-                part.push(Tensor::zeros([pad], (&device, dtype)));
-            }
         }
     }
-    let [p, m, v] = parts.map(|part| {
-        if part.is_empty() {
-            Tensor::zeros([0], &device)
-        } else {
-            Tensor::cat(part, 0)
-        }
-    });
+    let dtype = m.dtype();
+    let [p, m, v] = parts.map(|part| layout.join(part, &device, dtype));
     (p, m, v)
 }

@@ -12,17 +12,6 @@ pub fn cast_many<B: Backend>(
     dtype: FloatDType,
     device: &B::Device,
 ) -> Tensor<B, 1> {
-    let mut parts = Vec::new();
-    for (i, t) in tensors.into_iter().enumerate() {
-        parts.push(t.cast(dtype));
-        let pad = layout.padding(i);
-        if pad > 0 {
-            parts.push(Tensor::zeros([pad], (device, dtype.into())));
-        }
-    }
-    if parts.is_empty() {
-        Tensor::zeros([0], (device, dtype.into()))
-    } else {
-        Tensor::cat(parts, 0)
-    }
+    let parts = tensors.into_iter().map(|t| t.cast(dtype)).collect();
+    layout.join(parts, device, dtype.into())
 }
