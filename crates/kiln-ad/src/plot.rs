@@ -9,15 +9,23 @@ use plotters::prelude::*;
 use crate::error::AdError;
 use crate::report::EvalReport;
 
-/// Writes the return-vs-episode plot of `report` as an SVG file.
+/// Writes the return-vs-episode plot of `report` as an SVG file, drawn in memory and put in
+/// place whole ([`kiln_core::output::write_file`]): an old plot is replaced, never cut short.
 ///
 /// # Errors
 /// When the file cannot be written.
 pub fn write_svg(report: &EvalReport, path: &Path) -> Result<(), AdError> {
-    draw(report, SVGBackend::new(path, SIZE).into_drawing_area()).map_err(|e| AdError::Plot {
+    let plot = |reason: String| AdError::Plot {
         path: path.display().to_string(),
-        reason: e.to_string(),
-    })
+        reason,
+    };
+    let mut svg = String::new();
+    draw(
+        report,
+        SVGBackend::with_string(&mut svg, SIZE).into_drawing_area(),
+    )
+    .map_err(|e| plot(e.to_string()))?;
+    kiln_core::output::write_file(path, svg.as_bytes()).map_err(|e| plot(e.to_string()))
 }
 
 /// The figure's size in pixels.

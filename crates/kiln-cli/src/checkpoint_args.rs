@@ -94,7 +94,8 @@ impl RunCheckpoints {
             // Another process of the run writes it.
             Some(_) if !writes => None,
             Some((flag, dir)) => {
-                crate::outputs::check_folder(flag, dir)?;
+                // The checkpoint folder's own lock claims it (below); this checks it only.
+                drop(crate::outputs::check_folder(flag, dir)?);
                 let mut folder = CheckpointFolder::new(dir, config.keep);
                 folder.prepare(from, overwrite)?;
                 Some(folder)

@@ -128,6 +128,7 @@ impl Job for GenerateJob {
             load::<I<B>>(&args.model, device)?
         };
         if let Some(adapter) = &args.adapter {
+            kiln_nn::llm::check_peft_base(adapter, &args.model);
             model = model.load_peft(adapter)?.0;
         }
         let sampling = Sampling {

@@ -100,7 +100,7 @@ fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .init();
 
-    let result = match cli.command {
+    let run = std::panic::AssertUnwindSafe(|| match cli.command {
         Command::Train(args) => train::run(args),
         Command::Finetune(args) => finetune::run(*args),
         Command::Generate(args) => generate::run(*args),
@@ -108,6 +108,18 @@ fn main() -> ExitCode {
         Command::Bench(command) => bench::run(command),
         Command::Plan(args) => plan::run(*args),
         Command::Launch(_) => unreachable!("handled above"),
+    });
+    let result = match std::panic::catch_unwind(run) {
+        Ok(result) => result,
+        // The panic's message is already on stderr. Exiting the usual way runs the exit-time
+        // destructors of the backends' thread pools, which can spin forever once a panic has
+        // left one of them mid-task: the process ends now instead, without them.
+        Err(_) => {
+            let line = "error: Kiln stopped on an internal error (above); please report it\n";
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+            // SAFETY: `_exit` ends the process at once; nothing after it runs.
+            unsafe { libc::_exit(101) }
+        }
     };
     match result {
         Ok(()) => {

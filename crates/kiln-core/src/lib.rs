@@ -40,6 +40,7 @@ pub mod learner;
 pub mod memory;
 pub mod model;
 pub mod optim;
+pub mod output;
 pub mod params;
 pub mod plan;
 pub mod stages;

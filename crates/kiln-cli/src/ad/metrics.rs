@@ -68,8 +68,7 @@ pub fn write_outputs(
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let text = serde_json::to_string_pretty(metrics)?;
     for path in std::iter::once(dir.join("metrics.json")).chain(json.map(Path::to_path_buf)) {
-        std::fs::write(&path, &text)
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        crate::outputs::write("--json", &path, text.as_bytes())?;
     }
     if let Some(report) = &metrics.eval {
         let path = svg.map_or_else(|| dir.join("returns.svg"), Path::to_path_buf);

@@ -40,9 +40,10 @@ pub struct KernelArgs {
 
 /// Runs `kiln bench kernels`.
 pub fn run(args: KernelArgs) -> Result<(), Box<dyn std::error::Error>> {
-    if let Some(path) = &args.json {
-        crate::outputs::check_file("--json", path)?;
-    }
+    let _claim = match &args.json {
+        Some(path) => Some(crate::outputs::check_file("--json", path)?),
+        None => None,
+    };
     let sizes = if args.full {
         Sizes::full()
     } else {
@@ -61,7 +62,11 @@ pub fn run(args: KernelArgs) -> Result<(), Box<dyn std::error::Error>> {
             "sizes": sizes,
             "results": results,
         });
-        std::fs::write(&path, serde_json::to_string_pretty(&json)?)?;
+        crate::outputs::write(
+            "--json",
+            &path,
+            serde_json::to_string_pretty(&json)?.as_bytes(),
+        )?;
     }
     Ok(())
 }

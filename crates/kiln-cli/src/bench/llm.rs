@@ -135,9 +135,10 @@ pub fn run(args: LlmArgs) -> Result<(), Box<dyn std::error::Error>> {
         .filter(|c| c.trim() != "none")
         .map(|c| parse_case(c))
         .collect::<Result<Vec<_>, _>>()?;
-    if let Some(path) = &args.json {
-        crate::outputs::check_file("--json", path)?;
-    }
+    let _claim = match &args.json {
+        Some(path) => Some(crate::outputs::check_file("--json", path)?),
+        None => None,
+    };
     if !dir.join("config.json").is_file() {
         eprintln!(
             "writing a random {} model into {}",
@@ -209,8 +210,11 @@ pub fn run(args: LlmArgs) -> Result<(), Box<dyn std::error::Error>> {
             finetune,
             setup,
         };
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .map_err(|e| format!("--json {}: cannot be written: {e}", path.display()))?;
+        crate::outputs::write(
+            "--json",
+            path,
+            serde_json::to_string_pretty(&report)?.as_bytes(),
+        )?;
     }
     Ok(())
 }

@@ -61,7 +61,7 @@ pub struct PlanBenchArgs {
 /// # Errors
 /// Bad flags, a failed measurement or candidate, or an unwritable output folder.
 pub fn run(args: PlanBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
-    crate::outputs::check_folder("--out", &args.out)?;
+    let _claim = crate::outputs::check_folder("--out", &args.out)?;
     let seconds_ok = args.seconds.is_finite() && args.seconds >= 0.0;
     if args.worlds.contains(&0) || args.rounds == 0 || !seconds_ok {
         return Err("--worlds, --rounds must be at least 1 and --seconds at least 0".into());
@@ -136,7 +136,7 @@ pub fn run(args: PlanBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         ("plan.md", table.clone()),
     ] {
         let path = args.out.join(name);
-        std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        crate::outputs::write("--out", &path, text.as_bytes())?;
     }
     print!("{table}");
     eprintln!("wrote plan.json and plan.md to {}", args.out.display());

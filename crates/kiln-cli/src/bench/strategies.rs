@@ -105,7 +105,7 @@ impl StrategyArgs {
 /// An unreadable `--compare` file, an invalid matrix, a failing scenario, or an unwritable
 /// output folder.
 pub fn run(args: StrategyArgs) -> Result<(), Box<dyn std::error::Error>> {
-    crate::outputs::check_folder("--out", &args.out)?;
+    let _claim = crate::outputs::check_folder("--out", &args.out)?;
     // Read the earlier report first: a bad path should not cost a whole run.
     let old: Option<Report> = match &args.compare {
         Some(path) => {
@@ -143,7 +143,7 @@ pub fn run(args: StrategyArgs) -> Result<(), Box<dyn std::error::Error>> {
     let table = strategies::markdown(&report);
     let write = |name: &str, text: &str| {
         let path = args.out.join(name);
-        std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+        crate::outputs::write("--out", &path, text.as_bytes())
     };
     write("strategies.json", &serde_json::to_string_pretty(&report)?)?;
     write("strategies.md", &table)?;

@@ -145,6 +145,9 @@ pub enum FinetuneConfigError {
     /// A checkpoint that cannot be used.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// A sequence length of zero.
+    #[error("--seq-len must be at least 1 (tokens per sequence)")]
+    NoSeqLen,
     /// A sequence length the model cannot take.
     #[error(
         "--seq-len must be between 1 and the model's max_position_embeddings ({max}), got {value}"
@@ -255,10 +258,7 @@ impl FinetuneConfig {
         self.train.validate()?;
         self.lora.spec().validate()?;
         if self.seq_len == Some(0) {
-            return Err(FinetuneConfigError::SeqLen {
-                value: 0,
-                max: usize::MAX,
-            });
+            return Err(FinetuneConfigError::NoSeqLen);
         }
         Ok(())
     }
@@ -279,6 +279,7 @@ impl FinetuneConfig {
     /// # Errors
     /// A sequence longer than the model's positions.
     pub fn fit_model(&mut self, model: &LlmConfig) -> Result<(), FinetuneConfigError> {
+        self.lora.spec().check_model(model)?;
         let max = model.max_position_embeddings;
         let seq_len = self.seq_len.unwrap_or(Self::DEFAULT_SEQ_LEN.min(max));
         if seq_len > max {

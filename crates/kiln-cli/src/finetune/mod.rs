@@ -61,7 +61,7 @@ pub struct FinetuneArgs {
     #[arg(long)]
     lora_rank: Option<usize>,
     /// LoRA alpha: the adapters' output is scaled by alpha / rank [default: 16].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     lora_alpha: Option<f32>,
     /// Projections to adapt, comma-separated [default: all seven:
     /// q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj].
@@ -181,14 +181,16 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
     let llm = load_config(config.model_dir()?)?;
     config.fit_model(&llm)?;
     let dir = config.model_dir()?;
+    // Held until the run ends: a second run given the same paths is refused now.
+    let mut _claims = Vec::new();
     if let Some(path) = &json {
-        crate::outputs::check_file("--json", path)?;
+        _claims.push(crate::outputs::check_file("--json", path)?);
     }
     if main {
-        crate::outputs::check_folder("--output", &config.output)?;
+        _claims.push(crate::outputs::check_folder("--output", &config.output)?);
     }
-    if let Some(merged) = &config.merged {
-        crate::outputs::check_folder("--merged", merged)?;
+    if let Some(merged) = config.merged.as_ref().filter(|_| main) {
+        _claims.push(crate::outputs::check_folder("--merged", merged)?);
         let same = |a: &std::path::Path, b: &std::path::Path| {
             a.canonicalize()
                 .ok()
@@ -279,8 +281,11 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
         println!("merged model saved in {merged}");
     }
     if let Some(path) = json {
-        std::fs::write(&path, serde_json::to_string_pretty(&report)?)
-            .map_err(|e| format!("--json {}: cannot be written: {e}", path.display()))?;
+        crate::outputs::write(
+            "--json",
+            &path,
+            serde_json::to_string_pretty(&report)?.as_bytes(),
+        )?;
     }
     Ok(())
 }

@@ -150,6 +150,12 @@ struct PlanReport<'a> {
 /// # Errors
 /// A model or cluster described wrongly, or nothing that fits (naming what would).
 pub fn run(args: PlanArgs) -> Result<(), Box<dyn std::error::Error>> {
+    // `-` is standard output; a file is claimed before the plan is searched.
+    let json_file = args.json.as_deref().filter(|p| p.to_str() != Some("-"));
+    let _claim = match json_file {
+        Some(path) => Some(crate::outputs::check_file("--json", path)?),
+        None => None,
+    };
     let (name, work, cluster) = match args.model {
         Some(model) => measured(&args, model)?,
         None => {
@@ -165,11 +171,11 @@ pub fn run(args: PlanArgs) -> Result<(), Box<dyn std::error::Error>> {
         candidates: &planned.candidates,
     };
     let json = serde_json::to_string_pretty(&report)?;
-    match args.json.as_deref().and_then(|p| p.to_str()) {
-        Some("-") => println!("{json}"),
+    match json_file {
+        None if args.json.is_some() => println!("{json}"),
         other => {
             if let Some(path) = other {
-                std::fs::write(path, json + "\n")?;
+                crate::outputs::write("--json", path, (json + "\n").as_bytes())?;
             }
             print!(
                 "{}",

@@ -105,9 +105,10 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let placement = config.placement(&plan)?;
     config.backend.check_precision(config.optimizer.precision)?;
     // Everything the run writes is checked before it trains a step.
-    if let Some(path) = &json {
-        crate::outputs::check_file("--json", path)?;
-    }
+    let _claim = match &json {
+        Some(path) => Some(crate::outputs::check_file("--json", path)?),
+        None => None,
+    };
     // Installed before anything is written, so a signal from then on stops the run cleanly.
     let signals = Signals::install()?;
     let prepared = RunCheckpoints::prepare(
@@ -153,8 +154,11 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
         println!("saved {dir}");
     }
     if let Some(path) = json {
-        std::fs::write(&path, serde_json::to_string_pretty(&report)?)
-            .map_err(|e| format!("--json {}: cannot be written: {e}", path.display()))?;
+        crate::outputs::write(
+            "--json",
+            &path,
+            serde_json::to_string_pretty(&report)?.as_bytes(),
+        )?;
     }
     Ok(())
 }

@@ -169,3 +169,21 @@ impl CheckpointError {
         }
     }
 }
+
+impl From<crate::output::OutputError> for CheckpointError {
+    fn from(e: crate::output::OutputError) -> Self {
+        match e {
+            crate::output::OutputError::Io { op, path, source } => CheckpointError::Io {
+                action: op,
+                path,
+                reason: source.to_string(),
+            },
+            crate::output::OutputError::Locked { path } => CheckpointError::Locked { path },
+            crate::output::OutputError::Kind { path, reason } => CheckpointError::Io {
+                action: "use",
+                reason: format!("{path} {reason}"),
+                path,
+            },
+        }
+    }
+}

@@ -1,7 +1,6 @@
 //! Writing checkpoint steps into a folder: staged, synced, renamed into place, pruned.
 
 use std::fs::{self, File};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -64,24 +63,11 @@ pub(crate) fn steps_in(root: &Path) -> Result<Vec<(usize, PathBuf)>, CheckpointE
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    let mut file = File::create(path).map_err(|e| CheckpointError::io("create", path, e))?;
-    file.write_all(bytes)
-        .map_err(|e| CheckpointError::io("write", path, e))?;
-    file.sync_all()
-        .map_err(|e| CheckpointError::io("sync", path, e))
+    crate::output::write_synced(path, bytes).map_err(CheckpointError::from)
 }
 
-/// Makes a folder's entries (a new file, a rename) durable. Folders cannot be opened for
-/// syncing on every platform; where they cannot, the rename is as durable as the system makes
-/// it.
 fn sync_folder(path: &Path) -> Result<(), CheckpointError> {
-    #[cfg(unix)]
-    File::open(path)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| CheckpointError::io("sync", path, e))?;
-    #[cfg(not(unix))]
-    let _ = path;
-    Ok(())
+    crate::output::sync_folder(path).map_err(CheckpointError::from)
 }
 
 /// Removes a folder by renaming it aside first (and making the rename durable), so that no

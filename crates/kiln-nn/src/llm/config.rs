@@ -85,6 +85,21 @@ pub struct LlmConfig {
     pub eos_token_ids: Vec<u32>,
 }
 
+/// The largest size of each kind Kiln builds: far beyond every published model (LLaMA 3
+/// 405B: width 16,384, 126 layers, 131,072 positions; Gemma's 262,144 tokens), small enough
+/// that every parameter and byte count stays exact in 64 bits. A config past them is damaged
+/// or hostile, and is refused before anything is allocated.
+const LIMITS: [(&str, usize); 8] = [
+    ("vocab_size", 1 << 22),
+    ("hidden_size", 1 << 17),
+    ("intermediate_size", 1 << 19),
+    ("num_hidden_layers", 1 << 12),
+    ("num_attention_heads", 1 << 12),
+    ("num_key_value_heads", 1 << 12),
+    ("head_dim", 1 << 12),
+    ("max_position_embeddings", 1 << 24),
+];
+
 /// `config.json` as written, every field Kiln reads optional so that a missing one is named.
 #[derive(Debug, Deserialize)]
 struct Raw {
@@ -140,10 +155,26 @@ impl LlmConfig {
             reason,
         };
         let raw: Raw = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let within = |name: &str, value: usize| match LIMITS.iter().find(|(n, _)| *n == name) {
+            Some((_, max)) if value > *max => Err(bad(format!(
+                "{name} is {value}, beyond {max}, the largest Kiln builds; the config is damaged"
+            ))),
+            _ => Ok(value),
+        };
         let need = |name: &str, value: Option<usize>| {
-            value
+            let value = value
                 .filter(|&v| v > 0)
-                .ok_or_else(|| bad(format!("{name} is missing or zero")))
+                .ok_or_else(|| bad(format!("{name} is missing or zero")))?;
+            within(name, value)
+        };
+        let positive = |name: &str, value: f64| {
+            if value.is_finite() && value > 0.0 {
+                Ok(value)
+            } else {
+                Err(bad(format!(
+                    "{name} must be a positive number, got {value}"
+                )))
+            }
         };
         let model_type = match raw.model_type.as_deref() {
             Some("llama") => ModelType::Llama,
@@ -168,8 +199,9 @@ impl LlmConfig {
                 "num_key_value_heads ({kv_heads}) must divide num_attention_heads ({heads})"
             )));
         }
+        let kv_heads = within("num_key_value_heads", kv_heads)?;
         let head_dim = match raw.head_dim {
-            Some(d) => d,
+            Some(d) => within("head_dim", d)?,
             None if hidden_size.is_multiple_of(heads) => hidden_size / heads,
             None => {
                 return Err(bad(format!(
@@ -183,7 +215,10 @@ impl LlmConfig {
                 "head_dim must be even and positive, got {head_dim}"
             )));
         }
-        let max_position_embeddings = raw.max_position_embeddings.unwrap_or(2048);
+        let max_position_embeddings = need(
+            "max_position_embeddings",
+            Some(raw.max_position_embeddings.unwrap_or(2048)),
+        )?;
         let sliding = match model_type {
             ModelType::Mistral => raw.sliding_window,
             ModelType::Qwen2 if raw.use_sliding_window == Some(true) => raw.sliding_window,
@@ -205,6 +240,7 @@ impl LlmConfig {
             .and_then(serde_json::Value::as_f64)
             .or(raw.rope_theta)
             .unwrap_or(10_000.0);
+        let rope_theta = positive("rope_theta", rope_theta)?;
         let rope_scaling = match rope.filter(|v| !v.is_null()) {
             Some(params) => rope_scaling(params).map_err(|e| match e {
                 LlmError::Config { reason, .. } => bad(reason),
@@ -223,13 +259,13 @@ impl LlmConfig {
             None | Some(serde_json::Value::Null) => Vec::new(),
             Some(serde_json::Value::Array(ids)) => ids
                 .iter()
-                .map(|id| id.as_u64().map(|id| id as u32))
+                .map(|id| id.as_u64().and_then(|id| u32::try_from(id).ok()))
                 .collect::<Option<_>>()
                 .ok_or_else(|| bad("eos_token_id must be token ids".to_string()))?,
             Some(id) => vec![
                 id.as_u64()
-                    .ok_or_else(|| bad("eos_token_id must be a token id".to_string()))?
-                    as u32,
+                    .and_then(|id| u32::try_from(id).ok())
+                    .ok_or_else(|| bad("eos_token_id must be a token id".to_string()))?,
             ],
         };
         Ok(Self {
@@ -241,7 +277,7 @@ impl LlmConfig {
             num_attention_heads: heads,
             num_key_value_heads: kv_heads,
             head_dim,
-            rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
+            rms_norm_eps: positive("rms_norm_eps", raw.rms_norm_eps.unwrap_or(1e-6))?,
             rope_theta,
             rope_scaling,
             max_position_embeddings,
@@ -277,9 +313,10 @@ fn rope_scaling(params: &serde_json::Value) -> Result<Option<RopeScaling>, LlmEr
         params
             .get(name)
             .and_then(serde_json::Value::as_f64)
+            .filter(|v| v.is_finite() && *v > 0.0)
             .ok_or_else(|| LlmError::Config {
                 path: "config.json".to_string(),
-                reason: format!("rope scaling '{kind}' needs {name}"),
+                reason: format!("rope scaling '{kind}' needs {name}, a positive number"),
             })
     };
     match kind {

@@ -49,24 +49,38 @@ pub struct Tokenized {
 /// [`LlmError::Io`] when the file cannot be read; [`LlmError::Data`] naming the line that is
 /// not JSON, or not an object with string fields `prompt` and `response`, or `text`.
 pub fn read_jsonl(path: &Path) -> Result<Vec<Example>, LlmError> {
-    let text = std::fs::read_to_string(path).map_err(|e| LlmError::Io {
+    super::folder::check_regular(path)?;
+    let bytes = std::fs::read(path).map_err(|e| LlmError::Io {
         path: path.display().to_string(),
         reason: e.to_string(),
     })?;
+    // Editors on Windows start UTF-8 files with a byte-order mark; it is not part of the data.
+    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&bytes);
     let mut examples = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
+    for (i, line) in bytes.split(|&b| b == b'\n').enumerate() {
         let bad = |reason: String| LlmError::Data {
             path: path.display().to_string(),
             line: i + 1,
             reason,
         };
+        let line = std::str::from_utf8(line).map_err(|e| {
+            bad(format!(
+                "is not UTF-8 text (an invalid byte at column {}); save the file as UTF-8",
+                e.valid_up_to() + 1
+            ))
+        })?;
+        if line.trim().is_empty() {
+            continue;
+        }
         let value: serde_json::Value =
             serde_json::from_str(line).map_err(|e| bad(format!("not valid JSON: {e}")))?;
         let field = |name: &str| value.get(name).and_then(serde_json::Value::as_str);
         let example = match (field("prompt"), field("response"), field("text")) {
+            (_, Some(""), None) | (None, None, Some("")) => {
+                return Err(bad(
+                    "the example is empty: it would train nothing but an end token".into(),
+                ));
+            }
             (Some(prompt), Some(response), None) => Example::Chat {
                 prompt: prompt.to_string(),
                 response: response.to_string(),
@@ -83,10 +97,11 @@ pub fn read_jsonl(path: &Path) -> Result<Vec<Example>, LlmError> {
         examples.push(example);
     }
     if examples.is_empty() {
-        return Err(LlmError::Data {
+        return Err(LlmError::Path {
             path: path.display().to_string(),
-            line: 0,
-            reason: "holds no example".into(),
+            reason: "holds no example; give one JSON object per line, such as \
+                     {\"prompt\": \"...\", \"response\": \"...\"}"
+                .into(),
         });
     }
     Ok(examples)

@@ -19,6 +19,31 @@ pub enum LlmError {
         /// The system's message.
         reason: String,
     },
+    /// An output that could not be written (nothing of it is in place; the previous one is
+    /// whole).
+    #[error(transparent)]
+    Output(#[from] kiln_core::output::OutputError),
+    /// A path inside a model folder that is not a regular file of that folder.
+    #[error("{path}: {reason}")]
+    Path {
+        /// The path.
+        path: String,
+        /// What it is, and what is wanted instead.
+        reason: String,
+    },
+    /// A weight that is not a finite number.
+    #[error(
+        "{tensor} in {file} holds {what} values; the weights are damaged (download them again) \
+         or were saved from a diverged run"
+    )]
+    NonFinite {
+        /// The tensor, by its Hugging Face name.
+        tensor: String,
+        /// The weight file or folder.
+        file: String,
+        /// `NaN` or `infinite`.
+        what: &'static str,
+    },
     /// A `config.json` that does not parse, or lacks a field.
     #[error("{path}: {reason}")]
     Config {

@@ -8,33 +8,31 @@ use std::rc::Rc;
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
+use burn::tensor::{Bool, DType, ElementConversion, Int, Tensor, TensorData};
 use burn_store::{
     ChainAdapter, ModuleAdapter, ModuleSnapshot, ModuleStore, PyTorchToBurnAdapter,
     SafetensorsStore, TensorSnapshot,
 };
 use kiln_kernels::quant::{HostQuantized, QuantizedWeight};
 
+use super::folder::{regular_file, weight_files};
 use super::{CausalLm, LlmConfig, LlmError, Proj, QuantizedBase};
 use crate::lora::QuantConfig;
 use crate::tensor_parallel::ShardedBackend;
 
 const CONFIG: &str = "config.json";
-const SINGLE: &str = "model.safetensors";
-const INDEX: &str = "model.safetensors.index.json";
 
 /// Reads the folder's `config.json`.
 ///
 /// # Errors
 /// [`LlmError::NoConfig`], or what [`LlmConfig::from_file`] refuses.
 pub fn load_config(dir: &Path) -> Result<LlmConfig, LlmError> {
-    let path = dir.join(CONFIG);
-    if !path.is_file() {
-        return Err(LlmError::NoConfig {
+    match regular_file(dir, CONFIG)? {
+        Some(path) => LlmConfig::from_file(&path),
+        None => Err(LlmError::NoConfig {
             dir: dir.display().to_string(),
-        });
+        }),
     }
-    LlmConfig::from_file(&path)
 }
 
 /// The model of the folder `dir` on `device`, in f32: its config, and every weight of its
@@ -72,7 +70,11 @@ pub fn load_4bit<B: ShardedBackend>(
     let files = weight_files(dir)?;
     let mut model = {
         let mut shards = Shards::open(&files)?;
-        config.build(device, &mut |path, d_in, d_out, bias| {
+        config.build(device, &mut |path,
+                                    d_in,
+                                    d_out,
+                                    bias|
+         -> Result<_, LlmError> {
             // Checkpoints hold `nn.Linear` weights as [out, in].
             let weight = shards.read(&format!("{path}.base.weight"), &[d_out, d_in])?;
             let host = HostQuantized::quantize_transposed(
@@ -108,10 +110,26 @@ fn fill<B: ShardedBackend>(
     dir: &Path,
     files: &[PathBuf],
 ) -> Result<(), LlmError> {
-    let expected: BTreeSet<String> = parameter_paths(model)
-        .into_iter()
+    let all = parameter_paths(model);
+    let expected: BTreeSet<String> = all
+        .iter()
         .filter(|path| !path.contains(".quantized."))
+        .cloned()
         .collect();
+    let mut unused = Vec::new();
+    for file in files {
+        let mut store = open(file);
+        let snapshots = store
+            .get_all_snapshots()
+            .map_err(|e| tensor_error(file, e))?;
+        for (path, snapshot) in snapshots {
+            check_float(file, path, snapshot.dtype)?;
+            if !all.contains(path) && !quantized_source(&all, path) {
+                unused.push(hf_name(path));
+            }
+        }
+    }
+    warn_unused(dir, &unused);
     let mut applied = HashSet::new();
     for file in files {
         let mut store = open(file)
@@ -134,7 +152,103 @@ fn fill<B: ShardedBackend>(
             count: missing.len(),
         });
     }
-    Ok(())
+    check_finite(model, dir)
+}
+
+/// Refuses a tensor that is not stored as floats: Kiln's parameters are float tensors, and
+/// Burn would panic deep in its load rather than say which tensor it was.
+fn check_float(file: &Path, path: &str, dtype: DType) -> Result<(), LlmError> {
+    if matches!(dtype, DType::F32 | DType::F16 | DType::BF16 | DType::F64) {
+        return Ok(());
+    }
+    Err(tensor_error(
+        file,
+        format!(
+            "{} is stored as {dtype:?}; Kiln loads float weights (F32, F16, BF16, F64): \
+             convert the checkpoint, or dequantise it first",
+            hf_name(path)
+        ),
+    ))
+}
+
+/// Whether the file's tensor `path` is the source of a projection held in 4 bits (read by
+/// [`Shards`], not by the store).
+fn quantized_source(all: &BTreeSet<String>, path: &str) -> bool {
+    let Some(proj) = path
+        .strip_suffix(".base.weight")
+        .or_else(|| path.strip_suffix(".base.bias"))
+    else {
+        return false;
+    };
+    let prefix = format!("{proj}.quantized.");
+    all.range(prefix.clone()..)
+        .next()
+        .is_some_and(|p| p.starts_with(&prefix))
+}
+
+/// Tensors of the folder that no parameter of the model takes: named, in one warning, since a
+/// config that does not describe its weights is either a wrong config or a model Kiln builds
+/// only in part.
+fn warn_unused(dir: &Path, unused: &[String]) {
+    // Rotary frequencies some exporters store are recomputed from the config.
+    let unused: Vec<&String> = unused
+        .iter()
+        .filter(|name| !name.ends_with("rotary_emb.inv_freq"))
+        .collect();
+    if let Some(first) = unused.first() {
+        tracing::warn!(
+            "{} holds {} tensor(s) the config does not use, ignored: {first}{}",
+            dir.display(),
+            unused.len(),
+            if unused.len() > 1 { ", …" } else { "" }
+        );
+    }
+}
+
+/// Refuses a model with a NaN or an infinite weight: it would train to NaN or generate
+/// garbage with no other sign. One reduction per parameter, at load only.
+pub(crate) fn check_finite<B: ShardedBackend>(
+    model: &CausalLm<B>,
+    dir: &Path,
+) -> Result<(), LlmError> {
+    struct Finite {
+        stack: Vec<String>,
+        bad: Option<(String, &'static str)>,
+    }
+    impl<B: Backend> ModuleVisitor<B> for Finite {
+        fn enter_module(&mut self, name: &str, _container_type: &str) {
+            self.stack.push(name.to_string());
+        }
+        fn exit_module(&mut self, _name: &str, _container_type: &str) {
+            self.stack.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if self.bad.is_some() {
+                return;
+            }
+            let t = param.val();
+            let any = |b: Tensor<B, D, Bool>| b.any().int().into_scalar().elem::<i64>() != 0;
+            let what = match (any(t.clone().is_nan()), any(t.is_inf())) {
+                (true, _) => "NaN",
+                (_, true) => "infinite",
+                _ => return,
+            };
+            self.bad = Some((self.stack.join("."), what));
+        }
+    }
+    let mut visitor = Finite {
+        stack: Vec::new(),
+        bad: None,
+    };
+    model.visit(&mut visitor);
+    match visitor.bad {
+        Some((path, what)) => Err(LlmError::NonFinite {
+            tensor: hf_name(&path),
+            file: dir.display().to_string(),
+            what,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Every parameter's path in `model` (`model.layers.0.input_layernorm.gamma`), read without
@@ -201,8 +315,12 @@ impl Shards {
         let mut opened = Vec::with_capacity(files.len());
         for (i, file) in files.iter().enumerate() {
             let mut store = open(file);
-            for key in store.keys().map_err(|e| tensor_error(file, e))? {
-                owner.insert(key, i);
+            let snapshots = store
+                .get_all_snapshots()
+                .map_err(|e| tensor_error(file, e))?;
+            for (key, snapshot) in snapshots {
+                check_float(file, key, snapshot.dtype)?;
+                owner.insert(key.clone(), i);
             }
             opened.push((file.clone(), store));
         }
@@ -240,9 +358,19 @@ impl Shards {
             ));
         }
         let data = snapshot.to_data().map_err(|e| tensor_error(file, e))?;
-        data.convert_dtype(DType::F32)
+        let values = data
+            .convert_dtype(DType::F32)
             .into_vec::<f32>()
-            .map_err(|e| tensor_error(file, format!("{}: {e:?}", hf_name(path))))
+            .map_err(|e| tensor_error(file, format!("{}: {e:?}", hf_name(path))))?;
+        // Quantised, a NaN would hide in a block's scale; refused while still in f32.
+        if let Some(bad) = values.iter().find(|v| !v.is_finite()) {
+            return Err(LlmError::NonFinite {
+                tensor: hf_name(path),
+                file: file.display().to_string(),
+                what: if bad.is_nan() { "NaN" } else { "infinite" },
+            });
+        }
+        Ok(values)
     }
 }
 
@@ -251,45 +379,6 @@ fn hf_name(path: &str) -> String {
     let path = path.replace("_proj.base.", "_proj.");
     path.strip_suffix(".gamma")
         .map_or_else(|| path.clone(), |p| format!("{p}.weight"))
-}
-
-/// The safetensors files of `dir`: the shards its index names, or its single file.
-fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, LlmError> {
-    let index = dir.join(INDEX);
-    if index.is_file() {
-        let io = |e: &dyn std::fmt::Display| LlmError::Io {
-            path: index.display().to_string(),
-            reason: e.to_string(),
-        };
-        let text = std::fs::read_to_string(&index).map_err(|e| io(&e))?;
-        let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| io(&e))?;
-        let map = json
-            .get("weight_map")
-            .and_then(serde_json::Value::as_object)
-            .ok_or_else(|| io(&"no weight_map object"))?;
-        let shards: BTreeSet<&str> = map.values().filter_map(serde_json::Value::as_str).collect();
-        return shards
-            .into_iter()
-            .map(|shard| {
-                let path = dir.join(shard);
-                if path.is_file() {
-                    Ok(path)
-                } else {
-                    Err(LlmError::Io {
-                        path: path.display().to_string(),
-                        reason: format!("a shard {INDEX} names is missing"),
-                    })
-                }
-            })
-            .collect();
-    }
-    let single = dir.join(SINGLE);
-    if single.is_file() {
-        return Ok(vec![single]);
-    }
-    Err(LlmError::NoWeights {
-        dir: dir.display().to_string(),
-    })
 }
 
 /// Converts every half- or double-precision tensor to f32 as it is read: Kiln computes the

@@ -11,7 +11,9 @@ use burn::module::{Module, Param};
 use burn::tensor::{DType, Tensor, TensorData};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
-use super::{CausalLm, LlmError, Proj};
+use kiln_core::output::{Staging, write_synced};
+
+use super::{CausalLm, LlmConfig, LlmError, Proj};
 use crate::lora::LoraAdapter;
 use crate::tensor_parallel::ShardedBackend;
 
@@ -60,8 +62,22 @@ impl LoraSpec {
         if self.rank == 0 {
             return Err(LlmError::Adapter("the LoRA rank must be at least 1".into()));
         }
+        if !(self.alpha.is_finite() && self.alpha > 0.0) {
+            return Err(LlmError::Adapter(format!(
+                "lora_alpha must be a positive number, got {}; the adapters' output is scaled \
+                 by alpha / rank (16 is the usual start)",
+                self.alpha
+            )));
+        }
         if self.target_modules.is_empty() {
             return Err(LlmError::Adapter("no target module given".into()));
+        }
+        for (i, t) in self.target_modules.iter().enumerate() {
+            if self.target_modules[..i].contains(t) {
+                return Err(LlmError::Adapter(format!(
+                    "target module '{t}' is given twice; name each module once"
+                )));
+            }
         }
         if let Some(bad) = self
             .target_modules
@@ -75,6 +91,45 @@ impl LoraSpec {
         }
         Ok(())
     }
+}
+
+impl LoraSpec {
+    /// Checks the rank against the model `config` describes, before anything is loaded: at
+    /// most the narrower side of every projection targeted.
+    ///
+    /// # Errors
+    /// [`LlmError::Adapter`] naming the projection and the largest rank it takes.
+    pub fn check_model(&self, config: &LlmConfig) -> Result<(), LlmError> {
+        let (d, f) = (config.hidden_size, config.intermediate_size);
+        let (q, kv) = (
+            config.num_attention_heads * config.head_dim,
+            config.num_key_value_heads * config.head_dim,
+        );
+        for target in &self.target_modules {
+            let [d_in, d_out] = match target.as_str() {
+                "q_proj" => [d, q],
+                "k_proj" | "v_proj" => [d, kv],
+                "o_proj" => [q, d],
+                "gate_proj" | "up_proj" => [d, f],
+                _ => [f, d],
+            };
+            rank_fits(self.rank, target, d_in, d_out)?;
+        }
+        Ok(())
+    }
+}
+
+/// A rank beyond a projection's narrower side adds nothing a full update would not, and a
+/// typo (a rank of 10^6) would otherwise allocate until the process dies.
+fn rank_fits(rank: usize, proj: &str, d_in: usize, d_out: usize) -> Result<(), LlmError> {
+    if rank <= d_in.min(d_out) {
+        return Ok(());
+    }
+    Err(LlmError::Adapter(format!(
+        "the LoRA rank {rank} is larger than {proj} ({d_in} → {d_out}) can use; give a rank of \
+         at most {}",
+        d_in.min(d_out)
+    )))
 }
 
 impl<B: ShardedBackend> CausalLm<B> {
@@ -112,8 +167,15 @@ impl<B: ShardedBackend> CausalLm<B> {
     ///
     /// # Errors
     /// [`LlmError::Adapter`] for a zero rank or a target module the model does not have.
-    pub fn with_lora(self, spec: &LoraSpec) -> Result<Self, LlmError> {
+    pub fn with_lora(mut self, spec: &LoraSpec) -> Result<Self, LlmError> {
         spec.validate()?;
+        // Checked over every projection before any adapter is allocated.
+        for (path, name, proj) in self.projections_mut() {
+            let [d_in, d_out] = proj.dims();
+            if spec.target_modules.iter().any(|t| t == name) {
+                rank_fits(spec.rank, &path, d_in, d_out)?;
+            }
+        }
         let mut model = self.no_grad();
         for (_, name, proj) in model.projections_mut() {
             if spec.target_modules.iter().any(|t| t == name) {
@@ -133,10 +195,6 @@ impl<B: ShardedBackend> CausalLm<B> {
     /// [`LlmError::Adapter`] when the model has no adapter; [`LlmError::Io`] when a file
     /// cannot be written.
     pub fn save_peft(&self, dir: &Path, spec: &LoraSpec, base_model: &str) -> Result<(), LlmError> {
-        let io = |path: &Path, e: &dyn std::fmt::Display| LlmError::Io {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        };
         let mut model = self.clone();
         let mut tensors: Vec<(String, Vec<u8>, Vec<usize>)> = Vec::new();
         for (path, _, proj) in model.projections_mut() {
@@ -147,6 +205,15 @@ impl<B: ShardedBackend> CausalLm<B> {
                     let shape = t.dims().to_vec();
                     let data = t.into_data().convert::<f32>();
                     let name = format!("base_model.model.{path}.{which}.weight");
+                    let values = data.as_slice::<f32>().unwrap_or_default();
+                    if let Some(bad) = values.iter().find(|v| !v.is_finite()) {
+                        // Written, they would replace good adapters with ones that give NaN.
+                        return Err(LlmError::NonFinite {
+                            tensor: name,
+                            file: "the trained adapters (nothing was written)".into(),
+                            what: if bad.is_nan() { "NaN" } else { "infinite" },
+                        });
+                    }
                     tensors.push((name, data.as_bytes().to_vec(), shape));
                 }
             }
@@ -154,17 +221,17 @@ impl<B: ShardedBackend> CausalLm<B> {
         if tensors.is_empty() {
             return Err(LlmError::Adapter("the model has no adapter to save".into()));
         }
-        std::fs::create_dir_all(dir).map_err(|e| io(dir, &e))?;
+        let weights = dir.join(WEIGHTS);
         let views = tensors
             .iter()
             .map(|(name, bytes, shape)| {
                 TensorView::new(Dtype::F32, shape.clone(), bytes).map(|v| (name.clone(), v))
             })
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| io(&dir.join(WEIGHTS), &e))?;
+            .map_err(|e| write_error(&weights, &e))?;
         let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
-        let path = dir.join(WEIGHTS);
-        safetensors::serialize_to_file(views, Some(metadata), &path).map_err(|e| io(&path, &e))?;
+        let bytes =
+            safetensors::serialize(views, Some(metadata)).map_err(|e| write_error(&weights, &e))?;
         let config = serde_json::json!({
             "peft_type": "LORA",
             "task_type": "CAUSAL_LM",
@@ -181,9 +248,16 @@ impl<B: ShardedBackend> CausalLm<B> {
             "modules_to_save": null,
             "layers_to_transform": null,
         });
-        let path = dir.join(CONFIG);
-        let text = serde_json::to_string_pretty(&config).map_err(|e| io(&path, &e))?;
-        std::fs::write(&path, text).map_err(|e| io(&path, &e))
+        let text = serde_json::to_string_pretty(&config)
+            .map_err(|e| write_error(&dir.join(CONFIG), &e))?;
+        // Both files land together or not at all: never a config of one run beside the
+        // weights of another.
+        let staging = Staging::new(dir)?;
+        write_synced(&staging.path().join(WEIGHTS), &bytes)?;
+        write_synced(&staging.path().join(CONFIG), text.as_bytes())?;
+        // An older PEFT's pickle beside new safetensors would be a second, stale answer.
+        staging.commit(|name| name == "adapter_model.bin")?;
+        Ok(())
     }
 
     /// This model with the adapters of the PEFT folder `dir` attached (and every base weight
@@ -197,6 +271,7 @@ impl<B: ShardedBackend> CausalLm<B> {
         let spec = read_spec(&dir.join(CONFIG))?;
         let mut model = self.with_lora(&spec)?;
         let path = dir.join(WEIGHTS);
+        let path = super::folder::regular_file(dir, WEIGHTS)?.unwrap_or(path);
         let bytes = std::fs::read(&path).map_err(|e| LlmError::Io {
             path: path.display().to_string(),
             reason: e.to_string(),
@@ -234,6 +309,14 @@ impl<B: ShardedBackend> CausalLm<B> {
                 }
                 let data = TensorData::from_bytes_vec(view.data().to_vec(), [cols, rows], dtype)
                     .convert_dtype(DType::F32);
+                let values = data.as_slice::<f32>().unwrap_or_default();
+                if let Some(bad) = values.iter().find(|v| !v.is_finite()) {
+                    return Err(LlmError::NonFinite {
+                        tensor: name,
+                        file: path.display().to_string(),
+                        what: if bad.is_nan() { "NaN" } else { "infinite" },
+                    });
+                }
                 let t = Tensor::<B, 2>::from_data(data, &device).transpose();
                 *param = Param::initialized(param.id, t.require_grad());
                 used += 1;
@@ -246,6 +329,51 @@ impl<B: ShardedBackend> CausalLm<B> {
             )));
         }
         Ok((model, spec))
+    }
+}
+
+fn write_error(path: &Path, e: &dyn std::fmt::Display) -> LlmError {
+    LlmError::Output(kiln_core::output::OutputError::io(
+        "encode",
+        path,
+        std::io::Error::other(e.to_string()),
+    ))
+}
+
+/// Warns when the adapters of `adapter_dir` record another base model than `base_dir`:
+/// applied to a model they were not trained on, adapters of the right shapes still load and
+/// produce text, only meaningless text.
+pub fn check_peft_base(adapter_dir: &Path, base_dir: &Path) {
+    let Ok(text) = std::fs::read_to_string(adapter_dir.join(CONFIG)) else {
+        return;
+    };
+    let Some(recorded) = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|json| {
+            json.get("base_model_name_or_path")?
+                .as_str()
+                .map(str::to_string)
+        })
+        .filter(|name| !name.is_empty())
+    else {
+        return;
+    };
+    let canonical = |p: &Path| p.canonicalize().ok();
+    let base = base_dir.to_string_lossy();
+    // A path, a hub name (`org/name`, a folder named `name`, or the cache's `models--org--name`).
+    let last = recorded.rsplit('/').next().unwrap_or(&recorded);
+    let same = canonical(Path::new(&recorded)).is_some_and(|r| Some(r) == canonical(base_dir))
+        || base.contains(&recorded.replace('/', "--"))
+        || base_dir
+            .components()
+            .any(|c| c.as_os_str().to_string_lossy() == last);
+    if !same {
+        tracing::warn!(
+            "the adapters in {} were trained on {recorded}, not on {}; applied to another base \
+             they give meaningless output",
+            adapter_dir.display(),
+            base_dir.display()
+        );
     }
 }
 
@@ -302,16 +430,22 @@ fn read_spec(path: &Path) -> Result<LoraSpec, LlmError> {
             .ok_or_else(|| bad("target_modules must be names".into()))?,
         _ => return Err(bad("target_modules must be a list of module names".into())),
     };
-    let rank = json
-        .get("r")
-        .and_then(serde_json::Value::as_u64)
-        .ok_or_else(|| bad("r is missing".into()))?;
-    let alpha = json
-        .get("lora_alpha")
-        .and_then(serde_json::Value::as_f64)
-        .ok_or_else(|| bad("lora_alpha is missing".into()))?;
+    let field = |key: &str| {
+        json.get(key)
+            .ok_or_else(|| bad(format!("{key} is missing")))
+    };
+    let rank = field("r")?
+        .as_u64()
+        .and_then(|r| usize::try_from(r).ok())
+        .ok_or_else(|| bad(format!("r must be a whole number, got {}", json["r"])))?;
+    let alpha = field("lora_alpha")?.as_f64().ok_or_else(|| {
+        bad(format!(
+            "lora_alpha must be a number, got {}",
+            json["lora_alpha"]
+        ))
+    })?;
     let spec = LoraSpec {
-        rank: rank as usize,
+        rank,
         alpha: alpha as f32,
         target_modules: targets,
         use_rslora: truthy("use_rslora"),

@@ -6,7 +6,9 @@
 use std::path::Path;
 
 use burn_store::{BurnToPyTorchAdapter, ModuleSnapshot, SafetensorsStore};
+use kiln_core::output::{OutputError, Staging};
 
+use super::folder::{INDEX, SINGLE as WEIGHTS, regular_file};
 use super::{CausalLm, LlmError};
 use crate::tensor_parallel::ShardedBackend;
 
@@ -26,47 +28,65 @@ impl<B: ShardedBackend> CausalLm<B> {
     /// `tokenizer.json` of `base_dir`, the folder the base was loaded from. Adapters are written merged; call [`Self::save_peft`] to keep
     /// them apart instead.
     ///
+    /// The folder is written beside `dir` and swapped in whole: a crash or a full disk leaves
+    /// the previous folder as it was.
+    ///
     /// # Errors
-    /// [`LlmError::Io`] when a file cannot be written or the base's config read.
+    /// [`LlmError::Output`] when a file cannot be written; [`LlmError::NonFinite`] for a
+    /// merged weight that is NaN or infinite; the base's config missing.
     pub fn save_pretrained(&self, dir: &Path, base_dir: &Path) -> Result<(), LlmError> {
-        let io = |path: &Path, e: &dyn std::fmt::Display| LlmError::Io {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        };
-        std::fs::create_dir_all(dir).map_err(|e| io(dir, &e))?;
-        // A loader reads the shards an index names before a single file: the new weights
-        // beside an old index would never be read.
-        let index = dir.join("model.safetensors.index.json");
-        if index.exists() {
-            return Err(io(
-                &index,
-                &"the folder holds a sharded checkpoint; save into another folder",
-            ));
-        }
         let merged = self.clone().merge_lora();
-        let path = dir.join("model.safetensors");
+        // A merged NaN (a diverged adapter, a damaged base) would replace a good model with
+        // one that generates garbage.
+        super::load::check_finite(&merged, Path::new("the merged model (nothing was written)"))?;
+        let staging = Staging::new(dir)?;
+        let path = staging.path().join(WEIGHTS);
         let mut store = SafetensorsStore::from_file(path.clone())
             .with_to_adapter(BurnToPyTorchAdapter)
             .with_key_remapping(r"^(.*norm)\.gamma$", "$1.weight")
             .with_key_remapping(r"^(.*_proj)\.base\.(weight|bias)$", "$1.$2")
             .metadata("format", "pt")
             .overwrite(true);
-        merged.save_into(&mut store).map_err(|e| io(&path, &e))?;
+        merged.save_into(&mut store).map_err(|e| {
+            LlmError::Output(OutputError::io(
+                "write",
+                &path,
+                std::io::Error::other(e.to_string()),
+            ))
+        })?;
+        sync_file(&path)?;
         // The base folder's config, and its tokenizer when it has one, so the folder is
-        // complete. Saved into the folder it came from, they are already in place: copying a
-        // file onto itself would truncate it.
-        let same = |a: &Path, b: &Path| {
-            a.canonicalize()
-                .ok()
-                .zip(b.canonicalize().ok())
-                .is_some_and(|(a, b)| a == b)
-        };
+        // complete.
         for (name, required) in [("config.json", true), ("tokenizer.json", false)] {
-            let (from, to) = (base_dir.join(name), dir.join(name));
-            if (required || from.is_file()) && !same(&from, &to) {
-                std::fs::copy(&from, &to).map_err(|e| io(&from, &e))?;
-            }
+            let Some(from) = regular_file(base_dir, name)? else {
+                if required {
+                    return Err(LlmError::NoConfig {
+                        dir: base_dir.display().to_string(),
+                    });
+                }
+                continue;
+            };
+            let to = staging.path().join(name);
+            std::fs::copy(&from, &to).map_err(|e| LlmError::Io {
+                path: from.display().to_string(),
+                reason: e.to_string(),
+            })?;
+            sync_file(&to)?;
         }
+        // Weights of an earlier model in the folder (an index and its shards, a pickle) would
+        // be read before, or beside, the new ones.
+        staging.commit(|name| {
+            name == INDEX
+                || name.starts_with("pytorch_model")
+                || (name.starts_with("model") && name.ends_with(".safetensors"))
+        })?;
         Ok(())
     }
+}
+
+/// Syncs a file written by a library that does not.
+fn sync_file(path: &Path) -> Result<(), LlmError> {
+    std::fs::File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| LlmError::Output(OutputError::io("sync", path, e)))
 }

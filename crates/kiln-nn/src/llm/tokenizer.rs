@@ -39,7 +39,7 @@ impl LlmTokenizer {
             path: path.display().to_string(),
             reason,
         };
-        if !path.is_file() {
+        if super::folder::regular_file(dir, FILE)?.is_none() {
             return Err(bad(
                 "not found; the model folder needs its tokenizer.json (Hugging Face's fast \
                  tokenizer file)"

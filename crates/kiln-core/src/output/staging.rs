@@ -1,0 +1,260 @@
+//! A whole output folder built beside its target and swapped in at once.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use super::{OutputError, sync_folder};
+
+/// The tags of the hidden siblings a [`Staging`] makes: `.<name>.staging-<pid>`.
+const STAGING: &str = ".staging-";
+
+/// A folder being written beside its target, `.<name>.staging-<pid>`: write every file of the
+/// output into [`Self::path`], then [`Self::commit`]. Dropped uncommitted, it is removed and
+/// the target is untouched.
+#[derive(Debug)]
+pub struct Staging {
+    target: PathBuf,
+    dir: PathBuf,
+    committed: bool,
+}
+
+impl Staging {
+    /// A fresh staging folder for the output folder `target` (a link to a folder stands for
+    /// the folder it names: the user chose it).
+    ///
+    /// # Errors
+    /// [`OutputError::Kind`] when `target` is a file; [`OutputError::Io`] when the staging
+    /// folder cannot be created.
+    pub fn new(target: &Path) -> Result<Self, OutputError> {
+        if target.exists() && !target.is_dir() {
+            return Err(OutputError::Kind {
+                path: target.display().to_string(),
+                reason: "is a file; give a folder",
+            });
+        }
+        let target = match target.exists() {
+            true => fs::canonicalize(target).map_err(|e| OutputError::io("resolve", target, e))?,
+            false => target.to_path_buf(),
+        };
+        let (parent, name) = split(&target)?;
+        fs::create_dir_all(&parent).map_err(|e| OutputError::io("create", &parent, e))?;
+        let dir = parent.join(format!(".{name}{STAGING}{}", std::process::id()));
+        if dir.exists() {
+            fs::remove_dir_all(&dir).map_err(|e| OutputError::io("remove", &dir, e))?;
+        }
+        fs::create_dir(&dir).map_err(|e| OutputError::io("create", &dir, e))?;
+        Ok(Self {
+            target,
+            dir,
+            committed: false,
+        })
+    }
+
+    /// The folder to write the output's files into.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Puts the staged folder in the target's place in one rename. What the old target held
+    /// that the staged folder does not is carried over (hard-linked, so nothing is copied),
+    /// except the names `replaces` claims: files of an earlier output of the same kind that
+    /// would contradict the new one (an old shard index beside new weights).
+    ///
+    /// # Errors
+    /// [`OutputError::Io`]; the target is then the old folder, whole.
+    pub fn commit(mut self, replaces: impl Fn(&str) -> bool) -> Result<(), OutputError> {
+        let (parent, _) = split(&self.target)?;
+        if self.target.is_dir() {
+            carry(&self.target, &self.dir, &replaces)?;
+        }
+        sync_folder(&self.dir)?;
+        swap(&self.dir, &self.target)?;
+        self.committed = true;
+        sync_folder(&parent)?;
+        // The old folder now lies where the staging folder was (or nowhere, if there was none).
+        if self.dir.exists() {
+            fs::remove_dir_all(&self.dir).map_err(|e| OutputError::io("remove", &self.dir, e))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// The folder holding `path` and `path`'s name.
+fn split(path: &Path) -> Result<(PathBuf, String), OutputError> {
+    let name = path.file_name().ok_or_else(|| OutputError::Kind {
+        path: path.display().to_string(),
+        reason: "has no folder name; give a folder",
+    })?;
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    Ok((parent.to_path_buf(), name.to_string_lossy().into_owned()))
+}
+
+/// Links every entry of `from` that `to` lacks and `replaces` does not claim into `to`,
+/// recursively; links themselves are linked, never followed.
+fn carry(from: &Path, to: &Path, replaces: &dyn Fn(&str) -> bool) -> Result<(), OutputError> {
+    let entries = fs::read_dir(from).map_err(|e| OutputError::io("read", from, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| OutputError::io("read", from, e))?;
+        let name = entry.file_name();
+        let (source, dest) = (entry.path(), to.join(&name));
+        if replaces(&name.to_string_lossy()) || dest.symlink_metadata().is_ok() {
+            continue;
+        }
+        let kind = entry
+            .file_type()
+            .map_err(|e| OutputError::io("read", &source, e))?;
+        if kind.is_dir() {
+            fs::create_dir(&dest).map_err(|e| OutputError::io("create", &dest, e))?;
+            carry(&source, &dest, &|_: &str| false)?;
+        } else if fs::hard_link(&source, &dest).is_err() {
+            // A file system without hard links: copy, unless it is a link, which is recreated.
+            #[cfg(unix)]
+            if kind.is_symlink() {
+                let target =
+                    fs::read_link(&source).map_err(|e| OutputError::io("read", &source, e))?;
+                std::os::unix::fs::symlink(target, &dest)
+                    .map_err(|e| OutputError::io("link", &dest, e))?;
+                continue;
+            }
+            fs::copy(&source, &dest).map_err(|e| OutputError::io("copy", &source, e))?;
+        }
+    }
+    Ok(())
+}
+
+/// Moves `staged` to `target`. On Linux an existing target is exchanged with the staged
+/// folder in one atomic rename; elsewhere it is renamed aside first (a crash between the two
+/// renames leaves it aside, and [`sweep`] puts it back).
+fn swap(staged: &Path, target: &Path) -> Result<(), OutputError> {
+    if !target.exists() {
+        return fs::rename(staged, target).map_err(|e| OutputError::io("rename", staged, e));
+    }
+    #[cfg(target_os = "linux")]
+    if exchange(staged, target).is_ok() {
+        return Ok(());
+    }
+    let (parent, name) = split(target)?;
+    let aside = parent.join(format!(".{name}.replaced-{}", std::process::id()));
+    fs::rename(target, &aside).map_err(|e| OutputError::io("rename", target, e))?;
+    if let Err(e) = fs::rename(staged, target) {
+        let _ = fs::rename(&aside, target);
+        return Err(OutputError::io("rename", staged, e));
+    }
+    // Where the caller looks for the old folder to remove it.
+    fs::rename(&aside, staged).map_err(|e| OutputError::io("rename", &aside, e))
+}
+
+/// `renameat2(RENAME_EXCHANGE)`: both paths swap their entries atomically.
+#[cfg(target_os = "linux")]
+fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let cstr = |p: &Path| {
+        CString::new(p.as_os_str().as_bytes())
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+    };
+    let (a, b) = (cstr(a)?, cstr(b)?);
+    // SAFETY: both are valid NUL-terminated paths, resolved from the working directory.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    match rc {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+/// Removes the staging folders an interrupted write into `target` left beside it, and puts
+/// back a folder set aside and never replaced. Called by the lock's holder only: another
+/// run's staging folder is never swept while it writes.
+pub(super) fn sweep(target: &Path) -> Result<(), OutputError> {
+    let (parent, name) = split(target)?;
+    if !parent.is_dir() {
+        return Ok(());
+    }
+    let entries = fs::read_dir(&parent).map_err(|e| OutputError::io("read", &parent, e))?;
+    let prefix = format!(".{name}.");
+    for entry in entries.filter_map(Result::ok) {
+        let file = entry.file_name();
+        let Some(tag) = file.to_str().and_then(|f| f.strip_prefix(&prefix)) else {
+            continue;
+        };
+        let path = entry.path();
+        if tag.starts_with("replaced-") && !target.exists() {
+            fs::rename(&path, target).map_err(|e| OutputError::io("rename", &path, e))?;
+        } else if tag.starts_with(&STAGING[1..]) || tag.starts_with("replaced-") {
+            fs::remove_dir_all(&path).map_err(|e| OutputError::io("remove", &path, e))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_folder_is_swapped_whole_and_keeps_the_users_files() {
+        let root = std::env::temp_dir().join(format!("kiln-staging-{}", std::process::id()));
+        let out = root.join("adapters");
+        fs::create_dir_all(&out).unwrap();
+        fs::write(out.join("weights"), b"old").unwrap();
+        fs::write(out.join("stale-index"), b"old").unwrap();
+        fs::write(out.join("README.md"), b"the user's").unwrap();
+        let outside = root.join("precious");
+        fs::write(&outside, b"the user's").unwrap();
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(&outside, out.join("config")).unwrap();
+
+        // Dropped before commit: nothing changes.
+        let staging = Staging::new(&out).unwrap();
+        fs::write(staging.path().join("weights"), b"half").unwrap();
+        drop(staging);
+        assert_eq!(fs::read(out.join("weights")).unwrap(), b"old");
+
+        let staging = Staging::new(&out).unwrap();
+        fs::write(staging.path().join("weights"), b"new").unwrap();
+        fs::write(staging.path().join("config"), b"new").unwrap();
+        staging.commit(|name| name == "stale-index").unwrap();
+        assert_eq!(names(&out), ["README.md", "config", "weights"]);
+        assert_eq!(fs::read(out.join("weights")).unwrap(), b"new");
+        assert_eq!(fs::read(out.join("config")).unwrap(), b"new");
+        assert_eq!(
+            fs::read(&outside).unwrap(),
+            b"the user's",
+            "the link was not followed"
+        );
+        assert_eq!(
+            names(&root),
+            ["adapters", "precious"],
+            "no staging folder left"
+        );
+        fs::remove_dir_all(&root).ok();
+    }
+}
