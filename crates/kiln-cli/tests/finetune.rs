@@ -330,6 +330,32 @@ fn a_fine_tuning_run_saved_and_resumed_equals_the_straight_run() {
 }
 
 #[test]
+fn a_resume_on_edited_data_is_refused_naming_it() {
+    let out = scratch("edited-data");
+    let data = out.join("chat.jsonl");
+    std::fs::copy(fixture("chat.jsonl"), &data).unwrap();
+    let folder = out.join("checkpoints");
+    let run = |steps: &str, extra: &[&str]| {
+        let mut args = finetune_args(&out, steps, &["--save", folder.to_str().unwrap()]);
+        let at = args.iter().position(|a| a == "--data").unwrap();
+        args[at + 1] = data.display().to_string();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    };
+    let first = run("1", &[]);
+    let first: Vec<&str> = first.iter().map(String::as_str).collect();
+    assert!(kiln(&first).status.success());
+    // The same path, other contents: the checkpoint's digest of it no longer matches.
+    let mut text = std::fs::read_to_string(&data).unwrap();
+    text.push_str("{\"prompt\": \"one more\", \"response\": \"example\"}\n");
+    std::fs::write(&data, text).unwrap();
+    let resume = run("2", &["--resume", folder.to_str().unwrap()]);
+    let resume: Vec<&str> = resume.iter().map(String::as_str).collect();
+    assert_one_line_error(&resume, "was trained on another data");
+    std::fs::remove_dir_all(out).ok();
+}
+
+#[test]
 fn a_toml_config_sets_the_adapters_the_data_and_checkpoints_and_the_length_fits() {
     let out = scratch("toml");
     let config = out.join("finetune.toml");

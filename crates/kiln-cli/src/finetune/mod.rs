@@ -2,6 +2,7 @@
 //! through any replicating strategy, the adapters written in PEFT's layout.
 
 mod config;
+mod inputs;
 mod report;
 
 use std::path::PathBuf;
@@ -238,8 +239,17 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
         config.train.steps,
         launched.is_main(),
     )?;
+    // Digested only when a checkpoint records or checks them.
+    let mut inputs = match prepared.resume.is_some() || prepared.save.is_some() {
+        true => Some(inputs::Inputs::digest(data, dir)?),
+        false => None,
+    };
+    let mut digests = None;
     if let Some(resumed) = &prepared.resume {
         config.check_resumed(resumed)?;
+        let current = inputs.as_mut().map(inputs::Inputs::get).transpose()?;
+        resumed.check_inputs(current.as_ref().unwrap_or(&Default::default()))?;
+        digests = current;
     }
     let job = FinetuneJob {
         config: &config,
@@ -248,6 +258,7 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
         checkpoints: prepared,
         signals: &signals,
         main,
+        inputs: (digests, inputs),
     };
     let report = dispatch(config.train.backend, &placement, job)?;
     if !main {
@@ -299,6 +310,8 @@ struct FinetuneJob<'a> {
     signals: &'a Signals,
     /// Whether this process writes the run (the first of its processes).
     main: bool,
+    /// The inputs' digests when already taken, else their digesting, if any.
+    inputs: (Option<inputs::Digests>, Option<inputs::Inputs>),
 }
 
 /// What a fine-tuning checkpoint's manifest calls its model: the adapters alone.
@@ -318,6 +331,7 @@ impl Job for FinetuneJob<'_> {
             checkpoints,
             signals,
             main,
+            inputs: (digests, mut digesting),
         } = self;
         let train = &config.train;
         let dir = config.model_dir()?;
@@ -346,7 +360,20 @@ impl Job for FinetuneJob<'_> {
             Some(folder) => {
                 let run = RunInfo::of(plan, "adamw", train.optimizer.precision);
                 let text = toml::to_string_pretty(config)?;
-                Some(Saver::new(folder, KIND, run).with_file(CONFIG_FILE, text.into_bytes()))
+                // The model has loaded meanwhile; the digests are done or nearly.
+                let inputs = match digests {
+                    Some(digests) => digests,
+                    None => digesting
+                        .as_mut()
+                        .map(inputs::Inputs::get)
+                        .transpose()?
+                        .unwrap_or_default(),
+                };
+                Some(
+                    Saver::new(folder, KIND, run)
+                        .with_file(CONFIG_FILE, text.into_bytes())
+                        .with_inputs(inputs),
+                )
             }
             None => None,
         };

@@ -40,6 +40,22 @@ pub enum CheckpointError {
         /// The parser's message.
         reason: String,
     },
+    /// An input of the run differs from the one the checkpoint was trained on.
+    #[error(
+        "checkpoint {checkpoint} was trained on another {input} ({was}; now {now}); resume with \
+         the inputs it was trained on, or start a new run (--save into another folder) to \
+         train on these"
+    )]
+    InputChanged {
+        /// The checkpoint step.
+        checkpoint: String,
+        /// The input, by the job's name for it (`data`, `model/config.json`).
+        input: String,
+        /// What the checkpoint recorded.
+        was: String,
+        /// What the run has now.
+        now: String,
+    },
     /// A file the manifest lists is not there.
     #[error("checkpoint file {path} is missing; the checkpoint is incomplete, use another step")]
     Missing {

@@ -1,5 +1,6 @@
 //! Writing checkpoint steps into a folder: staged, synced, renamed into place, pruned.
 
+use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -8,8 +9,8 @@ use burn::module::Module;
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::backend::Backend;
 
-use super::manifest::{FORMAT, FileDigest, Manifest, ModelInfo, RunInfo};
-use super::{CheckpointError, MANIFEST, MODEL};
+use super::manifest::{FORMAT, FileDigest, Manifest, ModelInfo, RunInfo, sha256_hex};
+use super::{CheckpointError, MANIFEST, MANIFEST_DIGEST, MODEL};
 use crate::optim::OptimizerState;
 
 /// A folder of checkpoint steps (`step-<N>/`), the newest `keep` of them kept. See the
@@ -24,6 +25,8 @@ pub struct CheckpointFolder {
     /// `.lock`, held from [`Self::prepare`] on: one run saves into a folder at a time (the
     /// system releases it when the process ends, however it ends).
     lock: Option<Arc<File>>,
+    /// The run's inputs, recorded in every step's manifest.
+    inputs: BTreeMap<String, FileDigest>,
 }
 
 /// The lock file of a checkpoint folder.
@@ -88,7 +91,15 @@ impl CheckpointFolder {
             keep: keep.max(1),
             discard_after: None,
             lock: None,
+            inputs: BTreeMap::new(),
         }
+    }
+
+    /// Records the run's `inputs` (the data file, the base model's files) in every step saved
+    /// from now on, for a resume to check ([`Checkpoint::check_inputs`](super::Checkpoint::check_inputs)).
+    pub fn with_inputs(mut self, inputs: BTreeMap<String, FileDigest>) -> Self {
+        self.inputs = inputs;
+        self
     }
 
     /// The folder.
@@ -242,7 +253,7 @@ impl CheckpointFolder {
             fs::remove_dir_all(&staging).map_err(|e| CheckpointError::io("remove", &staging, e))?;
         }
         fs::create_dir(&staging).map_err(|e| CheckpointError::io("create", &staging, e))?;
-        let mut digests = std::collections::BTreeMap::new();
+        let mut digests = BTreeMap::new();
         for (file, bytes) in files {
             write_synced(&staging.join(file), bytes)?;
             digests.insert((*file).to_string(), FileDigest::of(bytes));
@@ -254,10 +265,13 @@ impl CheckpointFolder {
             model,
             run,
             files: digests,
+            inputs: self.inputs.clone(),
         };
         let text = toml::to_string_pretty(&manifest)
             .map_err(|e| CheckpointError::io("encode", &staging.join(MANIFEST), e))?;
         write_synced(&staging.join(MANIFEST), text.as_bytes())?;
+        let digest = format!("{}  {MANIFEST}\n", sha256_hex(text.as_bytes()));
+        write_synced(&staging.join(MANIFEST_DIGEST), digest.as_bytes())?;
         sync_folder(&staging)?;
         let target = root.join(&name);
         // The same step saved again: the old copy goes aside (and comes back, should the
@@ -315,6 +329,88 @@ mod tests {
         drop(first);
         second.prepare(0, false).unwrap();
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// A folder with step 3 saved, recording `inputs`.
+    fn saved(name: &str, inputs: &[(&str, &[u8])]) -> (PathBuf, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("kiln-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let inputs = inputs
+            .iter()
+            .map(|(n, b)| (n.to_string(), FileDigest::of(b)))
+            .collect();
+        let mut folder = CheckpointFolder::new(&dir, 2).with_inputs(inputs);
+        folder.prepare(0, false).unwrap();
+        let model = ModelInfo {
+            kind: "test".into(),
+            tensors: 1,
+            parameters: 1,
+            signature: "x".into(),
+        };
+        let run = RunInfo {
+            strategy: "single".into(),
+            mesh: "1".into(),
+            layout: "replica".into(),
+            optimizer: "adamw".into(),
+            precision: "f32".into(),
+        };
+        let step = folder
+            .save_files(3, model, run, &[("model.mpk", b"weights")])
+            .unwrap();
+        (dir, step)
+    }
+
+    #[test]
+    fn an_edited_manifest_is_refused() {
+        let (dir, step) = saved("edited-manifest", &[]);
+        super::super::Checkpoint::open(&step).unwrap();
+        let manifest = step.join(MANIFEST);
+        let text = fs::read_to_string(&manifest).unwrap();
+        fs::write(&manifest, text.replace("step = 3", "step = 300")).unwrap();
+        let err = super::super::Checkpoint::open(&step).unwrap_err();
+        assert!(matches!(err, CheckpointError::Digest { .. }), "{err}");
+        // Edited with its digest recomputed, the step still disagrees with the folder's.
+        let edited = fs::read_to_string(&manifest).unwrap();
+        let digest = format!("{}  {MANIFEST}\n", sha256_hex(edited.as_bytes()));
+        fs::write(step.join(MANIFEST_DIGEST), digest).unwrap();
+        let err = super::super::Checkpoint::open(&step)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("says step 300, but its folder is step 3"),
+            "{err}"
+        );
+        fs::remove_file(step.join(MANIFEST_DIGEST)).unwrap();
+        let err = super::super::Checkpoint::open(&step).unwrap_err();
+        assert!(matches!(err, CheckpointError::Missing { .. }), "{err}");
+        fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_resume_on_changed_inputs_is_refused_naming_the_input() {
+        let (dir, step) = saved(
+            "inputs",
+            &[("data", b"lines"), ("model/config.json", b"{}")],
+        );
+        let checkpoint = super::super::Checkpoint::open(&step).unwrap();
+        let same: BTreeMap<String, FileDigest> =
+            [("data", b"lines" as &[u8]), ("model/config.json", b"{}")]
+                .into_iter()
+                .map(|(n, b)| (n.to_string(), FileDigest::of(b)))
+                .collect();
+        checkpoint.check_inputs(&same).unwrap();
+        let mut changed = same.clone();
+        changed.insert("data".into(), FileDigest::of(b"other lines"));
+        let err = checkpoint.check_inputs(&changed).unwrap_err().to_string();
+        assert!(err.contains("trained on another data (5 bytes"), "{err}");
+        let mut missing = same;
+        missing.remove("model/config.json");
+        let err = checkpoint.check_inputs(&missing).unwrap_err().to_string();
+        assert!(
+            err.contains("model/config.json") && err.contains("now absent"),
+            "{err}"
+        );
+        fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

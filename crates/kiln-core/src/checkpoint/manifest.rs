@@ -10,8 +10,12 @@ use sha2::{Digest, Sha256};
 use crate::params::{ModelSignature, signature};
 use crate::plan::Plan;
 
-/// The manifest's format; a reader refuses others.
-pub(crate) const FORMAT: u32 = 1;
+/// The manifest's format. 2 added the run's `inputs` and the manifest's own digest
+/// ([`MANIFEST_DIGEST`](super::MANIFEST_DIGEST)); a reader takes 1 and 2 and refuses others.
+pub(crate) const FORMAT: u32 = 2;
+
+/// The oldest format this Kiln reads.
+pub(crate) const OLDEST_FORMAT: u32 = 1;
 
 /// What a checkpoint step holds and what wrote it. Written last into the step's folder, so a
 /// folder with a manifest is complete.
@@ -30,6 +34,10 @@ pub struct Manifest {
     pub run: RunInfo,
     /// Every file of the step but the manifest, by name.
     pub files: BTreeMap<String, FileDigest>,
+    /// What the run read and a resume must read again unchanged (`data`, the base model's
+    /// files), by the job's name for each.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub inputs: BTreeMap<String, FileDigest>,
 }
 
 /// A model, as a checkpoint identifies it: the job's name for it and its parameters' layout.
@@ -122,10 +130,28 @@ impl FileDigest {
     }
 }
 
+impl FileDigest {
+    /// The digest of the file at `path`, read in pieces (a model's weights need not fit in
+    /// memory twice).
+    ///
+    /// # Errors
+    /// When the file cannot be read.
+    pub fn of_file(path: &std::path::Path) -> std::io::Result<Self> {
+        let mut file = std::fs::File::open(path)?;
+        let mut hasher = Sha256::new();
+        let bytes = std::io::copy(&mut file, &mut hasher)?;
+        Ok(Self {
+            bytes,
+            sha256: hex(&hasher.finalize()),
+        })
+    }
+}
+
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// SHA-256 of `bytes`, lowercase hex.
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex(&Sha256::digest(bytes))
 }

@@ -42,5 +42,8 @@ pub use saver::Saver;
 
 /// The file every checkpoint step holds, written last.
 pub const MANIFEST: &str = "manifest.toml";
+/// The manifest's own SHA-256, as `sha256sum` writes it: the manifest names the step and
+/// digests every other file, so a hand-edited or damaged manifest must not be trusted.
+pub const MANIFEST_DIGEST: &str = "manifest.toml.sha256";
 /// The parameters' file of every checkpoint step.
 pub const MODEL: &str = "model.mpk";

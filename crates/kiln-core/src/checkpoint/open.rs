@@ -8,9 +8,11 @@ use burn::module::Module;
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::backend::Backend;
 
-use super::folder::steps_in;
-use super::manifest::{FORMAT, Manifest, ModelInfo, RunInfo, sha256_hex};
-use super::{CheckpointError, MANIFEST, MODEL};
+use super::folder::{parse_step, steps_in};
+use super::manifest::{
+    FORMAT, FileDigest, Manifest, ModelInfo, OLDEST_FORMAT, RunInfo, sha256_hex,
+};
+use super::{CheckpointError, MANIFEST, MANIFEST_DIGEST, MODEL};
 use crate::optim::{OptimizerState, StateLayout};
 use crate::plan::Plan;
 
@@ -25,6 +27,11 @@ pub struct Checkpoint {
 
 fn display(path: &Path) -> String {
     path.display().to_string()
+}
+
+/// A digest's first 12 hex digits, enough to tell two apart in a message.
+fn short(sha256: &str) -> &str {
+    &sha256[..sha256.len().min(12)]
 }
 
 impl Checkpoint {
@@ -127,22 +134,90 @@ impl Checkpoint {
             toml::from_str(&text).map_err(|e| unreadable(e.message().trim().to_string()))?;
         // The format first: a later format's new fields must not read as "unknown field".
         let format = value.get("format").and_then(toml::Value::as_integer);
-        if format != Some(i64::from(FORMAT)) {
+        if !format.is_some_and(|f| (i64::from(OLDEST_FORMAT)..=i64::from(FORMAT)).contains(&f)) {
             let writer = value
                 .get("kiln_version")
                 .and_then(toml::Value::as_str)
                 .unwrap_or("unknown");
             return Err(unreadable(match format {
                 Some(f) => format!(
-                    "format {f} (written by kiln {writer}), but this kiln reads format {FORMAT}"
+                    "format {f} (written by kiln {writer}), but this kiln reads formats \
+                     {OLDEST_FORMAT} to {FORMAT}"
                 ),
                 None => "no format field".to_string(),
             }));
         }
+        if format.is_some_and(|f| f >= 2) {
+            Self::check_manifest_digest(path, &text)?;
+        }
         let manifest: Manifest = value
             .try_into()
             .map_err(|e: toml::de::Error| unreadable(e.message().trim().to_string()))?;
+        // The folder's name is the step a resume is chosen by; the manifest's is the one it
+        // continues from. Both must say the same.
+        let folder = path
+            .parent()
+            .and_then(Path::file_name)
+            .and_then(|n| n.to_str());
+        if let Some(named) = folder.and_then(parse_step)
+            && named != manifest.step
+        {
+            return Err(unreadable(format!(
+                "it says step {}, but its folder is step {named}",
+                manifest.step
+            )));
+        }
         Ok(manifest)
+    }
+
+    /// Checks the manifest's text against its own digest ([`MANIFEST_DIGEST`]).
+    fn check_manifest_digest(path: &Path, text: &str) -> Result<(), CheckpointError> {
+        let sidecar = path.with_file_name(MANIFEST_DIGEST);
+        let recorded = match fs::read_to_string(&sidecar) {
+            Ok(line) => line.split_whitespace().next().unwrap_or("").to_string(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(CheckpointError::Missing {
+                    path: display(&sidecar),
+                });
+            }
+            Err(e) => return Err(CheckpointError::io("read", &sidecar, e)),
+        };
+        let found = sha256_hex(text.as_bytes());
+        if found != recorded {
+            return Err(CheckpointError::Digest {
+                path: display(path),
+                expected: recorded,
+                found,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks that the run's `current` inputs are the ones the checkpoint recorded, by name:
+    /// a resume on changed data or another base model would silently train something else.
+    /// Inputs the checkpoint did not record (an older Kiln's) are not checked.
+    ///
+    /// # Errors
+    /// [`CheckpointError::InputChanged`] naming the first input that differs.
+    pub fn check_inputs(
+        &self,
+        current: &BTreeMap<String, FileDigest>,
+    ) -> Result<(), CheckpointError> {
+        for (name, saved) in &self.manifest.inputs {
+            let now = current.get(name);
+            if now != Some(saved) {
+                return Err(CheckpointError::InputChanged {
+                    checkpoint: display(&self.dir),
+                    input: name.clone(),
+                    was: format!("{} bytes, sha256 {}", saved.bytes, short(&saved.sha256)),
+                    now: now.map_or_else(
+                        || "absent".to_string(),
+                        |d| format!("{} bytes, sha256 {}", d.bytes, short(&d.sha256)),
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The step's folder.

@@ -39,6 +39,16 @@ impl Saver {
         self
     }
 
+    /// Records the run's inputs in every step's manifest
+    /// ([`CheckpointFolder::with_inputs`]).
+    pub fn with_inputs(
+        mut self,
+        inputs: std::collections::BTreeMap<String, super::FileDigest>,
+    ) -> Self {
+        self.folder = self.folder.with_inputs(inputs);
+        self
+    }
+
     /// The folder saved into.
     pub fn folder(&self) -> &CheckpointFolder {
         &self.folder

@@ -39,6 +39,7 @@ pub use batch::{LmBatch, LmBatcher, LmItem};
 pub use config::{LlmConfig, ModelType, RopeScaling};
 pub use data::{Example, Packing, Tokenized, read_jsonl, tokenize};
 pub use error::LlmError;
+pub use folder::model_files;
 pub use generate::{KvCache, Sampling};
 pub use load::{load, load_4bit, load_config};
 pub use model::{Attention, CausalLm, Decoder, DecoderLayer, Mlp, ProjBuilder};

@@ -1,0 +1,50 @@
+//! The digests of what a fine-tuning run reads (its data file and every file of its base
+//! model), recorded in each checkpoint and checked on resume: a resume on edited data or on
+//! another base would silently train something else.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+
+use kiln_core::checkpoint::FileDigest;
+
+/// Input digests by name: `data`, `model/<file>`.
+pub type Digests = BTreeMap<String, FileDigest>;
+
+/// The digests, computed on a thread of their own: a 7B base is 14 GB to read, which overlaps
+/// with loading it.
+pub struct Inputs(Option<JoinHandle<Result<Digests, String>>>);
+
+impl Inputs {
+    /// Starts digesting the data file `data` and the model folder `model`.
+    pub fn digest(data: &Path, model: &Path) -> Result<Self, kiln_nn::llm::LlmError> {
+        let mut files: Vec<(String, PathBuf)> = vec![("data".into(), data.to_path_buf())];
+        for (name, path) in kiln_nn::llm::model_files(model)? {
+            files.push((format!("model/{name}"), path));
+        }
+        let handle = std::thread::spawn(move || {
+            files
+                .into_iter()
+                .map(|(name, path)| {
+                    FileDigest::of_file(&path)
+                        .map(|digest| (name, digest))
+                        .map_err(|e| format!("cannot read {}: {e}", path.display()))
+                })
+                .collect()
+        });
+        Ok(Self(Some(handle)))
+    }
+
+    /// The digests, waiting for them if they are not done.
+    ///
+    /// # Errors
+    /// A file that could not be read.
+    pub fn get(&mut self) -> Result<Digests, String> {
+        match self.0.take() {
+            Some(handle) => handle
+                .join()
+                .map_err(|_| "digesting the inputs failed".to_string())?,
+            None => Err("the inputs' digests were already taken".to_string()),
+        }
+    }
+}
