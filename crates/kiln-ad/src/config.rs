@@ -141,6 +141,44 @@ impl AdConfig {
         Ok(plan)
     }
 
+    /// The largest value of each size a user types: far beyond the paper's runs (a width of
+    /// 128, 4 layers, 2,000 source episodes of 20 steps, 10 evaluation seeds), and small
+    /// enough that every product of them (`episodes · horizon · runs · width`) stays exact.
+    const LIMITS: [(&'static str, usize); 10] = [
+        ("env.horizon", 1 << 12),
+        ("source.episodes", 1 << 16),
+        ("source.histories_per_goal", 1 << 10),
+        ("model.d_model", 1 << 14),
+        ("model.layers", 1 << 10),
+        ("model.heads", 1 << 10),
+        ("model.d_ff", 1 << 16),
+        ("train.batch", 1 << 20),
+        ("eval.episodes", 1 << 16),
+        ("eval.seeds", 1 << 10),
+    ];
+
+    /// Checks every size against [`Self::LIMITS`].
+    fn check_sizes(&self) -> Result<(), AdError> {
+        let values = [
+            self.env.horizon,
+            self.source.episodes,
+            self.source.histories_per_goal,
+            self.model.d_model,
+            self.model.layers,
+            self.model.heads,
+            self.model.d_ff,
+            self.train.batch,
+            self.eval.episodes,
+            self.eval.seeds,
+        ];
+        for ((field, max), value) in Self::LIMITS.into_iter().zip(values) {
+            if value > max {
+                return Err(AdError::TooLarge { field, value, max });
+            }
+        }
+        Ok(())
+    }
+
     /// Checks what would otherwise fail deep inside a run.
     ///
     /// # Errors
@@ -154,6 +192,7 @@ impl AdConfig {
             });
         }
         self.source.validate()?;
+        self.check_sizes()?;
         let steps = self.source.episodes * room.horizon;
         if self.model.context == 0 || self.model.context > steps {
             return Err(AdError::ContextTooLong {

@@ -24,6 +24,19 @@ pub enum AdError {
         /// The allowed range.
         range: &'static str,
     },
+    /// A size beyond what a run can hold.
+    #[error(
+        "{field} is {value}, beyond {max}: a run of that size would not fit in memory (or \
+         overflow its counts); give at most {max}"
+    )]
+    TooLarge {
+        /// The setting, by its TOML name.
+        field: &'static str,
+        /// The value given.
+        value: usize,
+        /// The largest taken.
+        max: usize,
+    },
     /// A count that must be positive is zero.
     #[error("{0} must be at least 1")]
     Zero(&'static str),

@@ -253,6 +253,28 @@ fn bad_settings_fail_with_one_line() {
         &["ad", "eval", "--run", dir.join("none").to_str().unwrap()],
         "none: no such file or folder",
     );
+    // Sizes that once overflowed `episodes · horizon` or allocated by the value.
+    for (toml, needle) in [
+        (
+            "[eval]\nepisodes = 9223372036854775807\n",
+            "eval.episodes is 9223372036854775807, beyond 65536",
+        ),
+        (
+            "[eval]\nseeds = 4294967296\n",
+            "eval.seeds is 4294967296, beyond 1024",
+        ),
+        (
+            "[source]\nepisodes = 9223372036854775807\n",
+            "source.episodes is 9223372036854775807, beyond",
+        ),
+        (
+            "[model]\nlayers = 1000000\n",
+            "model.layers is 1000000, beyond 1024",
+        ),
+    ] {
+        std::fs::write(&bad, toml).unwrap();
+        assert_one_line_error(&["ad", "train", "--config", bad.to_str().unwrap()], needle);
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

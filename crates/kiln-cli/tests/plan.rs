@@ -566,3 +566,111 @@ fn auto_keeps_the_stages_and_shards_a_user_fixes() {
         "auto: its micro-batches are set twice, apart: 2",
     );
 }
+
+/// The 70B flags with `flag` set to `value`.
+fn llama_with(flag: &str, value: &str) -> Vec<String> {
+    let mut args = vec!["plan".to_string()];
+    if flag != "--global-batch" {
+        args.extend(["--global-batch".to_string(), "512".to_string()]);
+    }
+    let mut given = false;
+    for pair in LLAMA_70B.chunks(2) {
+        if pair[0] == flag {
+            args.extend([flag.to_string(), value.to_string()]);
+            given = true;
+        } else {
+            args.extend(pair.iter().map(|s| s.to_string()));
+        }
+    }
+    if !given {
+        args.extend([flag.to_string(), value.to_string()]);
+    }
+    args
+}
+
+#[test]
+fn sizes_past_the_planner_s_range_are_refused_not_wrapped() {
+    // Each once overflowed 64 bits silently (a vocabulary of 2^64 − 1 planned fewer
+    // parameters than one of 32,000), saturated, or allocated by the value.
+    let cases = [
+        (
+            "--vocab",
+            "18446744073709551615",
+            "--vocab is 18446744073709551615; the planner takes 1 to",
+        ),
+        (
+            "--hidden",
+            "4294967296",
+            "--hidden is 4294967296; the planner takes 1 to",
+        ),
+        (
+            "--layers",
+            "1099511627776",
+            "--layers is 1099511627776; the planner takes",
+        ),
+        ("--ffn", "0", "--ffn must be at least 1"),
+        (
+            "--seq",
+            "1000000000",
+            "--seq is 1000000000; the planner takes",
+        ),
+        (
+            "--device-memory",
+            "99999999999999999999999TiB",
+            "is not a device's memory",
+        ),
+        ("--device-memory", "0.5", "is not a device's memory"),
+        (
+            "--devices",
+            "9223372036854775809",
+            "--devices 9223372036854775809 is beyond",
+        ),
+        (
+            "--global-batch",
+            "4611686018427387904",
+            "--global-batch 4611686018427387904 is beyond",
+        ),
+        (
+            "--lora-rank",
+            "1000000",
+            "--lora-rank 1000000 is larger than the narrowest",
+        ),
+    ];
+    for (flag, value, needle) in cases {
+        let args = llama_with(flag, value);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        assert_one_line_error(&args, needle);
+    }
+    // Parameters grow with the width, up to the largest width taken.
+    let mut last = 0;
+    for hidden in [1024, 4096, 16384, 65536, 131072] {
+        let hidden = hidden.to_string();
+        let report = plan_json(&[
+            "--global-batch",
+            "8",
+            "--layers",
+            "2",
+            "--hidden",
+            &hidden,
+            "--heads",
+            "64",
+            "--kv-heads",
+            "8",
+            "--ffn",
+            "28672",
+            "--seq",
+            "256",
+            "--vocab",
+            "32000",
+            "--gated",
+            "--device-memory",
+            "1000TiB",
+        ]);
+        let params = report["workload"]["params"].as_u64().unwrap();
+        assert!(
+            params > last,
+            "width {hidden}: {params} parameters after {last}"
+        );
+        last = params;
+    }
+}

@@ -60,6 +60,9 @@ pub fn workload(args: &PlanArgs) -> Result<(String, Workload), DescribeError> {
             tied: config.tie_word_embeddings,
         };
         let name = format!("{} ({})", file.display(), config.model_type);
+        shape
+            .check()
+            .map_err(|e| DescribeError::Value(format!("--seq: {e}")))?;
         return Ok((name, of_shape(args, &shape)?));
     }
     if let Some(params) = args.params {
@@ -145,12 +148,15 @@ pub fn workload(args: &PlanArgs) -> Result<(String, Workload), DescribeError> {
         head_dim: hidden / heads,
         qkv_bias: false,
         o_bias: false,
-        ffn: args.ffn.unwrap_or(4 * hidden),
+        ffn: positive("--ffn", args.ffn.unwrap_or(hidden.saturating_mul(4)))?,
         seq: positive("--seq", args.seq.unwrap_or(0))?,
         vocab: positive("--vocab", args.vocab.unwrap_or(0))?,
         gated: args.gated,
         tied: args.tied,
     };
+    shape
+        .check()
+        .map_err(|e| DescribeError::Value(format!("--{e}").replace("_", "-")))?;
     let name = format!(
         "a transformer of {} blocks, width {hidden}, {heads} heads",
         shape.layers
@@ -168,13 +174,26 @@ fn of_shape(args: &PlanArgs, shape: &TransformerShape) -> Result<Workload, Descr
              --lora-rank"
                 .into(),
         )),
-        (Some(rank), four_bit) => Ok(Workload::lora(
-            shape,
-            precision,
-            batch,
-            positive("--lora-rank", rank)?,
-            four_bit,
-        )),
+        (Some(rank), four_bit) => {
+            // A rank beyond the narrowest projection adds nothing a full update would not.
+            let narrowest = shape
+                .hidden
+                .min(shape.ffn)
+                .min(shape.kv_heads * shape.head_dim);
+            if rank > narrowest {
+                return Err(DescribeError::Value(format!(
+                    "--lora-rank {rank} is larger than the narrowest projection ({narrowest}) \
+                     can use"
+                )));
+            }
+            Ok(Workload::lora(
+                shape,
+                precision,
+                batch,
+                positive("--lora-rank", rank)?,
+                four_bit,
+            ))
+        }
     }
 }
 
@@ -194,7 +213,21 @@ fn positive(flag: &str, value: usize) -> Result<usize, DescribeError> {
 }
 
 fn batch(args: &PlanArgs) -> Result<usize, DescribeError> {
-    positive("--global-batch", args.global_batch)
+    at_most(
+        "--global-batch",
+        positive("--global-batch", args.global_batch)?,
+        1 << 22,
+    )
+}
+
+/// `value`, unless it is beyond `max`, the largest the planner takes.
+fn at_most(flag: &str, value: usize, max: usize) -> Result<usize, DescribeError> {
+    match value <= max {
+        true => Ok(value),
+        false => Err(DescribeError::Value(format!(
+            "{flag} {value} is beyond {max}, the largest the planner takes"
+        ))),
+    }
 }
 
 /// The devices the flags describe: a preset, with any figure overridden.
@@ -203,7 +236,12 @@ pub fn cluster(args: &PlanArgs) -> Result<Cluster, DescribeError> {
         name: args.device.clone(),
         known: PRESETS.map(|p| p.name).join(", "),
     })?;
-    let devices = positive("--devices", args.devices.unwrap_or(8))?;
+    // As many as the planner's search goes to (`kiln_core::plan::cost`).
+    let devices = at_most(
+        "--devices",
+        positive("--devices", args.devices.unwrap_or(8))?,
+        1 << 20,
+    )?;
     let per_node = positive(
         "--gpus-per-node",
         args.gpus_per_node.unwrap_or(devices.min(8)),

@@ -212,8 +212,19 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
             ));
         }
     };
-    Ok((number * scale) as u64)
+    let bytes = number * scale;
+    // A byte is the least a device holds, and 2^60 (an exbibyte) far more than any does:
+    // beyond it the value would be cut to 2^64 − 1 without a word.
+    if !(1.0..=MOST_BYTES).contains(&bytes) {
+        return Err(format!(
+            "`{text}` is not a device's memory: give 1 byte to 1 EiB, as 80GiB"
+        ));
+    }
+    Ok(bytes as u64)
 }
+
+/// The most memory a device may be said to have (1 EiB).
+const MOST_BYTES: f64 = (1u64 << 60) as f64;
 
 #[cfg(test)]
 mod tests {

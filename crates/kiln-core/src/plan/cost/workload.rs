@@ -73,6 +73,46 @@ pub struct TransformerShape {
 }
 
 impl TransformerShape {
+    /// The largest value of each size the planner takes: beyond every published model, and
+    /// small enough that every parameter, FLOP and byte count below stays exact in 64 bits
+    /// (the largest block is under 2^40 parameters, the largest model under 2^52).
+    pub const LIMITS: [(&'static str, usize); 8] = [
+        ("layers", 1 << 12),
+        ("hidden", 1 << 17),
+        ("heads", 1 << 12),
+        ("kv_heads", 1 << 12),
+        ("head_dim", 1 << 12),
+        ("ffn", 1 << 19),
+        ("seq", 1 << 24),
+        ("vocab", 1 << 22),
+    ];
+
+    /// Checks every size against [`Self::LIMITS`] and that none is zero.
+    ///
+    /// # Errors
+    /// The first size out of range, by its name here, with the range.
+    pub fn check(&self) -> Result<(), String> {
+        let values = [
+            self.layers,
+            self.hidden,
+            self.heads,
+            self.kv_heads,
+            self.head_dim,
+            self.ffn,
+            self.seq,
+            self.vocab,
+        ];
+        for ((name, max), value) in Self::LIMITS.iter().zip(values) {
+            if value == 0 || value > *max {
+                return Err(format!(
+                    "{name} is {value}; the planner takes 1 to {max} (beyond every published \
+                     model)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Widths of all query heads together and of all key (or value) heads together.
     fn attention_widths(&self) -> (u64, u64) {
         let d = self.head_dim as u64;
@@ -102,7 +142,7 @@ impl TransformerShape {
 
     /// Every parameter: the blocks, the embedding, the head unless tied, the final norm.
     pub fn params(&self) -> u64 {
-        let embed = (self.vocab * self.hidden) as u64;
+        let embed = self.vocab as u64 * self.hidden as u64;
         let head = if self.tied { 0 } else { embed };
         self.layers as u64 * self.block_params() + embed + head + self.hidden as u64
     }
@@ -196,7 +236,7 @@ impl Workload {
         let max_tp = shape.max_shards();
         let act = precision.activation_bytes();
         let block_out = shape.seq as f64 * shape.hidden as f64 * act;
-        let embedding = (shape.vocab * shape.hidden) as u64;
+        let embedding = shape.vocab as u64 * shape.hidden as u64;
         let head = if shape.tied { 0 } else { embedding };
         Self {
             params: shape.params(),
