@@ -52,9 +52,10 @@ pub struct RunCheckpoints {
 }
 
 impl RunCheckpoints {
-    /// Opens and verifies `resume` (`args`' `--resume`, resolved by the job: a checkpoint of
-    /// `plan`'s strategy with steps left before `steps`; without a `plan`, one whose layout
-    /// the run checks once it has planned), and readies the folder `save` (named
+    /// Checks `resume` (`args`' `--resume`, opened and verified by the job before anything
+    /// slow: [`Checkpoint::open`]) to be a checkpoint of `plan`'s strategy with steps left
+    /// before `steps` (without a `plan`, one whose layout the run checks once it has planned),
+    /// and readies the folder `save` (named
     /// by its flag) for the steps after it when this process `writes` the run (the first of a
     /// run's processes; the others keep the same save schedule and write nothing).
     ///
@@ -63,7 +64,7 @@ impl RunCheckpoints {
     /// folder that cannot be written or holds another run's later steps.
     pub fn prepare(
         args: &CheckpointArgs,
-        resume: Option<&Path>,
+        resume: Option<Checkpoint>,
         save: Option<(&'static str, &Path)>,
         config: &CheckpointConfig,
         plan: Option<&Plan>,
@@ -72,7 +73,6 @@ impl RunCheckpoints {
     ) -> Result<Self, Box<dyn std::error::Error>> {
         let overwrite = args.overwrite;
         config.validate()?;
-        let resume = resume.map(Checkpoint::open).transpose()?;
         let from = match &resume {
             Some(checkpoint) => {
                 if let Some(plan) = plan {

@@ -74,10 +74,26 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => e.exit(), // --help, --version
         Err(e) => {
-            // One line: the reason, without clap's usage block.
+            // One line: the reason (with the flags clap lists below it, such as the required
+            // ones missing), without its usage block.
             let reason = e.to_string();
-            let first = reason.lines().next().unwrap_or("invalid arguments");
-            eprintln!("{first} (see `kiln --help`)");
+            let parts: Vec<&str> = reason
+                .lines()
+                .take_while(|l| !l.starts_with("Usage:"))
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
+            let line = match parts.as_slice() {
+                [] => "error: invalid arguments".to_string(),
+                [first, rest @ ..] => {
+                    let rest = rest.join(", ");
+                    match rest.is_empty() {
+                        true => first.to_string(),
+                        false => format!("{}: {rest}", first.trim_end_matches(':')),
+                    }
+                }
+            };
+            eprintln!("{line} (see `kiln --help`)");
             return ExitCode::from(2);
         }
     };

@@ -412,3 +412,21 @@ fn data_files_are_refused_with_the_line_and_the_cause() {
     assert_eq!(read_jsonl(&bom).unwrap().len(), 1);
     std::fs::remove_dir_all(dir).ok();
 }
+
+#[test]
+fn a_shape_mismatch_names_the_checkpoint_s_tensor_in_one_line() {
+    let dir = with_weights("shape", |_, d, _, data| (d, data));
+    let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
+    config["intermediate_size"] = 48.into();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    for message in refusals(&dir) {
+        one_line(&message);
+        assert!(message.contains("model.layers.0.mlp."), "{message}");
+        assert!(
+            !message.contains(".base.") && !message.contains("gamma"),
+            "{message}"
+        );
+    }
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -12,6 +12,7 @@ use kiln_ad::checkpoint;
 use kiln_ad::config::AdConfig;
 use kiln_ad::goals::GoalSplit;
 use kiln_ad::run::{Auto, Measure, RunOptions, Seconds, evaluate_held_out};
+use kiln_core::checkpoint::Checkpoint;
 use kiln_core::plan::{Plan, PlanRequest};
 use kiln_core::strategy::{StrategyError, StrategyKind};
 use kiln_nn::tensor_parallel::ShardedBackend;
@@ -79,7 +80,7 @@ pub struct TrainArgs {
     threads_per_rank: Option<usize>,
     /// Folder for the run: config.toml, checkpoints/step-<N>/ (model, optimizer state and
     /// config of each save), metrics.json, returns.svg.
-    #[arg(long, default_value = "runs/ad")]
+    #[arg(long, visible_alias = "output", default_value = "runs/ad")]
     out: PathBuf,
     #[command(flatten)]
     checkpoint: CheckpointArgs,
@@ -151,7 +152,7 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
                 && args.backend.is_cpu();
             let mut checkpoints = RunCheckpoints::prepare(
                 &args.checkpoint,
-                resume.as_deref(),
+                resume.as_deref().map(Checkpoint::open).transpose()?,
                 Some(("--out", &checkpoint::checkpoints(&args.out))),
                 &config.checkpoint,
                 (!replans).then_some(&plan),

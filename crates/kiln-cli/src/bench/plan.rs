@@ -52,7 +52,7 @@ pub struct PlanBenchArgs {
     #[arg(long, default_value_t = 0.3)]
     seconds: f64,
     /// Folder for plan.json and plan.md.
-    #[arg(long, default_value = "runs/bench")]
+    #[arg(long, visible_alias = "output", default_value = "runs/bench")]
     out: PathBuf,
 }
 

@@ -48,7 +48,7 @@ pub struct StrategyArgs {
     #[arg(long)]
     steps: Option<usize>,
     /// Folder for strategies.json, strategies.md and strategies.svg.
-    #[arg(long, default_value = "runs/bench")]
+    #[arg(long, visible_alias = "output", default_value = "runs/bench")]
     out: PathBuf,
     /// An earlier strategies.json: print each scenario's throughput against it.
     #[arg(long)]

@@ -56,7 +56,8 @@ pub struct FinetuneConfig {
     pub model: Option<PathBuf>,
     /// The JSONL data file.
     pub data: Option<PathBuf>,
-    /// Where the adapters are written, in PEFT's layout.
+    /// Where the adapters are written, in PEFT's layout (`out` is the same key, as the flag).
+    #[serde(alias = "out")]
     pub output: PathBuf,
     /// Where the model with the adapters merged is written as a Hugging Face folder, if
     /// anywhere.

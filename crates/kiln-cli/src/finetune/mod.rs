@@ -49,8 +49,9 @@ pub struct FinetuneArgs {
     #[arg(long, value_name = "FILE")]
     data: Option<PathBuf>,
     /// Where to write the adapters (PEFT's adapter_config.json and
-    /// adapter_model.safetensors) [default: finetuned].
-    #[arg(long, value_name = "DIR")]
+    /// adapter_model.safetensors) [default: finetuned]. `--out`, as every subcommand names
+    /// where its results go; `--output` is the same flag.
+    #[arg(long = "out", visible_alias = "output", value_name = "DIR")]
     output: Option<PathBuf>,
     /// Also write the model with the adapters merged, as a Hugging Face folder.
     #[arg(long, value_name = "DIR")]
@@ -188,7 +189,7 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
         _claims.push(crate::outputs::check_file("--json", path)?);
     }
     if main {
-        _claims.push(crate::outputs::check_folder("--output", &config.output)?);
+        _claims.push(crate::outputs::check_folder("--out", &config.output)?);
     }
     if let Some(merged) = config.merged.as_ref().filter(|_| main) {
         _claims.push(crate::outputs::check_folder("--merged", merged)?);
@@ -201,6 +202,17 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
         if same(merged, dir) {
             return Err(FinetuneConfigError::MergedIntoBase(merged.clone()).into());
         }
+    }
+    // The checkpoint is read and verified before the data is: a damaged or foreign one is
+    // reported at once.
+    let opened = checkpoints
+        .args
+        .resume
+        .as_deref()
+        .map(kiln_core::checkpoint::Checkpoint::open)
+        .transpose()?;
+    if let Some(checkpoint) = &opened {
+        config.check_resumed(checkpoint)?;
     }
     let tokenizer = LlmTokenizer::from_dir(dir, &llm)?;
     let data = config.data_file()?;
@@ -232,7 +244,7 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
     let signals = Signals::install()?;
     let prepared = RunCheckpoints::prepare(
         &checkpoints.args,
-        checkpoints.args.resume.as_deref(),
+        opened,
         checkpoints.save.as_deref().map(|dir| ("--save", dir)),
         &config.checkpoint,
         Some(&plan),
@@ -246,7 +258,6 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut digests = None;
     if let Some(resumed) = &prepared.resume {
-        config.check_resumed(resumed)?;
         let current = inputs.as_mut().map(inputs::Inputs::get).transpose()?;
         resumed.check_inputs(current.as_ref().unwrap_or(&Default::default()))?;
         digests = current;

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use burn::tensor::backend::AutodiffBackend;
 use indicatif::{ProgressBar, ProgressStyle};
-use kiln_core::checkpoint::{RunInfo, Saver};
+use kiln_core::checkpoint::{Checkpoint, RunInfo, Saver};
 use kiln_core::data::DataSource;
 use kiln_core::fit::{Resume, SaveHooks, Training, fit};
 use kiln_core::model::ParallelModel;
@@ -61,6 +61,8 @@ pub struct TrainArgs {
 struct Checkpoints {
     save: Option<PathBuf>,
     args: CheckpointArgs,
+    /// `--resume`'s checkpoint, verified.
+    opened: Option<Checkpoint>,
 }
 
 impl TrainArgs {
@@ -68,7 +70,7 @@ impl TrainArgs {
     fn into_config(
         self,
         launched: &Launched,
-    ) -> Result<(TrainConfig, Plan, Option<PathBuf>, Checkpoints), config::ConfigError> {
+    ) -> Result<(TrainConfig, Plan, Option<PathBuf>, Checkpoints), Box<dyn std::error::Error>> {
         let mut c = match &self.config {
             Some(path) => TrainConfig::load(path)?,
             None => TrainConfig::default(),
@@ -83,6 +85,12 @@ impl TrainArgs {
         c.validate()?;
         self.checkpoint.apply(&mut c.checkpoint);
         let resume = self.checkpoint.resume.as_deref();
+        // The checkpoint is read and verified before `auto` measures the machine (seconds):
+        // a damaged or foreign one is reported at once.
+        let opened = resume.map(Checkpoint::open).transpose()?;
+        if let Some(checkpoint) = &opened {
+            c.check_resumed(checkpoint)?;
+        }
         let plan = c.plan(dp, launched, AutoPlan::Measured { resume })?;
         c.placement(&plan)?;
         // What the run writes, the first process writes alone.
@@ -90,6 +98,7 @@ impl TrainArgs {
         let checkpoints = Checkpoints {
             save: self.save,
             args: self.checkpoint,
+            opened,
         };
         Ok((c, plan, self.json.filter(|_| main), checkpoints))
     }
@@ -113,16 +122,13 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let signals = Signals::install()?;
     let prepared = RunCheckpoints::prepare(
         &checkpoints.args,
-        checkpoints.args.resume.as_deref(),
+        checkpoints.opened,
         checkpoints.save.as_deref().map(|dir| ("--save", dir)),
         &config.checkpoint,
         Some(&plan),
         config.steps,
         launched.is_main(),
     )?;
-    if let Some(resumed) = &prepared.resume {
-        config.check_resumed(resumed)?;
-    }
     let job = TrainJob {
         config: &config,
         plan: &plan,

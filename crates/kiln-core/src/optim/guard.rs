@@ -217,7 +217,11 @@ impl Guard {
                 NanPolicy::Halt => Err(report),
                 NanPolicy::Skip => {
                     if self.logged.fetch_max(step + 1, Ordering::Relaxed) <= step {
-                        tracing::warn!("skipped the step: {report}");
+                        tracing::warn!(
+                            "skipped the step: {}; if it recurs, lower the learning rate or \
+                             set clip_norm",
+                            report.summary()
+                        );
                     }
                     Ok(Settled {
                         grads: None,

@@ -39,8 +39,16 @@ pub struct NonFinite {
     pub ranks_affected: usize,
 }
 
-impl fmt::Display for NonFinite {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl NonFinite {
+    /// What was not finite, and where, without advice: what the warning of a skipped step
+    /// says (the error under `halt` adds what to do).
+    pub fn summary(&self) -> String {
+        let mut s = String::new();
+        let _ = self.write_summary(&mut s);
+        s
+    }
+
+    fn write_summary(&self, f: &mut impl fmt::Write) -> fmt::Result {
         match &self.value {
             NonFiniteValue::Loss => write!(f, "the loss is NaN or infinite")?,
             NonFiniteValue::Gradient {
@@ -69,6 +77,13 @@ impl fmt::Display for NonFinite {
         if self.ranks_affected > 1 {
             write!(f, " (and on {} other ranks)", self.ranks_affected - 1)?;
         }
+        Ok(())
+    }
+}
+
+impl fmt::Display for NonFinite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write_summary(f)?;
         write!(
             f,
             "; lower the learning rate, set clip_norm, check the data of that step, or use \

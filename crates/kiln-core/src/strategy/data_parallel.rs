@@ -83,7 +83,7 @@ where
         let pools = (0..devices.len())
             .map(|rank| rank_pool(rank, devices.len(), config.threads_per_rank))
             .collect::<Result<Vec<_>, _>>()?;
-        tracing::info!(
+        tracing::debug!(
             devices = devices.len(),
             accumulation = config.grad_accumulation,
             "Applied DataParallel: {} devices, optimizer on the main device",

@@ -2,7 +2,7 @@
 //! `model.safetensors` or of every shard its `model.safetensors.index.json` names, through
 //! burn-store, converted to f32 whatever the file's float type.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
@@ -112,7 +112,7 @@ fn fill<B: ShardedBackend>(
 ) -> Result<(), LlmError> {
     let all = parameter_paths(model);
     let expected: BTreeSet<String> = all
-        .iter()
+        .keys()
         .filter(|path| !path.contains(".quantized."))
         .cloned()
         .collect();
@@ -122,9 +122,29 @@ fn fill<B: ShardedBackend>(
         let snapshots = store
             .get_all_snapshots()
             .map_err(|e| tensor_error(file, e))?;
+        let mut wrong = snapshots.iter().filter_map(|(path, snapshot)| {
+            let want = checkpoint_shape(path, all.get(path)?);
+            (snapshot.shape.as_slice() != want.as_slice()).then_some((path, snapshot, want))
+        });
+        if let Some((path, snapshot, want)) = wrong.next() {
+            let more = wrong.count();
+            return Err(tensor_error(
+                file,
+                format!(
+                    "{} is {:?}, but the config makes it {want:?}{}; the config.json does not \
+                     describe these weights",
+                    hf_name(path),
+                    snapshot.shape.as_slice(),
+                    match more {
+                        0 => String::new(),
+                        n => format!(" ({n} more tensor(s) differ)"),
+                    }
+                ),
+            ));
+        }
         for (path, snapshot) in snapshots {
             check_float(file, path, snapshot.dtype)?;
-            if !all.contains(path) && !quantized_source(&all, path) {
+            if !all.contains_key(path) && !quantized_source(&all, path) {
                 unused.push(hf_name(path));
             }
         }
@@ -155,6 +175,16 @@ fn fill<B: ShardedBackend>(
     check_finite(model, dir)
 }
 
+/// The shape a checkpoint stores the parameter at `path` of Burn's `shape` in: PyTorch keeps
+/// a linear layer's weight as `[out, in]`, Burn as `[in, out]`.
+fn checkpoint_shape(path: &str, shape: &[usize]) -> Vec<usize> {
+    let linear = path.ends_with("_proj.base.weight") || path == "lm_head.weight";
+    match (linear, shape) {
+        (true, [d_in, d_out]) => vec![*d_out, *d_in],
+        _ => shape.to_vec(),
+    }
+}
+
 /// Refuses a tensor that is not stored as floats: Kiln's parameters are float tensors, and
 /// Burn would panic deep in its load rather than say which tensor it was.
 fn check_float(file: &Path, path: &str, dtype: DType) -> Result<(), LlmError> {
@@ -173,7 +203,7 @@ fn check_float(file: &Path, path: &str, dtype: DType) -> Result<(), LlmError> {
 
 /// Whether the file's tensor `path` is the source of a projection held in 4 bits (read by
 /// [`Shards`], not by the store).
-fn quantized_source(all: &BTreeSet<String>, path: &str) -> bool {
+fn quantized_source(all: &BTreeMap<String, Vec<usize>>, path: &str) -> bool {
     let Some(proj) = path
         .strip_suffix(".base.weight")
         .or_else(|| path.strip_suffix(".base.bias"))
@@ -183,7 +213,7 @@ fn quantized_source(all: &BTreeSet<String>, path: &str) -> bool {
     let prefix = format!("{proj}.quantized.");
     all.range(prefix.clone()..)
         .next()
-        .is_some_and(|p| p.starts_with(&prefix))
+        .is_some_and(|(p, _)| p.starts_with(&prefix))
 }
 
 /// Tensors of the folder that no parameter of the model takes: named, in one warning, since a
@@ -254,15 +284,15 @@ pub(crate) fn check_finite<B: ShardedBackend>(
 /// Every parameter's path in `model` (`model.layers.0.input_layernorm.gamma`), read without
 /// touching a value: `ModuleSnapshot::collect` would initialise each freshly built parameter
 /// (random values the load then replaces), a whole model's worth of memory for nothing.
-fn parameter_paths<B: ShardedBackend>(model: &CausalLm<B>) -> BTreeSet<String> {
+fn parameter_paths<B: ShardedBackend>(model: &CausalLm<B>) -> BTreeMap<String, Vec<usize>> {
     #[derive(Default)]
     struct Paths {
         stack: Vec<String>,
-        paths: BTreeSet<String>,
+        paths: BTreeMap<String, Vec<usize>>,
     }
     impl Paths {
-        fn record(&mut self) {
-            self.paths.insert(self.stack.join("."));
+        fn record(&mut self, shape: burn::tensor::Shape) {
+            self.paths.insert(self.stack.join("."), shape.to_vec());
         }
     }
     impl<B: Backend> ModuleVisitor<B> for Paths {
@@ -272,14 +302,14 @@ fn parameter_paths<B: ShardedBackend>(model: &CausalLm<B>) -> BTreeSet<String> {
         fn exit_module(&mut self, _name: &str, _container_type: &str) {
             self.stack.pop();
         }
-        fn visit_float<const D: usize>(&mut self, _: &Param<Tensor<B, D>>) {
-            self.record();
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            self.record(param.lazy_shape());
         }
-        fn visit_int<const D: usize>(&mut self, _: &Param<Tensor<B, D, Int>>) {
-            self.record();
+        fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
+            self.record(param.lazy_shape());
         }
-        fn visit_bool<const D: usize>(&mut self, _: &Param<Tensor<B, D, Bool>>) {
-            self.record();
+        fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<B, D, Bool>>) {
+            self.record(param.lazy_shape());
         }
     }
     let mut visitor = Paths::default();

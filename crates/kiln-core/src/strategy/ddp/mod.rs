@@ -206,7 +206,7 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
             device,
             backend: std::marker::PhantomData,
         };
-        tracing::info!(
+        tracing::debug!(
             ranks = world_size,
             buckets = ddp.num_buckets,
             accumulation = ddp.config.grad_accumulation,

@@ -294,7 +294,7 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
             mesh,
             stop_asked: false,
         };
-        tracing::info!(
+        tracing::debug!(
             mesh = %pipeline.mesh,
             schedule = %pipeline.config.schedule,
             "Applied Pipeline: {} stages of {blocks} blocks × {} replicas, {} micro-batches, {}",

@@ -213,7 +213,7 @@ where
                 "kiln-tensor",
             )?
         };
-        tracing::info!(
+        tracing::debug!(
             mesh = %mesh,
             "Applied Tensor: {} shards per layer, mesh {mesh}",
             config.tp
