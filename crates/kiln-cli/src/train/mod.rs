@@ -65,12 +65,16 @@ struct Checkpoints {
     opened: Option<Checkpoint>,
 }
 
+/// A run's config, plan, `--json` file (for the first process) and checkpoints, as the flags
+/// and the config file make them.
+type Parsed = (TrainConfig, Plan, Option<PathBuf>, Checkpoints);
+
 impl TrainArgs {
     /// The config the flags and the file make, and the run's plan.
     fn into_config(
         self,
         launched: &Launched,
-    ) -> Result<(TrainConfig, Plan, Option<PathBuf>, Checkpoints), Box<dyn std::error::Error>> {
+    ) -> Result<Parsed, Box<dyn std::error::Error>> {
         let mut c = match &self.config {
             Some(path) => TrainConfig::load(path)?,
             None => TrainConfig::default(),
