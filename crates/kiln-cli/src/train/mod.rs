@@ -71,10 +71,7 @@ type Parsed = (TrainConfig, Plan, Option<PathBuf>, Checkpoints);
 
 impl TrainArgs {
     /// The config the flags and the file make, and the run's plan.
-    fn into_config(
-        self,
-        launched: &Launched,
-    ) -> Result<Parsed, Box<dyn std::error::Error>> {
+    fn into_config(self, launched: &Launched) -> Result<Parsed, Box<dyn std::error::Error>> {
         let mut c = match &self.config {
             Some(path) => TrainConfig::load(path)?,
             None => TrainConfig::default(),

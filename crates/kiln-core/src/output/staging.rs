@@ -55,6 +55,30 @@ impl Staging {
         &self.dir
     }
 
+    /// Writes and syncs the output's file `name`; an error names the file where it would have
+    /// landed (the staging folder is an implementation detail) and that nothing was replaced.
+    ///
+    /// # Errors
+    /// [`OutputError::Io`].
+    pub fn write(&self, name: &str, bytes: &[u8]) -> Result<(), OutputError> {
+        super::write_synced(&self.dir.join(name), bytes).map_err(|e| self.named(name, e))
+    }
+
+    /// `e`, a failure on the staged file `name`, told of the target's file instead.
+    pub fn named(&self, name: &str, e: OutputError) -> OutputError {
+        match e {
+            OutputError::Io { op, source, .. } => OutputError::Io {
+                op,
+                path: format!(
+                    "{} (nothing was replaced)",
+                    self.target.join(name).display()
+                ),
+                source,
+            },
+            other => other,
+        }
+    }
+
     /// Puts the staged folder in the target's place in one rename. What the old target held
     /// that the staged folder does not is carried over (hard-linked, so nothing is copied),
     /// except the names `replaces` claims: files of an earlier output of the same kind that

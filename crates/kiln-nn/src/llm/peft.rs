@@ -11,7 +11,7 @@ use burn::module::{Module, Param};
 use burn::tensor::{DType, Tensor, TensorData};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
-use kiln_core::output::{Staging, write_synced};
+use kiln_core::output::Staging;
 
 use super::{CausalLm, LlmConfig, LlmError, Proj};
 use crate::lora::LoraAdapter;
@@ -253,8 +253,8 @@ impl<B: ShardedBackend> CausalLm<B> {
         // Both files land together or not at all: never a config of one run beside the
         // weights of another.
         let staging = Staging::new(dir)?;
-        write_synced(&staging.path().join(WEIGHTS), &bytes)?;
-        write_synced(&staging.path().join(CONFIG), text.as_bytes())?;
+        staging.write(WEIGHTS, &bytes)?;
+        staging.write(CONFIG, text.as_bytes())?;
         // An older PEFT's pickle beside new safetensors would be a second, stale answer.
         staging.commit(|name| name == "adapter_model.bin")?;
         Ok(())
@@ -358,16 +358,7 @@ pub fn check_peft_base(adapter_dir: &Path, base_dir: &Path) {
     else {
         return;
     };
-    let canonical = |p: &Path| p.canonicalize().ok();
-    let base = base_dir.to_string_lossy();
-    // A path, a hub name (`org/name`, a folder named `name`, or the cache's `models--org--name`).
-    let last = recorded.rsplit('/').next().unwrap_or(&recorded);
-    let same = canonical(Path::new(&recorded)).is_some_and(|r| Some(r) == canonical(base_dir))
-        || base.contains(&recorded.replace('/', "--"))
-        || base_dir
-            .components()
-            .any(|c| c.as_os_str().to_string_lossy() == last);
-    if !same {
+    if !same_base(&recorded, base_dir) {
         tracing::warn!(
             "the adapters in {} were trained on {recorded}, not on {}; applied to another base \
              they give meaningless output",
@@ -375,6 +366,24 @@ pub fn check_peft_base(adapter_dir: &Path, base_dir: &Path) {
             base_dir.display()
         );
     }
+}
+
+/// Whether `recorded`, an adapter's `base_model_name_or_path`, names the folder `base_dir`:
+/// the same path, or a hub name (`org/name`) whose `name` is a folder of the path or whose
+/// cache folder (`models--org--name`) holds it.
+fn same_base(recorded: &str, base_dir: &Path) -> bool {
+    let canonical = |p: &Path| p.canonicalize().ok();
+    let base = base_dir.to_string_lossy();
+    let last = recorded
+        .trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or(recorded);
+    canonical(Path::new(recorded)).is_some_and(|r| Some(r) == canonical(base_dir))
+        || base.contains(&format!("models--{}", recorded.replace('/', "--")))
+        || base_dir
+            .components()
+            .any(|c| c.as_os_str().to_string_lossy() == last)
 }
 
 /// PEFT's `adapter_config.json`, refusing what Kiln does not apply.
@@ -452,4 +461,25 @@ fn read_spec(path: &Path) -> Result<LoraSpec, LlmError> {
     };
     spec.validate()?;
     Ok(spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_adapter_s_base_is_recognised_by_path_hub_name_or_cache_folder() {
+        let cache = Path::new("/h/hub/models--HuggingFaceTB--SmolLM2-135M/snapshots/abc");
+        assert!(same_base("HuggingFaceTB/SmolLM2-135M", cache));
+        assert!(same_base(
+            "HuggingFaceTB/SmolLM2-135M",
+            Path::new("/m/SmolLM2-135M")
+        ));
+        assert!(same_base("/m/SmolLM2-135M/", Path::new("/m/SmolLM2-135M")));
+        assert!(!same_base("meta-llama/Llama-3.2-1B", cache));
+        assert!(!same_base(
+            "HuggingFaceTB/SmolLM2-360M",
+            Path::new("/m/SmolLM2-135M")
+        ));
+    }
 }

@@ -47,14 +47,15 @@ impl<B: ShardedBackend> CausalLm<B> {
             .with_key_remapping(r"^(.*_proj)\.base\.(weight|bias)$", "$1.$2")
             .metadata("format", "pt")
             .overwrite(true);
+        let failed = |e: OutputError| LlmError::Output(staging.named(WEIGHTS, e));
         merged.save_into(&mut store).map_err(|e| {
-            LlmError::Output(OutputError::io(
+            failed(OutputError::io(
                 "write",
                 &path,
                 std::io::Error::other(e.to_string()),
             ))
         })?;
-        sync_file(&path)?;
+        sync_file(&path).map_err(failed)?;
         // The base folder's config, and its tokenizer when it has one, so the folder is
         // complete.
         for (name, required) in [("config.json", true), ("tokenizer.json", false)] {
@@ -67,11 +68,10 @@ impl<B: ShardedBackend> CausalLm<B> {
                 continue;
             };
             let to = staging.path().join(name);
-            std::fs::copy(&from, &to).map_err(|e| LlmError::Io {
-                path: from.display().to_string(),
-                reason: e.to_string(),
+            std::fs::copy(&from, &to).map_err(|e| {
+                LlmError::Output(staging.named(name, OutputError::io("copy", &to, e)))
             })?;
-            sync_file(&to)?;
+            sync_file(&to).map_err(|e| LlmError::Output(staging.named(name, e)))?;
         }
         // Weights of an earlier model in the folder (an index and its shards, a pickle) would
         // be read before, or beside, the new ones.
@@ -85,8 +85,8 @@ impl<B: ShardedBackend> CausalLm<B> {
 }
 
 /// Syncs a file written by a library that does not.
-fn sync_file(path: &Path) -> Result<(), LlmError> {
+fn sync_file(path: &Path) -> Result<(), OutputError> {
     std::fs::File::open(path)
         .and_then(|f| f.sync_all())
-        .map_err(|e| LlmError::Output(OutputError::io("sync", path, e)))
+        .map_err(|e| OutputError::io("sync", path, e))
 }
