@@ -160,16 +160,25 @@ fn a_fifo_is_refused_not_read_forever() {
         eprintln!("mkfifo is not available; skipped");
         return;
     }
-    for message in refusals(&dir) {
-        assert!(message.contains("a FIFO, not a regular file"), "{message}");
-    }
     let data = dir.join("data.jsonl");
     std::process::Command::new("mkfifo")
         .arg(&data)
         .status()
         .unwrap();
-    let message = read_jsonl(&data).unwrap_err().to_string();
-    assert!(message.contains("a FIFO, not a regular file"), "{message}");
+    // Read, a FIFO blocks until a writer comes: the test fails on a timeout, not by hanging.
+    let (send, receive) = std::sync::mpsc::channel();
+    let (model, data_path) = (dir.clone(), data.clone());
+    std::thread::spawn(move || {
+        let mut messages = refusals(&model).to_vec();
+        messages.push(read_jsonl(&data_path).map(|_| ()).unwrap_err().to_string());
+        let _ = send.send(messages);
+    });
+    let messages = receive
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("a FIFO was read instead of refused: the load hung");
+    for message in messages {
+        assert!(message.contains("a FIFO, not a regular file"), "{message}");
+    }
     std::fs::remove_dir_all(dir).ok();
 }
 
