@@ -133,13 +133,17 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
                 .for_local_process(plan.process().local_rank);
             args.backend.check_precision(config.optimizer.precision)?;
             // Everything the run writes is checked before the data is even generated.
-            // Held until the run ends: a second run given the same paths is refused now.
-            let mut _claims = vec![outputs::check_folder("--out", &args.out)?];
-            if let Some(json) = &args.json {
-                _claims.push(outputs::check_file("--json", json)?);
-            }
-            if let Some(svg) = &args.svg {
-                _claims.push(outputs::check_file("--svg", svg)?);
+            // Held until the run ends: a second run given the same paths is refused now. The
+            // first process writes the run and claims its outputs; the others write nothing.
+            let mut _claims = Vec::new();
+            if launched.is_main() {
+                _claims.push(outputs::check_folder("--out", &args.out)?);
+                if let Some(json) = &args.json {
+                    _claims.push(outputs::check_file("--json", json)?);
+                }
+                if let Some(svg) = &args.svg {
+                    _claims.push(outputs::check_file("--svg", svg)?);
+                }
             }
             let resume = args.resume_path();
             let signals = Signals::install()?;
