@@ -241,6 +241,34 @@ fn damaged_and_foreign_checkpoints_are_refused_in_one_line_naming_the_file() {
         &|s| flip(&s.join("model.mpk"), model_bytes - 100),
         "model.mpk",
     );
+    // Under `auto` at the default log level: the damage is the one line said, before the
+    // machine is measured (which took seconds and logged a line per strategy it timed).
+    let flipped = scratch.join("flipped");
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args([
+            "train",
+            "--strategy",
+            "auto",
+            "--world",
+            "2",
+            "--samples",
+            "2048",
+        ])
+        .args([
+            "--batch",
+            "64",
+            "--steps",
+            "8",
+            "--resume",
+            flipped.to_str().unwrap(),
+        ])
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!out.status.success() && lines.len() == 1, "{stderr}");
+    assert!(lines[0].contains("model.mpk"), "{stderr}");
     case(
         "truncated",
         &|s| {

@@ -147,6 +147,11 @@ fn devices_name_the_ranks() {
         "--world 3 disagrees with --devices 0,0",
     );
     assert_one_line_error(&["train", "--devices", "0,x"], "device numbers");
+    // The flags clap lists under its message stay on the line.
+    assert_one_line_error(
+        &["launch"],
+        "required arguments were not provided: --nproc-per-node",
+    );
     assert_one_line_error(
         &[
             "ad",

@@ -91,3 +91,24 @@ impl fmt::Display for NonFinite {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_skip_warning_says_what_without_advising_the_policy_already_on() {
+        let report = NonFinite {
+            step: 3,
+            rank: Some(1),
+            shard: None,
+            value: NonFiniteValue::Loss,
+            ranks_affected: 1,
+        };
+        assert_eq!(
+            report.summary(),
+            "the loss is NaN or infinite at step 3 on rank 1"
+        );
+        assert!(report.to_string().contains("nan_policy skip"), "{report}");
+    }
+}
