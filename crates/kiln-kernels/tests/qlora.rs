@@ -173,20 +173,28 @@ fn f16_with_f16_scales_matches_the_reference() {
     check::<Fused16>(case(3, 64, 65, QuantFormat::Int4), true, 4e-3);
 }
 
-/// The reference backend (Flex) runs the op through Kiln's backward, which must equal Burn's
-/// autodiff of the composite: the backward formulas, checked without any kernel.
+/// On the CPU (Flex) the op runs through Kiln's backward and its one-pass decode of the
+/// weight, which must equal Burn's autodiff of the reference composite (decoded by Burn's
+/// tensor ops): both code books, f32 and f16 scales, a `k` that ends inside a word and a block.
 #[test]
-fn the_custom_backward_matches_burn_autodiff_on_the_cpu() {
-    let c = case(9, 130, 17, QuantFormat::Nf4);
-    let d = data(&c, false);
-    let device = Default::default();
-    let expected = run::<AdCpu>(&c, &d, false, &device);
-    let got = run::<AdCpu>(&c, &d, true, &device);
-    for (name, (g, e)) in ["y", "dx", "dA", "dB"]
-        .iter()
-        .zip(got.iter().zip(&expected))
-    {
-        assert_close(name, g, e, 1e-5);
+fn the_cpu_decode_and_backward_match_the_reference() {
+    let mut f16_scales = case(5, 200, 33, QuantFormat::Nf4);
+    f16_scales.scale_dtype = ScaleDtype::F16;
+    for c in [
+        case(9, 130, 17, QuantFormat::Nf4),
+        case(3, 64, 65, QuantFormat::Int4),
+        f16_scales,
+    ] {
+        let d = data(&c, false);
+        let device = Default::default();
+        let expected = run::<AdCpu>(&c, &d, false, &device);
+        let got = run::<AdCpu>(&c, &d, true, &device);
+        for (name, (g, e)) in ["y", "dx", "dA", "dB"]
+            .iter()
+            .zip(got.iter().zip(&expected))
+        {
+            assert_close(&format!("{name} (k = {})", c.k), g, e, 1e-5);
+        }
     }
 }
 

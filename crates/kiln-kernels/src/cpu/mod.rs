@@ -1,7 +1,8 @@
 //! Kiln's kernels on the CPU: LayerNorm, causal attention and softmax cross-entropy as
-//! vectorised loops over slices, and their implementation of [`KernelBackend`] for Burn's Flex
-//! backend. Each takes f32 tensors; other dtypes (bf16, f16 under mixed precision) take the
-//! plain-Burn path. The other kernels (QLoRA, RMSNorm, SwiGLU, AdamW, the norm) keep theirs.
+//! vectorised loops over slices, QLoRA's 4-bit weight decoded in one pass, and their
+//! implementation of [`KernelBackend`] for Burn's Flex backend. Each takes f32 tensors; other
+//! dtypes (bf16, f16 under mixed precision) take the plain-Burn path. The other kernels
+//! (RMSNorm, SwiGLU, AdamW, the norm) keep theirs.
 //!
 //! Rayon splits attention by sequence, inside whatever pool the caller runs in (a Ddp rank's
 //! pool has one thread, so it runs inline there); the other kernels are too small per call
@@ -10,6 +11,7 @@
 mod attention;
 mod cross_entropy;
 mod layer_norm;
+mod qlora;
 mod simd;
 
 use burn::backend::Flex;
@@ -17,7 +19,8 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{DType, Shape, TensorData};
 
-use crate::backend::{KernelBackend, plain};
+use crate::backend::{KernelBackend, plain, unwrap, wrap};
+use crate::quant::QuantizedPrimitive;
 
 /// The tensor in one contiguous f32 buffer (a copy only when it is a strided view), or
 /// `None` for another dtype.
@@ -78,6 +81,38 @@ fn class_indices(targets: &FlexTensor, classes: usize) -> Option<Vec<usize>> {
 }
 
 impl KernelBackend for Flex {
+    fn qlora_forward(
+        x: FloatTensor<Self>,
+        weight: QuantizedPrimitive<Self>,
+        t: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        scale: f32,
+    ) -> FloatTensor<Self> {
+        let Some(deq) = qlora::dequantize_nk(&weight).filter(|_| x.dtype() == DType::F32) else {
+            return unwrap(crate::reference::qlora::forward(
+                wrap::<Self, 2>(x),
+                &weight,
+                wrap(t),
+                wrap(b),
+                scale,
+            ));
+        };
+        let (x, deq) = (wrap::<Self, 2>(x), wrap::<Self, 2>(deq));
+        let low_rank = wrap::<Self, 2>(t).matmul(wrap(b)).mul_scalar(scale);
+        unwrap(x.matmul(deq.transpose()) + low_rank)
+    }
+
+    fn qlora_input_grad(
+        dy: FloatTensor<Self>,
+        weight: QuantizedPrimitive<Self>,
+    ) -> FloatTensor<Self> {
+        match qlora::dequantize_nk(&weight).filter(|_| dy.dtype() == DType::F32) {
+            // `[m, n]·[n, k]`: the stored order is the transpose the gradient needs.
+            Some(deq) => unwrap(wrap::<Self, 2>(dy).matmul(wrap(deq))),
+            None => unwrap(crate::reference::qlora::input_grad(wrap(dy), &weight)),
+        }
+    }
+
     fn layer_norm_forward(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
