@@ -104,10 +104,13 @@ impl<B: ShardedBackend> Proj<B> {
 
     /// The whole projection.
     fn forward_whole(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        // On rows (`[batch·seq, in]`), as every matmul here: Burn's 3-D matmul against a
+        // broadcast `[1, in, r]` weight is a batched product, slower, whose weight gradient is
+        // a batch of products summed afterwards.
         let low = self
             .lora
             .as_ref()
-            .map(|a| x.clone().matmul(a.a.val().unsqueeze()));
+            .map(|a| rows_matmul(x.clone(), a.a.val()));
         self.base_plus_adapter(x, low)
     }
 
@@ -127,9 +130,10 @@ impl<B: ShardedBackend> Proj<B> {
                 .val()
         };
         if let Some(linear) = &self.base {
-            let y = linear.forward(u);
+            // Kiln's linear: the frozen weight gets no gradient, and the input's is one matmul.
+            let y = crate::layers::linear_rows(linear, u);
             return match t {
-                Some(t) => y + t.matmul(b().unsqueeze()).mul_scalar(self.scale),
+                Some(t) => y + rows_matmul(t, b()).mul_scalar(self.scale),
                 None => y,
             };
         }
@@ -172,4 +176,9 @@ impl<B: ShardedBackend> Proj<B> {
             None => linear,
         });
     }
+}
+
+/// `x [.., in]·w [in, out]` on the rows of `x`.
+fn rows_matmul<B: ShardedBackend>(x: Tensor<B, 3>, w: Tensor<B, 2>) -> Tensor<B, 3> {
+    ops::linear(x, w, None).expect("the adapter's factors chain: in → rank → out")
 }
