@@ -228,7 +228,7 @@ impl<B: ShardedBackend> CausalLm<B> {
     pub(super) fn head(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let x = self.model.norm.forward(x);
         match &self.lm_head {
-            Some(head) => head.forward(x),
+            Some(head) => crate::layers::linear_rows(head, x),
             None => tied_logits(x, &self.model.embed_tokens),
         }
     }
@@ -240,5 +240,8 @@ pub(super) fn tied_logits<B: ShardedBackend>(
     x: Tensor<B, 3>,
     embedding: &Embedding<B>,
 ) -> Tensor<B, 3> {
-    x.matmul(embedding.weight.val().transpose().unsqueeze_dim(0))
+    // On rows, as every matmul of the model: a 3-D matmul against the broadcast weight is a
+    // batched product, slower, whose weight gradient is a batch of products summed afterwards.
+    ops::linear(x, embedding.weight.val().transpose(), None)
+        .expect("the embedding's width is the hidden states'")
 }

@@ -179,6 +179,6 @@ impl<B: ShardedBackend> Proj<B> {
 }
 
 /// `x [.., in]·w [in, out]` on the rows of `x`.
-fn rows_matmul<B: ShardedBackend>(x: Tensor<B, 3>, w: Tensor<B, 2>) -> Tensor<B, 3> {
+pub(super) fn rows_matmul<B: ShardedBackend>(x: Tensor<B, 3>, w: Tensor<B, 2>) -> Tensor<B, 3> {
     ops::linear(x, w, None).expect("the adapter's factors chain: in → rank → out")
 }

@@ -109,7 +109,7 @@ where
         let norm = stage.norm.as_ref().expect("the last stage holds the norm");
         let x = norm.forward(x);
         let logits = match &stage.lm_head {
-            Some(head) => head.forward(x),
+            Some(head) => crate::layers::linear_rows(head, x),
             // Tied: the embedding this stage holds, as a copy or (one stage) its own.
             None => tied_logits(
                 x,

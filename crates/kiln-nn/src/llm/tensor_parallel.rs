@@ -15,6 +15,7 @@
 //! [`ShardedCausalLm`] is what one rank holds: a distinct type, because a model's shard
 //! declares no tensor parallelism of its own (its `ParallelModel::Tensor` is `Unsupported`).
 
+use super::proj::rows_matmul;
 use burn::module::{AutodiffModule, Module, Param};
 use burn::nn::Linear;
 use burn::tensor::backend::AutodiffBackend;
@@ -167,7 +168,7 @@ impl<B: ShardedBackend> Proj<B> {
         let t = self
             .lora
             .as_ref()
-            .map(|a| copy_to_tp(x.clone().matmul(a.a.val().unsqueeze()), group));
+            .map(|a| copy_to_tp(rows_matmul(x.clone(), a.a.val()), group));
         self.base_plus_adapter(copy_to_tp(x, group), t)
     }
 
@@ -176,7 +177,7 @@ impl<B: ShardedBackend> Proj<B> {
     pub(super) fn forward_row(&self, x: Tensor<B, 3>, group: &TpGroup<B>) -> Tensor<B, 3> {
         let (partial, bias) = match (&self.base, &self.quantized) {
             (Some(linear), _) => (
-                x.clone().matmul(linear.weight.val().unsqueeze()),
+                rows_matmul(x.clone(), linear.weight.val()),
                 linear.bias.as_ref().map(Param::val),
             ),
             (None, Some(q)) => (
@@ -187,13 +188,12 @@ impl<B: ShardedBackend> Proj<B> {
         };
         let y = match &self.lora {
             Some(adapter) => {
-                let low = x.matmul(adapter.a.val().unsqueeze());
+                let low = rows_matmul(x, adapter.a.val());
                 let [_, _, d_out] = partial.dims();
                 let rank = low.dims()[2];
                 let summed = reduce_from_tp(Tensor::cat(vec![partial, low], 2), group);
                 let t = summed.clone().narrow(2, d_out, rank);
-                summed.narrow(2, 0, d_out)
-                    + t.matmul(adapter.b.val().unsqueeze()).mul_scalar(self.scale)
+                summed.narrow(2, 0, d_out) + rows_matmul(t, adapter.b.val()).mul_scalar(self.scale)
             }
             None => reduce_from_tp(partial, group),
         };
