@@ -188,7 +188,18 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
             };
             dispatch(job.args.backend, &placement, job)
         }
-        AdCommand::Eval(args) => dispatch(args.backend, &Placement::Ranks(1), EvalJob(args)),
+        AdCommand::Eval(args) => {
+            // Claimed before the evaluation runs, as kiln ad train's: a typo or a second run
+            // is refused now, not after minutes of evaluating.
+            let mut _claims = Vec::new();
+            if let Some(json) = &args.json {
+                _claims.push(outputs::check_file("--json", json)?);
+            }
+            if let Some(svg) = &args.svg {
+                _claims.push(outputs::check_file("--svg", svg)?);
+            }
+            dispatch(args.backend, &Placement::Ranks(1), EvalJob(args))
+        }
     }
 }
 
