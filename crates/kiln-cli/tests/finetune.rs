@@ -330,26 +330,36 @@ fn a_fine_tuning_run_saved_and_resumed_equals_the_straight_run() {
 }
 
 #[test]
-fn a_resume_on_edited_data_is_refused_naming_it() {
+fn a_resume_on_edited_data_is_refused_naming_it_and_on_moved_data_continues() {
     let out = scratch("edited-data");
-    let data = out.join("chat.jsonl");
+    let (data, moved) = (out.join("chat.jsonl"), out.join("moved.jsonl"));
     std::fs::copy(fixture("chat.jsonl"), &data).unwrap();
     let folder = out.join("checkpoints");
-    let run = |steps: &str, extra: &[&str]| {
+    let run = |data: &Path, steps: &str, extra: &[&str]| {
         let mut args = finetune_args(&out, steps, &["--save", folder.to_str().unwrap()]);
         let at = args.iter().position(|a| a == "--data").unwrap();
         args[at + 1] = data.display().to_string();
         args.extend(extra.iter().map(|s| s.to_string()));
         args
     };
-    let first = run("1", &[]);
+    let first = run(&data, "1", &[]);
     let first: Vec<&str> = first.iter().map(String::as_str).collect();
     assert!(kiln(&first).status.success());
+    // The same bytes elsewhere: the digests match, the resume continues.
+    std::fs::copy(&data, &moved).unwrap();
+    let resume = run(&moved, "2", &["--resume", folder.to_str().unwrap()]);
+    let resume: Vec<&str> = resume.iter().map(String::as_str).collect();
+    let continued = kiln(&resume);
+    assert!(
+        continued.status.success(),
+        "{}",
+        String::from_utf8_lossy(&continued.stderr)
+    );
     // The same path, other contents: the checkpoint's digest of it no longer matches.
     let mut text = std::fs::read_to_string(&data).unwrap();
     text.push_str("{\"prompt\": \"one more\", \"response\": \"example\"}\n");
     std::fs::write(&data, text).unwrap();
-    let resume = run("2", &["--resume", folder.to_str().unwrap()]);
+    let resume = run(&data, "3", &["--resume", folder.to_str().unwrap()]);
     let resume: Vec<&str> = resume.iter().map(String::as_str).collect();
     assert_one_line_error(&resume, "was trained on another data");
     std::fs::remove_dir_all(out).ok();

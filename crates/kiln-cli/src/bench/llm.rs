@@ -139,6 +139,8 @@ pub fn run(args: LlmArgs) -> Result<(), Box<dyn std::error::Error>> {
         Some(path) => Some(crate::outputs::check_file("--json", path)?),
         None => None,
     };
+    // The folder is read by every run below: another bench writing it meanwhile is refused.
+    let _claim = crate::outputs::check_folder("--dir", &dir)?;
     if !dir.join("config.json").is_file() {
         eprintln!(
             "writing a random {} model into {}",

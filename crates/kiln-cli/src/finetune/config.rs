@@ -168,7 +168,8 @@ impl FinetuneConfig {
     /// Checks that this config fine-tunes what `checkpoint` was fine-tuned with: every setting
     /// but those a resumed run may change (`train.steps`, where it trains: `train.world`,
     /// `devices`, `strategy`, `backend` and `parallel`, which the plan's check covers; where it
-    /// writes: `output`, `merged`; and `checkpoint`).
+    /// writes: `output`, `merged`; and `checkpoint`). Where the model folder and the data lie
+    /// may change too when the checkpoint recorded their digests, which the resume checks.
     ///
     /// # Errors
     /// [`FinetuneConfigError::OtherConfig`] naming the settings that differ; a checkpoint
@@ -182,9 +183,15 @@ impl FinetuneConfig {
         let text = std::str::from_utf8(checkpoint.file(CONFIG_FILE)?)
             .map_err(|e| unreadable(e.to_string()))?;
         let saved: FinetuneConfig = toml::from_str(text).map_err(|e| unreadable(e.to_string()))?;
+        // A checkpoint that recorded its inputs' digests checks their contents
+        // (`Checkpoint::check_inputs`): where they now lie may change. An older one's paths
+        // are all there is to compare.
+        let digested = !checkpoint.manifest().inputs.is_empty();
         let comparable = |c: &FinetuneConfig| {
             let defaults = TrainConfig::default();
             let c = FinetuneConfig {
+                model: c.model.clone().filter(|_| !digested),
+                data: c.data.clone().filter(|_| !digested),
                 output: PathBuf::new(),
                 merged: None,
                 checkpoint: CheckpointConfig::default(),
