@@ -84,10 +84,20 @@ impl Staging {
     /// except the names `replaces` claims: files of an earlier output of the same kind that
     /// would contradict the new one (an old shard index beside new weights).
     ///
+    /// A target that is more than an output (one holding folders of its own, or the working
+    /// directory or a folder above it, such as `--out .`) is never swapped: its other contents
+    /// are not Kiln's to move, and a process working in it must not find itself in a removed
+    /// folder. There each staged file is renamed into place instead, in the order written
+    /// (the adapters' config after their weights), each rename atomic.
+    ///
     /// # Errors
-    /// [`OutputError::Io`]; the target is then the old folder, whole.
+    /// [`OutputError::Io`]; the target is then the old folder, whole (renamed file by file,
+    /// it may hold the new files renamed before the failure).
     pub fn commit(mut self, replaces: impl Fn(&str) -> bool) -> Result<(), OutputError> {
         let (parent, _) = split(&self.target)?;
+        if self.target.is_dir() && shared(&self.target)? {
+            return self.rename_each(&replaces);
+        }
         if self.target.is_dir() {
             carry(&self.target, &self.dir, &replaces)?;
         }
@@ -101,6 +111,54 @@ impl Staging {
         }
         Ok(())
     }
+
+    /// Renames each staged file into the target in the order written, after removing what
+    /// `replaces` claims of the old files.
+    fn rename_each(mut self, replaces: &dyn Fn(&str) -> bool) -> Result<(), OutputError> {
+        let read = |dir: &Path| fs::read_dir(dir).map_err(|e| OutputError::io("read", dir, e));
+        let mut staged = Vec::new();
+        for entry in read(&self.dir)?.filter_map(Result::ok) {
+            let written = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .map_err(|e| OutputError::io("read", &entry.path(), e))?;
+            staged.push((written, entry.file_name()));
+        }
+        staged.sort();
+        for entry in read(&self.target)?.filter_map(Result::ok) {
+            let name = entry.file_name();
+            let file = entry.file_type().is_ok_and(|t| !t.is_dir());
+            let restaged = staged.iter().any(|(_, n)| *n == name);
+            if file && !restaged && replaces(&name.to_string_lossy()) {
+                let path = entry.path();
+                fs::remove_file(&path).map_err(|e| OutputError::io("remove", &path, e))?;
+            }
+        }
+        for (_, name) in &staged {
+            let from = self.dir.join(name);
+            fs::rename(&from, self.target.join(name))
+                .map_err(|e| OutputError::io("rename", &from, e))?;
+        }
+        self.committed = true;
+        sync_folder(&self.target)?;
+        fs::remove_dir_all(&self.dir).map_err(|e| OutputError::io("remove", &self.dir, e))
+    }
+}
+
+/// Whether the folder `target` is more than an output: it holds a folder, or it is the
+/// working directory or one above it.
+fn shared(target: &Path) -> Result<bool, OutputError> {
+    let resolved = fs::canonicalize(target).map_err(|e| OutputError::io("resolve", target, e))?;
+    let cwd = std::env::current_dir()
+        .ok()
+        .and_then(|d| d.canonicalize().ok());
+    if cwd.is_some_and(|cwd| cwd.starts_with(&resolved)) {
+        return Ok(true);
+    }
+    let entries = fs::read_dir(target).map_err(|e| OutputError::io("read", target, e))?;
+    Ok(entries
+        .filter_map(Result::ok)
+        .any(|e| e.file_type().is_ok_and(|t| t.is_dir())))
 }
 
 impl Drop for Staging {
@@ -209,6 +267,9 @@ fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
 /// back a folder set aside and never replaced. Called by the lock's holder only: another
 /// run's staging folder is never swept while it writes.
 pub(super) fn sweep(target: &Path) -> Result<(), OutputError> {
+    // `.` and `..` name no folder until resolved.
+    let resolved = fs::canonicalize(target).unwrap_or_else(|_| target.to_path_buf());
+    let target = resolved.as_path();
     let (parent, name) = split(target)?;
     if !parent.is_dir() {
         return Ok(());
@@ -279,6 +340,34 @@ mod tests {
             ["adapters", "precious"],
             "no staging folder left"
         );
+        fs::remove_dir_all(&root).ok();
+    }
+
+    #[test]
+    fn a_folder_holding_folders_is_written_file_by_file_never_moved() {
+        let root = std::env::temp_dir().join(format!("kiln-staging-shared-{}", std::process::id()));
+        let out = root.join("project");
+        fs::create_dir_all(out.join("src")).unwrap();
+        fs::write(out.join("src").join("main.rs"), b"the user's").unwrap();
+        fs::write(out.join("weights"), b"old").unwrap();
+        fs::write(out.join("stale-index"), b"old").unwrap();
+        #[cfg(unix)]
+        let inode = |p: &Path| std::os::unix::fs::MetadataExt::ino(&fs::metadata(p).unwrap());
+        #[cfg(unix)]
+        let before = inode(&out);
+        let staging = Staging::new(&out).unwrap();
+        fs::write(staging.path().join("weights"), b"new").unwrap();
+        fs::write(staging.path().join("config"), b"new").unwrap();
+        staging.commit(|name| name == "stale-index").unwrap();
+        #[cfg(unix)]
+        assert_eq!(inode(&out), before, "the folder itself stays where it is");
+        assert_eq!(names(&out), ["config", "src", "weights"]);
+        assert_eq!(fs::read(out.join("weights")).unwrap(), b"new");
+        assert_eq!(
+            fs::read(out.join("src").join("main.rs")).unwrap(),
+            b"the user's"
+        );
+        assert_eq!(names(&root), ["project"], "no staging folder left");
         fs::remove_dir_all(&root).ok();
     }
 }
