@@ -132,6 +132,12 @@ pub enum FinetuneConfigError {
          into another folder"
     )]
     MergedIntoBase(PathBuf),
+    /// A merged model to be written into the adapters' folder.
+    #[error(
+        "--merged {0} is the --out folder; the merged model and the adapters each need a folder \
+         of their own"
+    )]
+    MergedIntoAdapters(PathBuf),
     /// A resume whose config differs from the checkpoint's.
     #[error(
         "{path}: the checkpoint was saved by another config: {fields}; resume with the config \

@@ -192,7 +192,6 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
         _claims.push(crate::outputs::check_folder("--out", &config.output)?);
     }
     if let Some(merged) = config.merged.as_ref().filter(|_| main) {
-        _claims.push(crate::outputs::check_folder("--merged", merged)?);
         let same = |a: &std::path::Path, b: &std::path::Path| {
             a.canonicalize()
                 .ok()
@@ -202,6 +201,11 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
         if same(merged, dir) {
             return Err(FinetuneConfigError::MergedIntoBase(merged.clone()).into());
         }
+        // `--out` is claimed (and so exists) by now.
+        if same(merged, &config.output) {
+            return Err(FinetuneConfigError::MergedIntoAdapters(merged.clone()).into());
+        }
+        _claims.push(crate::outputs::check_folder("--merged", merged)?);
     }
     // The checkpoint is read and verified before the data is: a damaged or foreign one is
     // reported at once.
