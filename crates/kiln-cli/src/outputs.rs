@@ -43,12 +43,22 @@ fn reason(e: Written) -> String {
 /// [`OutputError`] naming the flag.
 pub fn check_file(flag: &'static str, path: &Path) -> Result<OutputLock, OutputError> {
     let lock = OutputLock::file(path).map_err(|e| refuse(flag, path, reason(e)))?;
-    let folder = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    let folder = kiln_core::output::folder_of(path);
     probe(flag, folder).map_err(|e| refuse(flag, path, format!("its folder {e}")))?;
     Ok(lock)
+}
+
+/// [`check_file`] for each of `files` (`("--json", path)`) that is given.
+///
+/// # Errors
+/// The first [`OutputError`].
+pub fn check_files(
+    files: &[(&'static str, Option<&Path>)],
+) -> Result<Vec<OutputLock>, OutputError> {
+    files
+        .iter()
+        .filter_map(|&(flag, path)| path.map(|path| check_file(flag, path)))
+        .collect()
 }
 
 /// Claims the folder `path` of `flag` for this run, until the returned lock is dropped: a

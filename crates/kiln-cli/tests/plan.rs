@@ -567,23 +567,16 @@ fn auto_keeps_the_stages_and_shards_a_user_fixes() {
     );
 }
 
-/// The 70B flags with `flag` set to `value`.
-fn llama_with(flag: &str, value: &str) -> Vec<String> {
-    let mut args = vec!["plan".to_string()];
-    if flag != "--global-batch" {
-        args.extend(["--global-batch".to_string(), "512".to_string()]);
-    }
-    let mut given = false;
-    for pair in LLAMA_70B.chunks(2) {
-        if pair[0] == flag {
-            args.extend([flag.to_string(), value.to_string()]);
-            given = true;
-        } else {
-            args.extend(pair.iter().map(|s| s.to_string()));
+/// `kiln plan` of the 70B model on a global batch of 512, each flag of `overrides` set to its
+/// value (or added).
+fn llama_with(overrides: &[(&str, &str)]) -> Vec<String> {
+    let mut args: Vec<String> = ["plan", "--global-batch", "512"].map(String::from).to_vec();
+    args.extend(LLAMA_70B.iter().map(|s| s.to_string()));
+    for (flag, value) in overrides {
+        match args.iter().position(|a| a == flag) {
+            Some(at) => args[at + 1] = value.to_string(),
+            None => args.extend([flag.to_string(), value.to_string()]),
         }
-    }
-    if !given {
-        args.extend([flag.to_string(), value.to_string()]);
     }
     args
 }
@@ -637,7 +630,7 @@ fn sizes_past_the_planner_s_range_are_refused_not_wrapped() {
         ),
     ];
     for (flag, value, needle) in cases {
-        let args = llama_with(flag, value);
+        let args = llama_with(&[(flag, value)]);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         assert_one_line_error(&args, needle);
     }
@@ -645,27 +638,14 @@ fn sizes_past_the_planner_s_range_are_refused_not_wrapped() {
     let mut last = 0;
     for hidden in [1024, 4096, 16384, 65536, 131072] {
         let hidden = hidden.to_string();
-        let report = plan_json(&[
-            "--global-batch",
-            "8",
-            "--layers",
-            "2",
-            "--hidden",
-            &hidden,
-            "--heads",
-            "64",
-            "--kv-heads",
-            "8",
-            "--ffn",
-            "28672",
-            "--seq",
-            "256",
-            "--vocab",
-            "32000",
-            "--gated",
-            "--device-memory",
-            "1000TiB",
+        let args = llama_with(&[
+            ("--global-batch", "8"),
+            ("--layers", "2"),
+            ("--hidden", &hidden),
+            ("--seq", "256"),
+            ("--device-memory", "1000TiB"),
         ]);
+        let report = plan_json(&args[1..].iter().map(String::as_str).collect::<Vec<_>>());
         let params = report["workload"]["params"].as_u64().unwrap();
         assert!(
             params > last,

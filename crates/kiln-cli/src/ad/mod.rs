@@ -138,12 +138,10 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
             let mut _claims = Vec::new();
             if launched.is_main() {
                 _claims.push(outputs::check_folder("--out", &args.out)?);
-                if let Some(json) = &args.json {
-                    _claims.push(outputs::check_file("--json", json)?);
-                }
-                if let Some(svg) = &args.svg {
-                    _claims.push(outputs::check_file("--svg", svg)?);
-                }
+                _claims.extend(outputs::check_files(&[
+                    ("--json", args.json.as_deref()),
+                    ("--svg", args.svg.as_deref()),
+                ])?);
             }
             let resume = args.resume_path();
             let signals = Signals::install()?;
@@ -191,13 +189,10 @@ pub fn run(command: AdCommand) -> Result<(), Box<dyn std::error::Error>> {
         AdCommand::Eval(args) => {
             // Claimed before the evaluation runs, as kiln ad train's: a typo or a second run
             // is refused now, not after minutes of evaluating.
-            let mut _claims = Vec::new();
-            if let Some(json) = &args.json {
-                _claims.push(outputs::check_file("--json", json)?);
-            }
-            if let Some(svg) = &args.svg {
-                _claims.push(outputs::check_file("--svg", svg)?);
-            }
+            let _claims = outputs::check_files(&[
+                ("--json", args.json.as_deref()),
+                ("--svg", args.svg.as_deref()),
+            ])?;
             dispatch(args.backend, &Placement::Ranks(1), EvalJob(args))
         }
     }

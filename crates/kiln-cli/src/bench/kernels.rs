@@ -40,10 +40,7 @@ pub struct KernelArgs {
 
 /// Runs `kiln bench kernels`.
 pub fn run(args: KernelArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let _claim = match &args.json {
-        Some(path) => Some(crate::outputs::check_file("--json", path)?),
-        None => None,
-    };
+    let _claim = crate::outputs::check_files(&[("--json", args.json.as_deref())])?;
     let sizes = if args.full {
         Sizes::full()
     } else {

@@ -135,10 +135,7 @@ pub fn run(args: LlmArgs) -> Result<(), Box<dyn std::error::Error>> {
         .filter(|c| c.trim() != "none")
         .map(|c| parse_case(c))
         .collect::<Result<Vec<_>, _>>()?;
-    let _claim = match &args.json {
-        Some(path) => Some(crate::outputs::check_file("--json", path)?),
-        None => None,
-    };
+    let _claim = crate::outputs::check_files(&[("--json", args.json.as_deref())])?;
     // The folder is read by every run below: another bench writing it meanwhile is refused.
     let _claim = crate::outputs::check_folder("--dir", &dir)?;
     if !dir.join("config.json").is_file() {

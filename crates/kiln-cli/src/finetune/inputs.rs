@@ -11,9 +11,14 @@ use kiln_core::checkpoint::FileDigest;
 /// Input digests by name: `data`, `model/<file>`.
 pub type Digests = BTreeMap<String, FileDigest>;
 
-/// The digests, computed on a thread of their own: a 7B base is 14 GB to read, which overlaps
-/// with loading it.
-pub struct Inputs(Option<JoinHandle<Result<Digests, String>>>);
+/// The digests, computed on a thread of their own (a 7B base is 14 GB to read, which overlaps
+/// with loading it), and kept once taken.
+pub enum Inputs {
+    /// Still being computed.
+    Pending(JoinHandle<Result<Digests, String>>),
+    /// Done.
+    Done(Digests),
+}
 
 impl Inputs {
     /// Starts digesting the data file `data` and the model folder `model`.
@@ -32,7 +37,7 @@ impl Inputs {
                 })
                 .collect()
         });
-        Ok(Self(Some(handle)))
+        Ok(Self::Pending(handle))
     }
 
     /// The digests, waiting for them if they are not done.
@@ -40,11 +45,14 @@ impl Inputs {
     /// # Errors
     /// A file that could not be read.
     pub fn get(&mut self) -> Result<Digests, String> {
-        match self.0.take() {
-            Some(handle) => handle
+        let state = std::mem::replace(self, Self::Done(Digests::new()));
+        let digests = match state {
+            Self::Pending(handle) => handle
                 .join()
-                .map_err(|_| "digesting the inputs failed".to_string())?,
-            None => Err("the inputs' digests were already taken".to_string()),
-        }
+                .map_err(|_| "digesting the inputs failed".to_string())??,
+            Self::Done(digests) => digests,
+        };
+        *self = Self::Done(digests.clone());
+        Ok(digests)
     }
 }

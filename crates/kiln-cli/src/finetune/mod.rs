@@ -184,10 +184,7 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
     config.fit_model(&llm)?;
     let dir = config.model_dir()?;
     // Held until the run ends: a second run given the same paths is refused now.
-    let mut _claims = Vec::new();
-    if let Some(path) = &json {
-        _claims.push(crate::outputs::check_file("--json", path)?);
-    }
+    let mut _claims = crate::outputs::check_files(&[("--json", json.as_deref())])?;
     if main {
         _claims.push(crate::outputs::check_folder("--out", &config.output)?);
     }
@@ -256,15 +253,13 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
         launched.is_main(),
     )?;
     // Digested only when a checkpoint records or checks them.
-    let mut inputs = match prepared.resume.is_some() || prepared.save.is_some() {
+    let mut digests = match prepared.resume.is_some() || prepared.save.is_some() {
         true => Some(inputs::Inputs::digest(data, dir)?),
         false => None,
     };
-    let mut digests = None;
     if let Some(resumed) = &prepared.resume {
-        let current = inputs.as_mut().map(inputs::Inputs::get).transpose()?;
-        resumed.check_inputs(current.as_ref().unwrap_or(&Default::default()))?;
-        digests = current;
+        let current = digests.as_mut().map(inputs::Inputs::get).transpose()?;
+        resumed.check_inputs(&current.unwrap_or_default())?;
     }
     let job = FinetuneJob {
         config: &config,
@@ -273,7 +268,7 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
         checkpoints: prepared,
         signals: &signals,
         main,
-        inputs: (digests, inputs),
+        digests,
     };
     let report = dispatch(config.train.backend, &placement, job)?;
     if !main {
@@ -325,8 +320,8 @@ struct FinetuneJob<'a> {
     signals: &'a Signals,
     /// Whether this process writes the run (the first of its processes).
     main: bool,
-    /// The inputs' digests when already taken, else their digesting, if any.
-    inputs: (Option<inputs::Digests>, Option<inputs::Inputs>),
+    /// The inputs' digests, when a checkpoint records them.
+    digests: Option<inputs::Inputs>,
 }
 
 /// What a fine-tuning checkpoint's manifest calls its model: the adapters alone.
@@ -346,7 +341,7 @@ impl Job for FinetuneJob<'_> {
             checkpoints,
             signals,
             main,
-            inputs: (digests, mut digesting),
+            mut digests,
         } = self;
         let train = &config.train;
         let dir = config.model_dir()?;
@@ -376,14 +371,11 @@ impl Job for FinetuneJob<'_> {
                 let run = RunInfo::of(plan, "adamw", train.optimizer.precision);
                 let text = toml::to_string_pretty(config)?;
                 // The model has loaded meanwhile; the digests are done or nearly.
-                let inputs = match digests {
-                    Some(digests) => digests,
-                    None => digesting
-                        .as_mut()
-                        .map(inputs::Inputs::get)
-                        .transpose()?
-                        .unwrap_or_default(),
-                };
+                let inputs = digests
+                    .as_mut()
+                    .map(inputs::Inputs::get)
+                    .transpose()?
+                    .unwrap_or_default();
                 Some(
                     Saver::new(folder, KIND, run)
                         .with_file(CONFIG_FILE, text.into_bytes())

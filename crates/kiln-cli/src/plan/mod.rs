@@ -152,10 +152,7 @@ struct PlanReport<'a> {
 pub fn run(args: PlanArgs) -> Result<(), Box<dyn std::error::Error>> {
     // `-` is standard output; a file is claimed before the plan is searched.
     let json_file = args.json.as_deref().filter(|p| p.to_str() != Some("-"));
-    let _claim = match json_file {
-        Some(path) => Some(crate::outputs::check_file("--json", path)?),
-        None => None,
-    };
+    let _claim = crate::outputs::check_files(&[("--json", json_file)])?;
     let (name, work, cluster) = match args.model {
         Some(model) => measured(&args, model)?,
         None => {

@@ -115,10 +115,7 @@ pub fn run(args: TrainArgs) -> Result<(), Box<dyn std::error::Error>> {
     let placement = config.placement(&plan)?;
     config.backend.check_precision(config.optimizer.precision)?;
     // Everything the run writes is checked before it trains a step.
-    let _claim = match &json {
-        Some(path) => Some(crate::outputs::check_file("--json", path)?),
-        None => None,
-    };
+    let _claim = crate::outputs::check_files(&[("--json", json.as_deref())])?;
     // Installed before anything is written, so a signal from then on stops the run cleanly.
     let signals = Signals::install()?;
     let prepared = RunCheckpoints::prepare(

@@ -6,6 +6,13 @@ use std::path::Path;
 
 use super::OutputError;
 
+/// The folder holding `path`: its parent, or `.` for a bare name.
+pub fn folder_of(path: &Path) -> &Path {
+    path.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+}
+
 /// Creates `path` (replacing a file there), writes `bytes` and syncs them to the disk.
 ///
 /// # Errors
@@ -48,10 +55,7 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), OutputError> {
             reason: "has no file name; give a file",
         })?
         .to_string_lossy();
-    let folder = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    let folder = folder_of(path);
     if path.is_dir() {
         return Err(OutputError::Kind {
             path: path.display().to_string(),

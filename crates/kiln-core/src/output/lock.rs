@@ -59,10 +59,7 @@ impl OutputLock {
                 reason: "has no file name; give a file",
             });
         };
-        let folder = path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
+        let folder = super::folder_of(path);
         if folder.exists() && !folder.is_dir() {
             return Err(OutputError::Kind {
                 path: folder.display().to_string(),

@@ -18,7 +18,7 @@ mod error;
 mod lock;
 mod staging;
 
-pub use durable::{sync_folder, write_file, write_synced};
+pub use durable::{folder_of, sync_folder, write_file, write_synced};
 pub use error::OutputError;
 pub use lock::OutputLock;
 pub use staging::Staging;

@@ -16,6 +16,8 @@ pub struct Staging {
     target: PathBuf,
     dir: PathBuf,
     committed: bool,
+    /// The files written through [`Self::write`], in order.
+    written: Vec<String>,
 }
 
 impl Staging {
@@ -47,6 +49,7 @@ impl Staging {
             target,
             dir,
             committed: false,
+            written: Vec::new(),
         })
     }
 
@@ -60,8 +63,10 @@ impl Staging {
     ///
     /// # Errors
     /// [`OutputError::Io`].
-    pub fn write(&self, name: &str, bytes: &[u8]) -> Result<(), OutputError> {
-        super::write_synced(&self.dir.join(name), bytes).map_err(|e| self.named(name, e))
+    pub fn write(&mut self, name: &str, bytes: &[u8]) -> Result<(), OutputError> {
+        super::write_synced(&self.dir.join(name), bytes).map_err(|e| self.named(name, e))?;
+        self.written.push(name.to_string());
+        Ok(())
     }
 
     /// `e`, a failure on the staged file `name`, told of the target's file instead.
@@ -87,8 +92,9 @@ impl Staging {
     /// A target that is more than an output (one holding folders of its own, or the working
     /// directory or a folder above it, such as `--out .`) is never swapped: its other contents
     /// are not Kiln's to move, and a process working in it must not find itself in a removed
-    /// folder. There each staged file is renamed into place instead, in the order written
-    /// (the adapters' config after their weights), each rename atomic.
+    /// folder. There each staged file is renamed into place instead, each rename atomic: those
+    /// written by path first, then those written through [`Self::write`] in their order (the
+    /// adapters' config after their weights).
     ///
     /// # Errors
     /// [`OutputError::Io`]; the target is then the old folder, whole (renamed file by file,
@@ -116,25 +122,24 @@ impl Staging {
     /// `replaces` claims of the old files.
     fn rename_each(mut self, replaces: &dyn Fn(&str) -> bool) -> Result<(), OutputError> {
         let read = |dir: &Path| fs::read_dir(dir).map_err(|e| OutputError::io("read", dir, e));
-        let mut staged = Vec::new();
-        for entry in read(&self.dir)?.filter_map(Result::ok) {
-            let written = entry
-                .metadata()
-                .and_then(|m| m.modified())
-                .map_err(|e| OutputError::io("read", &entry.path(), e))?;
-            staged.push((written, entry.file_name()));
-        }
+        // Files written into the folder by path first, by name; then those written through
+        // `write`, in their order.
+        let mut staged: Vec<std::ffi::OsString> = read(&self.dir)?
+            .filter_map(Result::ok)
+            .map(|e| e.file_name())
+            .filter(|n| !self.written.iter().any(|w| n == w.as_str()))
+            .collect();
         staged.sort();
+        staged.extend(self.written.iter().map(Into::into));
         for entry in read(&self.target)?.filter_map(Result::ok) {
             let name = entry.file_name();
             let file = entry.file_type().is_ok_and(|t| !t.is_dir());
-            let restaged = staged.iter().any(|(_, n)| *n == name);
-            if file && !restaged && replaces(&name.to_string_lossy()) {
+            if file && !staged.contains(&name) && replaces(&name.to_string_lossy()) {
                 let path = entry.path();
                 fs::remove_file(&path).map_err(|e| OutputError::io("remove", &path, e))?;
             }
         }
-        for (_, name) in &staged {
+        for name in &staged {
             let from = self.dir.join(name);
             fs::rename(&from, self.target.join(name))
                 .map_err(|e| OutputError::io("rename", &from, e))?;
@@ -175,10 +180,7 @@ fn split(path: &Path) -> Result<(PathBuf, String), OutputError> {
         path: path.display().to_string(),
         reason: "has no folder name; give a folder",
     })?;
-    let parent = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    let parent = super::folder_of(path);
     Ok((parent.to_path_buf(), name.to_string_lossy().into_owned()))
 }
 
@@ -355,9 +357,9 @@ mod tests {
         let inode = |p: &Path| std::os::unix::fs::MetadataExt::ino(&fs::metadata(p).unwrap());
         #[cfg(unix)]
         let before = inode(&out);
-        let staging = Staging::new(&out).unwrap();
-        fs::write(staging.path().join("weights"), b"new").unwrap();
-        fs::write(staging.path().join("config"), b"new").unwrap();
+        let mut staging = Staging::new(&out).unwrap();
+        staging.write("weights", b"new").unwrap();
+        staging.write("config", b"new").unwrap();
         staging.commit(|name| name == "stale-index").unwrap();
         #[cfg(unix)]
         assert_eq!(inode(&out), before, "the folder itself stays where it is");

@@ -88,7 +88,8 @@ impl KernelBackend for Flex {
         b: FloatTensor<Self>,
         scale: f32,
     ) -> FloatTensor<Self> {
-        let Some(deq) = qlora::dequantize_nk(&weight).filter(|_| x.dtype() == DType::F32) else {
+        let f32 = x.dtype() == DType::F32;
+        let Some(deq) = f32.then(|| qlora::dequantize_nk(&weight)).flatten() else {
             return unwrap(crate::reference::qlora::forward(
                 wrap::<Self, 2>(x),
                 &weight,
@@ -106,7 +107,8 @@ impl KernelBackend for Flex {
         dy: FloatTensor<Self>,
         weight: QuantizedPrimitive<Self>,
     ) -> FloatTensor<Self> {
-        match qlora::dequantize_nk(&weight).filter(|_| dy.dtype() == DType::F32) {
+        let f32 = dy.dtype() == DType::F32;
+        match f32.then(|| qlora::dequantize_nk(&weight)).flatten() {
             // `[m, n]·[n, k]`: the stored order is the transpose the gradient needs.
             Some(deq) => unwrap(wrap::<Self, 2>(dy).matmul(wrap(deq))),
             None => unwrap(crate::reference::qlora::input_grad(wrap(dy), &weight)),

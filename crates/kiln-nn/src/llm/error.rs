@@ -1,5 +1,12 @@
 //! Why a model folder could not be loaded: one line each, naming the file or tensor.
 
+/// What the first value of `values` that is not finite is (`NaN` or `infinite`), for
+/// [`LlmError::NonFinite`]; `None` when every one is finite.
+pub(crate) fn non_finite(values: &[f32]) -> Option<&'static str> {
+    let bad = values.iter().find(|v| !v.is_finite())?;
+    Some(if bad.is_nan() { "NaN" } else { "infinite" })
+}
+
 /// A model folder, config or weight file that cannot be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum LlmError {

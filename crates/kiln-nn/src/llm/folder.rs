@@ -59,15 +59,7 @@ pub(crate) fn regular_file(dir: &Path, name: &str) -> Result<Option<PathBuf>, Ll
             ),
         ));
     }
-    let meta = resolved
-        .metadata()
-        .map_err(|e| refuse(&path, format!("cannot be read: {e}")))?;
-    if !meta.is_file() {
-        return Err(refuse(
-            &path,
-            format!("is {}, not a regular file", kind(&meta)),
-        ));
-    }
+    check_regular(&path)?;
     Ok(Some(path))
 }
 

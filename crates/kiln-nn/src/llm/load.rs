@@ -15,6 +15,7 @@ use burn_store::{
 };
 use kiln_kernels::quant::{HostQuantized, QuantizedWeight};
 
+use super::error::non_finite;
 use super::folder::{regular_file, weight_files};
 use super::{CausalLm, LlmConfig, LlmError, Proj, QuantizedBase};
 use crate::lora::QuantConfig;
@@ -393,11 +394,11 @@ impl Shards {
             .into_vec::<f32>()
             .map_err(|e| tensor_error(file, format!("{}: {e:?}", hf_name(path))))?;
         // Quantised, a NaN would hide in a block's scale; refused while still in f32.
-        if let Some(bad) = values.iter().find(|v| !v.is_finite()) {
+        if let Some(what) = non_finite(&values) {
             return Err(LlmError::NonFinite {
                 tensor: hf_name(path),
                 file: file.display().to_string(),
-                what: if bad.is_nan() { "NaN" } else { "infinite" },
+                what,
             });
         }
         Ok(values)

@@ -13,6 +13,7 @@ use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
 use kiln_core::output::Staging;
 
+use super::error::non_finite;
 use super::{CausalLm, LlmConfig, LlmError, Proj};
 use crate::lora::LoraAdapter;
 use crate::tensor_parallel::ShardedBackend;
@@ -206,12 +207,12 @@ impl<B: ShardedBackend> CausalLm<B> {
                     let data = t.into_data().convert::<f32>();
                     let name = format!("base_model.model.{path}.{which}.weight");
                     let values = data.as_slice::<f32>().unwrap_or_default();
-                    if let Some(bad) = values.iter().find(|v| !v.is_finite()) {
+                    if let Some(what) = non_finite(values) {
                         // Written, they would replace good adapters with ones that give NaN.
                         return Err(LlmError::NonFinite {
                             tensor: name,
                             file: "the trained adapters (nothing was written)".into(),
-                            what: if bad.is_nan() { "NaN" } else { "infinite" },
+                            what,
                         });
                     }
                     tensors.push((name, data.as_bytes().to_vec(), shape));
@@ -252,7 +253,7 @@ impl<B: ShardedBackend> CausalLm<B> {
             .map_err(|e| write_error(&dir.join(CONFIG), &e))?;
         // Both files land together or not at all: never a config of one run beside the
         // weights of another.
-        let staging = Staging::new(dir)?;
+        let mut staging = Staging::new(dir)?;
         staging.write(WEIGHTS, &bytes)?;
         staging.write(CONFIG, text.as_bytes())?;
         // An older PEFT's pickle beside new safetensors would be a second, stale answer.
@@ -310,11 +311,11 @@ impl<B: ShardedBackend> CausalLm<B> {
                 let data = TensorData::from_bytes_vec(view.data().to_vec(), [cols, rows], dtype)
                     .convert_dtype(DType::F32);
                 let values = data.as_slice::<f32>().unwrap_or_default();
-                if let Some(bad) = values.iter().find(|v| !v.is_finite()) {
+                if let Some(what) = non_finite(values) {
                     return Err(LlmError::NonFinite {
                         tensor: name,
                         file: path.display().to_string(),
-                        what: if bad.is_nan() { "NaN" } else { "infinite" },
+                        what,
                     });
                 }
                 let t = Tensor::<B, 2>::from_data(data, &device).transpose();
