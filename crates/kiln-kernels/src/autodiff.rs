@@ -124,12 +124,20 @@ impl<B: KernelBackend> Backward<B, 2> for RmsNormBackward {
         let [node_x, node_gamma] = ops.parents;
         let dy = grads.consume::<B>(&ops.node);
         let (x, gamma, rstd) = ops.state;
-        let (dx, dgamma) = B::rms_norm_backward(dy, x, gamma, rstd);
-        if let Some(node) = node_x {
-            grads.register::<B>(node.id, dx);
-        }
-        if let Some(node) = node_gamma {
-            grads.register::<B>(node.id, dgamma);
+        match node_gamma {
+            Some(node_gamma) => {
+                let (dx, dgamma) = B::rms_norm_backward(dy, x, gamma, rstd);
+                if let Some(node) = node_x {
+                    grads.register::<B>(node.id, dx);
+                }
+                grads.register::<B>(node_gamma.id, dgamma);
+            }
+            // A frozen gain (a fine-tuned model's norms): no sum down the rows for it.
+            None => {
+                if let Some(node) = node_x {
+                    grads.register::<B>(node.id, B::rms_norm_input_grad(dy, x, gamma, rstd));
+                }
+            }
         }
     }
 }
@@ -346,6 +354,20 @@ impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
         let (dx, dg) =
             B::rms_norm_backward(dy.primitive, x.primitive, gamma.primitive, rstd.primitive);
         (constant::<B, C>(dx), constant::<B, C>(dg))
+    }
+
+    fn rms_norm_input_grad(
+        dy: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        constant::<B, C>(B::rms_norm_input_grad(
+            dy.primitive,
+            x.primitive,
+            gamma.primitive,
+            rstd.primitive,
+        ))
     }
 
     fn layer_norm_forward(

@@ -107,6 +107,22 @@ pub trait KernelBackend: Backend {
         (unwrap(dx), unwrap(dg))
     }
 
+    /// RMSNorm's input gradient alone (`dx [rows, d]`), for a frozen gain: a fine-tuned model's
+    /// norms. The CubeCL backends then skip the gain's sum down the rows.
+    fn rms_norm_input_grad(
+        dy: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        unwrap(reference::rms_norm::input_grad(
+            wrap::<Self, 2>(dy),
+            wrap(x),
+            wrap(gamma),
+            wrap(rstd),
+        ))
+    }
+
     /// LayerNorm of `x [rows, d]` with gain `gamma [d]` and shift `beta [d]`:
     /// `(y [rows, d], mean [rows], rstd [rows])`.
     fn layer_norm_forward(

@@ -23,6 +23,8 @@ const F32_TOL: f32 = 1e-5;
 const F16_TOL: f32 = 3e-3;
 
 fn compare(what: &str, got: &[Vec<f32>], expected: &[Vec<f32>], names: &[&str], tol: f32) {
+    assert_eq!(got.len(), expected.len(), "{what}: the results compared");
+    assert_eq!(got.len(), names.len(), "{what}: the results named");
     for ((g, e), name) in got.iter().zip(expected).zip(names) {
         assert_close(&format!("{what} {name}"), g, e, tol);
     }
@@ -86,7 +88,16 @@ fn rms<B: AutodiffBackend + KernelBackend>(
     half: bool,
     device: &B::Device,
 ) -> Vec<Vec<f32>> {
-    rms_shaped::<B>(ROWS, D, fused, half, device)
+    rms_shaped::<B>(ROWS, D, true, fused, half, device)
+}
+
+/// A frozen gain (a fine-tuned model's norms): the backward computes `dx` alone.
+fn rms_frozen<B: AutodiffBackend + KernelBackend>(
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    rms_shaped::<B>(ROWS, D, false, fused, half, device)
 }
 
 /// Many rows of a narrow norm: `dγ`'s sum down the rows is cut into chunks (the column sum's
@@ -96,18 +107,24 @@ fn rms_tall<B: AutodiffBackend + KernelBackend>(
     half: bool,
     device: &B::Device,
 ) -> Vec<Vec<f32>> {
-    rms_shaped::<B>(700, 17, fused, half, device)
+    rms_shaped::<B>(700, 17, true, fused, half, device)
 }
 
 fn rms_shaped<B: AutodiffBackend + KernelBackend>(
     rows: usize,
     d: usize,
+    train_gamma: bool,
     fused: bool,
     half: bool,
     device: &B::Device,
 ) -> Vec<Vec<f32>> {
     let x = tensor::<B, 3>(&values(rows * d, 2.0, 1, half), [1, rows, d], device).require_grad();
-    let gamma = tensor::<B, 1>(&values(d, 1.5, 2, half), [d], device).require_grad();
+    let gamma = tensor::<B, 1>(&values(d, 1.5, 2, half), [d], device);
+    let gamma = if train_gamma {
+        gamma.require_grad()
+    } else {
+        gamma
+    };
     let probe = tensor::<B, 3>(&values(rows * d, 1.0, 3, half), [1, rows, d], device);
     let y = if fused {
         ops::rms_norm(x.clone(), gamma.clone(), 1e-5).unwrap()
@@ -117,17 +134,16 @@ fn rms_shaped<B: AutodiffBackend + KernelBackend>(
         y.reshape([1, rows, d])
     };
     let grads = (y.clone() * probe).sum().backward();
-    vec![
-        to_vec(y),
-        to_vec(x.grad(&grads).unwrap()),
-        to_vec(gamma.grad(&grads).unwrap()),
-    ]
+    let mut got = vec![to_vec(y), to_vec(x.grad(&grads).unwrap())];
+    got.extend(gamma.grad(&grads).map(to_vec));
+    got
 }
 
 #[test]
 fn rms_norm_matches_the_reference() {
     check_everywhere!("rms_norm", rms, ["y", "dx", "dgamma"]);
     check_everywhere!("rms_norm tall", rms_tall, ["y", "dx", "dgamma"]);
+    check_everywhere!("rms_norm frozen gain", rms_frozen, ["y", "dx"]);
 }
 
 // ---------------------------------------------------------------- linear

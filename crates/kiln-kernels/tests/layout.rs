@@ -153,11 +153,18 @@ fn rms_norm_reads_strided_inputs_and_writes_dense_outputs() {
             vector(&gamma, true),
             rstd.clone(),
         );
+        let dx_alone = G::rms_norm_input_grad(
+            matrix(&dy, ROWS, D, layout),
+            matrix(&x, ROWS, D, layout),
+            vector(&gamma, true),
+            rstd.clone(),
+        );
         vec![
             read("y", y),
             read("rstd", rstd),
             read("dx", dx),
             read("dgamma", dgamma),
+            read("dx alone", dx_alone),
         ]
     });
 }

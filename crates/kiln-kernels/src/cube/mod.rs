@@ -94,6 +94,15 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> KernelBack
         rms_norm::backward(dy, x, gamma, rstd)
     }
 
+    fn rms_norm_input_grad(
+        dy: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        rms_norm::input_grad(dy, x, gamma, rstd)
+    }
+
     fn layer_norm_forward(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,

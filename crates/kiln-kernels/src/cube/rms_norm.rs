@@ -111,6 +111,22 @@ pub(crate) fn backward<R: CubeRuntime>(
 ) -> (CubeTensor<R>, CubeTensor<R>) {
     let dy = dense_input(dy);
     let x = dense_input(x);
+    let rstd = dense_input(rstd);
+    let dx = input_grad(dy.clone(), x.clone(), gamma, rstd.clone());
+    // dγ = Σ_rows dy·x·rstd, down the rows on many cubes.
+    let dgamma = column_sum(dy, Some((x, rstd)));
+    (dx, dgamma)
+}
+
+/// `dx` alone, in one launch.
+pub(crate) fn input_grad<R: CubeRuntime>(
+    dy: CubeTensor<R>,
+    x: CubeTensor<R>,
+    gamma: CubeTensor<R>,
+    rstd: CubeTensor<R>,
+) -> CubeTensor<R> {
+    let dy = dense_input(dy);
+    let x = dense_input(x);
     let gamma = dense_input(gamma);
     let rstd = dense_input(rstd);
     let [rows, d] = x.meta.shape().dims::<2>();
@@ -121,15 +137,13 @@ pub(crate) fn backward<R: CubeRuntime>(
             &client,
             CubeCount::Static(rows as u32, 1, 1),
             CubeDim::new_1d(UNITS as u32),
-            dy.clone().into_tensor_arg(),
-            x.clone().into_tensor_arg(),
+            dy.into_tensor_arg(),
+            x.into_tensor_arg(),
             gamma.into_tensor_arg(),
-            rstd.clone().into_tensor_arg(),
+            rstd.into_tensor_arg(),
             dx.clone().into_tensor_arg(),
             dtype.into(),
         );
     }
-    // dγ = Σ_rows dy·x·rstd, down the rows on many cubes.
-    let dgamma = column_sum(dy, Some((x, rstd)));
-    (dx, dgamma)
+    dx
 }

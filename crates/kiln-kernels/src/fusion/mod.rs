@@ -197,6 +197,32 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
         (dx, dgamma)
     }
 
+    fn rms_norm_input_grad(
+        dy: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let out = [(x.shape.clone(), x.dtype)];
+        let client = x.client.clone();
+        let [dx] = outputs(queue::<B, _>(
+            "kiln.rms_norm_input_grad",
+            &client,
+            vec![dy, x, gamma, rstd],
+            &out,
+            |inputs| {
+                let [dy, x, gamma, rstd] = take(inputs);
+                floats([B::rms_norm_input_grad(
+                    dy.float(),
+                    x.float(),
+                    gamma.float(),
+                    rstd.float(),
+                )])
+            },
+        ));
+        dx
+    }
+
     fn layer_norm_forward(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,

@@ -7,6 +7,7 @@ use burn::tensor::{Int, Tensor};
 use kiln_kernels::ops;
 
 use super::{LlmConfig, Proj, Rope};
+use crate::layers::rms_norm;
 use crate::tensor_parallel::ShardedBackend;
 
 /// Grouped-query self-attention with rotary positions.
@@ -109,8 +110,11 @@ impl<B: ShardedBackend> DecoderLayer<B> {
         x: Tensor<B, 3>,
         attend: impl FnOnce(&Attention<B>, Tensor<B, 3>) -> Tensor<B, 3>,
     ) -> Tensor<B, 3> {
-        let h = x.clone() + attend(&self.self_attn, self.input_layernorm.forward(x));
-        h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h))
+        let h = x.clone() + attend(&self.self_attn, rms_norm(&self.input_layernorm, x));
+        h.clone()
+            + self
+                .mlp
+                .forward(rms_norm(&self.post_attention_layernorm, h))
     }
 }
 
@@ -226,7 +230,7 @@ impl<B: ShardedBackend> CausalLm<B> {
 
     /// The final norm and the LM head: hidden states `[batch, seq, hidden]` to logits.
     pub(super) fn head(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let x = self.model.norm.forward(x);
+        let x = rms_norm(&self.model.norm, x);
         match &self.lm_head {
             Some(head) => crate::layers::linear_rows(head, x),
             None => tied_logits(x, &self.model.embed_tokens),

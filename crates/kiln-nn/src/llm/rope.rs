@@ -2,7 +2,7 @@
 //! (`rotate_half`), the base `rope_theta`, and LLaMA 3's frequency rescaling.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{Int, Tensor, TensorData};
 
 use super::{LlmConfig, RopeScaling};
 
@@ -50,6 +50,12 @@ impl Rope {
     }
 
     /// Rotates `x` `[batch, seq, heads, head_dim]` for positions `start..start + seq`.
+    ///
+    /// Hugging Face's `x·cos + rotate_half(x)·sin`, with `rotate_half(x) = cat(−x₂, x₁)` written
+    /// as the halves swapped by a `select` and the minus folded into the sine table's first
+    /// half: the same products and sums, bit for bit, with no concatenation. Burn's fusion reads
+    /// a `select` inside a fused element-wise kernel, where a `cat` and its backward's slices
+    /// are a kernel each.
     pub fn apply<B: Backend>(&self, x: Tensor<B, 4>, start: usize) -> Tensor<B, 4> {
         let [_, seq, _, dim] = x.dims();
         let half = dim / 2;
@@ -59,19 +65,18 @@ impl Rope {
             for i in 0..dim {
                 let angle = p as f32 * self.inv_freq[i % half];
                 cos.push(angle.cos());
-                sin.push(angle.sin());
+                sin.push(if i < half { -angle.sin() } else { angle.sin() });
             }
         }
-        let device = x.device();
+        let (device, dtype) = (x.device(), x.dtype());
+        // Built in the input's dtype on the host: a cast on the device would be a launch.
         let table = |v: Vec<f32>| {
-            Tensor::<B, 2>::from_data(TensorData::new(v, [seq, dim]), &device)
-                .reshape([1, seq, 1, dim])
-                .cast(x.dtype())
+            let data = TensorData::new(v, [1, seq, 1, dim]).convert_dtype(dtype);
+            Tensor::<B, 4>::from_data(data, (&device, dtype))
         };
         let (cos, sin) = (table(cos), table(sin));
-        let first = x.clone().narrow(3, 0, half);
-        let second = x.clone().narrow(3, half, half);
-        let rotated = Tensor::cat(vec![second.neg(), first], 3);
-        x * cos + rotated * sin
+        let swap: Vec<i64> = (half..dim).chain(0..half).map(|i| i as i64).collect();
+        let swap = Tensor::<B, 1, Int>::from_data(TensorData::new(swap, [dim]), &device);
+        x.clone() * cos + x.select(3, swap) * sin
     }
 }

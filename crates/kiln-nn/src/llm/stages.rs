@@ -107,7 +107,7 @@ where
         (targets, mask): Self::Target,
     ) -> Tensor<B, 1> {
         let norm = stage.norm.as_ref().expect("the last stage holds the norm");
-        let x = norm.forward(x);
+        let x = crate::layers::rms_norm(norm, x);
         let logits = match &stage.lm_head {
             Some(head) => crate::layers::linear_rows(head, x),
             // Tied: the embedding this stage holds, as a copy or (one stage) its own.
