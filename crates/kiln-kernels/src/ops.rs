@@ -61,6 +61,21 @@ pub enum KernelError {
         /// The heads asked for.
         heads: usize,
     },
+    /// The keys' and values' width is not a whole number of heads that the query heads share
+    /// evenly (grouped-query attention).
+    #[error(
+        "causal_attention: keys and values {kv_width} wide do not hold a number of heads of \
+         {d_head} that divides the {heads} query heads; use kv_heads · {d_head} with kv_heads \
+         dividing {heads}"
+    )]
+    KvHeads {
+        /// The last dimension of k and v.
+        kv_width: usize,
+        /// The query heads.
+        heads: usize,
+        /// The width of a head.
+        d_head: usize,
+    },
 }
 
 fn check(
@@ -198,9 +213,15 @@ pub fn layer_norm<B: KernelBackend, const D: usize>(
 }
 
 /// Causal multi-head attention of projected queries `q [batch, q_len, d_model]` over keys
-/// and values `k`, `v [batch, kv_len, d_model]`, the heads side by side in the last dimension
-/// (a linear layer's output as it is): `softmax(q·kᵀ/√d_head + causal mask)·v` per head,
-/// merged back to `[batch, q_len, d_model]`.
+/// and values `k`, `v [batch, kv_len, kv_heads·d_head]`, the heads side by side in the last
+/// dimension (a linear layer's output as it is): `softmax(q·kᵀ/√d_head + causal mask)·v` per
+/// head, merged back to `[batch, q_len, d_model]`, with `d_head = d_model / heads`.
+///
+/// Keys and values may have fewer heads than the queries (grouped-query attention, as LLaMA
+/// and Qwen use): query head `h` reads key and value head `h / (heads / kv_heads)`, as
+/// transformers' `repeat_kv` lays them out. The CubeCL kernels read the shared head in place
+/// and sum its gradient over its group in the same launch; the repeated keys are never
+/// written.
 ///
 /// The queries are the last `q_len` of the `kv_len` positions: query `i` attends to keys
 /// `0..=i + kv_len − q_len`. Self-attention has `q_len = kv_len`; a decoder that appends
@@ -221,14 +242,22 @@ pub fn causal_attention<B: KernelBackend>(
             right_shape: v.shape().to_vec(),
         });
     }
-    let ([batch, q_len, d_model], [kv_batch, kv_len, kv_d]) = (q.dims(), k.dims());
+    let ([batch, q_len, d_model], [kv_batch, kv_len, kv_width]) = (q.dims(), k.dims());
     check(OP, "k's batch", batch, kv_batch)?;
-    check(OP, "k's last dimension (d_model)", d_model, kv_d)?;
     if q_len > kv_len {
         return Err(KernelError::MoreQueries { q_len, kv_len });
     }
     if heads == 0 || !d_model.is_multiple_of(heads) {
         return Err(KernelError::Heads { d_model, heads });
+    }
+    let d_head = d_model / heads;
+    let whole = kv_width > 0 && kv_width.is_multiple_of(d_head);
+    if !whole || !heads.is_multiple_of(kv_width / d_head) {
+        return Err(KernelError::KvHeads {
+            kv_width,
+            heads,
+            d_head,
+        });
     }
     let (out, _) = B::causal_attention_forward(unwrap(q), unwrap(k), unwrap(v), heads);
     Ok(wrap(out))

@@ -254,13 +254,23 @@ fn bad_attention_inputs_are_errors() {
         ops::causal_attention(t(6), t(6), t(8), 2).unwrap_err(),
         KernelError::Shapes { right: "v", .. }
     ));
-    assert!(matches!(
+    // Keys of 8 are not whole heads of 3; 3 key heads do not split 4 query heads.
+    assert_eq!(
         ops::causal_attention(t(6), t(8), t(8), 2).unwrap_err(),
-        KernelError::Mismatch {
-            what: "k's last dimension (d_model)",
-            ..
+        KernelError::KvHeads {
+            kv_width: 8,
+            heads: 2,
+            d_head: 3
         }
-    ));
+    );
+    assert_eq!(
+        ops::causal_attention(t(12), t(9), t(9), 4).unwrap_err(),
+        KernelError::KvHeads {
+            kv_width: 9,
+            heads: 4,
+            d_head: 3
+        }
+    );
     let long = Tensor::<Flex, 3>::zeros([2, 5, 6], &device);
     assert_eq!(
         ops::causal_attention(long, t(6), t(6), 2).unwrap_err(),

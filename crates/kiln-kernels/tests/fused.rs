@@ -368,16 +368,22 @@ const HEADS: usize = 3;
 const D_HEAD: usize = 5;
 const KV_LEN: usize = 9;
 
-/// Attention of the last `q_len` positions over `KV_LEN` keys, through the fused op or the
-/// written-out reference; the output and the three input gradients.
+/// Attention of the last `q_len` positions over `KV_LEN` keys, `heads` query heads sharing
+/// `kv_heads` key and value heads, through the fused op or the written-out reference; the
+/// output and the three input gradients.
+///
+/// The reference is given the shared heads repeated by a `select` of this test's own, so the
+/// grouped path of every backend (the CubeCL kernels read shared heads in place and sum their
+/// gradients in the launch) is checked against autodiff of a plain repetition.
 fn attention<B: AutodiffBackend + KernelBackend>(
     q_len: usize,
+    [heads, kv_heads]: [usize; 2],
     fused: bool,
     half: bool,
     device: &B::Device,
 ) -> Vec<Vec<f32>> {
-    let width = HEADS * D_HEAD;
-    let input = |len: usize, seed: u64| {
+    let (width, kv_width) = (heads * D_HEAD, kv_heads * D_HEAD);
+    let input = |len: usize, width: usize, seed: u64| {
         tensor::<B, 3>(
             &values(BATCH * len * width, 1.5, seed, half),
             [BATCH, len, width],
@@ -385,16 +391,26 @@ fn attention<B: AutodiffBackend + KernelBackend>(
         )
         .require_grad()
     };
-    let (q, k, v) = (input(q_len, 21), input(KV_LEN, 22), input(KV_LEN, 23));
+    let q = input(q_len, width, 21);
+    let (k, v) = (input(KV_LEN, kv_width, 22), input(KV_LEN, kv_width, 23));
     let probe = tensor::<B, 3>(
         &values(BATCH * q_len * width, 1.0, 24, half),
         [BATCH, q_len, width],
         device,
     );
     let out = if fused {
-        ops::causal_attention(q.clone(), k.clone(), v.clone(), HEADS).unwrap()
+        ops::causal_attention(q.clone(), k.clone(), v.clone(), heads).unwrap()
     } else {
-        reference::attention::forward(q.clone(), k.clone(), v.clone(), HEADS).0
+        let shared: Vec<i64> = (0..heads)
+            .map(|h| (h / (heads / kv_heads)) as i64)
+            .collect();
+        let shared = Tensor::<B, 1, Int>::from_data(TensorData::new(shared, [heads]), device);
+        let repeat = |t: Tensor<B, 3>| {
+            t.reshape([BATCH, KV_LEN, kv_heads, D_HEAD])
+                .select(2, shared.clone())
+                .reshape([BATCH, KV_LEN, width])
+        };
+        reference::attention::forward(q.clone(), repeat(k.clone()), repeat(v.clone()), heads).0
     };
     let grads = (out.clone() * probe).sum().backward();
     vec![
@@ -410,7 +426,7 @@ fn self_attention<B: AutodiffBackend + KernelBackend>(
     half: bool,
     device: &B::Device,
 ) -> Vec<Vec<f32>> {
-    attention::<B>(KV_LEN, fused, half, device)
+    attention::<B>(KV_LEN, [HEADS, HEADS], fused, half, device)
 }
 
 fn last_queries_attention<B: AutodiffBackend + KernelBackend>(
@@ -418,7 +434,26 @@ fn last_queries_attention<B: AutodiffBackend + KernelBackend>(
     half: bool,
     device: &B::Device,
 ) -> Vec<Vec<f32>> {
-    attention::<B>(4, fused, half, device)
+    attention::<B>(4, [HEADS, HEADS], fused, half, device)
+}
+
+/// Grouped-query attention: 6 query heads over 2 key and value heads (LLaMA's and Qwen's
+/// layout).
+fn grouped_attention<B: AutodiffBackend + KernelBackend>(
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    attention::<B>(KV_LEN, [6, 2], fused, half, device)
+}
+
+/// Multi-query attention (one key and value head), the last queries only (a cached step).
+fn multi_query_attention<B: AutodiffBackend + KernelBackend>(
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    attention::<B>(4, [HEADS, 1], fused, half, device)
 }
 
 #[test]
@@ -426,6 +461,8 @@ fn causal_attention_matches_the_reference() {
     let names = ["out", "dq", "dk", "dv"];
     check_everywhere!("self attention", self_attention, names);
     check_everywhere!("last queries", last_queries_attention, names);
+    check_everywhere!("grouped-query attention", grouped_attention, names);
+    check_everywhere!("multi-query attention", multi_query_attention, names);
 }
 
 // ---------------------------------------------------------------- AdamW

@@ -21,6 +21,7 @@ use burn::tensor::{DType, Shape, TensorData};
 
 use crate::backend::{KernelBackend, plain, unwrap, wrap};
 use crate::quant::QuantizedPrimitive;
+use crate::reference;
 
 /// The tensor in one contiguous f32 buffer (a copy only when it is a strided view), or
 /// `None` for another dtype.
@@ -39,6 +40,13 @@ fn tensor(values: Vec<f32>, shape: impl Into<Shape>) -> FlexTensor {
 
 fn dims<const D: usize>(t: &FlexTensor) -> [usize; D] {
     t.layout().shape().dims::<D>()
+}
+
+/// `t [batch, len, kv_heads·d_head]` with its heads repeated for `heads` query heads, in one
+/// contiguous buffer.
+fn repeated(t: FlexTensor, heads: usize, d_head: usize) -> FlexTensor {
+    let t = reference::attention::repeat_kv(wrap::<Flex, 3>(t), heads, d_head);
+    unwrap(t).to_contiguous()
 }
 
 fn attention_dims(q: &FlexTensor, k: &FlexTensor, heads: usize) -> attention::Dims {
@@ -168,6 +176,10 @@ impl KernelBackend for Flex {
         let [Some(qc), Some(kc), Some(vc)] = [&q, &k, &v].map(contiguous_f32) else {
             return plain::causal_attention_forward::<Self>(q, k, v, heads);
         };
+        // Shared key and value heads are repeated before the kernel, which reads one per
+        // query head (the copy transformers' `repeat_kv` makes too).
+        let d_head = dims::<3>(&qc)[2] / heads;
+        let [kc, vc] = [kc, vc].map(|t| repeated(t, heads, d_head));
         let shape = attention_dims(&qc, &kc, heads);
         let (out, lse) = attention::forward(values(&qc), values(&kc), values(&vc), shape);
         let (batch, q_len) = (shape.batch, shape.q_len);
@@ -197,6 +209,9 @@ impl KernelBackend for Flex {
         else {
             return plain::causal_attention_backward::<Self>(dout, qkv, out, lse, heads);
         };
+        let d_head = dims::<3>(&qc)[2] / heads;
+        let kv_heads = dims::<3>(&kc)[2] / d_head;
+        let [kc, vc] = [kc, vc].map(|t| repeated(t, heads, d_head));
         let shape = attention_dims(&qc, &kc, heads);
         let saved = attention::Saved {
             q: values(&qc),
@@ -208,10 +223,14 @@ impl KernelBackend for Flex {
         };
         let (dq, dk, dv) = attention::backward(&saved, shape);
         let d_model = heads * shape.d_head;
+        let grouped = |g| {
+            let g = wrap::<Self, 3>(tensor(g, [shape.batch, shape.kv_len, d_model]));
+            unwrap(reference::attention::sum_groups(g, kv_heads, d_head))
+        };
         [
             tensor(dq, [shape.batch, shape.q_len, d_model]),
-            tensor(dk, [shape.batch, shape.kv_len, d_model]),
-            tensor(dv, [shape.batch, shape.kv_len, d_model]),
+            grouped(dk),
+            grouped(dv),
         ]
     }
 

@@ -6,9 +6,12 @@
 //! saved log-sum-exp. `d_head` is a compile-time constant, so the per-row vectors live in
 //! registers.
 //!
-//! Layouts: `q [batch, q_len, heads·d_head]`, `k`, `v [batch, kv_len, heads·d_head]` with
+//! Layouts: `q [batch, q_len, heads·d_head]`, `k`, `v [batch, kv_len, kv_heads·d_head]` with
 //! `q_len ≤ kv_len` (the queries are the last positions: query `i` sees keys
-//! `0 ..= i + kv_len − q_len`), `lse [batch, heads, q_len]`.
+//! `0 ..= i + kv_len − q_len`), `lse [batch, heads, q_len]`. Grouped-query attention: query
+//! head `h` reads key and value head `h / group`, `group = heads / kv_heads`, in place; a key's
+//! unit in the backward sums its `dk` and `dv` over the group's query heads, so the repeated
+//! keys are never written and their gradients never summed by another launch.
 
 use burn::tensor::Shape;
 use burn_cubecl::CubeRuntime;
@@ -51,6 +54,8 @@ fn attention_forward_kernel<F: Float>(
     let q_len = q.shape(1);
     let kv_len = k.shape(1);
     let width = heads * d_head;
+    let kv_width = k.shape(2);
+    let group = heads / (kv_width / d_head);
     let idx = ABSOLUTE_POS;
     if idx >= q.shape(0) * heads * q_len {
         terminate!();
@@ -60,6 +65,7 @@ fn attention_forward_kernel<F: Float>(
     let h = (idx / q_len) % heads;
     let b = idx / (q_len * heads);
     let q_base = (b * q_len + i) * width + h * d_head;
+    let kv_head = (h / group) * d_head;
     let mut qs = Array::<f32>::new(d_head);
     let mut acc = Array::<f32>::new(d_head);
     #[unroll]
@@ -71,7 +77,7 @@ fn attention_forward_kernel<F: Float>(
     let mut sum = 0.0f32;
     let visible = i + kv_len - q_len + 1;
     for j in 0..visible {
-        let k_base = (b * kv_len + j) * width + h * d_head;
+        let k_base = (b * kv_len + j) * kv_width + kv_head;
         let mut s = 0.0f32;
         #[unroll]
         for c in 0..d_head {
@@ -117,9 +123,12 @@ fn attention_backward_kernel<F: Float>(
     let kv_len = k.shape(1);
     let offset = kv_len - q_len;
     let width = heads * d_head;
+    let kv_width = k.shape(2);
+    let kv_heads = kv_width / d_head;
+    let group = heads / kv_heads;
     let queries = batch * heads * q_len;
     let idx = ABSOLUTE_POS;
-    if idx >= queries + batch * heads * kv_len {
+    if idx >= queries + batch * kv_heads * kv_len {
         terminate!();
     }
     let mut acc = Array::<f32>::new(d_head);
@@ -135,8 +144,9 @@ fn attention_backward_kernel<F: Float>(
         let q_base = (b * q_len + i) * width + h * d_head;
         let delta = dot(dout, q_base, out, q_base, d_head);
         let l = f32::cast_from(lse[idx]);
+        let kv_head = (h / group) * d_head;
         for j in 0..i + offset + 1 {
-            let k_base = (b * kv_len + j) * width + h * d_head;
+            let k_base = (b * kv_len + j) * kv_width + kv_head;
             let p = f32::exp(scale * dot(q, q_base, k, k_base, d_head) - l);
             let ds = p * (dot(dout, q_base, v, k_base, d_head) - delta);
             #[unroll]
@@ -150,29 +160,31 @@ fn attention_backward_kernel<F: Float>(
         }
     } else {
         // dv_j = Σ_i p_ij·dout_i and dk_j = scale·Σ_i p_ij·(dout_i·v_j − D_i)·q_i over the
-        // queries that see key j (i + offset ≥ j).
+        // queries that see key j (i + offset ≥ j), of every query head sharing the key's head.
         let key = idx - queries;
         let j = key % kv_len;
-        let h = (key / kv_len) % heads;
-        let b = key / (kv_len * heads);
-        let k_base = (b * kv_len + j) * width + h * d_head;
+        let g_head = (key / kv_len) % kv_heads;
+        let b = key / (kv_len * kv_heads);
+        let k_base = (b * kv_len + j) * kv_width + g_head * d_head;
         let mut acc_v = Array::<f32>::new(d_head);
         #[unroll]
         for c in 0..d_head {
             acc_v[c] = 0.0;
         }
         let first = usize::max(j, offset) - offset;
-        for i in first..q_len {
-            let q_base = (b * q_len + i) * width + h * d_head;
-            let l = f32::cast_from(lse[(b * heads + h) * q_len + i]);
-            let p = f32::exp(scale * dot(q, q_base, k, k_base, d_head) - l);
-            let delta = dot(dout, q_base, out, q_base, d_head);
-            let ds = p * (dot(dout, q_base, v, k_base, d_head) - delta);
-            #[unroll]
-            for c in 0..d_head {
-                let g = f32::cast_from(dout[q_base + c]);
-                acc_v[c] += p * g;
-                acc[c] += ds * f32::cast_from(q[q_base + c]);
+        for h in g_head * group..(g_head + 1) * group {
+            for i in first..q_len {
+                let q_base = (b * q_len + i) * width + h * d_head;
+                let l = f32::cast_from(lse[(b * heads + h) * q_len + i]);
+                let p = f32::exp(scale * dot(q, q_base, k, k_base, d_head) - l);
+                let delta = dot(dout, q_base, out, q_base, d_head);
+                let ds = p * (dot(dout, q_base, v, k_base, d_head) - delta);
+                #[unroll]
+                for c in 0..d_head {
+                    let g = f32::cast_from(dout[q_base + c]);
+                    acc_v[c] += p * g;
+                    acc[c] += ds * f32::cast_from(q[q_base + c]);
+                }
             }
         }
         #[unroll]
@@ -185,10 +197,15 @@ fn attention_backward_kernel<F: Float>(
 
 /// What the kernels' indexing assumes, which `ops::causal_attention` checks with a clear error
 /// before any backend is called: a direct caller of the backend methods gets this assertion.
-fn check_shapes(q_len: usize, kv_len: usize, width: usize, heads: usize) {
+fn check_shapes(q_len: usize, kv_len: usize, width: usize, kv_width: usize, heads: usize) {
+    let whole = heads > 0 && width.is_multiple_of(heads) && kv_width > 0;
     debug_assert!(
-        q_len <= kv_len && heads > 0 && width.is_multiple_of(heads),
-        "causal attention of {q_len} queries over {kv_len} keys, width {width} in {heads} heads"
+        q_len <= kv_len
+            && whole
+            && kv_width.is_multiple_of(width / heads)
+            && heads.is_multiple_of(kv_width / (width / heads)),
+        "causal attention of {q_len} queries over {kv_len} keys, width {width} in {heads} heads, \
+         keys {kv_width} wide"
     );
 }
 
@@ -201,7 +218,7 @@ pub(crate) fn forward<R: CubeRuntime>(
 ) -> (CubeTensor<R>, CubeTensor<R>) {
     let (q, k, v) = (dense_input(q), dense_input(k), dense_input(v));
     let [batch, q_len, width] = q.meta.shape().dims::<3>();
-    check_shapes(q_len, k.meta.shape()[1], width, heads);
+    check_shapes(q_len, k.meta.shape()[1], width, k.meta.shape()[2], heads);
     let d_head = width / heads;
     let dtype = q.dtype;
     let out = dense_output(&q, Shape::new([batch, q_len, width]), dtype);
@@ -238,14 +255,15 @@ pub(crate) fn backward<R: CubeRuntime>(
     let (q, k, v) = (dense_input(q), dense_input(k), dense_input(v));
     let (dout, out, lse) = (dense_input(dout), dense_input(out), dense_input(lse));
     let [batch, q_len, width] = q.meta.shape().dims::<3>();
-    let kv_len = k.meta.shape()[1];
-    check_shapes(q_len, kv_len, width, heads);
+    let [_, kv_len, kv_width] = k.meta.shape().dims::<3>();
+    check_shapes(q_len, kv_len, width, kv_width, heads);
     let d_head = width / heads;
+    let kv_heads = kv_width / d_head;
     let dtype = q.dtype;
     let dq = dense_output(&q, Shape::new([batch, q_len, width]), dtype);
-    let dk = dense_output(&q, Shape::new([batch, kv_len, width]), dtype);
-    let dv = dense_output(&q, Shape::new([batch, kv_len, width]), dtype);
-    let units = batch * heads * (q_len + kv_len);
+    let dk = dense_output(&q, Shape::new([batch, kv_len, kv_width]), dtype);
+    let dv = dense_output(&q, Shape::new([batch, kv_len, kv_width]), dtype);
+    let units = batch * (heads * q_len + kv_heads * kv_len);
     if units > 0 {
         let (count, dim) = grid(&q, units);
         attention_backward_kernel::launch::<R>(

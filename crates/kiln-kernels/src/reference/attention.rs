@@ -1,7 +1,9 @@
 //! Causal multi-head attention of `[batch, q_len, d_model]` queries over `[batch, kv_len,
-//! d_model]` keys and values (`q_len ≤ kv_len`: the queries are the last positions), written
-//! out in tensors: heads split by a reshape and a transpose, the scores masked at their full
-//! `[batch, heads, q_len, kv_len]` shape, a softmax and a batched matmul.
+//! kv_heads·d_head]` keys and values (`q_len ≤ kv_len`: the queries are the last positions),
+//! written out in tensors: shared key and value heads repeated for their query heads (as
+//! transformers' `repeat_kv`), heads split by a reshape and a transpose, the scores masked at
+//! their full `[batch, heads, q_len, kv_len]` shape, a softmax and a batched matmul. The
+//! gradients of repeated heads are summed over each group.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Tensor, TensorData};
@@ -18,6 +20,33 @@ fn split<B: Backend>(t: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
 fn merge<B: Backend>(t: Tensor<B, 4>) -> Tensor<B, 3> {
     let [batch, heads, seq, d_head] = t.dims();
     t.swap_dims(1, 2).reshape([batch, seq, heads * d_head])
+}
+
+/// `t [batch, len, kv_heads·d_head]` with each head repeated for the `heads / kv_heads` query
+/// heads that share it: `[batch, len, heads·d_head]`, query head `h` reading head
+/// `h / (heads / kv_heads)`.
+pub fn repeat_kv<B: Backend>(t: Tensor<B, 3>, heads: usize, d_head: usize) -> Tensor<B, 3> {
+    let [batch, len, width] = t.dims();
+    let kv_heads = width / d_head;
+    if kv_heads == heads {
+        return t;
+    }
+    t.reshape([batch, len, kv_heads, 1, d_head])
+        .expand([batch, len, kv_heads, heads / kv_heads, d_head])
+        .reshape([batch, len, heads * d_head])
+}
+
+/// The gradient of [`repeat_kv`]: `g [batch, len, heads·d_head]` summed over each group of
+/// query heads into `[batch, len, kv_heads·d_head]`.
+pub fn sum_groups<B: Backend>(g: Tensor<B, 3>, kv_heads: usize, d_head: usize) -> Tensor<B, 3> {
+    let [batch, len, width] = g.dims();
+    let heads = width / d_head;
+    if kv_heads == heads {
+        return g;
+    }
+    g.reshape([batch, len, kv_heads, heads / kv_heads, d_head])
+        .sum_dim(3)
+        .reshape([batch, len, kv_heads * d_head])
 }
 
 /// `[batch, heads, q_len, kv_len]`, true where key `j` lies in query `i`'s future: after its
@@ -48,6 +77,8 @@ pub fn forward<B: Backend>(
     v: Tensor<B, 3>,
     heads: usize,
 ) -> (Tensor<B, 3>, Tensor<B, 3>) {
+    let d_head = q.dims()[2] / heads;
+    let (k, v) = (repeat_kv(k, heads, d_head), repeat_kv(v, heads, d_head));
     let scores = scores(split(q, heads), split(k, heads));
     let max = scores.clone().max_dim(3);
     let lse = (scores.clone() - max.clone()).exp().sum_dim(3).log() + max;
@@ -65,7 +96,9 @@ pub fn backward<B: Backend>(
     heads: usize,
 ) -> [Tensor<B, 3>; 3] {
     let d_head = q.dims()[2] / heads;
+    let kv_heads = k.dims()[2] / d_head;
     let scale = (d_head as f64).powf(-0.5);
+    let (k, v) = (repeat_kv(k, heads, d_head), repeat_kv(v, heads, d_head));
     let (q, k, v) = (split(q, heads), split(k, heads), split(v, heads));
     let (dout, out) = (split(dout, heads), split(out, heads));
     let p = (scores(q.clone(), k.clone()) - lse.unsqueeze_dim::<4>(3)).exp();
@@ -74,5 +107,6 @@ pub fn backward<B: Backend>(
     let ds = p * (dout.matmul(v.swap_dims(2, 3)) - delta);
     let dq = ds.clone().matmul(k).mul_scalar(scale);
     let dk = ds.swap_dims(2, 3).matmul(q).mul_scalar(scale);
-    [merge(dq), merge(dk), merge(dv)]
+    let group = |g| sum_groups(merge(g), kv_heads, d_head);
+    [merge(dq), group(dk), group(dv)]
 }

@@ -50,18 +50,9 @@ impl<B: ShardedBackend> Attention<B> {
         let q = rope.apply(q, start).reshape([batch, n, h * d]);
         let k = rope.apply(k, start).reshape([batch, n, kv * d]);
         let (k, v) = context(k, v);
-        // Each key/value head serves heads / kv_heads query heads, in order.
-        let repeat = |t: Tensor<B, 3>| {
-            if kv == h {
-                return t;
-            }
-            let [_, len, _] = t.dims();
-            t.reshape([batch, len, kv, 1, d])
-                .expand([batch, len, kv, h / kv, d])
-                .reshape([batch, len, h * d])
-        };
-        let out =
-            ops::causal_attention(q, repeat(k), repeat(v), h).unwrap_or_else(|e| panic!("{e}"));
+        // Each key/value head serves heads / kv_heads query heads, in order: the attention
+        // reads the shared heads as they are (grouped-query attention).
+        let out = ops::causal_attention(q, k, v, h).unwrap_or_else(|e| panic!("{e}"));
         self.o_proj.forward(out)
     }
 }
