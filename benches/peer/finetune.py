@@ -62,6 +62,15 @@ def main():
     parser.add_argument("--load-in-4bit", action="store_true")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="ROWS",
+        help="after the timed steps, profile one more with torch.profiler and print its ROWS "
+        "costliest operators by self time (the book's benchmarks page compares them with "
+        "Kiln's profile of the same step)",
+    )
     args = parser.parse_args()
     if args.load_in_4bit and args.device != "cuda":
         parser.error("--load-in-4bit needs --device cuda (bitsandbytes)")
@@ -112,6 +121,16 @@ def main():
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=activities) as prof:
+            step(batches[total - 1])
+            if cuda:
+                torch.cuda.synchronize()
+        sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+        print(prof.key_averages().table(sort_by=sort, row_limit=args.profile))
     tokens_per_s = [args.batch * args.seq_len / t for t in times]
     median = statistics.median(tokens_per_s)
     peak = (

@@ -15,6 +15,7 @@
 
 use rayon::prelude::*;
 
+use super::matmul::{View, ViewMut, matmul};
 use super::simd::{Kernel, dot, exp, sum, vectorized};
 
 /// The lanes of one register tile.
@@ -94,10 +95,6 @@ impl Head {
             }
         }
     }
-
-    fn row(&self, i: usize) -> &[f32] {
-        &self.rows[i * self.dh_pad..(i + 1) * self.dh_pad]
-    }
 }
 
 /// `out[j] = q·k_j` for the first `count` keys (and up to the next multiple of 32, which the
@@ -151,12 +148,6 @@ fn weighted<'a>(w: impl Iterator<Item = &'a f32> + Clone, rows: &[f32], out: &mu
             *out = (a[i] + b[i]) + (c[i] + d[i]);
         }
     }
-}
-
-/// Column `at % stride` of a row-major matrix of width `stride`, from row `at / stride` down.
-#[inline(always)]
-fn column(matrix: &[f32], at: usize, stride: usize) -> impl Iterator<Item = &f32> + Clone {
-    matrix[at..].iter().step_by(stride)
 }
 
 /// Exponentiates `scores` in place against `max`; returns their sum.
@@ -295,74 +286,105 @@ impl Kernel for BackwardSequence<'_> {
     }
 }
 
-/// One sequence, every head. With `P` the probabilities, `dP_ij = dO_i·v_j`,
-/// `D_i = dO_i·O_i` and `dS_ij = P_ij (dP_ij − D_i)`:
-/// `dQ_i = scale Σ_j dS_ij k_j` row by row, then `dV_j = Σ_i P_ij dO_i` and
-/// `dK_j = scale Σ_i dS_ij q_i` column by column from the rows' `P` and `dS`.
+/// Query rows per block of the backward: a block's scores `[ROWS, keys]` stay in cache, and
+/// it reads only the keys its last row sees, so the causal mask's upper triangle costs at most
+/// half a block per row.
+const ROWS: usize = 64;
+
+/// One sequence, every head, a block of query rows at a time, every product through `gemm`
+/// on strided views of the rows as they lie (no head gathered). With `P` the probabilities
+/// recomputed from the log-sum-exp, `dP = dO·Vᵀ`, `D_i = Σ_j P_ij·dP_ij` (`= dO_i·O_i`) and
+/// `dS = P ∘ (dP − D)·scale`: `dQ = dS·K`, `dK += dSᵀ·Q`, `dV += Pᵀ·dO` over the blocks.
 #[inline(always)]
 fn backward_sequence(s: &Saved<'_>, [dq, dk, dv]: [&mut [f32]; 3], dims: Dims) {
     let (dh, d_model, offset) = (dims.d_head, dims.d_model(), dims.offset());
     let scale = dims.scale();
-    let mut keys = Head::new(dims.kv_len, dh, true);
-    let mut values = Head::new(dims.kv_len, dh, true);
-    let mut queries = Head::new(dims.q_len, dh, false);
-    let mut douts = Head::new(dims.q_len, dh, false);
-    let width = keys.len_pad;
-    // Each query's probabilities and score gradients (scale included), `[q_len, width]`.
-    let mut probs = vec![0.0f32; dims.q_len * width];
-    let mut dscores = vec![0.0f32; dims.q_len * width];
-    let mut q_scaled = vec![0.0f32; dh];
-    let mut grad = vec![0.0f32; keys.dh_pad];
+    let mut probs = vec![0.0f32; ROWS * dims.kv_len];
+    let mut dscores = vec![0.0f32; ROWS * dims.kv_len];
     for (h, lse) in s.lse.chunks_exact(dims.q_len).enumerate() {
-        keys.load(s.k, h, dh, d_model);
-        values.load(s.v, h, dh, d_model);
-        queries.load(s.q, h, dh, d_model);
-        douts.load(s.dout, h, dh, d_model);
         let cols = h * dh..(h + 1) * dh;
-        let rows = s
-            .out
-            .chunks_exact(d_model)
-            .zip(dq.chunks_exact_mut(d_model));
-        let scratch = probs
-            .chunks_exact_mut(width)
-            .zip(dscores.chunks_exact_mut(width));
-        for (i, (((out, dq), (p, ds)), &lse)) in rows.zip(scratch).zip(lse).enumerate() {
-            let count = i + offset + 1;
-            let (q, dout) = (queries.row(i), douts.row(i));
-            for (s, &q) in q_scaled.iter_mut().zip(q) {
-                *s = q * scale;
-            }
-            dots(&q_scaled, &keys, count, p);
-            let p = &mut p[..count];
-            for s in p.iter_mut() {
-                *s = exp(*s - lse);
-            }
-            dots(&dout[..dh], &values, count, ds);
-            let ds = &mut ds[..count];
-            let delta = dot(&dout[..dh], &out[cols.clone()]);
-            for (d, &p) in ds.iter_mut().zip(p.iter()) {
-                *d = p * (*d - delta) * scale;
-            }
-            weighted(ds.iter(), &keys.rows, &mut grad);
-            dq[cols.clone()].copy_from_slice(&grad[..dh]);
-        }
-        for (j, (dk, dv)) in dk
-            .chunks_exact_mut(d_model)
-            .zip(dv.chunks_exact_mut(d_model))
-            .enumerate()
-        {
-            // Queries at or after key j's position.
-            let first = j.saturating_sub(offset);
-            let at = first * width + j;
-            weighted(
-                column(&probs, at, width),
-                &douts.rows[first * douts.dh_pad..],
-                &mut grad,
+        for first in (0..dims.q_len).step_by(ROWS) {
+            let rows = first..(first + ROWS).min(dims.q_len);
+            // The keys the block's last row sees; every earlier row sees fewer.
+            let keys = rows.end + offset;
+            let (p, ds) = (
+                &mut probs[..rows.len() * keys],
+                &mut dscores[..rows.len() * keys],
             );
-            dv[cols.clone()].copy_from_slice(&grad[..dh]);
-            let dscores = column(&dscores, at, width);
-            weighted(dscores, &queries.rows[first * queries.dh_pad..], &mut grad);
-            dk[cols.clone()].copy_from_slice(&grad[..dh]);
+            let (q, k) = (
+                View::rows(s.q, d_model, rows.clone(), cols.clone()),
+                View::rows(s.k, d_model, 0..keys, cols.clone()),
+            );
+            let (v, dout) = (
+                View::rows(s.v, d_model, 0..keys, cols.clone()),
+                View::rows(s.dout, d_model, rows.clone(), cols.clone()),
+            );
+            matmul(
+                ViewMut::rows(p, keys, 0..rows.len(), 0..keys),
+                q,
+                k.t(),
+                scale,
+                false,
+            );
+            matmul(
+                ViewMut::rows(ds, keys, 0..rows.len(), 0..keys),
+                dout,
+                v.t(),
+                1.0,
+                false,
+            );
+            for (r, (p, ds)) in p
+                .chunks_exact_mut(keys)
+                .zip(ds.chunks_exact_mut(keys))
+                .enumerate()
+            {
+                let i = rows.start + r;
+                let seen = i + offset + 1;
+                // The forward's log-sum-exp shifts the scores; the row is normalised by its own
+                // sum, so that its probabilities are those of the scores recomputed here (whose
+                // rounding differs from the forward's) and a row of one key has P = 1 exactly.
+                let l = lse[i];
+                for p in &mut p[..seen] {
+                    *p = exp(*p - l);
+                }
+                let total = sum(&p[..seen]);
+                for p in &mut p[..seen] {
+                    *p /= total;
+                }
+                // D_i as Σ_j P_ij·dP_ij, which equals dO_i·O_i: from the same products as dP,
+                // so that dS sums to zero over the row as the softmax's Jacobian does.
+                let delta = dot(&p[..seen], &ds[..seen]);
+                for (p, ds) in p[..seen].iter().zip(&mut ds[..seen]) {
+                    *ds = p * (*ds - delta) * scale;
+                }
+                p[seen..].fill(0.0);
+                ds[seen..].fill(0.0);
+            }
+            let (p, ds) = (
+                View::rows(p, keys, 0..rows.len(), 0..keys),
+                View::rows(ds, keys, 0..rows.len(), 0..keys),
+            );
+            matmul(
+                ViewMut::rows(dq, d_model, rows.clone(), cols.clone()),
+                ds,
+                k,
+                1.0,
+                false,
+            );
+            matmul(
+                ViewMut::rows(dk, d_model, 0..keys, cols.clone()),
+                ds.t(),
+                q,
+                1.0,
+                true,
+            );
+            matmul(
+                ViewMut::rows(dv, d_model, 0..keys, cols.clone()),
+                p.t(),
+                dout,
+                1.0,
+                true,
+            );
         }
     }
 }

@@ -11,6 +11,7 @@
 mod attention;
 mod cross_entropy;
 mod layer_norm;
+mod matmul;
 mod qlora;
 mod simd;
 
