@@ -60,13 +60,20 @@ impl Rope {
         let [_, seq, _, dim] = x.dims();
         let half = dim / 2;
         let (mut cos, mut sin) = (Vec::with_capacity(seq * dim), Vec::with_capacity(seq * dim));
+        let (mut cos_half, mut sin_half) = (vec![0.0f32; half], vec![0.0f32; half]);
         for p in start..start + seq {
-            // cat(freqs, freqs), as Hugging Face lays the two halves out.
-            for i in 0..dim {
-                let angle = p as f32 * self.inv_freq[i % half];
-                cos.push(angle.cos());
-                sin.push(if i < half { -angle.sin() } else { angle.sin() });
+            for (f, (c, s)) in self
+                .inv_freq
+                .iter()
+                .zip(cos_half.iter_mut().zip(&mut sin_half))
+            {
+                (*s, *c) = (p as f32 * f).sin_cos();
             }
+            // cat(freqs, freqs), as Hugging Face lays the two halves out.
+            cos.extend_from_slice(&cos_half);
+            cos.extend_from_slice(&cos_half);
+            sin.extend(sin_half.iter().map(|s| -s));
+            sin.extend_from_slice(&sin_half);
         }
         let (device, dtype) = (x.device(), x.dtype());
         // Built in the input's dtype on the host: a cast on the device would be a launch.
