@@ -222,6 +222,23 @@ impl<B: KernelBackend> Backward<B, 1> for ReluBackward {
 }
 
 #[derive(Debug)]
+struct RopeBackward;
+
+impl<B: KernelBackend> Backward<B, 1> for RopeBackward {
+    // The tables: `cos` and the negated `sin`, the backward's rotation.
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node] = ops.parents;
+        let dy = grads.consume::<B>(&ops.node);
+        if let Some(node) = node {
+            let (cos, minus_sin) = ops.state;
+            grads.register::<B>(node.id, B::rope(dy, cos, minus_sin));
+        }
+    }
+}
+
+#[derive(Debug)]
 struct CrossEntropyBackward;
 
 impl<B: KernelBackend> Backward<B, 1> for CrossEntropyBackward {
@@ -476,6 +493,21 @@ impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let (dg, du) = B::swiglu_backward(dy.primitive, gate.primitive, up.primitive);
         (constant::<B, C>(dg), constant::<B, C>(du))
+    }
+
+    fn rope(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        // The tables are constants of the graph: positions, not parameters.
+        let (cos, sin) = (cos.primitive, sin.primitive);
+        let nodes = [x.node.clone()];
+        let y = B::rope(x.primitive, cos.clone(), sin.clone());
+        match RopeBackward.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish((cos, B::float_neg(sin)), y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        }
     }
 
     fn relu_forward(x: FloatTensor<Self>) -> FloatTensor<Self> {

@@ -184,6 +184,22 @@ pub trait KernelBackend: Backend {
         (unwrap(dg), unwrap(du))
     }
 
+    /// Rotary position embeddings of `x [batch, seq, heads, d]` by the tables `cos`, `sin`
+    /// `[seq, d]` (`sin` signed `[−sin, +sin]` over the halves): `x·cos + swap(x)·sin`, where
+    /// `swap` exchanges the halves of the last dimension ([`reference::rope`]). Its backward is
+    /// the same call with `−sin`.
+    fn rope(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        unwrap(reference::rope::forward::<Self>(
+            wrap(x),
+            wrap(cos),
+            wrap(sin),
+        ))
+    }
+
     /// ReLU over a `[len]` tensor.
     fn relu_forward(x: FloatTensor<Self>) -> FloatTensor<Self> {
         unwrap(reference::relu::forward::<Self, 1>(wrap(x)))

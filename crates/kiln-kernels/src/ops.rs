@@ -61,6 +61,12 @@ pub enum KernelError {
         /// The heads asked for.
         heads: usize,
     },
+    /// Rotary embeddings rotate pairs of a head's halves: its width must be even.
+    #[error("rope: a head of width {width} has no halves to rotate; the width must be even")]
+    OddWidth {
+        /// The last dimension of the input.
+        width: usize,
+    },
     /// The keys' and values' width is not a whole number of heads that the query heads share
     /// evenly (grouped-query attention).
     #[error(
@@ -261,6 +267,48 @@ pub fn causal_attention<B: KernelBackend>(
     }
     let (out, _) = B::causal_attention_forward(unwrap(q), unwrap(k), unwrap(v), heads);
     Ok(wrap(out))
+}
+
+/// Rotary position embeddings of `x [batch, seq, heads, d]` (Hugging Face's half-split
+/// layout) by the tables of its positions, `cos` and `sin` `[seq, d]`, with the sign of
+/// `rotate_half` in `sin`: `[−sin θ, +sin θ]` over the two halves. The result is
+/// `x·cos + rotate_half(x)·sin θ`, bit for bit as transformers computes it.
+///
+/// One op, so that its backward is the same rotation by `−sin` (no scatter of a `select`'s or
+/// a `cat`'s gradient), and the CPU runs it as one pass over contiguous rows where Burn's
+/// broadcast of the tables over the heads takes a strided path. On the CubeCL backends it is
+/// Burn's element-wise ops, which fusion fuses.
+///
+/// # Errors
+/// [`KernelError`] when the tables are not `[seq, d]` or `d` is odd.
+pub fn rope<B: KernelBackend>(
+    x: Tensor<B, 4>,
+    cos: Tensor<B, 2>,
+    sin: Tensor<B, 2>,
+) -> Result<Tensor<B, 4>, KernelError> {
+    const OP: &str = "rope";
+    let [_, seq, _, width] = x.dims();
+    if width % 2 == 1 {
+        return Err(KernelError::OddWidth { width });
+    }
+    let tables = [
+        (
+            "cos's rows (one per position)",
+            "cos's width (the head's)",
+            &cos,
+        ),
+        (
+            "sin's rows (one per position)",
+            "sin's width (the head's)",
+            &sin,
+        ),
+    ];
+    for (rows_are, width_is, table) in tables {
+        let [rows, cols] = table.dims();
+        check(OP, rows_are, seq, rows)?;
+        check(OP, width_is, width, cols)?;
+    }
+    Ok(wrap(B::rope(unwrap(x), unwrap(cos), unwrap(sin))))
 }
 
 /// SwiGLU gating, `silu(gate) · up`, element-wise over equal shapes.

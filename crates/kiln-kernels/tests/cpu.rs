@@ -1,4 +1,5 @@
-//! The CPU kernels (LayerNorm, causal attention, softmax cross-entropy on Flex) against the
+//! The CPU kernels (LayerNorm, causal attention, softmax cross-entropy, rotary embeddings on
+//! Flex) against the
 //! plain-Burn reference, forward and backward, at sizes that fill no vector evenly (odd
 //! widths, a sequence of one, rows that do not divide by 8), within 1e-5 of the expected
 //! tensor's scale (`assert_close`).
@@ -41,6 +42,7 @@ fn outputs_and_grads<const D: usize, const N: usize>(
 }
 
 fn compare(what: &str, got: &[Vec<f32>], expected: &[Vec<f32>], names: &[&str]) {
+    assert_eq!(got.len(), expected.len(), "{what}: the results compared");
     for ((g, e), name) in got.iter().zip(expected).zip(names) {
         assert_close(&format!("{what}: {name}"), g, e, TOL);
     }
@@ -307,4 +309,49 @@ fn half_precision_falls_back_to_the_reference() {
     let q = q.cast(FloatDType::BF16);
     let half = ops::causal_attention(q.clone(), q.clone(), q, 2).unwrap();
     assert_close("bf16 attention", &to_vec(half), &to_vec(full), 2e-2);
+}
+
+// ---------------------------------------------------------------- rotary embeddings
+
+/// The CPU kernel rotates as the composite does, to the last bit (no fused multiply-add), at
+/// widths no vector fills (18: halves of 9) and one position.
+#[test]
+fn rope_equals_the_reference_bit_for_bit() {
+    let device = Default::default();
+    for shape in [[2, 7, 3, 18], [1, 1, 2, 4], [3, 5, 1, 64]] {
+        let [_, seq, _, d] = shape;
+        let x = tensor::<Flex, 4>(
+            &values(shape.iter().product(), 3.0, 51, false),
+            shape,
+            &device,
+        );
+        let cos = tensor::<Flex, 2>(&values(seq * d, 1.0, 52, false), [seq, d], &device);
+        let sin = tensor::<Flex, 2>(&values(seq * d, 1.0, 53, false), [seq, d], &device);
+        let got = ops::rope(x.clone(), cos.clone(), sin.clone()).unwrap();
+        let expected = reference::rope::forward(x, cos, sin);
+        assert_eq!(to_vec(got), to_vec(expected), "{shape:?}");
+    }
+}
+
+#[test]
+fn bad_rope_inputs_are_errors() {
+    let device = Default::default();
+    let x = |d: usize| Tensor::<Flex, 4>::zeros([1, 3, 2, d], &device);
+    let t = |rows: usize, d: usize| Tensor::<Flex, 2>::zeros([rows, d], &device);
+    assert_eq!(
+        ops::rope(x(5), t(3, 5), t(3, 5)).unwrap_err(),
+        KernelError::OddWidth { width: 5 }
+    );
+    let e = ops::rope(x(4), t(2, 4), t(3, 4)).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("cos's rows (one per position) is 2 but must be 3"),
+        "{e}"
+    );
+    let e = ops::rope(x(4), t(3, 4), t(3, 6)).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("sin's width (the head's) is 6 but must be 4"),
+        "{e}"
+    );
 }

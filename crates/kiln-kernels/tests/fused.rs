@@ -1,5 +1,5 @@
-//! The fused kernels (RMSNorm, SwiGLU, ReLU, softmax cross-entropy, LayerNorm, causal
-//! attention, AdamW, global norm) against the plain-Burn reference on wgpu (lavapipe in CI), f32 and f16,
+//! The fused kernels (RMSNorm, SwiGLU, ReLU, rotary embeddings, softmax cross-entropy,
+//! LayerNorm, causal attention, AdamW, global norm) against the plain-Burn reference on wgpu (lavapipe in CI), f32 and f16,
 //! with sizes that are not multiples of the 256-unit cubes. Gradients are compared with Burn's own autodiff of the
 //! reference composite, so the hand-written backward formulas are checked too.
 //!
@@ -238,6 +238,41 @@ fn swiglu<B: AutodiffBackend + KernelBackend>(
 #[test]
 fn swiglu_matches_the_reference() {
     check_everywhere!("swiglu", swiglu, ["y", "dgate", "dup"]);
+}
+
+// ---------------------------------------------------------------- rotary embeddings
+
+/// Rotary embeddings of `[2, 5, 3, 12]` by tables of the op's form (`sin` = `[−s, +s]` over the
+/// halves, which the op's backward relies on), against the `select` composite under Burn's
+/// autodiff.
+fn rope<B: AutodiffBackend + KernelBackend>(
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    let shape = [2, 5, 3, 12];
+    let len = shape.iter().product();
+    let x = tensor::<B, 4>(&values(len, 2.0, 41, half), shape, device).require_grad();
+    let cos = tensor::<B, 2>(&values(5 * 12, 1.0, 42, half), [5, 12], device);
+    let s: Vec<f32> = values(5 * 6, 1.0, 43, half);
+    let sin: Vec<f32> = s
+        .chunks(6)
+        .flat_map(|s| s.iter().map(|v| -v).chain(s.iter().copied()))
+        .collect();
+    let sin = tensor::<B, 2>(&sin, [5, 12], device);
+    let probe = tensor::<B, 4>(&values(len, 1.0, 44, half), shape, device);
+    let y = if fused {
+        ops::rope(x.clone(), cos, sin).unwrap()
+    } else {
+        reference::rope::forward(x.clone(), cos, sin)
+    };
+    let grads = (y.clone() * probe).sum().backward();
+    vec![to_vec(y), to_vec(x.grad(&grads).unwrap())]
+}
+
+#[test]
+fn rope_matches_the_reference() {
+    check_everywhere!("rope", rope, ["y", "dx"]);
 }
 
 // ---------------------------------------------------------------- ReLU

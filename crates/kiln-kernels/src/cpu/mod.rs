@@ -1,5 +1,5 @@
-//! Kiln's kernels on the CPU: LayerNorm, causal attention and softmax cross-entropy as
-//! vectorised loops over slices, QLoRA's 4-bit weight decoded in one pass, and their
+//! Kiln's kernels on the CPU: LayerNorm, causal attention, softmax cross-entropy and rotary
+//! embeddings as vectorised loops over slices, QLoRA's 4-bit weight decoded in one pass, and their
 //! implementation of [`KernelBackend`] for Burn's Flex backend. Each takes f32 tensors; other
 //! dtypes (bf16, f16 under mixed precision) take the plain-Burn path. The other kernels
 //! (RMSNorm, SwiGLU, AdamW, the norm) keep theirs.
@@ -13,6 +13,7 @@ mod cross_entropy;
 mod layer_norm;
 mod matmul;
 mod qlora;
+mod rope;
 mod simd;
 
 use burn::backend::Flex;
@@ -233,6 +234,24 @@ impl KernelBackend for Flex {
             grouped(dk),
             grouped(dv),
         ]
+    }
+
+    fn rope(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let [Some(xc), Some(cc), Some(sc)] = [&x, &cos, &sin].map(contiguous_f32) else {
+            return unwrap(reference::rope::forward::<Self>(
+                wrap(x),
+                wrap(cos),
+                wrap(sin),
+            ));
+        };
+        let shape = dims::<4>(&xc);
+        let [_, seq, heads, d] = shape;
+        let y = rope::forward(values(&xc), values(&cc), values(&sc), [seq, heads, d]);
+        tensor(y, shape)
     }
 
     fn cross_entropy_forward(

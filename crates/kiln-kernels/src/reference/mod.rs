@@ -13,4 +13,5 @@ pub mod linear;
 pub mod qlora;
 pub mod relu;
 pub mod rms_norm;
+pub mod rope;
 pub mod swiglu;

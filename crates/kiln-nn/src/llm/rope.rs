@@ -1,8 +1,8 @@
 //! Rotary position embeddings as Hugging Face's LLaMA computes them: half-split rotation
 //! (`rotate_half`), the base `rope_theta`, and LLaMA 3's frequency rescaling.
 
-use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData};
+use kiln_kernels::{KernelBackend, ops};
 
 use super::{LlmConfig, RopeScaling};
 
@@ -49,14 +49,10 @@ impl Rope {
         }
     }
 
-    /// Rotates `x` `[batch, seq, heads, head_dim]` for positions `start..start + seq`.
-    ///
-    /// Hugging Face's `x·cos + rotate_half(x)·sin`, with `rotate_half(x) = cat(−x₂, x₁)` written
-    /// as the halves swapped by a `select` and the minus folded into the sine table's first
-    /// half: the same products and sums, bit for bit, with no concatenation. Burn's fusion reads
-    /// a `select` inside a fused element-wise kernel, where a `cat` and its backward's slices
-    /// are a kernel each.
-    pub fn apply<B: Backend>(&self, x: Tensor<B, 4>, start: usize) -> Tensor<B, 4> {
+    /// Rotates `x` `[batch, seq, heads, head_dim]` for positions `start..start + seq`:
+    /// Hugging Face's `x·cos + rotate_half(x)·sin` through Kiln's [`ops::rope`], the sine table
+    /// carrying `rotate_half`'s minus sign over the first half.
+    pub fn apply<B: KernelBackend>(&self, x: Tensor<B, 4>, start: usize) -> Tensor<B, 4> {
         let [_, seq, _, dim] = x.dims();
         let half = dim / 2;
         let (mut cos, mut sin) = (Vec::with_capacity(seq * dim), Vec::with_capacity(seq * dim));
@@ -78,12 +74,10 @@ impl Rope {
         let (device, dtype) = (x.device(), x.dtype());
         // Built in the input's dtype on the host: a cast on the device would be a launch.
         let table = |v: Vec<f32>| {
-            let data = TensorData::new(v, [1, seq, 1, dim]).convert_dtype(dtype);
-            Tensor::<B, 4>::from_data(data, (&device, dtype))
+            let data = TensorData::new(v, [seq, dim]).convert_dtype(dtype);
+            Tensor::<B, 2>::from_data(data, (&device, dtype))
         };
-        let (cos, sin) = (table(cos), table(sin));
-        let swap: Vec<i64> = (half..dim).chain(0..half).map(|i| i as i64).collect();
-        let swap = Tensor::<B, 1, Int>::from_data(TensorData::new(swap, [dim]), &device);
-        x.clone() * cos + x.select(3, swap) * sin
+        ops::rope(x, table(cos), table(sin))
+            .expect("the tables are built for x's positions and width")
     }
 }
