@@ -1,7 +1,8 @@
 //! The fused kernels (RMSNorm, SwiGLU, ReLU, rotary embeddings, softmax cross-entropy,
-//! LayerNorm, causal attention, AdamW, global norm) against the plain-Burn reference on wgpu (lavapipe in CI), f32 and f16,
-//! with sizes that are not multiples of the 256-unit cubes. Gradients are compared with Burn's own autodiff of the
-//! reference composite, so the hand-written backward formulas are checked too.
+//! LayerNorm, causal attention, AdamW, global norm) against the plain-Burn reference on wgpu
+//! (lavapipe in CI), f32 and f16, with sizes that are not multiples of the 256-unit cubes.
+//! Gradients are compared with Burn's own autodiff of the reference composite, so the
+//! hand-written backward formulas are checked too.
 //!
 //! Tolerances (relative to the scale of the expected tensor, see `assert_close`):
 //! - f32, 1e-5: each value is a short f32 expression or a sum of at most a few hundred
