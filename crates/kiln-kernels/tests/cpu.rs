@@ -355,3 +355,25 @@ fn bad_rope_inputs_are_errors() {
         "{e}"
     );
 }
+
+// ---------------------------------------------------------------- SwiGLU
+
+/// SwiGLU over more elements than one task takes (two and a bit chunks of 2¹⁴), gates from
+/// −12 to 12 where the sigmoid saturates, forward and both gradients.
+#[test]
+fn swiglu_matches_the_reference_across_chunks() {
+    let shape = [3, 12_007];
+    let gate = input(shape, 12.0, 61);
+    let up = input(shape, 2.0, 62);
+    let got = outputs_and_grads(
+        ops::swiglu(gate.clone(), up.clone()).unwrap(),
+        [&gate, &up],
+        &[],
+    );
+    let expected = outputs_and_grads(
+        reference::swiglu::forward(gate.clone(), up.clone()),
+        [&gate, &up],
+        &[],
+    );
+    compare("swiglu", &got, &expected, &["y", "dgate", "dup"]);
+}

@@ -1,8 +1,8 @@
-//! Kiln's kernels on the CPU: LayerNorm, causal attention, softmax cross-entropy and rotary
-//! embeddings as vectorised loops over slices, QLoRA's 4-bit weight decoded in one pass, and their
-//! implementation of [`KernelBackend`] for Burn's Flex backend. Each takes f32 tensors; other
-//! dtypes (bf16, f16 under mixed precision) take the plain-Burn path. The other kernels
-//! (RMSNorm, SwiGLU, AdamW, the norm) keep theirs.
+//! Kiln's kernels on the CPU: LayerNorm, causal attention, softmax cross-entropy, rotary
+//! embeddings and SwiGLU as vectorised loops over slices, QLoRA's 4-bit weight decoded in one
+//! pass, and their implementation of [`KernelBackend`] for Burn's Flex backend. Each takes f32
+//! tensors; other dtypes (bf16, f16 under mixed precision) take the plain-Burn path. The other
+//! kernels (RMSNorm, AdamW, the norm) keep theirs.
 //!
 //! Rayon splits attention by sequence, inside whatever pool the caller runs in (a Ddp rank's
 //! pool has one thread, so it runs inline there); the other kernels are too small per call
@@ -15,6 +15,7 @@ mod matmul;
 mod qlora;
 mod rope;
 mod simd;
+mod swiglu;
 
 use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
@@ -234,6 +235,28 @@ impl KernelBackend for Flex {
             grouped(dk),
             grouped(dv),
         ]
+    }
+
+    fn swiglu_forward(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        let [Some(g), Some(u)] = [&gate, &up].map(contiguous_f32) else {
+            return unwrap(reference::swiglu::forward::<Self, 1>(wrap(gate), wrap(up)));
+        };
+        let len = g.layout().shape().num_elements();
+        tensor(swiglu::forward(values(&g), values(&u)), [len])
+    }
+
+    fn swiglu_backward(
+        dy: FloatTensor<Self>,
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let [Some(d), Some(g), Some(u)] = [&dy, &gate, &up].map(contiguous_f32) else {
+            let (dg, du) = reference::swiglu::backward::<Self, 1>(wrap(dy), wrap(gate), wrap(up));
+            return (unwrap(dg), unwrap(du));
+        };
+        let len = g.layout().shape().num_elements();
+        let (dg, du) = swiglu::backward(values(&d), values(&g), values(&u));
+        (tensor(dg, [len]), tensor(du, [len]))
     }
 
     fn rope(
