@@ -1,8 +1,9 @@
-//! Kiln's kernels on the CPU: LayerNorm, causal attention, softmax cross-entropy, rotary
-//! embeddings and SwiGLU as vectorised loops over slices, QLoRA's 4-bit weight decoded in one
-//! pass, and their implementation of [`KernelBackend`] for Burn's Flex backend. Each takes f32
-//! tensors; other dtypes (bf16, f16 under mixed precision) take the plain-Burn path. The other
-//! kernels (RMSNorm, AdamW, the norm) keep theirs.
+//! Kiln's kernels on the CPU: LayerNorm, RMSNorm (forward and a frozen gain's backward), causal
+//! attention, softmax cross-entropy, rotary embeddings and SwiGLU as vectorised loops over
+//! slices, QLoRA's 4-bit weight decoded in one pass, and their implementation of
+//! [`KernelBackend`] for Burn's Flex backend. Each takes f32 tensors; other dtypes (bf16, f16
+//! under mixed precision) take the plain-Burn path. The other kernels (RMSNorm's gain gradient,
+//! AdamW, the norm) keep theirs.
 //!
 //! Rayon splits attention by sequence, inside whatever pool the caller runs in (a Ddp rank's
 //! pool has one thread, so it runs inline there); the other kernels are too small per call
@@ -13,6 +14,7 @@ mod cross_entropy;
 mod layer_norm;
 mod matmul;
 mod qlora;
+mod rms_norm;
 mod rope;
 mod simd;
 mod swiglu;
@@ -124,6 +126,40 @@ impl KernelBackend for Flex {
             Some(deq) => unwrap(wrap::<Self, 2>(dy).matmul(wrap(deq))),
             None => unwrap(crate::reference::qlora::input_grad(wrap(dy), &weight)),
         }
+    }
+
+    fn rms_norm_forward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        eps: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let [Some(xc), Some(g)] = [&x, &gamma].map(contiguous_f32) else {
+            let (y, rstd) = reference::rms_norm::forward(wrap::<Self, 2>(x), wrap(gamma), eps);
+            return (unwrap(y), unwrap(rstd));
+        };
+        let [rows, d] = dims::<2>(&xc);
+        let (y, rstd) = rms_norm::forward(values(&xc), values(&g), eps);
+        (tensor(y, [rows, d]), tensor(rstd, [rows]))
+    }
+
+    fn rms_norm_input_grad(
+        dy: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let [Some(d), Some(xc), Some(g), Some(r)] = [&dy, &x, &gamma, &rstd].map(contiguous_f32)
+        else {
+            return unwrap(reference::rms_norm::input_grad(
+                wrap::<Self, 2>(dy),
+                wrap(x),
+                wrap(gamma),
+                wrap(rstd),
+            ));
+        };
+        let shape = dims::<2>(&xc);
+        let dx = rms_norm::input_grad(values(&d), values(&xc), values(&g), values(&r));
+        tensor(dx, shape)
     }
 
     fn layer_norm_forward(
