@@ -1,17 +1,20 @@
 //! Causal multi-head attention on `[batch, rows, d_model]` rows, forward and backward, one
-//! pass per head: scores, the causal mask, the softmax and the weighted sum per query row,
-//! with no `[batch, heads, seq, seq]` tensor (scores or mask) and no head split or merge
-//! copies of the tensors: each head is gathered from its columns into small padded buffers.
+//! pass per head, with no `[batch, heads, seq, seq]` tensor (scores or mask) and no head split
+//! or merge copies of the tensors.
 //!
 //! Queries may be fewer than keys: they are then the last `q_len` of the `kv_len` positions
 //! (a decoder extending a cached prefix), and query `i` sees keys `0..=i + kv_len − q_len`.
 //!
-//! The forward saves one log-sum-exp per query and head; the backward recomputes each
-//! probability from it (FlashAttention's recipe) instead of keeping the probabilities.
+//! The forward works a query row at a time: scores, the causal mask, the softmax and the
+//! weighted sum, each head gathered from its columns into small padded buffers. Every inner
+//! loop is a register tile: eight lanes of keys (for scores) or of head dimensions (for
+//! weighted sums) accumulate in a `[f32; 8]` that LLVM keeps in one vector register, and the
+//! buffers are padded to multiples of eight so that no tile needs a tail. A query alone gives
+//! the same bits as in the full sequence, which generating with a cache relies on.
 //!
-//! Every inner loop is a register tile: eight lanes of keys (for scores) or of head
-//! dimensions (for weighted sums) accumulate in a `[f32; 8]` that LLVM keeps in one vector
-//! register, and the buffers are padded to multiples of eight so that no tile needs a tail.
+//! The forward saves one log-sum-exp per query and head; the backward recomputes the
+//! probabilities from it (FlashAttention's recipe) a block of query rows at a time, with
+//! matrix products on strided views of the rows ([`super::matmul`]).
 
 use rayon::prelude::*;
 
