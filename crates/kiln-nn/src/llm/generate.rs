@@ -79,9 +79,12 @@ impl<B: ShardedBackend> CausalLm<B> {
         let start = cache.len;
         let decoder = &self.model;
         let mut x = decoder.embed_tokens.forward(tokens);
+        let rope = decoder
+            .rope
+            .tables(start..start + n, &x.device(), x.dtype());
         for (layer, entry) in decoder.layers.iter().zip(&mut cache.layers) {
             x = layer.forward_with(x, |attn, x| {
-                attn.attend(x, &decoder.rope, start, |k, v| {
+                attn.attend(x, &rope, |k, v| {
                     let (k, v) = match entry.take() {
                         Some((ck, cv)) => {
                             (Tensor::cat(vec![ck, k], 1), Tensor::cat(vec![cv, v], 1))

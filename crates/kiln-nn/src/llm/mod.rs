@@ -45,7 +45,7 @@ pub use load::{load, load_4bit, load_config};
 pub use model::{Attention, CausalLm, Decoder, DecoderLayer, Mlp, ProjBuilder};
 pub use peft::{LoraSpec, TARGET_MODULES, check_peft_base};
 pub use proj::{Proj, QuantizedBase};
-pub use rope::Rope;
+pub use rope::{Rope, RopeTables};
 pub use stages::CausalLmStage;
 pub use tensor_parallel::ShardedCausalLm;
 pub use tokenizer::LlmTokenizer;

@@ -6,7 +6,7 @@ use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNor
 use burn::tensor::{Int, Tensor};
 use kiln_kernels::ops;
 
-use super::{LlmConfig, Proj, Rope};
+use super::{LlmConfig, Proj, Rope, RopeTables};
 use crate::layers::rms_norm;
 use crate::tensor_parallel::ShardedBackend;
 
@@ -27,19 +27,18 @@ pub struct Attention<B: ShardedBackend> {
 }
 
 impl<B: ShardedBackend> Attention<B> {
-    fn forward(&self, x: Tensor<B, 3>, rope: &Rope) -> Tensor<B, 3> {
-        self.attend(x, rope, 0, |k, v| (k, v))
+    fn forward(&self, x: Tensor<B, 3>, rope: &RopeTables<B>) -> Tensor<B, 3> {
+        self.attend(x, rope, |k, v| (k, v))
     }
 
-    /// Attention of `x` `[batch, n, hidden]` at positions `start..start + n`. `context` is
-    /// given their rotated keys and values `[batch, n, kv_heads × head_dim]` and returns the
+    /// Attention of `x` `[batch, n, hidden]` at the positions of `rope`'s tables. `context`
+    /// is given their rotated keys and values `[batch, n, kv_heads × head_dim]` and returns the
     /// keys and values attended to, which end with them: themselves when training, the
     /// cached positions before them when generating.
     pub(super) fn attend(
         &self,
         x: Tensor<B, 3>,
-        rope: &Rope,
-        start: usize,
+        rope: &RopeTables<B>,
         context: impl FnOnce(Tensor<B, 3>, Tensor<B, 3>) -> (Tensor<B, 3>, Tensor<B, 3>),
     ) -> Tensor<B, 3> {
         let [batch, n, _] = x.dims();
@@ -47,8 +46,8 @@ impl<B: ShardedBackend> Attention<B> {
         let q = self.q_proj.forward(x.clone()).reshape([batch, n, h, d]);
         let k = self.k_proj.forward(x.clone()).reshape([batch, n, kv, d]);
         let v = self.v_proj.forward(x);
-        let q = rope.apply(q, start).reshape([batch, n, h * d]);
-        let k = rope.apply(k, start).reshape([batch, n, kv * d]);
+        let q = rope.apply(q).reshape([batch, n, h * d]);
+        let k = rope.apply(k).reshape([batch, n, kv * d]);
         let (k, v) = context(k, v);
         // Each key/value head serves heads / kv_heads query heads, in order: the attention
         // reads the shared heads as they are (grouped-query attention).
@@ -91,7 +90,7 @@ pub struct DecoderLayer<B: ShardedBackend> {
 
 impl<B: ShardedBackend> DecoderLayer<B> {
     /// `[batch, seq, hidden]` → same shape, causally.
-    pub fn forward(&self, x: Tensor<B, 3>, rope: &Rope) -> Tensor<B, 3> {
+    pub fn forward(&self, x: Tensor<B, 3>, rope: &RopeTables<B>) -> Tensor<B, 3> {
         self.forward_with(x, |attn, x| attn.forward(x, rope))
     }
 
@@ -213,8 +212,9 @@ impl<B: ShardedBackend> CausalLm<B> {
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
         let decoder = &self.model;
         let mut x = decoder.embed_tokens.forward(tokens);
+        let rope = decoder.rope.tables(0..x.dims()[1], &x.device(), x.dtype());
         for layer in &decoder.layers {
-            x = layer.forward(x, &decoder.rope);
+            x = layer.forward(x, &rope);
         }
         self.head(x)
     }

@@ -1,7 +1,10 @@
 //! Rotary position embeddings as Hugging Face's LLaMA computes them: half-split rotation
 //! (`rotate_half`), the base `rope_theta`, and LLaMA 3's frequency rescaling.
 
-use burn::tensor::{Tensor, TensorData};
+use std::ops::Range;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Tensor, TensorData};
 use kiln_kernels::{KernelBackend, ops};
 
 use super::{LlmConfig, RopeScaling};
@@ -49,15 +52,20 @@ impl Rope {
         }
     }
 
-    /// Rotates `x` `[batch, seq, heads, head_dim]` for positions `start..start + seq`:
-    /// Hugging Face's `x·cos + rotate_half(x)·sin` through Kiln's [`ops::rope`], the sine table
-    /// carrying `rotate_half`'s minus sign over the first half.
-    pub fn apply<B: KernelBackend>(&self, x: Tensor<B, 4>, start: usize) -> Tensor<B, 4> {
-        let [_, seq, _, dim] = x.dims();
-        let half = dim / 2;
+    /// The rotation tables of positions `positions` in `dtype` on `device`: Hugging Face's
+    /// `cat(freqs, freqs)` layout, the sine table carrying `rotate_half`'s minus sign over the
+    /// first half. Built once per forward and shared by every layer's queries and keys.
+    pub fn tables<B: Backend>(
+        &self,
+        positions: Range<usize>,
+        device: &B::Device,
+        dtype: DType,
+    ) -> RopeTables<B> {
+        let (seq, half) = (positions.len(), self.inv_freq.len());
+        let dim = 2 * half;
         let (mut cos, mut sin) = (Vec::with_capacity(seq * dim), Vec::with_capacity(seq * dim));
         let (mut cos_half, mut sin_half) = (vec![0.0f32; half], vec![0.0f32; half]);
-        for p in start..start + seq {
+        for p in positions {
             for (f, (c, s)) in self
                 .inv_freq
                 .iter()
@@ -65,19 +73,35 @@ impl Rope {
             {
                 (*s, *c) = (p as f32 * f).sin_cos();
             }
-            // cat(freqs, freqs), as Hugging Face lays the two halves out.
             cos.extend_from_slice(&cos_half);
             cos.extend_from_slice(&cos_half);
             sin.extend(sin_half.iter().map(|s| -s));
             sin.extend_from_slice(&sin_half);
         }
-        let (device, dtype) = (x.device(), x.dtype());
-        // Built in the input's dtype on the host: a cast on the device would be a launch.
+        // Built in the hidden states' dtype on the host: a cast on the device would be a launch.
         let table = |v: Vec<f32>| {
             let data = TensorData::new(v, [seq, dim]).convert_dtype(dtype);
-            Tensor::<B, 2>::from_data(data, (&device, dtype))
+            Tensor::<B, 2>::from_data(data, (device, dtype))
         };
-        ops::rope(x, table(cos), table(sin))
-            .expect("the tables are built for x's positions and width")
+        RopeTables {
+            cos: table(cos),
+            sin: table(sin),
+        }
+    }
+}
+
+/// [`Rope`]'s tables for some positions on a device (see [`Rope::tables`]).
+#[derive(Debug, Clone)]
+pub struct RopeTables<B: Backend> {
+    cos: Tensor<B, 2>,
+    sin: Tensor<B, 2>,
+}
+
+impl<B: KernelBackend> RopeTables<B> {
+    /// Rotates `x` `[batch, seq, heads, head_dim]` at the tables' positions: Hugging Face's
+    /// `x·cos + rotate_half(x)·sin` through Kiln's [`ops::rope`].
+    pub fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        ops::rope(x, self.cos.clone(), self.sin.clone())
+            .expect("the tables are built for x's positions and head width")
     }
 }

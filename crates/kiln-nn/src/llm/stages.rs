@@ -95,8 +95,9 @@ where
     }
 
     fn blocks(stage: &CausalLmStage<B>, mut x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let rope = stage.rope.tables(0..x.dims()[1], &x.device(), x.dtype());
         for layer in &stage.layers {
-            x = layer.forward(x, &stage.rope);
+            x = layer.forward(x, &rope);
         }
         x
     }
