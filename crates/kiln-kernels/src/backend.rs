@@ -68,13 +68,7 @@ pub trait KernelBackend: Backend {
         b: FloatTensor<Self>,
         scale: f32,
     ) -> FloatTensor<Self> {
-        unwrap(reference::qlora::forward(
-            wrap(x),
-            &weight,
-            wrap(t),
-            wrap(b),
-            scale,
-        ))
+        plain::qlora_forward::<Self>(x, weight, t, b, scale)
     }
 
     /// `dy·deq(W)ᵀ`: `dy [m, n]` → `[m, k]`.
@@ -82,7 +76,7 @@ pub trait KernelBackend: Backend {
         dy: FloatTensor<Self>,
         weight: QuantizedPrimitive<Self>,
     ) -> FloatTensor<Self> {
-        unwrap(reference::qlora::input_grad(wrap(dy), &weight))
+        plain::qlora_input_grad::<Self>(dy, weight)
     }
 
     /// RMSNorm of `x [rows, d]` with gain `gamma [d]`: `(y [rows, d], rstd [rows])`.
@@ -91,8 +85,7 @@ pub trait KernelBackend: Backend {
         gamma: FloatTensor<Self>,
         eps: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (y, rstd) = reference::rms_norm::forward(wrap::<Self, 2>(x), wrap(gamma), eps);
-        (unwrap(y), unwrap(rstd))
+        plain::rms_norm_forward::<Self>(x, gamma, eps)
     }
 
     /// RMSNorm's backward: `(dx [rows, d], dgamma [d])`.
@@ -115,12 +108,7 @@ pub trait KernelBackend: Backend {
         gamma: FloatTensor<Self>,
         rstd: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        unwrap(reference::rms_norm::input_grad(
-            wrap::<Self, 2>(dy),
-            wrap(x),
-            wrap(gamma),
-            wrap(rstd),
-        ))
+        plain::rms_norm_input_grad::<Self>(dy, x, gamma, rstd)
     }
 
     /// LayerNorm of `x [rows, d]` with gain `gamma [d]` and shift `beta [d]`:
@@ -171,7 +159,7 @@ pub trait KernelBackend: Backend {
 
     /// `silu(gate)·up` over two `[len]` tensors.
     fn swiglu_forward(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
-        unwrap(reference::swiglu::forward::<Self, 1>(wrap(gate), wrap(up)))
+        plain::swiglu_forward::<Self>(gate, up)
     }
 
     /// SwiGLU's backward: `(d gate, d up)`.
@@ -180,8 +168,7 @@ pub trait KernelBackend: Backend {
         gate: FloatTensor<Self>,
         up: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (dg, du) = reference::swiglu::backward::<Self, 1>(wrap(dy), wrap(gate), wrap(up));
-        (unwrap(dg), unwrap(du))
+        plain::swiglu_backward::<Self>(dy, gate, up)
     }
 
     /// Rotary position embeddings of `x [batch, seq, heads, d]` by the tables `cos`, `sin`
@@ -193,11 +180,7 @@ pub trait KernelBackend: Backend {
         cos: FloatTensor<Self>,
         sin: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        unwrap(reference::rope::forward::<Self>(
-            wrap(x),
-            wrap(cos),
-            wrap(sin),
-        ))
+        plain::rope::<Self>(x, cos, sin)
     }
 
     /// ReLU over a `[len]` tensor.
@@ -305,6 +288,76 @@ pub trait KernelBackend: Backend {
 /// own kernels falls back to for inputs they do not take (e.g. a dtype).
 pub(crate) mod plain {
     use super::*;
+
+    pub(crate) fn qlora_forward<B: Backend>(
+        x: FloatTensor<B>,
+        weight: QuantizedPrimitive<B>,
+        t: FloatTensor<B>,
+        b: FloatTensor<B>,
+        scale: f32,
+    ) -> FloatTensor<B> {
+        unwrap(reference::qlora::forward(
+            wrap(x),
+            &weight,
+            wrap(t),
+            wrap(b),
+            scale,
+        ))
+    }
+
+    pub(crate) fn qlora_input_grad<B: Backend>(
+        dy: FloatTensor<B>,
+        weight: QuantizedPrimitive<B>,
+    ) -> FloatTensor<B> {
+        unwrap(reference::qlora::input_grad(wrap(dy), &weight))
+    }
+
+    pub(crate) fn rms_norm_forward<B: Backend>(
+        x: FloatTensor<B>,
+        gamma: FloatTensor<B>,
+        eps: f32,
+    ) -> (FloatTensor<B>, FloatTensor<B>) {
+        let (y, rstd) = reference::rms_norm::forward(wrap::<B, 2>(x), wrap(gamma), eps);
+        (unwrap(y), unwrap(rstd))
+    }
+
+    pub(crate) fn rms_norm_input_grad<B: Backend>(
+        dy: FloatTensor<B>,
+        x: FloatTensor<B>,
+        gamma: FloatTensor<B>,
+        rstd: FloatTensor<B>,
+    ) -> FloatTensor<B> {
+        unwrap(reference::rms_norm::input_grad(
+            wrap::<B, 2>(dy),
+            wrap(x),
+            wrap(gamma),
+            wrap(rstd),
+        ))
+    }
+
+    pub(crate) fn swiglu_forward<B: Backend>(
+        gate: FloatTensor<B>,
+        up: FloatTensor<B>,
+    ) -> FloatTensor<B> {
+        unwrap(reference::swiglu::forward::<B, 1>(wrap(gate), wrap(up)))
+    }
+
+    pub(crate) fn swiglu_backward<B: Backend>(
+        dy: FloatTensor<B>,
+        gate: FloatTensor<B>,
+        up: FloatTensor<B>,
+    ) -> (FloatTensor<B>, FloatTensor<B>) {
+        let (dg, du) = reference::swiglu::backward::<B, 1>(wrap(dy), wrap(gate), wrap(up));
+        (unwrap(dg), unwrap(du))
+    }
+
+    pub(crate) fn rope<B: Backend>(
+        x: FloatTensor<B>,
+        cos: FloatTensor<B>,
+        sin: FloatTensor<B>,
+    ) -> FloatTensor<B> {
+        unwrap(reference::rope::forward::<B>(wrap(x), wrap(cos), wrap(sin)))
+    }
 
     pub(crate) fn layer_norm_forward<B: Backend>(
         x: FloatTensor<B>,

@@ -103,13 +103,7 @@ impl KernelBackend for Flex {
     ) -> FloatTensor<Self> {
         let f32 = x.dtype() == DType::F32;
         let Some(deq) = f32.then(|| qlora::dequantize_nk(&weight)).flatten() else {
-            return unwrap(crate::reference::qlora::forward(
-                wrap::<Self, 2>(x),
-                &weight,
-                wrap(t),
-                wrap(b),
-                scale,
-            ));
+            return plain::qlora_forward::<Self>(x, weight, t, b, scale);
         };
         let (x, deq) = (wrap::<Self, 2>(x), wrap::<Self, 2>(deq));
         let low_rank = wrap::<Self, 2>(t).matmul(wrap(b)).mul_scalar(scale);
@@ -124,7 +118,7 @@ impl KernelBackend for Flex {
         match f32.then(|| qlora::dequantize_nk(&weight)).flatten() {
             // `[m, n]·[n, k]`: the stored order is the transpose the gradient needs.
             Some(deq) => unwrap(wrap::<Self, 2>(dy).matmul(wrap(deq))),
-            None => unwrap(crate::reference::qlora::input_grad(wrap(dy), &weight)),
+            None => plain::qlora_input_grad::<Self>(dy, weight),
         }
     }
 
@@ -134,8 +128,7 @@ impl KernelBackend for Flex {
         eps: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let [Some(xc), Some(g)] = [&x, &gamma].map(contiguous_f32) else {
-            let (y, rstd) = reference::rms_norm::forward(wrap::<Self, 2>(x), wrap(gamma), eps);
-            return (unwrap(y), unwrap(rstd));
+            return plain::rms_norm_forward::<Self>(x, gamma, eps);
         };
         let [rows, d] = dims::<2>(&xc);
         let (y, rstd) = rms_norm::forward(values(&xc), values(&g), eps);
@@ -150,12 +143,7 @@ impl KernelBackend for Flex {
     ) -> FloatTensor<Self> {
         let [Some(d), Some(xc), Some(g), Some(r)] = [&dy, &x, &gamma, &rstd].map(contiguous_f32)
         else {
-            return unwrap(reference::rms_norm::input_grad(
-                wrap::<Self, 2>(dy),
-                wrap(x),
-                wrap(gamma),
-                wrap(rstd),
-            ));
+            return plain::rms_norm_input_grad::<Self>(dy, x, gamma, rstd);
         };
         let shape = dims::<2>(&xc);
         let dx = rms_norm::input_grad(values(&d), values(&xc), values(&g), values(&r));
@@ -275,7 +263,7 @@ impl KernelBackend for Flex {
 
     fn swiglu_forward(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
         let [Some(g), Some(u)] = [&gate, &up].map(contiguous_f32) else {
-            return unwrap(reference::swiglu::forward::<Self, 1>(wrap(gate), wrap(up)));
+            return plain::swiglu_forward::<Self>(gate, up);
         };
         let len = g.layout().shape().num_elements();
         tensor(swiglu::forward(values(&g), values(&u)), [len])
@@ -287,8 +275,7 @@ impl KernelBackend for Flex {
         up: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let [Some(d), Some(g), Some(u)] = [&dy, &gate, &up].map(contiguous_f32) else {
-            let (dg, du) = reference::swiglu::backward::<Self, 1>(wrap(dy), wrap(gate), wrap(up));
-            return (unwrap(dg), unwrap(du));
+            return plain::swiglu_backward::<Self>(dy, gate, up);
         };
         let len = g.layout().shape().num_elements();
         let (dg, du) = swiglu::backward(values(&d), values(&g), values(&u));
@@ -301,11 +288,7 @@ impl KernelBackend for Flex {
         sin: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         let [Some(xc), Some(cc), Some(sc)] = [&x, &cos, &sin].map(contiguous_f32) else {
-            return unwrap(reference::rope::forward::<Self>(
-                wrap(x),
-                wrap(cos),
-                wrap(sin),
-            ));
+            return plain::rope::<Self>(x, cos, sin);
         };
         let shape = dims::<4>(&xc);
         let [_, seq, heads, d] = shape;
