@@ -17,6 +17,25 @@ pub(super) struct View<'a> {
     cs: usize,
 }
 
+/// Where rows `rows` of the columns `cols` of a row-major matrix of width `stride` start in a
+/// buffer of `len` elements.
+///
+/// # Panics
+/// When the block's last element lies past the buffer.
+fn block_start(
+    len: usize,
+    stride: usize,
+    rows: &std::ops::Range<usize>,
+    cols: &std::ops::Range<usize>,
+) -> usize {
+    let start = rows.start * stride + cols.start;
+    if !rows.is_empty() && !cols.is_empty() {
+        let last = start + (rows.len() - 1) * stride + cols.len() - 1;
+        assert!(last < len, "a matrix view reaches past its buffer");
+    }
+    start.min(len)
+}
+
 impl<'a> View<'a> {
     /// Rows `rows` of the columns `cols` of a row-major matrix of width `stride` in `data`.
     pub(super) fn rows(
@@ -25,16 +44,14 @@ impl<'a> View<'a> {
         rows: std::ops::Range<usize>,
         cols: std::ops::Range<usize>,
     ) -> Self {
-        let start = (rows.start * stride + cols.start).min(data.len());
-        let view = Self {
+        let start = block_start(data.len(), stride, &rows, &cols);
+        Self {
             data: &data[start..],
             rows: rows.len(),
             cols: cols.len(),
             rs: stride,
             cs: 1,
-        };
-        view.check(view.data.len());
-        view
+        }
     }
 
     /// The transpose: the same elements, strides swapped.
@@ -45,13 +62,6 @@ impl<'a> View<'a> {
             rs: self.cs,
             cs: self.rs,
             ..self
-        }
-    }
-
-    fn check(&self, len: usize) {
-        if self.rows > 0 && self.cols > 0 {
-            let last = (self.rows - 1) * self.rs + (self.cols - 1) * self.cs;
-            assert!(last < len, "a matrix view reaches past its buffer");
         }
     }
 }
@@ -73,19 +83,11 @@ impl<'a> ViewMut<'a> {
         rows: std::ops::Range<usize>,
         cols: std::ops::Range<usize>,
     ) -> Self {
-        let (n_rows, n_cols) = (rows.len(), cols.len());
-        let start = (rows.start * stride + cols.start).min(data.len());
-        let data = &mut data[start..];
-        if n_rows > 0 && n_cols > 0 {
-            assert!(
-                (n_rows - 1) * stride + n_cols - 1 < data.len(),
-                "a matrix view reaches past its buffer"
-            );
-        }
+        let start = block_start(data.len(), stride, &rows, &cols);
         Self {
-            data,
-            rows: n_rows,
-            cols: n_cols,
+            data: &mut data[start..],
+            rows: rows.len(),
+            cols: cols.len(),
             rs: stride,
         }
     }
@@ -109,9 +111,9 @@ pub(super) fn matmul(dst: ViewMut<'_>, lhs: View<'_>, rhs: View<'_>, scale: f32,
         return;
     }
     let stride = |s: usize| isize::try_from(s).expect("a stride fits an isize");
-    // SAFETY: every view's last element lies inside its slice (checked when the view was
-    // made), `dst` is borrowed mutably and so overlaps neither operand, and the strides are
-    // those the views were checked with.
+    // SAFETY: every view's last element lies inside its slice (`block_start` checked it when
+    // the view was made; a transpose reads the same elements), `dst` is borrowed mutably and
+    // so overlaps neither operand, and the strides are those the views were checked with.
     unsafe {
         gemm::gemm(
             m,
