@@ -325,7 +325,7 @@ where
         ends.push(Instant::now());
         last_loss = out.loss;
     };
-    let data = DataSource::new(InMemDataset::new(items), LmBatcher);
+    let data = DataSource::new(InMemDataset::new(items), LmBatcher::new(setup.seq_len));
     fit(
         &plan,
         &training,

@@ -81,7 +81,7 @@ where
     };
     let model = MixedPrecision::new(base.with_lora(&spec)?, precision);
     let items = random_sequences(&config, BATCH * (steps + 2), SEQ_LEN);
-    let data = DataSource::new(InMemDataset::new(items), LmBatcher);
+    let data = DataSource::new(InMemDataset::new(items), LmBatcher::new(SEQ_LEN));
     let single = SingleConfig {
         grad_accumulation: 1,
         threads_per_rank: Some(1),

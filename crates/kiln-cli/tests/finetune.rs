@@ -120,6 +120,86 @@ fn single_ddp_pipeline_and_tensor_write_the_same_peft_adapters() {
     }
 }
 
+/// `kiln finetune` as [`finetune_for`] does, on the data file `data` in place of the chat
+/// fixture.
+fn finetune_on(out: &Path, data: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = finetune_args(out, "3", extra);
+    let at = args.iter().position(|a| a == "--data").unwrap() + 1;
+    args[at] = data.display().to_string();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = kiln(&args);
+    assert!(
+        run.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn conversations_train_through_a_chat_template_the_same_under_single_and_ddp() {
+    let dir = scratch("chat");
+    // The chat fixture's pairs as conversations, through a template of the fixture's tokens.
+    let text = std::fs::read_to_string(fixture("chat.jsonl")).unwrap();
+    let rows: Vec<String> = text
+        .lines()
+        .filter_map(|line| {
+            let row: serde_json::Value = serde_json::from_str(line).unwrap();
+            let (prompt, response) = (row.get("prompt")?, row.get("response")?);
+            Some(
+                serde_json::json!({"messages": [
+                    {"role": "user", "content": prompt},
+                    {"role": "assistant", "content": response},
+                ]})
+                .to_string(),
+            )
+        })
+        .collect();
+    let data = dir.join("messages.jsonl");
+    std::fs::write(&data, rows.join("\n")).unwrap();
+    let template = dir.join("template.jinja");
+    std::fs::write(
+        &template,
+        "<s>{% for m in messages %}{{ m['role'] }}: {{ m['content'] | trim }}</s>{% endfor %}\
+         {% if add_generation_prompt %}assistant:{% endif %}",
+    )
+    .unwrap();
+    let flags = ["--chat-template", template.to_str().unwrap()];
+    let single = dir.join("single");
+    let report = finetune_on(
+        &single,
+        &data,
+        &[&flags[..], &["--strategy", "single"]].concat(),
+    );
+    assert_eq!(report["steps"], 3);
+    let ddp = dir.join("ddp");
+    finetune_on(
+        &ddp,
+        &data,
+        &[&flags[..], &["--strategy", "ddp", "--world", "2"]].concat(),
+    );
+    // Each rank pads its half of a batch to its own longest: the same losses all the same.
+    for (a, b) in losses(&single).iter().zip(&losses(&ddp)) {
+        assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+    }
+    // Without the template, the fixture's folder has none to render them with.
+    assert_one_line_error(
+        &[
+            "finetune",
+            "--model",
+            &fixture("llama"),
+            "--data",
+            data.to_str().unwrap(),
+            "--steps",
+            "1",
+            "--output",
+            dir.join("none").to_str().unwrap(),
+        ],
+        "--chat-template FILE",
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
 #[test]
 fn generate_continues_a_prompt_greedily_and_with_the_fine_tuned_adapters() {
     let out = scratch("generate");

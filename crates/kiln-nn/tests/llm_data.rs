@@ -1,9 +1,15 @@
-//! Fine-tuning data: the folder's tokenizer gives Python's ids, JSONL lines become sequences
-//! whose loss covers the responses only, and bad lines are refused naming file and line.
+//! Fine-tuning data: the folder's tokenizer gives Python's ids, examples become sequences
+//! whose loss covers the completions only, batches pad to their longest, and bad lines are
+//! refused naming file and line.
 
 use std::path::PathBuf;
 
-use kiln_nn::llm::{Example, LlmError, LlmTokenizer, Packing, load_config, read_jsonl, tokenize};
+use burn::backend::Flex;
+use burn::data::dataloader::batcher::Batcher;
+use kiln_nn::llm::{
+    DataFormat, DataSet, Example, LlmError, LlmTokenizer, LmBatch, LmBatcher, Packing,
+    TokenizeOptions, Tokenized, TrainOn, load_config, tokenize,
+};
 
 mod common;
 use common::fixture;
@@ -43,6 +49,22 @@ fn the_tokenizer_encodes_and_decodes_as_python_does() {
     assert_eq!(tokenizer.eos(), Some(2));
 }
 
+fn read(path: &std::path::Path) -> Result<DataSet, LlmError> {
+    DataSet::read(path, DataFormat::Auto)
+}
+
+fn options(seq_len: usize, packing: Packing) -> TokenizeOptions {
+    TokenizeOptions {
+        seq_len,
+        packing,
+        train_on: TrainOn::Completion,
+    }
+}
+
+fn tokens(data: &DataSet, seq_len: usize, packing: Packing) -> Result<Tokenized, LlmError> {
+    tokenize(data, &tokenizer(), options(seq_len, packing))
+}
+
 fn scratch(name: &str, text: &str) -> PathBuf {
     let path = std::env::temp_dir().join(format!("kiln-data-{}-{name}.jsonl", std::process::id()));
     std::fs::write(&path, text).unwrap();
@@ -55,41 +77,39 @@ fn bad_lines_are_refused_naming_the_file_and_line() {
         "bad",
         "{\"text\": \"ok\"}\n\n{\"prompt\": \"x\", \"response\": \n",
     );
-    let err = read_jsonl(&path).unwrap_err();
+    let err = read(&path).unwrap_err();
     assert!(matches!(err, LlmError::Data { line: 3, .. }), "{err}");
     assert!(err.to_string().contains("not valid JSON"), "{err}");
     let path = scratch("fields", "{\"prompt\": \"x\"}\n");
-    let err = read_jsonl(&path).unwrap_err().to_string();
-    assert!(err.contains(":1:") && err.contains("\"response\""), "{err}");
-    let err = read_jsonl(&scratch("empty", "\n")).unwrap_err().to_string();
+    let err = read(&path).unwrap_err().to_string();
+    assert!(
+        err.contains(":1:") && err.contains("\"completion\""),
+        "{err}"
+    );
+    let err = read(&scratch("empty", "\n")).unwrap_err().to_string();
     assert!(err.contains("holds no example"), "{err}");
     assert!(matches!(
-        read_jsonl(&fixture("nowhere.jsonl")),
+        read(&fixture("nowhere.jsonl")),
         Err(LlmError::Io { .. })
     ));
 }
 
 #[test]
-fn a_chat_example_trains_its_response_and_end_token_only() {
+fn a_completion_trains_itself_and_the_end_token_only() {
     let tokenizer = tokenizer();
-    let example = Example::Chat {
+    let example = Example::Completion {
         prompt: "what colour is the sky? ".into(),
-        response: "blue".into(),
+        completion: "blue".into(),
     };
     let prompt = tokenizer.encode("what colour is the sky? ", true).unwrap();
     let response = tokenizer.encode("blue", false).unwrap();
     let path = fixture("chat.jsonl");
-    let out = tokenize(
-        std::slice::from_ref(&example),
-        &tokenizer,
-        16,
-        Packing::Pad,
-        &path,
-    )
-    .unwrap();
+    let one = DataSet::from_examples(&path, vec![example.clone()]);
+    let out = tokens(&one, 16, Packing::Pad).unwrap();
     let item = &out.items[0];
-    assert_eq!(item.tokens.len(), 17);
     let p = prompt.len();
+    // Not padded: the batcher pads each batch to its longest.
+    assert_eq!(item.tokens.len(), p + response.len() + 1);
     assert_eq!(&item.tokens[..p], &prompt[..]);
     assert_eq!(&item.tokens[p..p + response.len()], &response[..]);
     assert_eq!(
@@ -98,32 +118,31 @@ fn a_chat_example_trains_its_response_and_end_token_only() {
         "the end token follows the response"
     );
     // Target i is token i + 1: the response's tokens and the end token, nothing else.
-    let trained: Vec<usize> = (0..16).filter(|&i| item.trained[i]).collect();
+    let trained: Vec<usize> = (0..item.trained.len())
+        .filter(|&i| item.trained[i])
+        .collect();
     let expected: Vec<usize> = (p - 1..p + response.len()).collect();
     assert_eq!(trained, expected);
     assert_eq!(out.trained_tokens, response.len() + 1);
     assert_eq!(out.truncated, 0);
-
-    // A sequence too short for the whole answer: cut and counted.
-    let short = tokenize(
-        std::slice::from_ref(&example),
+    // Every token but the first, when asked.
+    let all = tokenize(
+        &one,
         &tokenizer,
-        p,
-        Packing::Pad,
-        &path,
+        TokenizeOptions {
+            train_on: TrainOn::All,
+            ..options(16, Packing::Pad)
+        },
     )
     .unwrap();
+    assert_eq!(all.trained_tokens, item.trained.len());
+
+    // A sequence too short for the whole answer: cut and counted.
+    let short = tokens(&one, p, Packing::Pad).unwrap();
     assert_eq!((short.truncated, short.trained_tokens), (1, 1));
     // A prompt that leaves no room for the response: refused, naming the line.
-    let err = tokenize(
-        &[example.clone(), example],
-        &tokenizer,
-        p - 1,
-        Packing::Pad,
-        &path,
-    )
-    .unwrap_err()
-    .to_string();
+    let two = DataSet::from_examples(&path, vec![example.clone(), example]);
+    let err = tokens(&two, p - 1, Packing::Pad).unwrap_err().to_string();
     assert!(
         err.contains("chat.jsonl:1:") && err.contains("--seq-len"),
         "{err}"
@@ -131,13 +150,44 @@ fn a_chat_example_trains_its_response_and_end_token_only() {
 }
 
 #[test]
+fn a_batch_pads_to_its_longest_rounded_to_eight_within_the_limit() {
+    let data = read(&fixture("chat.jsonl")).unwrap();
+    let items = tokens(&data, 24, Packing::Pad).unwrap().items;
+    let lens: Vec<usize> = items.iter().map(|i| i.trained.len()).collect();
+    let longest = *lens.iter().max().unwrap();
+    assert!(lens.iter().any(|&l| l < longest), "{lens:?}");
+    let batch: LmBatch<Flex> = LmBatcher::new(24).batch(items.clone(), &Default::default());
+    let [n, seq] = batch.inputs.dims();
+    assert_eq!((n, seq), (items.len(), longest.div_ceil(8) * 8));
+    // Every trained target is where the item put it; the pads are not trained.
+    let mask = batch.mask.into_data().to_vec::<f32>().unwrap();
+    let targets = batch
+        .targets
+        .into_data()
+        .convert::<i64>()
+        .to_vec::<i64>()
+        .unwrap();
+    for (row, item) in items.iter().enumerate() {
+        for i in 0..seq {
+            let trained = item.trained.get(i).copied().unwrap_or(false);
+            assert_eq!(mask[row * seq + i], f32::from(u8::from(trained)));
+            if i < item.trained.len() {
+                assert_eq!(targets[row * seq + i], i64::from(item.tokens[i + 1]));
+            }
+        }
+    }
+    // Rounding never goes past the run's limit.
+    assert_eq!(LmBatcher::new(longest).padded_len(longest), longest);
+}
+
+#[test]
 fn packing_cuts_the_whole_stream_into_full_sequences() {
     let tokenizer = tokenizer();
     let path = fixture("chat.jsonl");
-    let examples = read_jsonl(&path).unwrap();
+    let examples = read(&path).unwrap();
     assert_eq!(examples.len(), 34);
-    let padded = tokenize(&examples, &tokenizer, 24, Packing::Pad, &path).unwrap();
-    let packed = tokenize(&examples, &tokenizer, 24, Packing::Pack, &path).unwrap();
+    let padded = tokenize(&examples, &tokenizer, options(24, Packing::Pad)).unwrap();
+    let packed = tokenize(&examples, &tokenizer, options(24, Packing::Pack)).unwrap();
     assert_eq!(padded.items.len(), 34);
     assert!(packed.items.len() < padded.items.len());
     // Nothing cut when padding to 24, and packing trains the same tokens: every trained

@@ -18,8 +18,8 @@ use kiln_core::strategy::{
     ConfigError, PerformanceSpec, StepOutput, StrategyConfigs, StrategyError, StrategyKind,
 };
 use kiln_nn::llm::{
-    CausalLm, LlmTokenizer, LmBatcher, LmItem, LoraSpec, Packing, TARGET_MODULES, load, load_4bit,
-    load_config, read_jsonl, tokenize,
+    CausalLm, DataFormat, DataSet, LlmTokenizer, LmBatcher, LmItem, LoraSpec, Packing,
+    TARGET_MODULES, TokenizeOptions, TrainOn, load, load_4bit, load_config, tokenize,
 };
 use kiln_nn::lora::QuantConfig;
 
@@ -29,21 +29,19 @@ type A = Autodiff<B>;
 mod common;
 use common::{fixed_adapters, fixture};
 
-/// The chat fixture as padded sequences of 24 tokens (both fixtures share the llama one's
+/// The chat fixture as sequences of at most 24 tokens (both fixtures share the llama one's
 /// vocabulary of 96 tokens).
 fn chat_items() -> Vec<LmItem> {
     let dir = fixture("llama");
     let tokenizer = LlmTokenizer::from_dir(&dir, &load_config(&dir).unwrap()).unwrap();
     let path = fixture("chat.jsonl");
-    tokenize(
-        &read_jsonl(&path).unwrap(),
-        &tokenizer,
-        24,
-        Packing::Pad,
-        &path,
-    )
-    .unwrap()
-    .items
+    let options = TokenizeOptions {
+        seq_len: 24,
+        packing: Packing::Pad,
+        train_on: TrainOn::Completion,
+    };
+    let data = DataSet::read(&path, DataFormat::Auto).unwrap();
+    tokenize(&data, &tokenizer, options).unwrap().items
 }
 
 /// `base` with rank-4 adapters on all seven projections, the same in every run.
@@ -79,7 +77,7 @@ fn train_in(
     steps: usize,
     precision: Precision,
 ) -> Result<(CausalLm<B>, Vec<f64>), StrategyError> {
-    let data = DataSource::new(InMemDataset::new(chat_items()), LmBatcher);
+    let data = DataSource::new(InMemDataset::new(chat_items()), LmBatcher::new(24));
     let mut configs = StrategyConfigs::default();
     configs.set_threads_per_rank(1);
     configs.pipeline.stages = 2;
@@ -273,7 +271,7 @@ fn qlora_gradients_in_bf16_and_f16_are_f32_s_to_half_precision() {
         adapter.b = Param::initialized(adapter.b.id, b.require_grad());
         ids.extend([adapter.a.id, adapter.b.id]);
     }
-    let batch = LmBatcher.batch(chat_items()[..8].to_vec(), &Default::default());
+    let batch = LmBatcher::new(24).batch(chat_items()[..8].to_vec(), &Default::default());
     let flat = |grads: &GradientsParams| -> Vec<f32> {
         ids.iter()
             .flat_map(|id| {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use burn::backend::Flex;
 use burn::module::Param;
 use burn::tensor::{Tensor, TensorData};
-use kiln_nn::llm::{CausalLm, LoraSpec, TARGET_MODULES, load, load_4bit, read_jsonl};
+use kiln_nn::llm::{CausalLm, DataFormat, DataSet, LoraSpec, TARGET_MODULES, load, load_4bit};
 use kiln_nn::lora::QuantConfig;
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
@@ -170,7 +170,12 @@ fn a_fifo_is_refused_not_read_forever() {
     let (model, data_path) = (dir.clone(), data.clone());
     std::thread::spawn(move || {
         let mut messages = refusals(&model).to_vec();
-        messages.push(read_jsonl(&data_path).map(|_| ()).unwrap_err().to_string());
+        messages.push(
+            DataSet::read(&data_path, DataFormat::Auto)
+                .map(|_| ())
+                .unwrap_err()
+                .to_string(),
+        );
         let _ = send.send(messages);
     });
     let messages = receive
@@ -405,20 +410,22 @@ fn data_files_are_refused_with_the_line_and_the_cause() {
         (
             "response",
             b"{\"prompt\": \"q\", \"response\": \"\"}\n",
-            ":1: the example is empty",
+            ":1: the completion is empty",
         ),
     ];
     for (name, bytes, expected) in cases {
         let path = dir.join(format!("{name}.jsonl"));
         std::fs::write(&path, bytes).unwrap();
-        let message = read_jsonl(&path).unwrap_err().to_string();
+        let message = DataSet::read(&path, DataFormat::Auto)
+            .unwrap_err()
+            .to_string();
         one_line(&message);
         assert!(message.contains(expected), "{name}: {message}");
     }
     // A byte-order mark is not data.
     let bom = dir.join("bom.jsonl");
     std::fs::write(&bom, b"\xEF\xBB\xBF{\"text\": \"hi\"}\r\n").unwrap();
-    assert_eq!(read_jsonl(&bom).unwrap().len(), 1);
+    assert_eq!(DataSet::read(&bom, DataFormat::Auto).unwrap().len(), 1);
     std::fs::remove_dir_all(dir).ok();
 }
 

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use kiln_core::checkpoint::{Checkpoint, CheckpointConfig, CheckpointError, config_differences};
-use kiln_nn::llm::{LlmConfig, LoraSpec, Packing, TARGET_MODULES};
+use kiln_nn::llm::{DataFormat, LlmConfig, LoraSpec, Packing, TARGET_MODULES, TrainOn};
 use kiln_nn::lora::QuantConfig;
 
 use crate::config_file;
@@ -54,8 +54,15 @@ impl LoraSettings {
 pub struct FinetuneConfig {
     /// The Hugging Face model folder (`config.json`, safetensors, `tokenizer.json`).
     pub model: Option<PathBuf>,
-    /// The JSONL data file.
+    /// The data file: JSON Lines, a JSON array or Parquet.
     pub data: Option<PathBuf>,
+    /// The shape of the data's rows (`auto`: told by each row's keys).
+    pub data_format: DataFormat,
+    /// A Jinja chat template to use instead of the model folder's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<PathBuf>,
+    /// What the loss trains: the completions and assistant turns, or every token.
+    pub train_on: TrainOn,
     /// Where the adapters are written, in PEFT's layout (`out` is the same key, as the flag).
     #[serde(alias = "out")]
     pub output: PathBuf,
@@ -87,6 +94,9 @@ impl Default for FinetuneConfig {
         Self {
             model: None,
             data: None,
+            data_format: DataFormat::Auto,
+            chat_template: None,
+            train_on: TrainOn::Completion,
             output: PathBuf::from("finetuned"),
             merged: None,
             load_in_4bit: false,
@@ -198,6 +208,7 @@ impl FinetuneConfig {
             let c = FinetuneConfig {
                 model: c.model.clone().filter(|_| !digested),
                 data: c.data.clone().filter(|_| !digested),
+                chat_template: c.chat_template.clone().filter(|_| !digested),
                 output: PathBuf::new(),
                 merged: None,
                 checkpoint: CheckpointConfig::default(),

@@ -8,7 +8,7 @@ use std::thread::JoinHandle;
 
 use kiln_core::checkpoint::FileDigest;
 
-/// Input digests by name: `data`, `model/<file>`.
+/// Input digests by name: `data`, `chat_template` (one given apart from the model), `model/<file>`.
 pub type Digests = BTreeMap<String, FileDigest>;
 
 /// The digests, computed on a thread of their own (a 7B base is 14 GB to read, which overlaps
@@ -21,9 +21,17 @@ pub enum Inputs {
 }
 
 impl Inputs {
-    /// Starts digesting the data file `data` and the model folder `model`.
-    pub fn digest(data: &Path, model: &Path) -> Result<Self, kiln_nn::llm::LlmError> {
+    /// Starts digesting the data file `data`, the model folder `model` and the chat template
+    /// given in place of the folder's.
+    pub fn digest(
+        data: &Path,
+        model: &Path,
+        template: Option<&Path>,
+    ) -> Result<Self, kiln_nn::llm::LlmError> {
         let mut files: Vec<(String, PathBuf)> = vec![("data".into(), data.to_path_buf())];
+        if let Some(template) = template {
+            files.push(("chat_template".into(), template.to_path_buf()));
+        }
         for (name, path) in kiln_nn::llm::model_files(model)? {
             files.push((format!("model/{name}"), path));
         }

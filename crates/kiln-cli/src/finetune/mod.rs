@@ -1,5 +1,6 @@
-//! `kiln finetune`: LoRA or QLoRA fine-tuning of a Hugging Face model folder on a JSONL file,
-//! through any replicating strategy, the adapters written in PEFT's layout.
+//! `kiln finetune`: LoRA or QLoRA fine-tuning of a Hugging Face model folder on a data file
+//! (JSON Lines, JSON or Parquet; text, prompt-completion or conversations through the model's
+//! chat template), through any replicating strategy, the adapters written in PEFT's layout.
 
 mod config;
 mod inputs;
@@ -19,8 +20,8 @@ use kiln_core::optim::OptimizerState;
 use kiln_core::plan::Plan;
 use kiln_core::strategy::{PerformanceSpec, StepOutput};
 use kiln_nn::llm::{
-    CausalLm, LlmTokenizer, LmBatcher, LoraAdapters, Packing, load, load_4bit, load_config,
-    read_jsonl, tokenize,
+    CausalLm, DataFormat, DataSet, Example, LlmTokenizer, LmBatcher, LoraAdapters, Packing,
+    TokenizeOptions, TrainOn, load, load_4bit, load_config, tokenize,
 };
 use kiln_nn::tensor_parallel::ShardedBackend;
 
@@ -45,9 +46,23 @@ pub struct FinetuneArgs {
     /// tokenizer.json.
     #[arg(long, value_name = "DIR")]
     model: Option<PathBuf>,
-    /// JSONL data: one `{"prompt": .., "response": ..}` or `{"text": ..}` object per line.
+    /// The data: JSON Lines, a JSON array or Parquet (`.parquet`) of `{"text": ..}`,
+    /// `{"prompt": .., "completion": ..}` (strings, or lists of messages), `{"messages":
+    /// [{"role": .., "content": ..}, ..]}` or Alpaca's `{"instruction", "input", "output"}`.
+    /// Conversations go through the model's chat template.
     #[arg(long, value_name = "FILE")]
     data: Option<PathBuf>,
+    /// The shape of the data's rows [default: auto, told by each row's keys].
+    #[arg(long, value_enum)]
+    data_format: Option<DataFormatArg>,
+    /// A Jinja chat template to render conversations with, instead of the model folder's
+    /// (chat_template.jinja, or tokenizer_config.json's chat_template).
+    #[arg(long, value_name = "FILE")]
+    chat_template: Option<PathBuf>,
+    /// What the loss trains: the completions and the assistant turns (with their end-of-turn
+    /// tokens), or every token [default: completion].
+    #[arg(long, value_enum)]
+    train_on: Option<TrainOnArg>,
     /// Where to write the adapters (PEFT's adapter_config.json and
     /// adapter_model.safetensors) [default: finetuned]. `--out`, as every subcommand names
     /// where its results go; `--output` is the same flag.
@@ -99,6 +114,35 @@ enum PackingArg {
     Pack,
 }
 
+/// `--data-format`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum DataFormatArg {
+    Auto,
+    Text,
+    PromptCompletion,
+    Messages,
+    Alpaca,
+}
+
+impl From<DataFormatArg> for DataFormat {
+    fn from(arg: DataFormatArg) -> Self {
+        match arg {
+            DataFormatArg::Auto => Self::Auto,
+            DataFormatArg::Text => Self::Text,
+            DataFormatArg::PromptCompletion => Self::PromptCompletion,
+            DataFormatArg::Messages => Self::Messages,
+            DataFormatArg::Alpaca => Self::Alpaca,
+        }
+    }
+}
+
+/// `--train-on`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum TrainOnArg {
+    Completion,
+    All,
+}
+
 /// Where `kiln finetune` saves to and resumes from, as the flags name them.
 struct Checkpoints {
     save: Option<PathBuf>,
@@ -119,6 +163,18 @@ impl FinetuneArgs {
         }
         if let Some(data) = self.data {
             c.data = Some(data);
+        }
+        if let Some(format) = self.data_format {
+            c.data_format = format.into();
+        }
+        if let Some(template) = self.chat_template {
+            c.chat_template = Some(template);
+        }
+        if let Some(train_on) = self.train_on {
+            c.train_on = match train_on {
+                TrainOnArg::Completion => TrainOn::Completion,
+                TrainOnArg::All => TrainOn::All,
+            };
         }
         if let Some(output) = self.output {
             c.output = output;
@@ -215,16 +271,36 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(checkpoint) = &opened {
         config.check_resumed(checkpoint)?;
     }
-    let tokenizer = LlmTokenizer::from_dir(dir, &llm)?;
+    let mut tokenizer = LlmTokenizer::from_dir(dir, &llm)?;
+    if let Some(template) = &config.chat_template {
+        tokenizer = tokenizer.with_chat_template(template)?;
+    }
     let data = config.data_file()?;
-    let examples = read_jsonl(data)?;
+    let examples = DataSet::read(data, config.data_format)?;
     let tokenized = tokenize(
         &examples,
         &tokenizer,
-        config.seq_len(),
-        config.packing,
-        data,
+        TokenizeOptions {
+            seq_len: config.seq_len(),
+            packing: config.packing,
+            train_on: config.train_on,
+        },
     )?;
+    let conversations = examples
+        .examples()
+        .iter()
+        .filter(|e| matches!(e, Example::Conversation { .. }))
+        .count();
+    if let Some(template) = tokenizer.chat_template().filter(|_| conversations > 0) {
+        tracing::info!(
+            "{conversations} conversations rendered with the chat template of {}, {}",
+            template.path().display(),
+            match config.train_on {
+                TrainOn::Completion => "their assistant turns trained",
+                TrainOn::All => "every token trained",
+            }
+        );
+    }
     if tokenized.truncated > 0 {
         tracing::warn!(
             "{} of {} examples are longer than --seq-len {} and were cut; raise --seq-len to \
@@ -235,10 +311,12 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     tracing::info!(
-        "{} examples -> {} sequences of {} tokens, {} tokens trained",
+        "{} examples -> {} sequences of at most {} tokens ({:.1} on average, each batch padded \
+         to its longest), {} tokens trained",
         examples.len(),
         tokenized.items.len(),
         config.seq_len(),
+        tokenized.tokens as f64 / tokenized.items.len().max(1) as f64,
         tokenized.trained_tokens
     );
     // Installed before anything is written, so a signal from then on stops the run cleanly.
@@ -254,7 +332,11 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
     )?;
     // Digested only when a checkpoint records or checks them.
     let mut digests = match prepared.resume.is_some() || prepared.save.is_some() {
-        true => Some(inputs::Inputs::digest(data, dir)?),
+        true => Some(inputs::Inputs::digest(
+            data,
+            dir,
+            config.chat_template.as_deref(),
+        )?),
         false => None,
     };
     if let Some(resumed) = &prepared.resume {
@@ -264,6 +346,7 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
     let job = FinetuneJob {
         config: &config,
         plan: &plan,
+        tokens_per_sequence: tokenized.tokens as f64 / tokenized.items.len().max(1) as f64,
         items: tokenized.items,
         checkpoints: prepared,
         signals: &signals,
@@ -316,6 +399,8 @@ struct FinetuneJob<'a> {
     config: &'a FinetuneConfig,
     plan: &'a Plan,
     items: Vec<kiln_nn::llm::LmItem>,
+    /// Input tokens per sequence on average, pads not counted: what tokens/s counts.
+    tokens_per_sequence: f64,
     checkpoints: RunCheckpoints,
     signals: &'a Signals,
     /// Whether this process writes the run (the first of its processes).
@@ -338,6 +423,7 @@ impl Job for FinetuneJob<'_> {
             config,
             plan,
             items,
+            tokens_per_sequence,
             checkpoints,
             signals,
             main,
@@ -405,7 +491,7 @@ impl Job for FinetuneJob<'_> {
             save_every: checkpoints.every,
             stop: Some(&stop),
         };
-        let tokens_per_step = (train.batch * config.seq_len()) as f64;
+        let tokens_per_step = train.batch as f64 * tokens_per_sequence;
         let bar = if main {
             ProgressBar::new(train.steps as u64)
         } else {
@@ -430,7 +516,7 @@ impl Job for FinetuneJob<'_> {
             saver: saver.as_mut(),
         };
         let spec_optim = PerformanceSpec::new(adamw(), train.optimizer.clone())?;
-        let data = DataSource::new(InMemDataset::new(items), LmBatcher);
+        let data = DataSource::new(InMemDataset::new(items), LmBatcher::new(config.seq_len()));
         let (trained, record) = fit(
             plan,
             &training,

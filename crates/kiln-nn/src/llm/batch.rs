@@ -5,8 +5,8 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use kiln_core::data::dense_tensor;
 
-/// `seq_len + 1` tokens: inputs are the first `seq_len`, targets the last `seq_len`, and
-/// `trained[i]` says whether target `i` counts in the loss.
+/// `n + 1` tokens: inputs are the first `n`, targets the last `n`, and `trained[i]` says
+/// whether target `i` counts in the loss. Items of a batch may differ in length.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LmItem {
     /// Token ids.
@@ -43,26 +43,54 @@ pub struct LmBatch<B: Backend> {
     pub mask: Tensor<B, 2>,
 }
 
-/// Stacks [`LmItem`]s of one length into an [`LmBatch`].
-#[derive(Debug, Clone, Copy, Default)]
-pub struct LmBatcher;
+/// Stacks [`LmItem`]s into an [`LmBatch`], padding each to the batch's longest (as
+/// transformers' collators do), rounded up to a multiple of [`LmBatcher::MULTIPLE`] where that
+/// stays within the longest sequence the run allows: a batch of short examples computes short
+/// sequences. Pads come after each sequence and are never targets, so under causal attention
+/// they change no other position's result.
+#[derive(Debug, Clone, Copy)]
+pub struct LmBatcher {
+    max_len: usize,
+}
+
+impl LmBatcher {
+    /// The multiple batches are padded to: the matmul kernels' tile of rows.
+    pub const MULTIPLE: usize = 8;
+
+    /// Pads to at most `max_len` positions (the run's `--seq-len`), unless an item is longer.
+    pub fn new(max_len: usize) -> Self {
+        Self { max_len }
+    }
+
+    /// The positions of a batch whose longest item has `longest` targets.
+    pub fn padded_len(&self, longest: usize) -> usize {
+        let rounded = longest.div_ceil(Self::MULTIPLE) * Self::MULTIPLE;
+        if rounded <= self.max_len {
+            rounded
+        } else {
+            longest
+        }
+    }
+}
 
 impl<B: Backend> Batcher<B, LmItem, LmBatch<B>> for LmBatcher {
     fn batch(&self, items: Vec<LmItem>, device: &B::Device) -> LmBatch<B> {
         let n = items.len();
-        let seq = items.first().map_or(0, |i| i.trained.len());
-        let tokens = |range: fn(&LmItem, usize) -> &[u32]| -> Vec<i64> {
-            items
-                .iter()
-                .flat_map(|item| range(item, seq).iter().map(|&t| i64::from(t)))
-                .collect()
-        };
-        let inputs = tokens(|item, seq| &item.tokens[..seq]);
-        let targets = tokens(|item, _| &item.tokens[1..]);
-        let mask: Vec<f32> = items
-            .iter()
-            .flat_map(|item| item.trained.iter().map(|&t| f32::from(u8::from(t))))
-            .collect();
+        let longest = items.iter().map(|i| i.trained.len()).max().unwrap_or(0);
+        let seq = self.padded_len(longest);
+        let mut inputs = Vec::with_capacity(n * seq);
+        let mut targets = Vec::with_capacity(n * seq);
+        let mut mask = Vec::with_capacity(n * seq);
+        for item in &items {
+            let len = item.trained.len();
+            inputs.extend(item.tokens[..len].iter().map(|&t| i64::from(t)));
+            targets.extend(item.tokens[1..].iter().map(|&t| i64::from(t)));
+            mask.extend(item.trained.iter().map(|&t| f32::from(u8::from(t))));
+            // Token 0 pads: any id the embedding holds; no loss reads it.
+            inputs.resize(inputs.len() + seq - len, 0);
+            targets.resize(targets.len() + seq - len, 0);
+            mask.resize(mask.len() + seq - len, 0.0);
+        }
         LmBatch {
             inputs: dense_tensor(TensorData::new(inputs, [n, seq]), device),
             targets: dense_tensor(TensorData::new(targets, [n, seq]), device),

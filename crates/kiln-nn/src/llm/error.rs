@@ -122,6 +122,24 @@ pub enum LlmError {
         /// What is wrong.
         reason: String,
     },
+    /// A chat template that does not compile or render.
+    #[error("{path}: {reason}")]
+    ChatTemplate {
+        /// The file the template came from.
+        path: String,
+        /// What failed, and where in the template.
+        reason: String,
+    },
+    /// A row of a Parquet data file that cannot be used.
+    #[error("{path}, row {row}: {reason}")]
+    DataRow {
+        /// The data file.
+        path: String,
+        /// The row, from 1.
+        row: usize,
+        /// What is wrong and what to do.
+        reason: String,
+    },
     /// A line of a data file that cannot be used.
     #[error("{path}:{line}: {reason}")]
     Data {

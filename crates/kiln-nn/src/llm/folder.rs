@@ -124,14 +124,21 @@ fn kind(meta: &std::fs::Metadata) -> &'static str {
 }
 
 /// Every file of the model folder `dir` that a run reads, by its name in the folder:
-/// `config.json`, `tokenizer.json` (when present), the index (when sharded) and the weights.
+/// `config.json`, the tokenizer's files and the chat template (when present), the index (when
+/// sharded) and the weights.
 /// What a checkpoint records so that a resume can tell the base model has not changed.
 ///
 /// # Errors
 /// As [`weight_files`].
 pub fn model_files(dir: &Path) -> Result<Vec<(String, PathBuf)>, LlmError> {
     let mut files = Vec::new();
-    for name in ["config.json", "tokenizer.json", INDEX] {
+    for name in [
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        INDEX,
+    ] {
         if let Some(path) = regular_file(dir, name)? {
             files.push((name.to_string(), path));
         }

@@ -11,13 +11,15 @@
 //! ([`CausalLm::with_lora`], the base frozen, in f32 or 4 bits: [`load_4bit`]), and are saved
 //! and loaded in PEFT's layout ([`CausalLm::save_peft`], [`CausalLm::load_peft`]).
 //!
-//! The model trains on [`LmBatch`]es of tokenised JSONL data through every strategy: whole,
+//! The model trains on [`LmBatch`]es of tokenised data ([`DataSet`], through the folder's chat
+//! template for conversations: [`ChatTemplate`]) through every strategy: whole,
 //! in pipeline stages ([`CausalLmStage`]) or in tensor-parallel shards ([`ShardedCausalLm`]),
 //! in f32 or mixed precision. [`CausalLm::generate`] continues a prompt with a key/value
 //! cache.
 
 mod adapters;
 mod batch;
+mod chat_template;
 mod config;
 mod data;
 mod error;
@@ -36,8 +38,11 @@ mod train;
 
 pub use adapters::LoraAdapters;
 pub use batch::{LmBatch, LmBatcher, LmItem};
+pub use chat_template::{ChatTemplate, Message, Role, SpecialTokens};
 pub use config::{LlmConfig, ModelType, RopeScaling};
-pub use data::{Example, Packing, Tokenized, read_jsonl, tokenize};
+pub use data::{
+    DataFormat, DataSet, Example, Packing, TokenizeOptions, Tokenized, TrainOn, tokenize,
+};
 pub use error::LlmError;
 pub use folder::model_files;
 pub use generate::{KvCache, Sampling};
