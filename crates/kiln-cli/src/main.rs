@@ -43,9 +43,10 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Train a built-in model on built-in synthetic data.
-    Train(train::TrainArgs),
+    Train(Box<train::TrainArgs>),
     /// Fine-tune a Hugging Face model folder with LoRA adapters (QLoRA with --load-in-4bit)
-    /// on a JSONL file; the adapters are written in PEFT's layout.
+    /// on text, prompt-completion or chat data (JSON Lines, JSON or Parquet); the adapters
+    /// are written in PEFT's layout.
     Finetune(Box<finetune::FinetuneArgs>),
     /// Generate text from a Hugging Face model folder, with fine-tuned adapters when given.
     Generate(Box<generate::GenerateArgs>),
@@ -117,7 +118,7 @@ fn main() -> ExitCode {
         .init();
 
     let run = std::panic::AssertUnwindSafe(|| match cli.command {
-        Command::Train(args) => train::run(args),
+        Command::Train(args) => train::run(*args),
         Command::Finetune(args) => finetune::run(*args),
         Command::Generate(args) => generate::run(*args),
         Command::Ad(command) => ad::run(command),

@@ -286,6 +286,21 @@ fn bad_inputs_are_refused_in_one_line() {
         ],
         "has no config.json",
     );
+    // Schedules, weight decay and epochs that cannot train.
+    check(
+        base(&["--warmup-ratio", "1.5"]),
+        "--warmup-ratio must be between 0 and 1",
+    );
+    check(
+        base(&["--warmup-ratio", "0.1", "--warmup-steps", "3"]),
+        "--warmup-steps",
+    );
+    check(base(&["--weight-decay", "-1"]), "--weight-decay must be");
+    check(
+        base(&["--epochs", "0"]),
+        "--epochs must be a positive number",
+    );
+    check(base(&["--epochs", "1", "--steps", "3"]), "--steps");
     // A data line that is not JSON, named by file and line.
     let broken = out.join("broken.jsonl");
     std::fs::write(&broken, "{\"text\": \"fine\"}\n{not json\n").unwrap();
@@ -405,6 +420,46 @@ fn a_fine_tuning_run_saved_and_resumed_equals_the_straight_run() {
         "lora.rank",
     );
     for dir in [straight, first, second] {
+        std::fs::remove_dir_all(dir).ok();
+    }
+}
+
+#[test]
+fn a_run_resumed_mid_warm_up_follows_its_schedule_bit_for_bit() {
+    let schedule = ["--lr-scheduler", "cosine", "--warmup-steps", "3"];
+    let straight = scratch("warm-straight");
+    finetune_for(&straight, "4", &schedule);
+    // The schedule trains: the first step, at a rate of 0, moved nothing where a constant
+    // rate moved the adapters.
+    let flat = scratch("warm-flat");
+    finetune_for(&flat, "4", &[]);
+    assert_eq!(losses(&straight)[0], losses(&flat)[0]);
+    assert_ne!(losses(&straight)[1], losses(&flat)[1]);
+
+    let saved = scratch("warm-saved");
+    let folder = saved.join("checkpoints");
+    let folder_arg = folder.to_str().unwrap();
+    finetune_for(
+        &saved,
+        "4",
+        &[&schedule[..], &["--save", folder_arg, "--save-every", "2"]].concat(),
+    );
+    let step_2 = folder.join(format!("step-{:08}", 2));
+    let resumed = scratch("warm-resumed");
+    let report = finetune_for(
+        &resumed,
+        "4",
+        &[&schedule[..], &["--resume", step_2.to_str().unwrap()]].concat(),
+    );
+    assert_eq!(report["resumed_from"], 2);
+    assert_eq!(losses(&resumed), losses(&straight)[2..].to_vec());
+    assert_eq!(adapter_values(&resumed), adapter_values(&straight));
+    // The decay spreads over the steps: another length is another run.
+    let mut args = finetune_args(&resumed.join("longer"), "6", &schedule);
+    args.extend(["--resume".to_string(), step_2.display().to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_one_line_error(&args, "steps");
+    for dir in [straight, flat, saved, resumed] {
         std::fs::remove_dir_all(dir).ok();
     }
 }

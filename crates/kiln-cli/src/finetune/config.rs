@@ -79,6 +79,10 @@ pub struct FinetuneConfig {
     pub seq_len: Option<usize>,
     /// Padding one example per sequence, or packing examples into full sequences.
     pub packing: Packing,
+    /// Passes over the data, in place of `train.steps`: the steps are `⌈epochs · sequences /
+    /// batch⌉`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub epochs: Option<f64>,
     /// The adapters.
     pub lora: LoraSettings,
     /// Periodic checkpoints (`[checkpoint]`: `every`, `keep`), saved with `--save DIR`.
@@ -103,12 +107,15 @@ impl Default for FinetuneConfig {
             quant: QuantConfig::new(),
             seq_len: None,
             packing: Packing::Pad,
+            epochs: None,
             lora: LoraSettings::default(),
             checkpoint: CheckpointConfig::default(),
             train: TrainConfig {
                 steps: 100,
                 batch: 8,
                 lr: 2e-4,
+                // transformers' TrainingArguments default.
+                weight_decay: 0.0,
                 ..TrainConfig::default()
             },
         }
@@ -162,6 +169,9 @@ pub enum FinetuneConfigError {
     /// A checkpoint that cannot be used.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// A number of epochs that cannot train.
+    #[error("--epochs must be a positive number of passes over the data (at most 10^6), got {0}")]
+    Epochs(f64),
     /// A sequence length of zero.
     #[error("--seq-len must be at least 1 (tokens per sequence)")]
     NoSeqLen,
@@ -182,7 +192,8 @@ pub const CONFIG_FILE: &str = "finetune.toml";
 
 impl FinetuneConfig {
     /// Checks that this config fine-tunes what `checkpoint` was fine-tuned with: every setting
-    /// but those a resumed run may change (`train.steps`, where it trains: `train.world`,
+    /// but those a resumed run may change (`train.steps`, unless the learning rate decays over
+    /// them; where it trains: `train.world`,
     /// `devices`, `strategy`, `backend` and `parallel`, which the plan's check covers; where it
     /// writes: `output`, `merged`; and `checkpoint`). Where the model folder and the data lie
     /// may change too when the checkpoint recorded their digests, which the resume checks.
@@ -203,6 +214,11 @@ impl FinetuneConfig {
         // (`Checkpoint::check_inputs`): where they now lie may change. An older one's paths
         // are all there is to compare.
         let digested = !checkpoint.manifest().inputs.is_empty();
+        // A decaying schedule spreads over the run's steps (or its epochs, compared as
+        // settings): resumed with others, every rate from here on would differ.
+        let keep_steps = saved.train.schedule().depends_on_steps()
+            && saved.epochs.is_none()
+            && self.epochs.is_none();
         let comparable = |c: &FinetuneConfig| {
             let defaults = TrainConfig::default();
             let c = FinetuneConfig {
@@ -213,7 +229,7 @@ impl FinetuneConfig {
                 merged: None,
                 checkpoint: CheckpointConfig::default(),
                 train: TrainConfig {
-                    steps: 0,
+                    steps: if keep_steps { c.train.steps } else { 0 },
                     world: None,
                     devices: None,
                     strategy: defaults.strategy,
@@ -285,7 +301,17 @@ impl FinetuneConfig {
         if self.seq_len == Some(0) {
             return Err(FinetuneConfigError::NoSeqLen);
         }
+        if let Some(epochs) = self.epochs.filter(|e| !(*e > 0.0 && *e <= 1e6)) {
+            return Err(FinetuneConfigError::Epochs(epochs));
+        }
         Ok(())
+    }
+
+    /// The steps of `epochs` passes over `sequences` sequences, when epochs are given.
+    pub fn steps_for(&self, sequences: usize) -> Option<usize> {
+        let per_step = self.train.batch.max(1) as f64;
+        self.epochs
+            .map(|e| ((e * sequences as f64 / per_step).ceil() as usize).max(1))
     }
 
     /// The sequence length when none is given: QLoRA recipes' usual short sequences, or the

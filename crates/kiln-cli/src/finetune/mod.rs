@@ -32,7 +32,7 @@ use crate::backend::{Job, dispatch};
 use crate::checkpoint_args::{CheckpointArgs, RunCheckpoints};
 use crate::launched::Launched;
 use crate::signals::{Interrupted, Saved, Signals};
-use crate::train::{RunArgs, adamw};
+use crate::train::RunArgs;
 
 /// Flags of `kiln finetune`; each overrides the same field of `--config`.
 #[derive(clap::Args, Debug)]
@@ -89,6 +89,9 @@ pub struct FinetuneArgs {
     /// prompt fills it is refused.
     #[arg(long)]
     seq_len: Option<usize>,
+    /// Passes over the data, in place of --steps: ⌈epochs · sequences / batch⌉ steps.
+    #[arg(long, conflicts_with = "steps")]
+    epochs: Option<f64>,
     /// One example per sequence, padded, or examples packed into full sequences
     /// [default: pad].
     #[arg(long, value_enum)]
@@ -195,6 +198,9 @@ impl FinetuneArgs {
         if let Some(seq_len) = self.seq_len {
             c.seq_len = Some(seq_len);
         }
+        if let Some(epochs) = self.epochs {
+            c.epochs = Some(epochs);
+        }
         if let Some(packing) = self.packing {
             c.packing = match packing {
                 PackingArg::Pad => Packing::Pad,
@@ -238,7 +244,8 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
     // Everything the run reads and writes is checked before the model loads.
     let llm = load_config(config.model_dir()?)?;
     config.fit_model(&llm)?;
-    let dir = config.model_dir()?;
+    let dir = config.model_dir()?.to_path_buf();
+    let dir = dir.as_path();
     // Held until the run ends: a second run given the same paths is refused now.
     let mut _claims = crate::outputs::check_files(&[("--json", json.as_deref())])?;
     if main {
@@ -275,7 +282,8 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(template) = &config.chat_template {
         tokenizer = tokenizer.with_chat_template(template)?;
     }
-    let data = config.data_file()?;
+    let data = config.data_file()?.to_path_buf();
+    let data = data.as_path();
     let examples = DataSet::read(data, config.data_format)?;
     let tokenized = tokenize(
         &examples,
@@ -319,6 +327,24 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
         tokenized.tokens as f64 / tokenized.items.len().max(1) as f64,
         tokenized.trained_tokens
     );
+    if let Some(steps) = config.steps_for(tokenized.items.len()) {
+        config.train.steps = steps;
+        tracing::info!(
+            "{} epochs of {} sequences, {} per step: {steps} steps",
+            config.epochs.unwrap_or_default(),
+            tokenized.items.len(),
+            config.train.batch
+        );
+    }
+    let schedule = config.train.schedule();
+    if schedule != kiln_core::optim::LrSchedule::default() {
+        tracing::info!(
+            "learning rate: {} warm-up steps to {}, then {}",
+            schedule.warmup(config.train.steps),
+            config.train.lr,
+            schedule.decay
+        );
+    }
     // Installed before anything is written, so a signal from then on stops the run cleanly.
     let signals = Signals::install()?;
     let prepared = RunCheckpoints::prepare(
@@ -485,7 +511,7 @@ impl Job for FinetuneJob<'_> {
         let training = Training {
             steps: train.steps,
             seed: train.seed,
-            lr: &|_| train.lr,
+            lr: &|step| train.lr_at(step),
             resume: resume.as_ref(),
             keep_optimizer_state: saver.is_some(),
             save_every: checkpoints.every,
@@ -515,7 +541,7 @@ impl Job for FinetuneJob<'_> {
             on_step,
             saver: saver.as_mut(),
         };
-        let spec_optim = PerformanceSpec::new(adamw(), train.optimizer.clone())?;
+        let spec_optim = PerformanceSpec::new(train.adamw(), train.optimizer.clone())?;
         let data = DataSource::new(InMemDataset::new(items), LmBatcher::new(config.seq_len()));
         let (trained, record) = fit(
             plan,

@@ -3,9 +3,10 @@
 use std::path::Path;
 
 use kiln_core::checkpoint::{Checkpoint, CheckpointConfig, config_differences};
-use kiln_core::optim::{GuardConfigError, PerformanceConfig};
+use kiln_core::optim::{GuardConfigError, LrDecay, LrSchedule, PerformanceConfig, ScheduleError};
 use kiln_core::plan::{Plan, PlanRequest};
 use kiln_core::strategy::{StrategyConfigs, StrategyKind};
+use kiln_kernels::FusedAdamWConfig;
 
 use crate::backend::{BackendKind, DeviceError, Placement};
 use crate::config_file::{self, ConfigFileError};
@@ -56,8 +57,17 @@ pub struct TrainConfig {
     pub batch: usize,
     /// Seed of the model, the data and the sample order.
     pub seed: u64,
-    /// AdamW learning rate.
+    /// AdamW's peak learning rate.
     pub lr: f64,
+    /// What the rate does after the warm-up: `constant`, `linear` or `cosine` (to zero at the
+    /// last step).
+    pub lr_scheduler: LrDecay,
+    /// Steps of linear warm-up from 0 to `lr`.
+    pub warmup_steps: usize,
+    /// Or the warm-up as a fraction of `steps`.
+    pub warmup_ratio: f64,
+    /// AdamW's decoupled weight decay.
+    pub weight_decay: f64,
     /// Samples in the synthetic data set.
     pub samples: usize,
     /// Settings of every strategy (`[parallel.ddp]`, `[parallel.pipeline]`, …), as the
@@ -83,6 +93,11 @@ impl Default for TrainConfig {
             batch: 64,
             seed: 42,
             lr: 3e-3,
+            lr_scheduler: LrDecay::Constant,
+            warmup_steps: 0,
+            warmup_ratio: 0.0,
+            // Burn's AdamW default.
+            weight_decay: 1e-4,
             samples: 8192,
             parallel: StrategyConfigs::default(),
             optimizer: PerformanceConfig::default(),
@@ -145,6 +160,12 @@ pub enum ConfigError {
     /// A learning rate that cannot train.
     #[error("--lr must be a positive finite number, got {0}")]
     LearningRate(f64),
+    /// A weight decay that cannot train.
+    #[error("--weight-decay must be a finite number at least 0, got {0}")]
+    WeightDecay(f64),
+    /// A schedule that cannot run.
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
 }
 
 impl ModelKind {
@@ -162,7 +183,8 @@ pub const CONFIG_FILE: &str = "config.toml";
 
 impl TrainConfig {
     /// Checks that this config trains what `checkpoint` was trained with: every setting but
-    /// those a resumed run may change (`steps`, where it trains: `world`, `devices`,
+    /// those a resumed run may change (`steps`, unless the learning rate decays over them;
+    /// where it trains: `world`, `devices`,
     /// `strategy`, `backend` and `parallel`, which the plan's check covers, and `checkpoint`).
     ///
     /// # Errors
@@ -177,9 +199,12 @@ impl TrainConfig {
         let text = std::str::from_utf8(checkpoint.file(CONFIG_FILE)?)
             .map_err(|e| unreadable(e.to_string()))?;
         let saved: TrainConfig = toml::from_str(text).map_err(|e| unreadable(e.to_string()))?;
+        // A decaying schedule spreads over the run's steps: resumed with others, every rate
+        // from here on would differ from the run that saved.
+        let keep_steps = saved.schedule().depends_on_steps();
         let comparable = |c: &TrainConfig| {
             let c = TrainConfig {
-                steps: 0,
+                steps: if keep_steps { c.steps } else { 0 },
                 world: None,
                 devices: None,
                 strategy: StrategyKind::Auto,
@@ -312,8 +337,31 @@ impl TrainConfig {
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return Err(ConfigError::LearningRate(self.lr));
         }
+        if !(self.weight_decay >= 0.0 && self.weight_decay.is_finite()) {
+            return Err(ConfigError::WeightDecay(self.weight_decay));
+        }
+        self.schedule().validate()?;
         self.optimizer.validate()?;
         Ok(())
+    }
+
+    /// The learning-rate schedule.
+    pub fn schedule(&self) -> LrSchedule {
+        LrSchedule {
+            decay: self.lr_scheduler,
+            warmup_steps: self.warmup_steps,
+            warmup_ratio: self.warmup_ratio,
+        }
+    }
+
+    /// The learning rate of step `step` (0-based).
+    pub fn lr_at(&self, step: usize) -> f64 {
+        self.lr * self.schedule().factor(step, self.steps)
+    }
+
+    /// AdamW with this run's weight decay, fused into one launch per step on a GPU.
+    pub fn adamw(&self) -> FusedAdamWConfig {
+        FusedAdamWConfig::new().with_weight_decay(self.weight_decay as f32)
     }
 }
 

@@ -265,7 +265,7 @@ where
     let training = Training {
         steps: config.steps,
         seed: config.seed,
-        lr: &|_| config.lr,
+        lr: &|step| config.lr_at(step),
         resume: resume.as_ref(),
         keep_optimizer_state: saver.is_some(),
         save_every: checkpoints.every,
@@ -280,7 +280,7 @@ where
         ProgressStyle::with_template("{bar:40} {pos}/{len} steps  {msg}  [{elapsed}<{eta}]")
             .expect("valid template"),
     );
-    let spec = PerformanceSpec::new(adamw(), config.optimizer.clone())?;
+    let spec = PerformanceSpec::new(config.adamw(), config.optimizer.clone())?;
     bar.set_position(training.first_step() as u64);
     let on_step = |_, out: &StepOutput| {
         bar.set_message(format!("loss {:.4}", out.loss));

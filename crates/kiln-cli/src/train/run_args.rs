@@ -2,6 +2,7 @@
 //! finetune`): strategy, devices, steps, batch, optimizer. Each overrides the same field of
 //! the command's [`TrainConfig`].
 
+use kiln_core::optim::LrDecay;
 use kiln_core::strategy::StrategyKind;
 
 use super::{ConfigError, TrainConfig};
@@ -39,6 +40,19 @@ pub struct RunArgs {
     /// Learning rate of AdamW [default: kiln train 0.003, kiln finetune 0.0002].
     #[arg(long, allow_negative_numbers = true)]
     lr: Option<f64>,
+    /// What the learning rate does after the warm-up: stay, or fall to 0 at the last step
+    /// linearly or along a cosine (transformers' formulas) [default: constant].
+    #[arg(long, value_enum)]
+    lr_scheduler: Option<LrSchedulerArg>,
+    /// Steps of linear warm-up from 0 to --lr [default: 0].
+    #[arg(long, conflicts_with = "warmup_ratio")]
+    warmup_steps: Option<usize>,
+    /// The warm-up as a fraction of --steps, rounded up [default: 0].
+    #[arg(long, allow_negative_numbers = true)]
+    warmup_ratio: Option<f64>,
+    /// AdamW's decoupled weight decay [default: kiln train 0.0001, kiln finetune 0].
+    #[arg(long, allow_negative_numbers = true)]
+    weight_decay: Option<f64>,
     /// Micro-batches per rank and step, gradient accumulation; under `auto`, the micro-batches
     /// of each replica's samples every layout it considers keeps, as `--micro-batches`
     /// [default: 1, the planner's choice for auto].
@@ -53,6 +67,14 @@ pub struct RunArgs {
     threads_per_rank: Option<usize>,
 }
 
+/// `--lr-scheduler`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LrSchedulerArg {
+    Constant,
+    Linear,
+    Cosine,
+}
+
 impl RunArgs {
     /// Writes the flags given into `c`, and returns the replicas `--dp` names for the plan.
     ///
@@ -64,7 +86,24 @@ impl RunArgs {
                 if let Some(v) = self.$flag { c.$flag = v; }
             )*};
         }
-        set!(strategy, backend, steps, batch, seed, lr);
+        set!(
+            strategy,
+            backend,
+            steps,
+            batch,
+            seed,
+            lr,
+            warmup_steps,
+            warmup_ratio,
+            weight_decay
+        );
+        if let Some(decay) = self.lr_scheduler {
+            c.lr_scheduler = match decay {
+                LrSchedulerArg::Constant => LrDecay::Constant,
+                LrSchedulerArg::Linear => LrDecay::Linear,
+                LrSchedulerArg::Cosine => LrDecay::Cosine,
+            };
+        }
         if let Some(world) = self.world {
             c.world = Some(world);
         }

@@ -11,6 +11,8 @@
 //! - **Mixed precision**: [`MixedPrecision`] trains a model in bf16 or f16 with f32 master
 //!   weights; for f16 a [`LossScale`] shared with the optimizer scales the loss and is
 //!   adjusted by the guard.
+//! - **Learning-rate schedules**: [`LrSchedule`], warm-up then constant, linear or cosine decay
+//!   by transformers' formulas, a pure function of the step.
 //! - **Optimizer state**: [`OptimizerState`], what a strategy's optimizers hold, saved and
 //!   loaded so that a resumed run continues bit for bit.
 //!
@@ -27,6 +29,7 @@ mod precision_cast;
 mod precision_parallel;
 mod report;
 mod scaler;
+mod schedule;
 mod state;
 
 pub use config::{GuardConfigError, NanPolicy, PerformanceConfig};
@@ -37,5 +40,6 @@ pub use performance::{GuardedOptimizer, PerformanceOptimizer};
 pub use precision::{MixedPrecision, Precision};
 pub use report::{NonFinite, NonFiniteValue};
 pub use scaler::{LossScale, LossScaleConfig};
+pub use schedule::{LrDecay, LrSchedule, ScheduleError};
 pub use state::{OptimizerState, StateError, StateLayout};
 pub(crate) use state::{decode, encode, recorder, tensor_bytes};

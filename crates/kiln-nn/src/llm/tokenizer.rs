@@ -115,10 +115,7 @@ impl LlmTokenizer {
     ///
     /// # Errors
     /// [`LlmError::Tokenizer`] with the library's message.
-    pub fn encode_with_offsets(
-        &self,
-        text: &str,
-    ) -> Result<(Vec<u32>, Vec<Offsets>), LlmError> {
+    pub fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<Offsets>), LlmError> {
         let encoding = self.inner.encode(text, false).map_err(|e| self.error(e))?;
         Ok((encoding.get_ids().to_vec(), encoding.get_offsets().to_vec()))
     }
