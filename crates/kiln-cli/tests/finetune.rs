@@ -164,7 +164,13 @@ fn conversations_train_through_a_chat_template_the_same_under_single_and_ddp() {
          {% if add_generation_prompt %}assistant:{% endif %}",
     )
     .unwrap();
-    let flags = ["--chat-template", template.to_str().unwrap()];
+    let flags = [
+        "--chat-template",
+        template.to_str().unwrap(),
+        "--target-modules",
+        "all-linear",
+        "--use-rslora",
+    ];
     let single = dir.join("single");
     let report = finetune_on(
         &single,
@@ -172,6 +178,13 @@ fn conversations_train_through_a_chat_template_the_same_under_single_and_ddp() {
         &[&flags[..], &["--strategy", "single"]].concat(),
     );
     assert_eq!(report["steps"], 3);
+    // PEFT's `all-linear` is written as the seven projections it stands for, with rsLoRA.
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(single.join("adapters/adapter_config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(config["target_modules"].as_array().unwrap().len(), 7);
+    assert_eq!(config["use_rslora"], true);
     let ddp = dir.join("ddp");
     finetune_on(
         &ddp,

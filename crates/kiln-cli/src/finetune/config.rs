@@ -4,7 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use kiln_core::checkpoint::{Checkpoint, CheckpointConfig, CheckpointError, config_differences};
-use kiln_nn::llm::{DataFormat, LlmConfig, LoraSpec, Packing, TARGET_MODULES, TrainOn};
+use kiln_nn::llm::{
+    DataFormat, LlmConfig, LoraSpec, Packing, TARGET_MODULES, TrainOn, expand_target_modules,
+};
 use kiln_nn::lora::QuantConfig;
 
 use crate::config_file;
@@ -18,7 +20,7 @@ pub struct LoraSettings {
     pub rank: usize,
     /// `lora_alpha`: the adapter's output is scaled by `alpha / rank`.
     pub alpha: f32,
-    /// The projections adapted in every layer.
+    /// The projections adapted in every layer (`["all-linear"]`: all seven, as PEFT names them).
     pub target_modules: Vec<String>,
     /// rsLoRA's scale `alpha / √rank`.
     pub use_rslora: bool,
@@ -42,7 +44,7 @@ impl LoraSettings {
         LoraSpec {
             rank: self.rank,
             alpha: self.alpha,
-            target_modules: self.target_modules.clone(),
+            target_modules: expand_target_modules(&self.target_modules),
             use_rslora: self.use_rslora,
         }
     }

@@ -80,10 +80,13 @@ pub struct FinetuneArgs {
     /// LoRA alpha: the adapters' output is scaled by alpha / rank [default: 16].
     #[arg(long, allow_negative_numbers = true)]
     lora_alpha: Option<f32>,
-    /// Projections to adapt, comma-separated [default: all seven:
-    /// q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj].
+    /// Projections to adapt, comma-separated, or `all-linear` (PEFT's name for all seven)
+    /// [default: all seven: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj].
     #[arg(long, value_delimiter = ',')]
     target_modules: Option<Vec<String>>,
+    /// rsLoRA: scale the adapters' output by alpha / √rank instead of alpha / rank.
+    #[arg(long)]
+    use_rslora: bool,
     /// Tokens per sequence [default: 256, or the model's max_position_embeddings when
     /// fewer]. With padding, a longer example's end is cut (with a warning) and one whose
     /// prompt fills it is refused.
@@ -195,6 +198,7 @@ impl FinetuneArgs {
         if let Some(targets) = self.target_modules {
             c.lora.target_modules = targets;
         }
+        c.lora.use_rslora |= self.use_rslora;
         if let Some(seq_len) = self.seq_len {
             c.seq_len = Some(seq_len);
         }

@@ -48,7 +48,7 @@ pub use folder::model_files;
 pub use generate::{KvCache, Sampling};
 pub use load::{load, load_4bit, load_config};
 pub use model::{Attention, CausalLm, Decoder, DecoderLayer, Mlp, ProjBuilder};
-pub use peft::{LoraSpec, TARGET_MODULES, check_peft_base};
+pub use peft::{ALL_LINEAR, LoraSpec, TARGET_MODULES, check_peft_base, expand_target_modules};
 pub use proj::{Proj, QuantizedBase};
 pub use rope::{Rope, RopeTables};
 pub use stages::CausalLmStage;

@@ -32,6 +32,31 @@ pub const TARGET_MODULES: [&str; 7] = [
     "down_proj",
 ];
 
+/// PEFT's name for every linear layer but the output head: here, the seven projections.
+pub const ALL_LINEAR: &str = "all-linear";
+
+/// `names` with PEFT's [`ALL_LINEAR`] put as the seven projections it stands for, so that the
+/// adapters' config lists what was adapted, as PEFT's own saved configs do.
+pub fn expand_target_modules(names: &[String]) -> Vec<String> {
+    match names {
+        [one] if one == ALL_LINEAR => TARGET_MODULES.map(String::from).to_vec(),
+        _ => names.to_vec(),
+    }
+}
+
+#[cfg(test)]
+mod all_linear_tests {
+    use super::*;
+
+    #[test]
+    fn all_linear_is_the_seven_projections() {
+        let all = expand_target_modules(&[ALL_LINEAR.to_string()]);
+        assert_eq!(all, TARGET_MODULES.map(String::from).to_vec());
+        let two = vec!["q_proj".to_string(), "v_proj".to_string()];
+        assert_eq!(expand_target_modules(&two), two);
+    }
+}
+
 /// LoRA's settings, as PEFT's `adapter_config.json` holds them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoraSpec {
