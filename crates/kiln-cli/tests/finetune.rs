@@ -27,7 +27,11 @@ fn finetune(out: &Path, extra: &[&str]) -> serde_json::Value {
 
 /// [`finetune`] for `steps` steps.
 fn finetune_for(out: &Path, steps: &str, extra: &[&str]) -> serde_json::Value {
-    let args = finetune_args(out, steps, extra);
+    summary(out, finetune_args(out, steps, extra))
+}
+
+/// Runs `kiln` with `args`, which must succeed; the JSON summary it wrote to `out/run.json`.
+fn summary(out: &Path, args: Vec<String>) -> serde_json::Value {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let run = kiln(&args);
     assert!(
@@ -120,20 +124,13 @@ fn single_ddp_pipeline_and_tensor_write_the_same_peft_adapters() {
     }
 }
 
-/// `kiln finetune` as [`finetune_for`] does, on the data file `data` in place of the chat
+/// `kiln finetune` as [`finetune`] does, on the data file `data` in place of the chat
 /// fixture.
 fn finetune_on(out: &Path, data: &Path, extra: &[&str]) -> serde_json::Value {
     let mut args = finetune_args(out, "3", extra);
     let at = args.iter().position(|a| a == "--data").unwrap() + 1;
     args[at] = data.display().to_string();
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let run = kiln(&args);
-    assert!(
-        run.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap()
+    summary(out, args)
 }
 
 #[test]

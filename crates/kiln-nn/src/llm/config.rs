@@ -132,10 +132,7 @@ impl LlmConfig {
     /// [`LlmError`] for a file that cannot be read or parsed, a missing field, or an
     /// architecture, activation or rope scaling Kiln does not build.
     pub fn from_file(path: &Path) -> Result<Self, LlmError> {
-        let text = std::fs::read_to_string(path).map_err(|e| LlmError::Io {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
+        let text = std::fs::read_to_string(path).map_err(|e| LlmError::io(path, e))?;
         Self::from_json(&text).map_err(|e| match e {
             LlmError::Config { reason, .. } => LlmError::Config {
                 path: path.display().to_string(),

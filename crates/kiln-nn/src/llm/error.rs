@@ -151,3 +151,13 @@ pub enum LlmError {
         reason: String,
     },
 }
+
+impl LlmError {
+    /// [`LlmError::Io`] for `path`, with the system's message `e`.
+    pub(crate) fn io(path: &std::path::Path, e: impl std::fmt::Display) -> Self {
+        Self::Io {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        }
+    }
+}

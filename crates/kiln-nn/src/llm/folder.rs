@@ -87,10 +87,7 @@ fn allowed_roots(dir: &Path) -> Result<Vec<PathBuf>, LlmError> {
 /// # Errors
 /// [`LlmError::Path`] saying what it is instead.
 pub(crate) fn check_regular(path: &Path) -> Result<(), LlmError> {
-    let meta = path.metadata().map_err(|e| LlmError::Io {
-        path: path.display().to_string(),
-        reason: e.to_string(),
-    })?;
+    let meta = path.metadata().map_err(|e| LlmError::io(path, e))?;
     if meta.is_file() {
         return Ok(());
     }
@@ -161,10 +158,7 @@ pub fn model_files(dir: &Path) -> Result<Vec<(String, PathBuf)>, LlmError> {
 /// or not a regular file.
 pub(crate) fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, LlmError> {
     if let Some(index) = regular_file(dir, INDEX)? {
-        let io = |e: &dyn std::fmt::Display| LlmError::Io {
-            path: index.display().to_string(),
-            reason: e.to_string(),
-        };
+        let io = |e: &dyn std::fmt::Display| LlmError::io(&index, e);
         let text = std::fs::read_to_string(&index).map_err(|e| io(&e))?;
         let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| io(&e))?;
         let map = json

@@ -298,10 +298,7 @@ impl<B: ShardedBackend> CausalLm<B> {
         let mut model = self.with_lora(&spec)?;
         let path = dir.join(WEIGHTS);
         let path = super::folder::regular_file(dir, WEIGHTS)?.unwrap_or(path);
-        let bytes = std::fs::read(&path).map_err(|e| LlmError::Io {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
+        let bytes = std::fs::read(&path).map_err(|e| LlmError::io(&path, e))?;
         let tensor_error = |reason: String| LlmError::Tensor {
             file: path.display().to_string(),
             reason,
@@ -418,10 +415,7 @@ fn read_spec(path: &Path) -> Result<LoraSpec, LlmError> {
         path: path.display().to_string(),
         reason,
     };
-    let text = std::fs::read_to_string(path).map_err(|e| LlmError::Io {
-        path: path.display().to_string(),
-        reason: e.to_string(),
-    })?;
+    let text = std::fs::read_to_string(path).map_err(|e| LlmError::io(path, e))?;
     let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
     if let Some(kind) = json
         .get("peft_type")

@@ -172,10 +172,7 @@ fn read_config(path: &Path) -> Result<(SpecialTokens, Option<String>), LlmError>
         path: path.display().to_string(),
         reason,
     };
-    let text = std::fs::read_to_string(path).map_err(|e| LlmError::Io {
-        path: path.display().to_string(),
-        reason: e.to_string(),
-    })?;
+    let text = std::fs::read_to_string(path).map_err(|e| LlmError::io(path, e))?;
     let value: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
     let token = |name: &str| match value.get(name) {
@@ -224,9 +221,6 @@ fn read_config(path: &Path) -> Result<(SpecialTokens, Option<String>), LlmError>
 /// The chat template of the Jinja file `path`.
 fn read_template(path: &Path, special: &SpecialTokens) -> Result<ChatTemplate, LlmError> {
     super::folder::check_regular(path)?;
-    let source = std::fs::read_to_string(path).map_err(|e| LlmError::Io {
-        path: path.display().to_string(),
-        reason: e.to_string(),
-    })?;
+    let source = std::fs::read_to_string(path).map_err(|e| LlmError::io(path, e))?;
     ChatTemplate::new(&source, path, special.clone())
 }

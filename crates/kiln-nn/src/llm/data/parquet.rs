@@ -17,10 +17,7 @@ use crate::llm::LlmError;
 /// Parquet or is compressed with a codec Kiln does not read; [`LlmError::DataRow`] for a row
 /// that cannot be decoded.
 pub(super) fn rows(path: &Path) -> Result<Vec<(Place, Value)>, LlmError> {
-    let file = File::open(path).map_err(|e| LlmError::Io {
-        path: path.display().to_string(),
-        reason: e.to_string(),
-    })?;
+    let file = File::open(path).map_err(|e| LlmError::io(path, e))?;
     let not_parquet = |e: parquet::errors::ParquetError| LlmError::Data {
         path: path.display().to_string(),
         line: 1,

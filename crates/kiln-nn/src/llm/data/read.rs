@@ -49,7 +49,8 @@ impl DataSet {
             places: Vec::with_capacity(rows.len()),
         };
         for (place, row) in rows {
-            let example = example(&row, format).map_err(|reason| data.error_at(place, reason))?;
+            let example =
+                example(&row, format).map_err(|reason| place_error(path, place, reason))?;
             data.examples.push(example);
             data.places.push(place);
         }
@@ -96,20 +97,13 @@ impl DataSet {
 
     /// An error about example `i`, naming its line or row.
     pub(super) fn error(&self, i: usize, reason: String) -> LlmError {
-        self.error_at(self.places[i], reason)
-    }
-
-    fn error_at(&self, place: Place, reason: String) -> LlmError {
-        place_error(&self.path, place, reason)
+        place_error(&self.path, self.places[i], reason)
     }
 }
 
 /// The rows of a JSON Lines file or of a JSON array.
 fn json_rows(path: &Path) -> Result<Vec<(Place, Value)>, LlmError> {
-    let bytes = std::fs::read(path).map_err(|e| LlmError::Io {
-        path: path.display().to_string(),
-        reason: e.to_string(),
-    })?;
+    let bytes = std::fs::read(path).map_err(|e| LlmError::io(path, e))?;
     // Editors on Windows start UTF-8 files with a byte-order mark; it is not part of the data.
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&bytes);
     let bad = |place, reason| place_error(path, place, reason);
