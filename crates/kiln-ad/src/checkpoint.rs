@@ -12,6 +12,7 @@ use kiln_core::plan::Plan;
 
 use crate::config::AdConfig;
 use crate::error::AdError;
+use crate::eval::EvalConfig;
 use crate::model::AdTransformer;
 
 /// The config's file, in the run folder and in every checkpoint step.
@@ -84,8 +85,23 @@ pub fn load<B: Backend>(
     path: &Path,
     device: &B::Device,
 ) -> Result<(AdConfig, AdTransformer<B>), AdError> {
+    load_with::<B>(path, device, |_| {})
+}
+
+/// [`load`], with the evaluation's settings changed by `adjust` (a user's `--episodes`, say)
+/// and checked before the model is built.
+///
+/// # Errors
+/// As [`load`], and a changed config that does not validate.
+pub fn load_with<B: Backend>(
+    path: &Path,
+    device: &B::Device,
+    adjust: impl FnOnce(&mut EvalConfig),
+) -> Result<(AdConfig, AdTransformer<B>), AdError> {
     let checkpoint = open(path)?;
-    let config = config_of(&checkpoint)?;
+    let mut config = config_of(&checkpoint)?;
+    adjust(&mut config.eval);
+    config.validate()?;
     let model = config.model.init::<B>(&config.env, device);
     let model = checkpoint.model(KIND, model, device)?;
     Ok((config, model))

@@ -97,6 +97,14 @@ fn smoke_run_trains_saves_loads_and_evaluates() {
         &mut |_, _| {},
     );
     assert_eq!(again.ad, eval.ad);
+    // An evaluation asked for more than any run could hold is refused before the model is
+    // built (it once overflowed its counts or aborted allocating).
+    let err = checkpoint::load_with::<Flex>(&dir, &Default::default(), |eval| {
+        eval.episodes = usize::MAX;
+    })
+    .map(|_| ())
+    .unwrap_err();
+    assert!(err.to_string().contains("eval.episodes"), "{err}");
 
     let svg = dir.join("returns.svg");
     write_svg(eval, &svg).unwrap();

@@ -404,14 +404,11 @@ impl Job for EvalJob {
         let args = self.0;
         let start = Instant::now();
         let device = devices[0].clone();
-        let (mut config, model) = checkpoint::load::<B::InnerBackend>(&args.run, &device)?;
-        if let Some(e) = args.episodes {
-            config.eval.episodes = e;
-        }
-        if let Some(s) = args.seeds {
-            config.eval.seeds = s;
-        }
-        config.validate()?;
+        let (config, model) =
+            checkpoint::load_with::<B::InnerBackend>(&args.run, &device, |eval| {
+                eval.episodes = args.episodes.unwrap_or(eval.episodes);
+                eval.seeds = args.seeds.unwrap_or(eval.seeds);
+            })?;
         let goals = GoalSplit::new(&config.env, &config.goals)?;
         let mut bars = Bars::new(0);
         let (report, eval_s) = evaluate_held_out(&model, &config, &goals, &device, &mut bars);

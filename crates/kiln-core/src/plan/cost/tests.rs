@@ -591,3 +591,119 @@ fn shards_meet_at_every_all_reduce_and_run_their_unsplit_work_whole() {
         step_time(&work, &base, &layout(2, 1, 1, 16))
     );
 }
+
+/// Each of a shape's sizes set to 1 or to its limit, with every combination of the flags:
+/// the corners of what the planner takes.
+fn corners() -> impl Iterator<Item = TransformerShape> {
+    let sizes = TransformerShape::LIMITS.map(|(_, max)| max);
+    (0u32..1 << 12).map(move |bits| {
+        let size = |i: usize| if bits & (1 << i) != 0 { sizes[i] } else { 1 };
+        let flag = |i: usize| bits & (1 << (8 + i)) != 0;
+        TransformerShape {
+            layers: size(0),
+            hidden: size(1),
+            heads: size(2),
+            kv_heads: size(3),
+            head_dim: size(4),
+            ffn: size(5),
+            seq: size(6),
+            vocab: size(7),
+            qkv_bias: flag(0),
+            o_bias: flag(1),
+            gated: flag(2),
+            tied: flag(3),
+        }
+    })
+}
+
+/// The parameters of `shape` counted in 128 bits, where nothing the limits allow overflows.
+fn params_u128(s: &TransformerShape) -> u128 {
+    let (h, f) = (s.hidden as u128, s.ffn as u128);
+    let (q, kv) = (
+        (s.heads * s.head_dim) as u128,
+        (s.kv_heads * s.head_dim) as u128,
+    );
+    let matrices = if s.gated { 3 } else { 2 };
+    let bias = if s.qkv_bias { q + 2 * kv } else { 0 } + if s.o_bias { h } else { 0 };
+    let block = 2 * h * q + 2 * h * kv + matrices * h * f + 2 * h + bias;
+    let embed = s.vocab as u128 * h;
+    s.layers as u128 * block + embed + if s.tied { 0 } else { embed } + h
+}
+
+#[test]
+fn the_planner_s_counts_are_exact_up_to_its_limits() {
+    // A vocabulary of 2^64 - 1 once wrapped to fewer parameters than 32,000: every size is
+    // now bounded, and at every corner of the bounds the 64-bit count is the exact one.
+    for shape in corners() {
+        shape.check().unwrap();
+        let exact = params_u128(&shape);
+        assert_eq!(shape.params() as u128, exact, "{shape:?}");
+        assert!(exact < 1 << 56, "{shape:?}: {exact}");
+        let w = work(&shape, 1);
+        assert!(
+            w.forward_flops.is_finite() && w.forward_flops > 0.0,
+            "{shape:?}"
+        );
+        let lora = Workload::lora(&shape, Precision::Bf16, 1, shape.hidden.min(16), true);
+        assert!(
+            lora.params > w.params && lora.weight_bytes.is_finite(),
+            "{shape:?}"
+        );
+    }
+    let mut too_big = llama(7);
+    too_big.vocab = usize::MAX;
+    assert!(too_big.check().unwrap_err().contains("vocab"));
+}
+
+#[test]
+fn memory_grows_with_every_size_of_the_model() {
+    // Memory once fell as the width grew (an overflow); now doubling any size, from a 7B
+    // model and from the planner's limits halved, never lowers a replica's memory or its
+    // parameters.
+    let alone = Layout {
+        dp: 1,
+        pp: 1,
+        tp: 1,
+        micro_batches: 1,
+        micro_batch: 1,
+        recompute: false,
+    };
+    let halved = {
+        let [l, h, a, kv, d, f, s, v] = TransformerShape::LIMITS.map(|(_, max)| max / 2);
+        TransformerShape {
+            layers: l,
+            hidden: h,
+            heads: a,
+            kv_heads: kv,
+            head_dim: d,
+            ffn: f,
+            seq: s,
+            vocab: v,
+            ..llama(7)
+        }
+    };
+    for base in [llama(7), halved] {
+        let before = memory(&work(&base, 1), &h100(1), &alone).total;
+        for i in 0..8 {
+            let mut grown = base;
+            let size = match i {
+                0 => &mut grown.layers,
+                1 => &mut grown.hidden,
+                2 => &mut grown.heads,
+                3 => &mut grown.kv_heads,
+                4 => &mut grown.head_dim,
+                5 => &mut grown.ffn,
+                6 => &mut grown.seq,
+                _ => &mut grown.vocab,
+            };
+            *size *= 2;
+            grown.check().unwrap();
+            let after = memory(&work(&grown, 1), &h100(1), &alone).total;
+            assert!(
+                after.is_finite() && after > before,
+                "size {i}: {before} → {after}"
+            );
+            assert!(grown.params() >= base.params(), "size {i}");
+        }
+    }
+}

@@ -74,8 +74,10 @@ pub struct TransformerShape {
 
 impl TransformerShape {
     /// The largest value of each size the planner takes: beyond every published model, and
-    /// small enough that every parameter, FLOP and byte count below stays exact in 64 bits
-    /// (the largest block is under 2^40 parameters, the largest model under 2^52).
+    /// small enough that every parameter count below stays exact in 64 bits (the largest
+    /// block is under 2^44 parameters, the largest model under 2^56) and every FLOP and byte
+    /// count is a finite `f64`, growing with every size (the cost tests check both at every
+    /// corner of these limits).
     pub const LIMITS: [(&'static str, usize); 8] = [
         ("layers", 1 << 12),
         ("hidden", 1 << 17),
