@@ -187,6 +187,7 @@ pub fn train<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
         resume: resume.as_ref(),
         keep_optimizer_state: saver.is_some(),
         save_every: config.checkpoint.every,
+        eval_every: None,
         stop: session.stop,
     };
     let optim = optimizer(config)?;

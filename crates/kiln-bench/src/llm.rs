@@ -314,6 +314,7 @@ where
         resume: None,
         keep_optimizer_state: false,
         save_every: None,
+        eval_every: None,
         stop: None,
     };
     // The optimizer `kiln finetune` trains with.

@@ -25,6 +25,16 @@ fn finetune(out: &Path, extra: &[&str]) -> serde_json::Value {
     finetune_for(out, "3", extra)
 }
 
+/// The `(step, loss)` of every evaluation in a run's summary.
+fn evals(report: &serde_json::Value) -> Vec<(u64, f64)> {
+    report["evals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["step"].as_u64().unwrap(), e["loss"].as_f64().unwrap()))
+        .collect()
+}
+
 /// [`finetune`] for `steps` steps.
 fn finetune_for(out: &Path, steps: &str, extra: &[&str]) -> serde_json::Value {
     summary(out, finetune_args(out, steps, extra))
@@ -75,9 +85,16 @@ fn losses(out: &Path) -> Vec<f64> {
 
 #[test]
 fn single_ddp_pipeline_and_tensor_write_the_same_peft_adapters() {
+    // Evaluated after step 2 and at the end (step 3), on a file of its own (the training data
+    // again: what is compared is the loss, not what it says of over-fitting).
+    let chat = fixture("chat.jsonl");
+    let held_out = ["--eval-data", chat.as_str(), "--eval-every", "2"];
+    let finetune = |out: &Path, extra: &[&str]| finetune(out, &[extra, &held_out[..]].concat());
     let single = scratch("single");
     let report = finetune(&single, &["--strategy", "single"]);
     assert_eq!(report["strategy"], "single");
+    let single_evals = evals(&report);
+    assert_eq!(single_evals.iter().map(|e| e.0).collect::<Vec<_>>(), [2, 3]);
     assert_eq!(report["steps"], 3);
     assert!(report["tokens_per_s"].as_f64().unwrap() > 0.0);
     let config: serde_json::Value = serde_json::from_str(
@@ -88,16 +105,14 @@ fn single_ddp_pipeline_and_tensor_write_the_same_peft_adapters() {
     assert_eq!(config["r"], 4);
 
     let ddp = scratch("ddp");
-    assert_eq!(
-        finetune(&ddp, &["--strategy", "ddp", "--world", "2"])["world"],
-        2
-    );
+    let ddp_report = finetune(&ddp, &["--strategy", "ddp", "--world", "2"]);
+    assert_eq!(ddp_report["world"], 2);
     let pipeline = scratch("pipeline");
-    let report = finetune(
+    let pipeline_report = finetune(
         &pipeline,
         &["--strategy", "pipeline", "--world", "2", "--stages", "2"],
     );
-    assert_eq!(report["strategy"], "pipeline");
+    assert_eq!(pipeline_report["strategy"], "pipeline");
     // The same losses and adapters, within float rounding: only the sums' order differs.
     let (reference, values) = (losses(&single), adapter_values(&single));
     let largest = values.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -107,6 +122,13 @@ fn single_ddp_pipeline_and_tensor_write_the_same_peft_adapters() {
         &["--strategy", "tensor", "--world", "2", "--tp", "2"],
     );
     assert_eq!(report["strategy"], "tensor");
+    // Every strategy evaluates its whole model: the same held-out losses.
+    for theirs in [&ddp_report, &pipeline_report, &report].map(evals) {
+        assert_eq!(theirs.len(), single_evals.len());
+        for (a, b) in single_evals.iter().zip(&theirs) {
+            assert!(a.0 == b.0 && (a.1 - b.1).abs() < 1e-5, "{a:?} vs {b:?}");
+        }
+    }
     for other in [&ddp, &pipeline, &tensor] {
         let theirs = losses(other);
         assert_eq!(theirs.len(), reference.len());
@@ -311,6 +333,19 @@ fn bad_inputs_are_refused_in_one_line() {
         "--epochs must be a positive number",
     );
     check(base(&["--epochs", "1", "--steps", "3"]), "--steps");
+    check(
+        base(&["--eval-split", "1"]),
+        "--eval-split must be a fraction",
+    );
+    check(
+        base(&["--eval-split", "0.1", "--eval-data", "x.jsonl"]),
+        "--eval-data and --eval-split",
+    );
+    check(base(&["--eval-every", "2"]), "there is nothing to evaluate");
+    check(
+        base(&["--eval-split", "0.1", "--eval-every", "0"]),
+        "--eval-every 0",
+    );
     // A data line that is not JSON, named by file and line.
     let broken = out.join("broken.jsonl");
     std::fs::write(&broken, "{\"text\": \"fine\"}\n{not json\n").unwrap();
@@ -372,6 +407,68 @@ fn bad_inputs_are_refused_in_one_line() {
             needle,
         );
     }
+    std::fs::remove_dir_all(out).ok();
+}
+
+#[test]
+fn the_checkpoint_of_the_lowest_eval_loss_survives_keep_1() {
+    let out = scratch("best");
+    // Held-out answers that contradict the training data's: their loss falls while the
+    // model learns the format, then rises as it learns the training answers.
+    let contradicting = out.join("contradicting.jsonl");
+    let rows: Vec<String> = std::fs::read_to_string(fixture("chat.jsonl"))
+        .unwrap()
+        .lines()
+        .take(8)
+        .map(|line| {
+            let row: serde_json::Value = serde_json::from_str(line).unwrap();
+            let answer: String = row["response"].as_str().unwrap().chars().rev().collect();
+            serde_json::json!({"prompt": row["prompt"], "response": answer + " no"}).to_string()
+        })
+        .collect();
+    std::fs::write(&contradicting, rows.join("\n")).unwrap();
+    let save = out.join("checkpoints");
+    let report = finetune_for(
+        &out,
+        "6",
+        &[
+            "--eval-data",
+            contradicting.to_str().unwrap(),
+            "--save",
+            save.to_str().unwrap(),
+            "--save-every",
+            "1",
+            "--keep",
+            "1",
+        ],
+    );
+    let evals = evals(&report);
+    assert_eq!(evals.len(), 6, "every checkpoint records its eval loss");
+    let best = evals
+        .iter()
+        .copied()
+        .reduce(|b, e| if e.1 < b.1 { e } else { b })
+        .unwrap();
+    assert!(best.0 < 6, "the data is made to over-fit: {evals:?}");
+    assert_eq!(report["best_eval"]["step"], best.0);
+    // --keep 1 keeps the newest step, and the best beside it.
+    let mut kept: Vec<String> = std::fs::read_dir(&save)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    kept.sort();
+    assert_eq!(
+        kept,
+        [format!("step-{:08}", best.0), "step-00000006".into()]
+    );
+    let best_dir = save.join(format!("step-{:08}", best.0));
+    assert_eq!(report["best_checkpoint"], best_dir.display().to_string());
+    let manifest = std::fs::read_to_string(best_dir.join("manifest.toml")).unwrap();
+    assert!(
+        manifest.contains(&format!("eval_loss = {}", best.1)),
+        "{manifest}"
+    );
     std::fs::remove_dir_all(out).ok();
 }
 

@@ -429,8 +429,13 @@ fn ad_train_under_launch_plans_with_the_first_process_s_measurement() {
 #[test]
 fn finetune_across_processes_writes_the_adapters_of_one_process() {
     let dir = scratch("finetune");
-    // The fixture run of the fine-tuning tests, through Ddp.
-    let args = |out: &Path| finetune_args(out, "3", &["--strategy", "ddp"]);
+    // The fixture run of the fine-tuning tests, through Ddp, evaluated after step 2 and at
+    // the end (gathering the model for it is a collective every process joins).
+    let chat = common::fixture("chat.jsonl");
+    let args = |out: &Path| {
+        let eval = ["--eval-data", &chat, "--eval-every", "2"];
+        finetune_args(out, "3", &[&["--strategy", "ddp"][..], &eval].concat())
+    };
     let (processes, threads) = (dir.join("processes"), dir.join("threads"));
     let launched = args(&processes);
     let refs: Vec<&str> = launched.iter().map(String::as_str).collect();
@@ -445,6 +450,9 @@ fn finetune_across_processes_writes_the_adapters_of_one_process() {
     // The same adapters, bit for bit: two replicas sum alike in MPI and in one process.
     let weights = |d: &Path| std::fs::read(d.join("adapters/adapter_model.safetensors")).unwrap();
     assert_eq!(weights(&processes), weights(&threads));
+    let evals = |d: &Path| report(&d.join("run.json"))["evals"].clone();
+    assert_eq!(evals(&processes).as_array().map(Vec::len), Some(2));
+    assert_eq!(evals(&processes), evals(&threads));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

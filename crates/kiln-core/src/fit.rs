@@ -39,6 +39,10 @@ pub struct Training<'a> {
     /// Call [`FitHooks::save`] after every this many steps (not after the last step, whose
     /// model and state [`fit`] returns); `None` never.
     pub save_every: Option<usize>,
+    /// Call [`FitHooks::eval`] after every this many steps (not after the last step: the
+    /// caller evaluates the model [`fit`] returns); `None` never. A save due at the same step
+    /// comes after the evaluation, so it can record the loss.
+    pub eval_every: Option<usize>,
     /// Asked after every step: `true` ends the run there, as if it had been its last step
     /// (how SIGINT and SIGTERM stop a run without losing it). `None` runs to the end.
     pub stop: Option<&'a (dyn Fn() -> bool + Sync)>,
@@ -70,6 +74,13 @@ pub trait FitHooks<M> {
     ) -> Result<(), CheckpointError> {
         let _ = (step, model, optimizer);
         Ok(())
+    }
+
+    /// An evaluation is due ([`Training::eval_every`]): `model` is the whole model after
+    /// `step` steps, as [`FitHooks::save`] would get it. Every process gets it (gathering it
+    /// is a collective); which of them evaluates is the hooks' choice.
+    fn eval(&mut self, step: usize, model: M) {
+        let _ = (step, model);
     }
 }
 
@@ -266,9 +277,17 @@ where
             tracing::info!("stopping after step {done} of {}", training.steps);
             break;
         }
-        if training.save_every.is_some_and(|n| done.is_multiple_of(n)) {
-            hooks.save(done, strategy.model()?, &strategy.optimizer_state()?)?;
-            saved_step = Some(done);
+        let due = |every: Option<usize>| every.is_some_and(|n| done.is_multiple_of(n));
+        let (eval, save) = (due(training.eval_every), due(training.save_every));
+        if eval || save {
+            let model = strategy.model()?;
+            if eval {
+                hooks.eval(done, model.clone());
+            }
+            if save {
+                hooks.save(done, model, &strategy.optimizer_state()?)?;
+                saved_step = Some(done);
+            }
         }
     }
     let wall_s = start.elapsed().as_secs_f64();
@@ -372,5 +391,9 @@ impl<B: AutodiffBackend, M: TrainModel<B>> FitHooks<MixedPrecision<B, M>> for Un
         optimizer: &OptimizerState,
     ) -> Result<(), CheckpointError> {
         self.0.save(step, model.model, optimizer)
+    }
+
+    fn eval(&mut self, step: usize, model: MixedPrecision<B, M>) {
+        self.0.eval(step, model.model);
     }
 }

@@ -18,7 +18,7 @@ use kiln_core::strategy::{
     ConfigError, PerformanceSpec, StepOutput, StrategyConfigs, StrategyError, StrategyKind,
 };
 use kiln_nn::llm::{
-    CausalLm, DataFormat, DataSet, LlmTokenizer, LmBatcher, LmItem, LoraSpec, Packing,
+    CausalLm, DataFormat, DataSet, LlmTokenizer, LmBatch, LmBatcher, LmItem, LoraSpec, Packing,
     TARGET_MODULES, TokenizeOptions, TrainOn, load, load_4bit, load_config, tokenize,
 };
 use kiln_nn::lora::QuantConfig;
@@ -104,6 +104,7 @@ fn train_in(
         resume: None,
         keep_optimizer_state: false,
         save_every: None,
+        eval_every: None,
         stop: None,
     };
     let performance = PerformanceConfig {
@@ -342,4 +343,31 @@ fn qlora_through_tensor_trains_single_s_adapters_on_a_model_wide_enough() {
     assert_same(&single, &tensor, "tensor");
     assert_only_adapters_trained(&start.valid(), &tensor);
     std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn the_eval_loss_is_the_training_loss_of_one_forward_over_the_whole_set() {
+    let items = chat_items();
+    let device = Default::default();
+    let model = adapted(load::<A>(&fixture("llama"), &device).unwrap().1).valid();
+    // The training loss of the whole set as one batch, padded to its longest.
+    let whole: LmBatch<B> = LmBatcher::new(24).batch(items.clone(), &device);
+    let expected = model.forward_masked(whole).loss.into_scalar() as f64;
+    // In batches of 3 (each padded to its own longest; the last one short), the same mean.
+    let eval = model.eval_loss(&items, 3, 24, &device);
+    assert_eq!(eval.sequences, items.len());
+    let trained: usize = items
+        .iter()
+        .map(|i| i.trained.iter().filter(|&&t| t).count())
+        .sum();
+    assert_eq!(eval.tokens, trained);
+    assert!(
+        (eval.loss - expected).abs() < 1e-5,
+        "{} vs {expected}",
+        eval.loss
+    );
+    assert!((eval.perplexity() - expected.exp()).abs() < 1e-3);
+    // A different set gives a different loss: the comparison can fail.
+    let other = model.eval_loss(&items[..5], 3, 24, &device);
+    assert!((other.loss - expected).abs() > 1e-4);
 }

@@ -50,6 +50,30 @@ impl LoraSettings {
     }
 }
 
+/// Evaluation on held-out data (`[eval]`): the loss the run cannot have trained on, to choose
+/// a step by and to see over-fitting.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EvalSettings {
+    /// A file of held-out examples, in any of `data`'s shapes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<PathBuf>,
+    /// Or the fraction of `data` held out, drawn with `train.seed`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub split: Option<f64>,
+    /// Evaluate every this many steps too; the run always evaluates at its end and at every
+    /// checkpoint it saves.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub every: Option<usize>,
+}
+
+impl EvalSettings {
+    /// Whether the run evaluates.
+    pub fn enabled(&self) -> bool {
+        self.data.is_some() || self.split.is_some()
+    }
+}
+
 /// Everything `kiln finetune` needs.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -89,6 +113,8 @@ pub struct FinetuneConfig {
     pub lora: LoraSettings,
     /// Periodic checkpoints (`[checkpoint]`: `every`, `keep`), saved with `--save DIR`.
     pub checkpoint: CheckpointConfig,
+    /// Held-out evaluation (`[eval]`).
+    pub eval: EvalSettings,
     /// Strategy, devices, steps, batch (sequences per step), learning rate and optimizer
     /// (`[train]`, as `kiln train`'s config; its `model`, `samples` and `checkpoint` are
     /// not used here).
@@ -112,6 +138,7 @@ impl Default for FinetuneConfig {
             epochs: None,
             lora: LoraSettings::default(),
             checkpoint: CheckpointConfig::default(),
+            eval: EvalSettings::default(),
             train: TrainConfig {
                 steps: 100,
                 batch: 8,
@@ -177,6 +204,20 @@ pub enum FinetuneConfigError {
     /// A sequence length of zero.
     #[error("--seq-len must be at least 1 (tokens per sequence)")]
     NoSeqLen,
+    /// Held-out data given twice.
+    #[error(
+        "--eval-data and --eval-split both name held-out data; give one (a file of its own, \
+         or a fraction of --data)"
+    )]
+    TwoEvalSets,
+    /// A held-out fraction that holds out nothing or everything.
+    #[error(
+        "--eval-split must be a fraction between 0 and 1 (0.1 holds out a tenth of --data), got {0}"
+    )]
+    EvalSplit(f64),
+    /// An evaluation period without held-out data, or of zero steps.
+    #[error("--eval-every {0}: {1}")]
+    EvalEvery(usize, &'static str),
     /// A sequence length the model cannot take.
     #[error(
         "--seq-len must be between 1 and the model's max_position_embeddings ({max}), got {value}"
@@ -230,6 +271,12 @@ impl FinetuneConfig {
                 output: PathBuf::new(),
                 merged: None,
                 checkpoint: CheckpointConfig::default(),
+                // Where the held-out data lies and how often it is read change no step;
+                // the fraction held out of --data changes what trains.
+                eval: EvalSettings {
+                    split: c.eval.split,
+                    ..EvalSettings::default()
+                },
                 train: TrainConfig {
                     steps: if keep_steps { c.train.steps } else { 0 },
                     world: None,
@@ -306,7 +353,24 @@ impl FinetuneConfig {
         if let Some(epochs) = self.epochs.filter(|e| !(*e > 0.0 && *e <= 1e6)) {
             return Err(FinetuneConfigError::Epochs(epochs));
         }
-        Ok(())
+        let eval = &self.eval;
+        if eval.data.is_some() && eval.split.is_some() {
+            return Err(FinetuneConfigError::TwoEvalSets);
+        }
+        if let Some(split) = eval.split.filter(|f| !(*f > 0.0 && *f < 1.0)) {
+            return Err(FinetuneConfigError::EvalSplit(split));
+        }
+        match eval.every {
+            Some(0) => Err(FinetuneConfigError::EvalEvery(
+                0,
+                "give a number of steps from 1",
+            )),
+            Some(n) if !eval.enabled() => Err(FinetuneConfigError::EvalEvery(
+                n,
+                "there is nothing to evaluate; give --eval-data FILE or --eval-split FRACTION",
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// The steps of `epochs` passes over `sequences` sequences, when epochs are given.

@@ -3,9 +3,11 @@
 //! chat template), through any replicating strategy, the adapters written in PEFT's layout.
 
 mod config;
+mod eval;
 mod inputs;
 mod report;
 
+use std::cell::Cell;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -26,6 +28,7 @@ use kiln_nn::llm::{
 use kiln_nn::tensor_parallel::ShardedBackend;
 
 pub use config::{CONFIG_FILE, FinetuneConfig, FinetuneConfigError};
+use eval::Evaluator;
 use report::FinetuneReport;
 
 use crate::backend::{Job, dispatch};
@@ -92,6 +95,17 @@ pub struct FinetuneArgs {
     /// prompt fills it is refused.
     #[arg(long)]
     seq_len: Option<usize>,
+    /// Held-out examples to evaluate the loss on (any of --data's shapes): every
+    /// --eval-every steps, at every checkpoint and at the end. The checkpoint of the lowest
+    /// eval loss is kept whatever --keep says.
+    #[arg(long, value_name = "FILE")]
+    eval_data: Option<PathBuf>,
+    /// Or hold out this fraction of --data (drawn with --seed) to evaluate on.
+    #[arg(long, value_name = "FRACTION")]
+    eval_split: Option<f64>,
+    /// Also evaluate every N steps.
+    #[arg(long, value_name = "N")]
+    eval_every: Option<usize>,
     /// Passes over the data, in place of --steps: ⌈epochs · sequences / batch⌉ steps.
     #[arg(long, conflicts_with = "steps")]
     epochs: Option<f64>,
@@ -205,6 +219,15 @@ impl FinetuneArgs {
         if let Some(epochs) = self.epochs {
             c.epochs = Some(epochs);
         }
+        if let Some(data) = self.eval_data {
+            c.eval.data = Some(data);
+        }
+        if let Some(split) = self.eval_split {
+            c.eval.split = Some(split);
+        }
+        if let Some(every) = self.eval_every {
+            c.eval.every = Some(every);
+        }
         if let Some(packing) = self.packing {
             c.packing = match packing {
                 PackingArg::Pad => Packing::Pad,
@@ -289,15 +312,26 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
     let data = config.data_file()?.to_path_buf();
     let data = data.as_path();
     let examples = DataSet::read(data, config.data_format)?;
-    let tokenized = tokenize(
-        &examples,
-        &tokenizer,
-        TokenizeOptions {
-            seq_len: config.seq_len(),
-            packing: config.packing,
-            train_on: config.train_on,
-        },
-    )?;
+    let (examples, held_out) = match (&config.eval.data, config.eval.split) {
+        (Some(path), _) => (examples, Some(DataSet::read(path, config.data_format)?)),
+        (None, Some(fraction)) => {
+            let (train, held_out) = examples.split_off(fraction, config.train.seed)?;
+            (train, Some(held_out))
+        }
+        (None, None) => (examples, None),
+    };
+    let options = TokenizeOptions {
+        seq_len: config.seq_len(),
+        packing: config.packing,
+        train_on: config.train_on,
+    };
+    let tokenized = tokenize(&examples, &tokenizer, options)?;
+    // Held-out examples are evaluated one a sequence, whatever the training packs: packed,
+    // an example's loss would depend on its neighbours.
+    let eval_items = match &held_out {
+        Some(held_out) => Some(eval_items(held_out, &tokenizer, options, &config)?),
+        None => None,
+    };
     let conversations = examples
         .examples()
         .iter()
@@ -376,6 +410,7 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
     let job = FinetuneJob {
         config: &config,
         plan: &plan,
+        eval_items,
         tokens_per_sequence: tokenized.tokens as f64 / tokenized.items.len().max(1) as f64,
         items: tokenized.items,
         checkpoints: prepared,
@@ -407,6 +442,21 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
             |b| format!("{:.0} MiB", b as f64 / 1048576.0)
         ),
     );
+    if let (Some(last), Some(best)) = (report.evals.last(), report.best_eval) {
+        println!(
+            "eval loss {:.4} (perplexity {:.2}) after step {}; the lowest, {:.4}, after step {}{}",
+            last.loss,
+            last.perplexity,
+            last.step,
+            best.loss,
+            best.step,
+            report
+                .best_checkpoint
+                .as_ref()
+                .map(|dir| format!(", kept in {dir}"))
+                .unwrap_or_default()
+        );
+    }
     println!("adapters saved in {} (PEFT layout)", report.adapters);
     if let Some(saved) = &report.saved {
         println!("checkpoint saved in {saved}");
@@ -424,10 +474,54 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// The held-out examples tokenised for evaluation, each alone in its sequence, and a line
+/// saying what the run evaluates.
+fn eval_items(
+    held_out: &DataSet,
+    tokenizer: &LlmTokenizer,
+    options: TokenizeOptions,
+    config: &FinetuneConfig,
+) -> Result<Vec<kiln_nn::llm::LmItem>, Box<dyn std::error::Error>> {
+    let tokenized = tokenize(
+        held_out,
+        tokenizer,
+        TokenizeOptions {
+            packing: Packing::Pad,
+            ..options
+        },
+    )?;
+    let source = match (&config.eval.data, config.eval.split) {
+        (Some(path), _) => path.display().to_string(),
+        (_, fraction) => format!(
+            "{:.0} % of --data, drawn with seed {}",
+            100.0 * fraction.unwrap_or_default(),
+            config.train.seed
+        ),
+    };
+    tracing::info!(
+        "evaluating on {} held-out examples ({source}; {} targets{}){} at every checkpoint \
+         and at the end",
+        held_out.len(),
+        tokenized.trained_tokens,
+        match tokenized.truncated {
+            0 => String::new(),
+            n => format!(", {n} cut to --seq-len"),
+        },
+        config
+            .eval
+            .every
+            .map(|n| format!(" every {n} steps,"))
+            .unwrap_or_default(),
+    );
+    Ok(tokenized.items)
+}
+
 /// `kiln finetune` on whichever backend was chosen.
 struct FinetuneJob<'a> {
     config: &'a FinetuneConfig,
     plan: &'a Plan,
+    /// The held-out sequences, when the run evaluates.
+    eval_items: Option<Vec<kiln_nn::llm::LmItem>>,
     items: Vec<kiln_nn::llm::LmItem>,
     /// Input tokens per sequence on average, pads not counted: what tokens/s counts.
     tokens_per_sequence: f64,
@@ -452,6 +546,7 @@ impl Job for FinetuneJob<'_> {
         let FinetuneJob {
             config,
             plan,
+            eval_items,
             items,
             tokens_per_sequence,
             checkpoints,
@@ -519,6 +614,7 @@ impl Job for FinetuneJob<'_> {
             resume: resume.as_ref(),
             keep_optimizer_state: saver.is_some(),
             save_every: checkpoints.every,
+            eval_every: config.eval.every,
             stop: Some(&stop),
         };
         let tokens_per_step = train.batch as f64 * tokens_per_sequence;
@@ -534,16 +630,29 @@ impl Job for FinetuneJob<'_> {
         let first = training.first_step();
         bar.set_position(first as u64);
         let started = Instant::now();
+        // The last eval loss, shown beside the training loss until the next evaluation.
+        let last_eval: Cell<Option<f64>> = Cell::new(None);
         let on_step = |step: usize, out: &StepOutput| {
             let done = (step - first) as f64;
             let rate = tokens_per_step * done / started.elapsed().as_secs_f64();
-            bar.set_message(format!("loss {:.4}  {rate:.0} tokens/s", out.loss));
+            let eval = last_eval
+                .get()
+                .map(|loss| format!("  eval {loss:.4}"))
+                .unwrap_or_default();
+            bar.set_message(format!("loss {:.4}{eval}  {rate:.0} tokens/s", out.loss));
             bar.inc(1);
             tracing::debug!("step {step}: loss {:.6}", out.loss);
         };
+        // Only the first process evaluates: it is the one that saves and reports.
+        let mut evaluator = eval_items
+            .as_deref()
+            .filter(|_| main)
+            .map(|items| Evaluator::new(items, train.batch, config.seq_len()));
+        let eval_device = devices[0].clone();
         let mut hooks = AdapterSaves {
             on_step,
             saver: saver.as_mut(),
+            eval: evaluator.as_mut().map(|e| (e, &eval_device, &last_eval)),
         };
         let spec_optim = PerformanceSpec::new(train.adamw(), train.optimizer.clone())?;
         let data = DataSource::new(InMemDataset::new(items), LmBatcher::new(config.seq_len()));
@@ -557,6 +666,13 @@ impl Job for FinetuneJob<'_> {
             &mut hooks,
         )?;
         bar.finish_and_clear();
+        // The end is evaluated unless the run was stopped early: a stopped run exits at once.
+        if let Some(evaluator) = evaluator.as_mut().filter(|_| !record.stopped) {
+            let point = evaluator.evaluate(record.last_step, &trained, &eval_device);
+            if let Some(saver) = saver.as_mut() {
+                saver.record_eval(point.step, point.loss);
+            }
+        }
         let saved = match saver.as_mut() {
             Some(saver) => saver.save_end::<B, LoraAdapters<B>>(&record, trained.adapters())?,
             None => None,
@@ -604,18 +720,50 @@ impl Job for FinetuneJob<'_> {
             peak_host_bytes: kiln_bench::memory::peak_host_bytes(),
             adapters: config.output.display().to_string(),
             merged: config.merged.as_ref().map(|m| m.display().to_string()),
+            evals: evaluator
+                .as_ref()
+                .map(|e| e.points().to_vec())
+                .unwrap_or_default(),
+            best_eval: evaluator.as_ref().and_then(Evaluator::best),
+            best_checkpoint: match saver.as_ref() {
+                Some(saver) => saver
+                    .folder()
+                    .best()?
+                    .map(|(step, _)| saver.folder().step_dir(step).display().to_string()),
+                None => None,
+            },
         })
     }
 }
 
 /// The run's hooks: every step to `on_step`, every save of the adapters and the optimizer
-/// state to `saver` (none: saves are skipped).
-struct AdapterSaves<'a, F> {
+/// state to `saver` (none: saves are skipped), every evaluation and every save's model to
+/// the evaluator (none: the run does not evaluate, or another process does), which evaluates
+/// on the device given and shows the loss in the cell `on_step` reads.
+struct AdapterSaves<'a, 'e, F, D> {
     on_step: F,
     saver: Option<&'a mut Saver>,
+    eval: Option<(&'a mut Evaluator<'e>, &'a D, &'a Cell<Option<f64>>)>,
 }
 
-impl<B, F> FitHooks<CausalLm<B>> for AdapterSaves<'_, F>
+impl<F, D> AdapterSaves<'_, '_, F, D> {
+    /// Evaluates `model` after `step` steps, if the run evaluates, and records the loss for
+    /// a save of that step.
+    fn evaluate<B>(&mut self, step: usize, model: &CausalLm<B>)
+    where
+        B: AutodiffBackend<InnerBackend: ShardedBackend, Device = D> + ShardedBackend,
+    {
+        if let Some((evaluator, device, shown)) = self.eval.as_mut() {
+            let point = evaluator.evaluate(step, model, device);
+            shown.set(Some(point.loss));
+            if let Some(saver) = self.saver.as_deref_mut() {
+                saver.record_eval(step, point.loss);
+            }
+        }
+    }
+}
+
+impl<B, F> FitHooks<CausalLm<B>> for AdapterSaves<'_, '_, F, B::Device>
 where
     B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend,
     F: FnMut(usize, &StepOutput),
@@ -624,12 +772,18 @@ where
         (self.on_step)(step, out);
     }
 
+    fn eval(&mut self, step: usize, model: CausalLm<B>) {
+        self.evaluate(step, &model);
+    }
+
     fn save(
         &mut self,
         step: usize,
         model: CausalLm<B>,
         optimizer: &OptimizerState,
     ) -> Result<(), CheckpointError> {
+        // Every checkpoint records its eval loss, so that the best one can be kept.
+        self.evaluate(step, &model);
         match self.saver.as_deref_mut() {
             Some(saver) => saver
                 .save::<B, LoraAdapters<B>>(step, model.adapters(), optimizer)

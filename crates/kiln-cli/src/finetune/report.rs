@@ -39,4 +39,11 @@ pub struct FinetuneReport {
     pub adapters: String,
     /// The merged model's folder, if written.
     pub merged: Option<String>,
+    /// Every held-out evaluation, in step order (none without `--eval-data` or
+    /// `--eval-split`).
+    pub evals: Vec<super::eval::EvalPoint>,
+    /// The evaluation of the lowest loss.
+    pub best_eval: Option<super::eval::EvalPoint>,
+    /// The checkpoint step of the lowest eval loss, kept whatever `--keep` says.
+    pub best_checkpoint: Option<String>,
 }

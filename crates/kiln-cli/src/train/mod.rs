@@ -269,6 +269,7 @@ where
         resume: resume.as_ref(),
         keep_optimizer_state: saver.is_some(),
         save_every: checkpoints.every,
+        eval_every: None,
         stop: Some(&stop),
     };
     let bar = if main {

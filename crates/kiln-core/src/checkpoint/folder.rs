@@ -27,6 +27,9 @@ pub struct CheckpointFolder {
     lock: Option<Arc<File>>,
     /// The run's inputs, recorded in every step's manifest.
     inputs: BTreeMap<String, FileDigest>,
+    /// The held-out loss of the model at a step, recorded in that step's manifest if it is
+    /// saved ([`Self::record_eval`]).
+    eval: Option<(usize, f64)>,
 }
 
 /// The lock file of a checkpoint folder.
@@ -92,7 +95,15 @@ impl CheckpointFolder {
             discard_after: None,
             lock: None,
             inputs: BTreeMap::new(),
+            eval: None,
         }
+    }
+
+    /// Records the held-out loss `loss` of the model after `step` steps: a save of that step
+    /// writes it into its manifest, and the step of the lowest loss saved is kept whatever
+    /// `keep` says (as transformers keeps its best checkpoint under `save_total_limit`).
+    pub fn record_eval(&mut self, step: usize, loss: f64) {
+        self.eval = Some((step, loss));
     }
 
     /// Records the run's `inputs` (the data file, the base model's files) in every step saved
@@ -105,6 +116,11 @@ impl CheckpointFolder {
     /// The folder.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The folder step `step` is saved in.
+    pub fn step_dir(&self, step: usize) -> PathBuf {
+        self.root.join(step_name(step))
     }
 
     /// The steps saved, oldest first.
@@ -266,6 +282,10 @@ impl CheckpointFolder {
             run,
             files: digests,
             inputs: self.inputs.clone(),
+            eval_loss: self
+                .eval
+                .filter(|&(at, _)| at == step)
+                .map(|(_, loss)| loss),
         };
         let text = toml::to_string_pretty(&manifest)
             .map_err(|e| CheckpointError::io("encode", &staging.join(MANIFEST), e))?;
@@ -303,14 +323,38 @@ impl CheckpointFolder {
         Ok(target)
     }
 
-    /// Removes all but the newest `keep` steps.
+    /// Removes all but the newest `keep` steps and the step of the lowest eval loss.
     fn prune(&self) -> Result<(), CheckpointError> {
         let steps = self.steps()?;
         let old = steps.len().saturating_sub(self.keep);
-        for (_, dir) in &steps[..old] {
-            remove_step(&self.root, dir)?;
+        let best = self.best()?.map(|(step, _)| step);
+        for (step, dir) in &steps[..old] {
+            if Some(*step) != best {
+                remove_step(&self.root, dir)?;
+            }
         }
         Ok(())
+    }
+
+    /// The saved step of the lowest eval loss, and the loss (the earliest of equal ones);
+    /// `None` when no step recorded one. A step whose manifest is damaged counts as one
+    /// without: a resume from it is refused on its own.
+    ///
+    /// # Errors
+    /// When the folder cannot be read.
+    pub fn best(&self) -> Result<Option<(usize, f64)>, CheckpointError> {
+        let mut best: Option<(usize, f64)> = None;
+        for (step, dir) in self.steps()? {
+            let Ok(manifest) = super::Checkpoint::read_manifest(&dir.join(super::MANIFEST)) else {
+                continue;
+            };
+            if let Some(loss) = manifest.eval_loss
+                && best.is_none_or(|(_, lowest)| loss < lowest)
+            {
+                best = Some((step, loss));
+            }
+        }
+        Ok(best)
     }
 }
 
@@ -410,6 +454,54 @@ mod tests {
             err.contains("model/config.json") && err.contains("now absent"),
             "{err}"
         );
+        fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn the_step_of_the_lowest_eval_loss_outlives_keep() {
+        let dir = std::env::temp_dir().join(format!("kiln-best-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let mut folder = CheckpointFolder::new(&dir, 1);
+        folder.prepare(0, false).unwrap();
+        let info = || ModelInfo {
+            kind: "test".into(),
+            tensors: 1,
+            parameters: 1,
+            signature: "x".into(),
+        };
+        let run = || RunInfo {
+            strategy: "single".into(),
+            mesh: "1".into(),
+            layout: "replica".into(),
+            optimizer: "adamw".into(),
+            precision: "f32".into(),
+        };
+        // Eval losses 3.0, 1.0 (the best), 2.0, then a step saved without an eval.
+        for (step, loss) in [
+            (10, Some(3.0)),
+            (20, Some(1.0)),
+            (30, Some(2.0)),
+            (40, None),
+        ] {
+            if let Some(loss) = loss {
+                folder.record_eval(step, loss);
+            }
+            folder
+                .save_files(step, info(), run(), &[("model.mpk", b"weights")])
+                .unwrap();
+        }
+        let steps: Vec<usize> = folder.steps().unwrap().iter().map(|s| s.0).collect();
+        assert_eq!(steps, [20, 40], "keep 1 keeps the newest and the best");
+        assert_eq!(folder.best().unwrap(), Some((20, 1.0)));
+        let best = super::super::Checkpoint::open(&dir.join(step_name(20))).unwrap();
+        assert_eq!(best.manifest().eval_loss, Some(1.0));
+        // A better loss later takes the best's place, and the old best goes.
+        folder.record_eval(50, 0.5);
+        folder
+            .save_files(50, info(), run(), &[("model.mpk", b"weights")])
+            .unwrap();
+        let steps: Vec<usize> = folder.steps().unwrap().iter().map(|s| s.0).collect();
+        assert_eq!(steps, [50]);
         fs::remove_dir_all(&dir).ok();
     }
 

@@ -11,8 +11,9 @@ use crate::params::{ModelSignature, signature};
 use crate::plan::Plan;
 
 /// The manifest's format. 2 added the run's `inputs` and the manifest's own digest
-/// ([`MANIFEST_DIGEST`](super::MANIFEST_DIGEST)); a reader takes 1 and 2 and refuses others.
-pub(crate) const FORMAT: u32 = 2;
+/// ([`MANIFEST_DIGEST`](super::MANIFEST_DIGEST)), 3 the step's `eval_loss`; a reader takes 1
+/// to 3 and refuses others.
+pub(crate) const FORMAT: u32 = 3;
 
 /// The oldest format this Kiln reads.
 pub(crate) const OLDEST_FORMAT: u32 = 1;
@@ -22,7 +23,7 @@ pub(crate) const OLDEST_FORMAT: u32 = 1;
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Manifest {
-    /// The manifest format (1).
+    /// The manifest format ([`FORMAT`] when written).
     pub format: u32,
     /// The Kiln version that wrote it.
     pub kiln_version: String,
@@ -38,6 +39,10 @@ pub struct Manifest {
     /// files), by the job's name for each.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub inputs: BTreeMap<String, FileDigest>,
+    /// The held-out loss of the model saved (format 3), when the run evaluated it at this
+    /// step: the folder keeps the step of the lowest whatever its `keep`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_loss: Option<f64>,
 }
 
 /// A model, as a checkpoint identifies it: the job's name for it and its parameters' layout.

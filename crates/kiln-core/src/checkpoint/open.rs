@@ -124,7 +124,7 @@ impl Checkpoint {
         }
     }
 
-    fn read_manifest(path: &Path) -> Result<Manifest, CheckpointError> {
+    pub(crate) fn read_manifest(path: &Path) -> Result<Manifest, CheckpointError> {
         let unreadable = |reason: String| CheckpointError::Manifest {
             path: display(path),
             reason,

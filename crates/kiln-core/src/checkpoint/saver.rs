@@ -54,6 +54,12 @@ impl Saver {
         &self.folder
     }
 
+    /// Records the held-out loss of the model after `step` steps, for a save of that step
+    /// ([`CheckpointFolder::record_eval`]).
+    pub fn record_eval(&mut self, step: usize, loss: f64) {
+        self.folder.record_eval(step, loss);
+    }
+
     /// Saves step `step`; returns its folder.
     ///
     /// # Errors

@@ -23,6 +23,7 @@ mod chat_template;
 mod config;
 mod data;
 mod error;
+mod eval;
 mod folder;
 mod generate;
 mod load;
@@ -44,6 +45,7 @@ pub use data::{
     DataFormat, DataSet, Example, Packing, TokenizeOptions, Tokenized, TrainOn, tokenize,
 };
 pub use error::LlmError;
+pub use eval::EvalLoss;
 pub use folder::model_files;
 pub use generate::{KvCache, Sampling};
 pub use load::{load, load_4bit, load_config};

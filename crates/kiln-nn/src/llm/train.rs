@@ -35,12 +35,22 @@ pub(super) fn masked_loss<B: ShardedBackend>(
     targets: Tensor<B, 2, Int>,
     mask: Tensor<B, 2>,
 ) -> Tensor<B, 1> {
+    per_sequence_losses(logits, targets, mask).mean()
+}
+
+/// Each sequence's mean cross-entropy over the targets `mask` trains (0 for a sequence
+/// training none), shape `[batch]`.
+pub(super) fn per_sequence_losses<B: ShardedBackend>(
+    logits: Tensor<B, 3>,
+    targets: Tensor<B, 2, Int>,
+    mask: Tensor<B, 2>,
+) -> Tensor<B, 1> {
     let [b, s, v] = logits.dims();
     let rows = ops::cross_entropy(logits.reshape([b * s, v]), targets.reshape([b * s]))
         .unwrap_or_else(|e| panic!("{e}"));
     let counts = mask.clone().sum_dim(1).clamp_min(1.0);
     let per_sequence: Tensor<B, 2> = (rows.reshape([b, s]) * mask).sum_dim(1) / counts;
-    per_sequence.mean()
+    per_sequence.reshape([b])
 }
 
 impl<B> TrainStep for CausalLm<B>

@@ -5,6 +5,7 @@
 mod format;
 mod parquet;
 mod read;
+mod split;
 mod tokenize;
 
 pub use format::{DataFormat, Example};

@@ -95,6 +95,23 @@ impl DataSet {
         self.examples.is_empty()
     }
 
+    /// The examples `held[i]` marks and the others, as two sets of the same file:
+    /// `(others, held)`.
+    pub(super) fn partition(self, held: &[bool]) -> (DataSet, DataSet) {
+        let empty = || Self {
+            path: self.path.clone(),
+            examples: Vec::new(),
+            places: Vec::new(),
+        };
+        let (mut kept, mut taken) = (empty(), empty());
+        for ((example, place), &held) in self.examples.into_iter().zip(self.places).zip(held) {
+            let set = if held { &mut taken } else { &mut kept };
+            set.examples.push(example);
+            set.places.push(place);
+        }
+        (kept, taken)
+    }
+
     /// An error about example `i`, naming its line or row.
     pub(super) fn error(&self, i: usize, reason: String) -> LlmError {
         place_error(&self.path, self.places[i], reason)
