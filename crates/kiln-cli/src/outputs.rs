@@ -15,7 +15,8 @@ pub struct OutputError {
     reason: String,
 }
 
-fn refuse(flag: &'static str, path: &Path, reason: impl ToString) -> OutputError {
+/// The error of the output `path` of `flag`, for `reason`.
+pub fn refuse(flag: &'static str, path: &Path, reason: impl ToString) -> OutputError {
     OutputError {
         flag,
         path: path.display().to_string(),

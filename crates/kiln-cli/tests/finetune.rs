@@ -428,6 +428,7 @@ fn the_checkpoint_of_the_lowest_eval_loss_survives_keep_1() {
         .collect();
     std::fs::write(&contradicting, rows.join("\n")).unwrap();
     let save = out.join("checkpoints");
+    let (log, svg) = (out.join("log.jsonl"), out.join("loss.svg"));
     let report = finetune_for(
         &out,
         "6",
@@ -440,10 +441,29 @@ fn the_checkpoint_of_the_lowest_eval_loss_survives_keep_1() {
             "1",
             "--keep",
             "1",
+            "--log-file",
+            log.to_str().unwrap(),
+            "--svg",
+            svg.to_str().unwrap(),
         ],
     );
     let evals = evals(&report);
     assert_eq!(evals.len(), 6, "every checkpoint records its eval loss");
+    // The log: the run's line, then each step's line and its evaluation's, as they happened.
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1 + 2 * 6);
+    for (step, pair) in lines[1..].chunks(2).enumerate() {
+        assert_eq!(pair[0]["step"], step + 1);
+        assert_eq!(pair[0]["loss"], report["losses"][step]);
+        assert_eq!(pair[0]["lr"], 0.01);
+        assert_eq!(pair[1]["eval_loss"], evals[step].1);
+    }
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    assert!(drawn.contains("training loss") && drawn.contains("eval loss"));
     let best = evals
         .iter()
         .copied()

@@ -210,6 +210,9 @@ pub enum FinetuneConfigError {
          or a fraction of --data)"
     )]
     TwoEvalSets,
+    /// A logging period of zero steps.
+    #[error("--log-every must be at least 1 (steps per --log-file line)")]
+    LogEvery,
     /// A held-out fraction that holds out nothing or everything.
     #[error(
         "--eval-split must be a fraction between 0 and 1 (0.1 holds out a tenth of --data), got {0}"

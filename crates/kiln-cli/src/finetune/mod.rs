@@ -5,9 +5,11 @@
 mod config;
 mod eval;
 mod inputs;
+mod log;
+mod plot;
 mod report;
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -29,6 +31,7 @@ use kiln_nn::tensor_parallel::ShardedBackend;
 
 pub use config::{CONFIG_FILE, FinetuneConfig, FinetuneConfigError};
 use eval::Evaluator;
+use log::{RunLog, StepRecord};
 use report::FinetuneReport;
 
 use crate::backend::{Job, dispatch};
@@ -125,6 +128,24 @@ pub struct FinetuneArgs {
     /// Write a JSON summary here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Append a JSON line per logging step (step, loss, lr, grad_norm, tokens_per_s) and per
+    /// evaluation here, flushed as the run goes.
+    #[arg(long, value_name = "FILE")]
+    log_file: Option<PathBuf>,
+    /// Steps per --log-file line; its loss is their mean [default: 1].
+    #[arg(long, value_name = "N", requires = "log_file")]
+    log_every: Option<usize>,
+    /// Draw the training and eval losses against the step into this SVG file at the end.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+}
+
+/// What a run reports beside its adapters: the flags' files, written by the first process.
+struct Reports {
+    json: Option<PathBuf>,
+    log_file: Option<PathBuf>,
+    log_every: usize,
+    svg: Option<PathBuf>,
 }
 
 /// `--packing`.
@@ -173,7 +194,7 @@ impl FinetuneArgs {
     fn into_config(
         self,
         launched: &Launched,
-    ) -> Result<(FinetuneConfig, Plan, Option<PathBuf>, Checkpoints), FinetuneConfigError> {
+    ) -> Result<(FinetuneConfig, Plan, Reports, Checkpoints), FinetuneConfigError> {
         let mut c = match &self.config {
             Some(path) => FinetuneConfig::load(path)?,
             None => FinetuneConfig::default(),
@@ -248,7 +269,16 @@ impl FinetuneArgs {
             save: self.save,
             args: self.checkpoint,
         };
-        Ok((c, plan, self.json, checkpoints))
+        if self.log_every == Some(0) {
+            return Err(FinetuneConfigError::LogEvery);
+        }
+        let reports = Reports {
+            json: self.json,
+            log_file: self.log_file,
+            log_every: self.log_every.unwrap_or(1),
+            svg: self.svg,
+        };
+        Ok((c, plan, reports, checkpoints))
     }
 }
 
@@ -258,11 +288,15 @@ impl FinetuneArgs {
 /// Invalid flags, config, model folder or data, or a failure while training.
 pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
     let launched = Launched::from_env()?;
-    let (mut config, plan, json, checkpoints) = args.into_config(&launched)?;
+    let (mut config, plan, reports, checkpoints) = args.into_config(&launched)?;
     // What the run writes (adapters, checkpoints, the merged model, the report), the first
     // process writes alone; the others train beside it.
     let main = launched.is_main();
-    let json = json.filter(|_| main);
+    let json = reports.json.clone().filter(|_| main);
+    let (log_file, svg) = match main {
+        true => (reports.log_file.clone(), reports.svg.clone()),
+        false => (None, None),
+    };
     let placement = config.train.placement(&plan)?;
     config
         .train
@@ -274,7 +308,11 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
     let dir = config.model_dir()?.to_path_buf();
     let dir = dir.as_path();
     // Held until the run ends: a second run given the same paths is refused now.
-    let mut _claims = crate::outputs::check_files(&[("--json", json.as_deref())])?;
+    let mut _claims = crate::outputs::check_files(&[
+        ("--json", json.as_deref()),
+        ("--log-file", log_file.as_deref()),
+        ("--svg", svg.as_deref()),
+    ])?;
     if main {
         _claims.push(crate::outputs::check_folder("--out", &config.output)?);
     }
@@ -407,10 +445,21 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
         let current = digests.as_mut().map(inputs::Inputs::get).transpose()?;
         resumed.check_inputs(&current.unwrap_or_default())?;
     }
+    // Opened now, before the model loads: a log that cannot be written is said at once.
+    let run_log = log_file
+        .as_deref()
+        .map(|path| {
+            let first = prepared.resume.as_ref().map_or(0, |c| c.step());
+            RunLog::open(path, reports.log_every, first)
+                .map_err(|e| crate::outputs::refuse("--log-file", path, e))
+        })
+        .transpose()?;
     let job = FinetuneJob {
         config: &config,
         plan: &plan,
         eval_items,
+        run_log,
+        svg,
         tokens_per_sequence: tokenized.tokens as f64 / tokenized.items.len().max(1) as f64,
         items: tokenized.items,
         checkpoints: prepared,
@@ -522,6 +571,10 @@ struct FinetuneJob<'a> {
     plan: &'a Plan,
     /// The held-out sequences, when the run evaluates.
     eval_items: Option<Vec<kiln_nn::llm::LmItem>>,
+    /// `--log-file`, open (the first process only).
+    run_log: Option<RunLog>,
+    /// `--svg` (the first process only).
+    svg: Option<PathBuf>,
     items: Vec<kiln_nn::llm::LmItem>,
     /// Input tokens per sequence on average, pads not counted: what tokens/s counts.
     tokens_per_sequence: f64,
@@ -547,6 +600,8 @@ impl Job for FinetuneJob<'_> {
             config,
             plan,
             eval_items,
+            run_log,
+            svg,
             items,
             tokens_per_sequence,
             checkpoints,
@@ -632,6 +687,7 @@ impl Job for FinetuneJob<'_> {
         let started = Instant::now();
         // The last eval loss, shown beside the training loss until the next evaluation.
         let last_eval: Cell<Option<f64>> = Cell::new(None);
+        let run_log = RefCell::new(run_log);
         let on_step = |step: usize, out: &StepOutput| {
             let done = (step - first) as f64;
             let rate = tokens_per_step * done / started.elapsed().as_secs_f64();
@@ -642,6 +698,14 @@ impl Job for FinetuneJob<'_> {
             bar.set_message(format!("loss {:.4}{eval}  {rate:.0} tokens/s", out.loss));
             bar.inc(1);
             tracing::debug!("step {step}: loss {:.6}", out.loss);
+            let record = StepRecord {
+                step,
+                loss: out.loss,
+                lr: train.lr_at(step - 1),
+                grad_norm: out.guard.map(|g| g.grad_norm),
+                tokens_per_s: rate,
+            };
+            write_log(&run_log, |log| log.step(record, step == train.steps));
         };
         // Only the first process evaluates: it is the one that saves and reports.
         let mut evaluator = eval_items
@@ -653,6 +717,7 @@ impl Job for FinetuneJob<'_> {
             on_step,
             saver: saver.as_mut(),
             eval: evaluator.as_mut().map(|e| (e, &eval_device, &last_eval)),
+            run_log: &run_log,
         };
         let spec_optim = PerformanceSpec::new(train.adamw(), train.optimizer.clone())?;
         let data = DataSource::new(InMemDataset::new(items), LmBatcher::new(config.seq_len()));
@@ -672,6 +737,15 @@ impl Job for FinetuneJob<'_> {
             if let Some(saver) = saver.as_mut() {
                 saver.record_eval(point.step, point.loss);
             }
+            write_log(&run_log, |log| log.eval(&point));
+        }
+        if let Some(path) = &svg {
+            let evals = evaluator
+                .as_ref()
+                .map(Evaluator::points)
+                .unwrap_or_default();
+            plot::write_svg(path, record.first_step, &record.losses, evals)
+                .map_err(|e| crate::outputs::refuse("--svg", path, e))?;
         }
         let saved = match saver.as_mut() {
             Some(saver) => saver.save_end::<B, LoraAdapters<B>>(&record, trained.adapters())?,
@@ -744,6 +818,21 @@ struct AdapterSaves<'a, 'e, F, D> {
     on_step: F,
     saver: Option<&'a mut Saver>,
     eval: Option<(&'a mut Evaluator<'e>, &'a D, &'a Cell<Option<f64>>)>,
+    run_log: &'a RefCell<Option<RunLog>>,
+}
+
+/// Writes a line of the run's log, if it has one. A line that cannot be written (a full
+/// disk) ends the log with a warning, not the run: the log is a view of the run, not its
+/// result.
+fn write_log(log: &RefCell<Option<RunLog>>, write: impl FnOnce(&mut RunLog) -> Result<(), String>) {
+    let mut log = log.borrow_mut();
+    if let Some(Err(e)) = log.as_mut().map(write) {
+        let path = log.take().map(|l| l.path().display().to_string());
+        tracing::warn!(
+            "--log-file {}: {e}; no more lines are written",
+            path.unwrap_or_default()
+        );
+    }
 }
 
 impl<F, D> AdapterSaves<'_, '_, F, D> {
@@ -754,10 +843,14 @@ impl<F, D> AdapterSaves<'_, '_, F, D> {
         B: AutodiffBackend<InnerBackend: ShardedBackend, Device = D> + ShardedBackend,
     {
         if let Some((evaluator, device, shown)) = self.eval.as_mut() {
+            let fresh = evaluator.points().last().is_none_or(|p| p.step != step);
             let point = evaluator.evaluate(step, model, device);
             shown.set(Some(point.loss));
             if let Some(saver) = self.saver.as_deref_mut() {
                 saver.record_eval(step, point.loss);
+            }
+            if fresh {
+                write_log(self.run_log, |log| log.eval(&point));
             }
         }
     }
