@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use burn::tensor::backend::AutodiffBackend;
-use kiln_nn::llm::{LlmTokenizer, Sampling, load, load_4bit, load_config};
+use kiln_nn::llm::{LlmTokenizer, Message, Role, Sampling, load, load_4bit, load_config};
 use kiln_nn::lora::QuantConfig;
 use kiln_nn::tensor_parallel::ShardedBackend;
 
@@ -24,9 +24,19 @@ pub struct GenerateArgs {
     #[arg(long)]
     load_in_4bit: bool,
     /// The text to continue (tokenised with the special tokens the tokenizer adds, such as a
-    /// beginning-of-sequence token).
+    /// beginning-of-sequence token), or with --chat the user's message.
     #[arg(long)]
     prompt: String,
+    /// Ask as a chat: --prompt is the user's turn, rendered by the model's chat template with
+    /// the opening of the assistant's turn, and the answer ends at the end-of-turn token.
+    #[arg(long)]
+    chat: bool,
+    /// With --chat, a system message before the user's turn.
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
+    /// With --chat, a Jinja chat template to use instead of the model folder's.
+    #[arg(long, value_name = "FILE", requires = "chat")]
+    chat_template: Option<PathBuf>,
     /// Tokens to generate at most (fewer when the model ends its answer with an
     /// end-of-sequence token of its config.json).
     #[arg(long, default_value_t = 64)]
@@ -37,6 +47,10 @@ pub struct GenerateArgs {
     /// Nucleus sampling: draw among the most likely tokens holding this much probability.
     #[arg(long, default_value_t = 0.9, allow_negative_numbers = true)]
     top_p: f32,
+    /// Draw among the K most likely tokens only, before the nucleus (transformers' default
+    /// is 50); 0 keeps every token.
+    #[arg(long, default_value_t = 50)]
+    top_k: usize,
     /// Seed of the draws.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -57,6 +71,13 @@ pub enum GenerateError {
     /// Nothing to generate.
     #[error("--max-new-tokens must be at least 1")]
     NoTokens,
+    /// A chat asked of a model folder without a chat template.
+    #[error(
+        "--chat needs a chat template, and the model folder has none (no chat_template.jinja, \
+         no chat_template in tokenizer_config.json); give --chat-template FILE, or drop --chat \
+         to continue --prompt as plain text"
+    )]
+    NoChatTemplate,
     /// A prompt that encodes to no token.
     #[error("--prompt encodes to no token; give some text to continue")]
     EmptyPrompt,
@@ -95,6 +116,30 @@ pub fn run(args: GenerateArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// The ids of a chat's prompt: the system message (if any) and the user's, rendered by the
+/// chat template with the opening of the assistant's turn, encoded with no special token
+/// added (the template writes them), as transformers' `apply_chat_template` does.
+fn chat_prompt(
+    tokenizer: &LlmTokenizer,
+    system: Option<&str>,
+    user: &str,
+) -> Result<Vec<u32>, Box<dyn std::error::Error>> {
+    let template = tokenizer
+        .chat_template()
+        .ok_or(GenerateError::NoChatTemplate)?;
+    let message = |role, content: &str| Message {
+        role,
+        content: content.to_string(),
+    };
+    let mut messages: Vec<Message> = system
+        .map(|s| message(Role::System, s))
+        .into_iter()
+        .collect();
+    messages.push(message(Role::User, user));
+    let text = template.render(&messages, true)?;
+    Ok(tokenizer.encode_with_offsets(&text)?.0)
+}
+
 struct GenerateJob(GenerateArgs);
 
 impl Job for GenerateJob {
@@ -108,9 +153,15 @@ impl Job for GenerateJob {
         let args = self.0;
         let device = &devices[0];
         let config = load_config(&args.model)?;
-        let tokenizer = LlmTokenizer::from_dir(&args.model, &config)?;
+        let mut tokenizer = LlmTokenizer::from_dir(&args.model, &config)?;
+        if let Some(template) = &args.chat_template {
+            tokenizer = tokenizer.with_chat_template(template)?;
+        }
         // The prompt is checked before the model is loaded.
-        let prompt = tokenizer.encode(&args.prompt, true)?;
+        let prompt = match args.chat {
+            true => chat_prompt(&tokenizer, args.system.as_deref(), &args.prompt)?,
+            false => tokenizer.encode(&args.prompt, true)?,
+        };
         if prompt.is_empty() {
             return Err(GenerateError::EmptyPrompt.into());
         }
@@ -135,6 +186,7 @@ impl Job for GenerateJob {
             max_new_tokens: args.max_new_tokens,
             temperature: args.temperature,
             top_p: args.top_p,
+            top_k: args.top_k,
             seed: args.seed,
         };
         let started = Instant::now();

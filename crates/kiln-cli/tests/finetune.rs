@@ -275,6 +275,78 @@ fn generate_continues_a_prompt_greedily_and_with_the_fine_tuned_adapters() {
         generate(&["--temperature", "1.0", "--top-p", "0.9", "--seed", "3"]),
         "a seeded draw repeats"
     );
+    let top_k = generate(&["--temperature", "1.0", "--top-k", "1", "--seed", "3"]);
+    assert_eq!(top_k, base, "the one most likely token is the greedy one");
+    std::fs::remove_dir_all(out).ok();
+}
+
+#[test]
+fn generate_chat_renders_the_template_and_stops_at_the_end_of_turn() {
+    let out = scratch("chat");
+    let model = fixture("llama");
+    // The template writes the beginning-of-sequence token itself, as LLaMA 3's does.
+    let template = out.join("chat_template.jinja");
+    std::fs::write(
+        &template,
+        "<s>{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}\
+         {% if add_generation_prompt %}assistant: {% endif %}",
+    )
+    .unwrap();
+    let generate = |dir: &str, extra: &[&str]| -> String {
+        let mut args = vec!["generate", "--model", dir, "--max-new-tokens", "8"];
+        args.extend_from_slice(extra);
+        let run = kiln(&args);
+        assert!(
+            run.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        String::from_utf8(run.stdout).unwrap()
+    };
+    // A chat is the plain continuation of the text its template renders (whose first token
+    // the tokenizer then adds): no token twice, none missing.
+    let chat = generate(
+        &model,
+        &[
+            "--chat",
+            "--chat-template",
+            template.to_str().unwrap(),
+            "--system",
+            "be brief",
+            "--prompt",
+            "the sky?",
+        ],
+    );
+    let rendered = "system: be brief\nuser: the sky?\nassistant: ";
+    assert_eq!(chat, generate(&model, &["--prompt", rendered]));
+    // The end of a turn as generation_config.json names it ends the answer, as transformers'
+    // generate stops there.
+    let folder = out.join("model");
+    std::fs::create_dir_all(&folder).unwrap();
+    for file in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(Path::new(&model).join(file), folder.join(file)).unwrap();
+    }
+    let tokenizer: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(folder.join("tokenizer.json")).unwrap())
+            .unwrap();
+    let full = generate(folder.to_str().unwrap(), &["--prompt", rendered]);
+    let stop_char = full.trim_start().chars().next().unwrap().to_string();
+    let stop_id = &tokenizer["model"]["vocab"][stop_char.as_str()];
+    std::fs::write(
+        folder.join("generation_config.json"),
+        serde_json::json!({"eos_token_id": [2, stop_id]}).to_string(),
+    )
+    .unwrap();
+    let stopped = generate(folder.to_str().unwrap(), &["--prompt", rendered]);
+    assert!(
+        stopped.trim().len() < full.trim().len(),
+        "{stopped:?} vs {full:?}"
+    );
+    // No template, no chat.
+    assert_one_line_error(
+        &["generate", "--model", &model, "--chat", "--prompt", "hi"],
+        "--chat needs a chat template",
+    );
     std::fs::remove_dir_all(out).ok();
 }
 

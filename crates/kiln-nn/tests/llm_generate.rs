@@ -91,18 +91,20 @@ fn greedy_generation_follows_the_argmax_and_stops_at_the_end_token() {
 }
 
 #[test]
-fn top_p_sampling_is_seeded_and_a_tiny_nucleus_is_greedy() {
+fn top_p_and_top_k_sampling_are_seeded_and_a_tiny_nucleus_or_one_token_is_greedy() {
     let (_, model) = load::<B>(&fixture("llama"), &Default::default()).unwrap();
     let prompt = [1u32, 40, 21, 7];
-    let sampled = |seed, top_p| {
+    let sampled_k = |seed, top_p, top_k| {
         let sampling = Sampling {
             max_new_tokens: 16,
             temperature: 1.0,
             top_p,
+            top_k,
             seed,
         };
         model.generate(&prompt, &sampling, |_| false)
     };
+    let sampled = |seed, top_p| sampled_k(seed, top_p, 0);
     assert_eq!(sampled(7, 0.9), sampled(7, 0.9));
     assert_ne!(
         sampled(7, 0.9),
@@ -118,4 +120,7 @@ fn top_p_sampling_is_seeded_and_a_tiny_nucleus_is_greedy() {
         |_| false,
     );
     assert_eq!(sampled(7, 1e-6), greedy);
+    // Top-k: one token is greedy; a few draw among them, not as the whole vocabulary does.
+    assert_eq!(sampled_k(7, 1.0, 1), greedy);
+    assert_ne!(sampled_k(7, 1.0, 3), sampled(7, 1.0));
 }

@@ -252,19 +252,7 @@ impl LlmConfig {
                 (bias, bias)
             }
         };
-        let eos_token_ids = match &raw.eos_token_id {
-            None | Some(serde_json::Value::Null) => Vec::new(),
-            Some(serde_json::Value::Array(ids)) => ids
-                .iter()
-                .map(|id| id.as_u64().and_then(|id| u32::try_from(id).ok()))
-                .collect::<Option<_>>()
-                .ok_or_else(|| bad("eos_token_id must be token ids".to_string()))?,
-            Some(id) => vec![
-                id.as_u64()
-                    .and_then(|id| u32::try_from(id).ok())
-                    .ok_or_else(|| bad("eos_token_id must be a token id".to_string()))?,
-            ],
-        };
+        let eos_token_ids = token_ids(raw.eos_token_id.as_ref()).map_err(bad)?;
         Ok(Self {
             model_type,
             vocab_size: need("vocab_size", raw.vocab_size)?,
@@ -325,6 +313,26 @@ fn rope_scaling(params: &serde_json::Value) -> Result<Option<RopeScaling>, LlmEr
             original_max_position_embeddings: number("original_max_position_embeddings")? as usize,
         })),
         other => Err(LlmError::RopeScaling(other.to_string())),
+    }
+}
+
+/// The token ids of an `eos_token_id` field (of `config.json` or `generation_config.json`):
+/// one id, a list of them, or none.
+///
+/// # Errors
+/// A value that is not a token id or a list of them, in words for the file's message.
+pub(super) fn token_ids(value: Option<&serde_json::Value>) -> Result<Vec<u32>, String> {
+    let id = |v: &serde_json::Value| v.as_u64().and_then(|id| u32::try_from(id).ok());
+    match value {
+        None | Some(serde_json::Value::Null) => Ok(Vec::new()),
+        Some(serde_json::Value::Array(ids)) => ids
+            .iter()
+            .map(id)
+            .collect::<Option<_>>()
+            .ok_or_else(|| "eos_token_id must be token ids".to_string()),
+        Some(v) => id(v)
+            .map(|id| vec![id])
+            .ok_or_else(|| "eos_token_id must be a token id".to_string()),
     }
 }
 

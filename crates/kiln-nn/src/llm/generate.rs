@@ -37,6 +37,8 @@ pub struct Sampling {
     pub temperature: f32,
     /// Nucleus sampling: draw from the most likely tokens whose probabilities sum to `top_p`.
     pub top_p: f32,
+    /// Draw from the `top_k` most likely tokens only (before the nucleus); 0 keeps them all.
+    pub top_k: usize,
     /// Seed of the draws.
     pub seed: u64,
 }
@@ -47,6 +49,7 @@ impl Default for Sampling {
             max_new_tokens: 64,
             temperature: 0.0,
             top_p: 1.0,
+            top_k: 0,
             seed: 0,
         }
     }
@@ -157,8 +160,12 @@ fn choose(logits: &[f32], sampling: &Sampling, rng: &mut StdRng) -> u32 {
         .enumerate()
         .map(|(i, &l)| (i as u32, ((l - max) / sampling.temperature).exp()))
         .collect();
-    let total: f32 = probs.iter().map(|p| p.1).sum();
     probs.sort_by(|a, b| b.1.total_cmp(&a.1));
+    // As transformers' warpers: the top k first, then the nucleus of what is left.
+    if sampling.top_k > 0 {
+        probs.truncate(sampling.top_k);
+    }
+    let total: f32 = probs.iter().map(|p| p.1).sum();
     // The nucleus: the fewest most likely tokens whose mass reaches top_p (at least one).
     let mut mass = 0.0;
     let mut keep = 0;

@@ -14,6 +14,7 @@ const FILE: &str = "tokenizer.json";
 pub type Offsets = (usize, usize);
 const CONFIG: &str = "tokenizer_config.json";
 const TEMPLATE: &str = "chat_template.jinja";
+const GENERATION: &str = "generation_config.json";
 
 /// The tokenizer of a model folder, the model's end-of-sequence tokens and its chat template.
 #[derive(Clone)]
@@ -37,10 +38,11 @@ impl std::fmt::Debug for LlmTokenizer {
 }
 
 impl LlmTokenizer {
-    /// Reads `dir/tokenizer.json` for the model `config` describes, and `tokenizer_config.json`
-    /// and `chat_template.jinja` where the folder has them. The end of a sequence is
-    /// `tokenizer_config.json`'s `eos_token` where it names one (an instruct model's end of
-    /// turn, what TRL appends), then `config.json`'s `eos_token_id`s.
+    /// Reads `dir/tokenizer.json` for the model `config` describes, and `tokenizer_config.json`,
+    /// `chat_template.jinja` and `generation_config.json` where the folder has them. The end
+    /// of a sequence is `tokenizer_config.json`'s `eos_token` where it names one (an instruct
+    /// model's end of turn, what TRL appends), then `config.json`'s `eos_token_id`s, then
+    /// `generation_config.json`'s (where transformers' `generate` stops too).
     ///
     /// # Errors
     /// [`LlmError::Tokenizer`] for a missing or unreadable file, or a vocabulary larger than
@@ -78,6 +80,13 @@ impl LlmTokenizer {
         {
             eos.retain(|&e| e != id);
             eos.insert(0, id);
+        }
+        if let Some(generation) = super::folder::regular_file(dir, GENERATION)? {
+            for id in read_generation_eos(&generation)? {
+                if !eos.contains(&id) {
+                    eos.push(id);
+                }
+            }
         }
         let template = match super::folder::regular_file(dir, TEMPLATE)? {
             Some(file) => Some(read_template(&file, &special)?),
@@ -167,6 +176,18 @@ impl LlmTokenizer {
 /// The special tokens and the chat template's source of a `tokenizer_config.json`. A token is
 /// a string or an object with its `content` (an `AddedToken`); the template a string, or a
 /// list of named ones of which Kiln takes `default`.
+/// The `eos_token_id`s of `generation_config.json`.
+fn read_generation_eos(path: &Path) -> Result<Vec<u32>, LlmError> {
+    let bad = |reason: String| LlmError::Config {
+        path: path.display().to_string(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| LlmError::io(path, e))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+    super::config::token_ids(value.get("eos_token_id")).map_err(bad)
+}
+
 fn read_config(path: &Path) -> Result<(SpecialTokens, Option<String>), LlmError> {
     let bad = |reason: String| LlmError::Tokenizer {
         path: path.display().to_string(),
