@@ -268,6 +268,7 @@ where
         alpha: setup.lora_rank as f32,
         target_modules: TARGET_MODULES.map(String::from).to_vec(),
         use_rslora: false,
+        dropout: 0.0,
     };
     let start = base.with_lora(&spec)?;
     let total = setup.warmup + setup.steps;

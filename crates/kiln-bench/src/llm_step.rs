@@ -78,6 +78,7 @@ where
         alpha: 8.0,
         target_modules: TARGET_MODULES.map(String::from).to_vec(),
         use_rslora: false,
+        dropout: 0.0,
     };
     let model = MixedPrecision::new(base.with_lora(&spec)?, precision);
     let items = random_sequences(&config, BATCH * (steps + 2), SEQ_LEN);

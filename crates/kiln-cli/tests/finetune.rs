@@ -235,7 +235,13 @@ fn conversations_train_through_a_chat_template_the_same_under_single_and_ddp() {
 #[test]
 fn generate_continues_a_prompt_greedily_and_with_the_fine_tuned_adapters() {
     let out = scratch("generate");
-    finetune(&out, &[]);
+    // Trained with PEFT's usual dropout, which the adapters' config records.
+    finetune(&out, &["--lora-dropout", "0.1"]);
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("adapters/adapter_config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(config["lora_dropout"], 0.1);
     let model = fixture("llama");
     let adapters = out.join("adapters");
     let generate = |extra: &[&str]| -> String {
@@ -409,6 +415,7 @@ fn bad_inputs_are_refused_in_one_line() {
         base(&["--eval-split", "1"]),
         "--eval-split must be a fraction",
     );
+    check(base(&["--lora-dropout", "1"]), "lora_dropout must be");
     check(
         base(&["--eval-split", "0.1", "--eval-data", "x.jsonl"]),
         "--eval-data and --eval-split",

@@ -171,6 +171,7 @@ fn lora_targets_must_exist_and_leave_the_base_frozen() {
         alpha: 4.0,
         target_modules: targets.iter().map(ToString::to_string).collect(),
         use_rslora: false,
+        dropout: 0.0,
     };
     let err = base
         .clone()

@@ -140,6 +140,7 @@ fn adapters_on_a_4_bit_base_get_gradients_and_the_base_none() {
         alpha: 4.0,
         target_modules: TARGET_MODULES.map(String::from).to_vec(),
         use_rslora: false,
+        dropout: 0.0,
     };
     let mut model = seeded_lora(base, &spec, 0);
     // B starts at zero (the adapted model is the base); give it values so A gets a gradient.
@@ -185,6 +186,7 @@ fn adapter_gradients_on_a_4_bit_base_are_those_on_its_decoded_twin() {
         alpha: 4.0,
         target_modules: TARGET_MODULES.map(String::from).to_vec(),
         use_rslora: false,
+        dropout: 0.0,
     };
     // Both models' adapters from the same values: A from the seeded generator, B set.
     let adapt = |model: CausalLm<A>| {

@@ -55,6 +55,7 @@ fn spec() -> LoraSpec {
         alpha: 8.0,
         target_modules: TARGET_MODULES.map(String::from).to_vec(),
         use_rslora: false,
+        dropout: 0.0,
     }
 }
 
@@ -370,4 +371,48 @@ fn the_eval_loss_is_the_training_loss_of_one_forward_over_the_whole_set() {
     // A different set gives a different loss: the comparison can fail.
     let other = model.eval_loss(&items[..5], 3, 24, &device);
     assert!((other.loss - expected).abs() > 1e-4);
+}
+
+#[test]
+fn lora_dropout_drops_the_adapters_input_while_training_and_never_at_inference() {
+    use burn::tensor::backend::Backend;
+    let device = Default::default();
+    let model = |dropout: f64| {
+        let base = load::<A>(&fixture("llama"), &device).unwrap().1;
+        let mut model = fixed_adapters(base.with_lora(&LoraSpec { dropout, ..spec() }).unwrap(), 7);
+        // A non-zero B, so that both factors' gradients and the output depend on the input.
+        for (_, _, proj) in model.projections_mut() {
+            if let Some(adapter) = proj.lora.as_mut() {
+                let b = adapter.b.val().ones_like().mul_scalar(0.01);
+                adapter.b = Param::initialized(adapter.b.id, b.require_grad());
+            }
+        }
+        model
+    };
+    let batch: LmBatch<A> = LmBatcher::new(24).batch(chat_items()[..4].to_vec(), &device);
+    // The first adapter's A gradient after one backward, the backend's draws seeded alike.
+    let gradient = |model: &CausalLm<A>| {
+        A::seed(&device, 5);
+        let grads = model.forward_masked(batch.clone()).loss.backward();
+        let mut model = model.clone();
+        let (_, _, proj) = model.projections_mut().remove(0);
+        let a = proj.lora.as_ref().unwrap().a.clone();
+        a.grad(&grads).unwrap().into_data().to_vec::<f32>().unwrap()
+    };
+    let (none, half) = (model(0.0), model(0.5));
+    assert_eq!(gradient(&none), gradient(&none));
+    assert_ne!(
+        gradient(&none),
+        gradient(&half),
+        "dropout changed no gradient"
+    );
+    // Without autodiff (inference, evaluation) nothing is dropped.
+    let logits = |model: CausalLm<A>| {
+        let inputs = LmBatcher::new(24)
+            .batch(chat_items()[..4].to_vec(), &device)
+            .inputs;
+        let out: burn::tensor::Tensor<B, 3> = model.valid().forward(inputs);
+        out.into_data().to_vec::<f32>().unwrap()
+    };
+    assert_eq!(logits(none), logits(half));
 }

@@ -247,6 +247,7 @@ fn spec(rank: usize, alpha: f32, targets: &[&str]) -> LoraSpec {
         alpha,
         target_modules: targets.iter().map(|t| t.to_string()).collect(),
         use_rslora: false,
+        dropout: 0.0,
     }
 }
 

@@ -24,6 +24,8 @@ pub struct LoraSettings {
     pub target_modules: Vec<String>,
     /// rsLoRA's scale `alpha / √rank`.
     pub use_rslora: bool,
+    /// `lora_dropout`: the adapters' input dropout while training.
+    pub dropout: f64,
 }
 
 impl Default for LoraSettings {
@@ -34,6 +36,7 @@ impl Default for LoraSettings {
             alpha: 16.0,
             target_modules: TARGET_MODULES.map(String::from).to_vec(),
             use_rslora: false,
+            dropout: 0.0,
         }
     }
 }
@@ -46,6 +49,7 @@ impl LoraSettings {
             alpha: self.alpha,
             target_modules: expand_target_modules(&self.target_modules),
             use_rslora: self.use_rslora,
+            dropout: self.dropout,
         }
     }
 }

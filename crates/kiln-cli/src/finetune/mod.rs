@@ -93,6 +93,9 @@ pub struct FinetuneArgs {
     /// rsLoRA: scale the adapters' output by alpha / √rank instead of alpha / rank.
     #[arg(long)]
     use_rslora: bool,
+    /// Dropout on the adapters' input while training, as PEFT's lora_dropout [default: 0].
+    #[arg(long, value_name = "P")]
+    lora_dropout: Option<f64>,
     /// Tokens per sequence [default: 256, or the model's max_position_embeddings when
     /// fewer]. With padding, a longer example's end is cut (with a warning) and one whose
     /// prompt fills it is refused.
@@ -234,6 +237,9 @@ impl FinetuneArgs {
             c.lora.target_modules = targets;
         }
         c.lora.use_rslora |= self.use_rslora;
+        if let Some(dropout) = self.lora_dropout {
+            c.lora.dropout = dropout;
+        }
         if let Some(seq_len) = self.seq_len {
             c.seq_len = Some(seq_len);
         }

@@ -68,6 +68,9 @@ pub struct LoraSpec {
     pub target_modules: Vec<String>,
     /// rsLoRA's scale `α/√r` instead of `α/r`.
     pub use_rslora: bool,
+    /// `lora_dropout`: the probability that an input feature is zeroed before the adapter
+    /// (not before the base) while training, as PEFT drops it; 0 for none.
+    pub dropout: f64,
 }
 
 impl LoraSpec {
@@ -93,6 +96,12 @@ impl LoraSpec {
                 "lora_alpha must be a positive number, got {}; the adapters' output is scaled \
                  by alpha / rank (16 is the usual start)",
                 self.alpha
+            )));
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(LlmError::Adapter(format!(
+                "lora_dropout must be at least 0 and below 1, got {} (0.05 and 0.1 are usual)",
+                self.dropout
             )));
         }
         if self.target_modules.is_empty() {
@@ -209,6 +218,7 @@ impl<B: ShardedBackend> CausalLm<B> {
                 let device = proj.device();
                 proj.lora = Some(LoraAdapter::new(d_in, d_out, spec.rank, &device));
                 proj.scale = spec.scale();
+                proj.dropout = spec.dropout;
             }
         }
         Ok(model)
@@ -264,7 +274,7 @@ impl<B: ShardedBackend> CausalLm<B> {
             "base_model_name_or_path": base_model,
             "r": spec.rank,
             "lora_alpha": spec.alpha,
-            "lora_dropout": 0.0,
+            "lora_dropout": spec.dropout,
             "target_modules": spec.target_modules,
             "use_rslora": spec.use_rslora,
             "use_dora": false,
@@ -478,6 +488,12 @@ fn read_spec(path: &Path) -> Result<LoraSpec, LlmError> {
         alpha: alpha as f32,
         target_modules: targets,
         use_rslora: truthy("use_rslora"),
+        dropout: match json.get("lora_dropout") {
+            None | Some(serde_json::Value::Null) => 0.0,
+            Some(v) => v
+                .as_f64()
+                .ok_or_else(|| bad(format!("lora_dropout must be a number, got {v}")))?,
+        },
     };
     spec.validate()?;
     Ok(spec)

@@ -2,7 +2,7 @@
 //! LoRA adapter when one is attached.
 
 use burn::module::{Module, Param};
-use burn::nn::Linear;
+use burn::nn::{DropoutConfig, Linear};
 use burn::tensor::Tensor;
 use kiln_core::tensor_parallel::TpGroup;
 use kiln_kernels::quant::QuantizedWeight;
@@ -36,6 +36,9 @@ pub struct Proj<B: ShardedBackend> {
     pub lora: Option<LoraAdapter<B>>,
     #[module(skip)]
     pub(crate) scale: f32,
+    /// The adapter's input dropout while training (PEFT's `lora_dropout`).
+    #[module(skip)]
+    pub(crate) dropout: f64,
     /// The group of the tensor-parallel shard this projection is, if it is one (see
     /// [`super::tensor_parallel`]).
     #[module(skip)]
@@ -53,6 +56,7 @@ impl<B: ShardedBackend> Proj<B> {
             quantized: None,
             lora: None,
             scale: 0.0,
+            dropout: 0.0,
             tp: None,
             row: false,
         }
@@ -65,6 +69,7 @@ impl<B: ShardedBackend> Proj<B> {
             quantized: Some(base),
             lora: None,
             scale: 0.0,
+            dropout: 0.0,
             tp: None,
             row: false,
         }
@@ -110,8 +115,17 @@ impl<B: ShardedBackend> Proj<B> {
         let low = self
             .lora
             .as_ref()
-            .map(|a| rows_matmul(x.clone(), a.a.val()));
+            .map(|a| rows_matmul(self.adapter_input(x.clone()), a.a.val()));
         self.base_plus_adapter(x, low)
+    }
+
+    /// What the adapter reads of the input `x`: `x` with PEFT's `lora_dropout` while
+    /// training (under autodiff), `x` itself otherwise.
+    pub(super) fn adapter_input(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        match self.dropout > 0.0 {
+            true => DropoutConfig::new(self.dropout).init().forward(x),
+            false => x,
+        }
     }
 
     /// `u·W (+ b) + scale·t·B`: the base applied to `u`, and the adapter's `B` to the low-rank

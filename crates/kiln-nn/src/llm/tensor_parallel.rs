@@ -94,6 +94,7 @@ impl<B: ShardedBackend> Proj<B> {
             quantized,
             lora,
             scale: self.scale,
+            dropout: self.dropout,
             tp: Some(group.clone()),
             row: !column,
         })
@@ -158,6 +159,7 @@ impl<B: ShardedBackend> Proj<B> {
             quantized,
             lora,
             scale: first.scale,
+            dropout: first.dropout,
             tp: None,
             row: false,
         }
@@ -168,7 +170,7 @@ impl<B: ShardedBackend> Proj<B> {
         let t = self
             .lora
             .as_ref()
-            .map(|a| copy_to_tp(rows_matmul(x.clone(), a.a.val()), group));
+            .map(|a| copy_to_tp(rows_matmul(self.adapter_input(x.clone()), a.a.val()), group));
         self.base_plus_adapter(copy_to_tp(x, group), t)
     }
 
@@ -188,7 +190,7 @@ impl<B: ShardedBackend> Proj<B> {
         };
         let y = match &self.lora {
             Some(adapter) => {
-                let low = rows_matmul(x, adapter.a.val());
+                let low = rows_matmul(self.adapter_input(x), adapter.a.val());
                 let [_, _, d_out] = partial.dims();
                 let rank = low.dims()[2];
                 let summed = reduce_from_tp(Tensor::cat(vec![partial, low], 2), group);
