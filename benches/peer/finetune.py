@@ -60,6 +60,12 @@ def main():
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--load-in-4bit", action="store_true")
+    parser.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="recompute each decoder layer in the backward (transformers' non-reentrant "
+        "checkpointing, as TRL turns it on)",
+    )
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument(
@@ -92,6 +98,8 @@ def main():
             task_type="CAUSAL_LM",
         ),
     )
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     cuda = args.device == "cuda"
     params = [p for p in model.parameters() if p.requires_grad]

@@ -225,6 +225,9 @@ pub struct FinetuneSetup {
     pub warmup: usize,
     /// Timed steps.
     pub steps: usize,
+    /// Recompute each decoder layer's activations in the backward.
+    #[serde(default)]
+    pub gradient_checkpointing: bool,
 }
 
 /// The throughput of one case.
@@ -240,6 +243,9 @@ pub struct FinetuneResult {
     pub final_loss: f64,
     /// The process's peak resident set after the run.
     pub peak_rss_bytes: u64,
+    /// The most any rank held at once, counted (`KILN_COUNT_MEMORY=1`); `None` uncounted.
+    #[serde(default)]
+    pub peak_rank_bytes: Option<u64>,
 }
 
 /// Fine-tunes the folder `dir` with fresh adapters through every case in turn, on the CPU, on
@@ -270,7 +276,9 @@ where
         use_rslora: false,
         dropout: 0.0,
     };
-    let start = base.with_lora(&spec)?;
+    let start = base
+        .with_lora(&spec)?
+        .with_gradient_checkpointing(setup.gradient_checkpointing);
     let total = setup.warmup + setup.steps;
     let items = random_sequences(&config, setup.batch * total, setup.seq_len);
     let mut results = Vec::with_capacity(cases.len());
@@ -328,7 +336,7 @@ where
         last_loss = out.loss;
     };
     let data = DataSource::new(InMemDataset::new(items), LmBatcher::new(setup.seq_len));
-    fit(
+    let (_, record) = fit(
         &plan,
         &training,
         devices.to_vec(),
@@ -349,6 +357,7 @@ where
         step_ms,
         final_loss: last_loss,
         peak_rss_bytes: peak_host_bytes().unwrap_or(0),
+        peak_rank_bytes: record.ranks.iter().filter_map(|r| r.peak_bytes).max(),
     })
 }
 
@@ -385,6 +394,7 @@ mod tests {
             lora_rank: 4,
             warmup: 1,
             steps: 2,
+            gradient_checkpointing: false,
         };
         let cases = [
             FinetuneCase {

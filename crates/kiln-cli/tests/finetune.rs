@@ -141,6 +141,22 @@ fn single_ddp_pipeline_and_tensor_write_the_same_peft_adapters() {
             assert!((a - b).abs() <= 1e-5 * largest, "{a} vs {b}");
         }
     }
+    // Activation checkpointing trains the same adapters, under ddp and with stages too.
+    for (name, strategy) in [
+        ("recomputed", &["--strategy", "ddp", "--world", "2"][..]),
+        (
+            "recomputed-stages",
+            &["--strategy", "pipeline", "--world", "2", "--stages", "2"],
+        ),
+    ] {
+        let dir = scratch(name);
+        finetune(&dir, &[strategy, &["--gradient-checkpointing"]].concat());
+        let recomputed = adapter_values(&dir);
+        for (a, b) in values.iter().zip(&recomputed) {
+            assert!((a - b).abs() <= 1e-5 * largest, "{name}: {a} vs {b}");
+        }
+        std::fs::remove_dir_all(dir).ok();
+    }
     for dir in [single, ddp, pipeline, tensor] {
         std::fs::remove_dir_all(dir).ok();
     }
@@ -416,6 +432,10 @@ fn bad_inputs_are_refused_in_one_line() {
         "--eval-split must be a fraction",
     );
     check(base(&["--lora-dropout", "1"]), "lora_dropout must be");
+    check(
+        base(&["--lora-dropout", "0.1", "--gradient-checkpointing"]),
+        "--lora-dropout 0.1 with --gradient-checkpointing",
+    );
     check(
         base(&["--eval-split", "0.1", "--eval-data", "x.jsonl"]),
         "--eval-data and --eval-split",

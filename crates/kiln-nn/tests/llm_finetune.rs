@@ -416,3 +416,52 @@ fn lora_dropout_drops_the_adapters_input_while_training_and_never_at_inference()
     };
     assert_eq!(logits(none), logits(half));
 }
+
+/// Every adapter value of `model`, in order.
+fn adapter_values(model: &CausalLm<B>) -> Vec<f32> {
+    let mut model = model.clone();
+    model
+        .projections_mut()
+        .into_iter()
+        .filter_map(|(_, _, proj)| proj.lora.as_ref())
+        .flat_map(|a| {
+            let mut v = a.a.val().into_data().to_vec::<f32>().unwrap();
+            v.extend(a.b.val().into_data().to_vec::<f32>().unwrap());
+            v
+        })
+        .collect()
+}
+
+#[test]
+fn activation_checkpointing_trains_the_same_adapters_under_single_ddp_and_tensor() {
+    let (_, base) = load::<A>(&fixture("llama"), &Default::default()).unwrap();
+    let start = adapted(base);
+    let recomputed = start.clone().with_gradient_checkpointing(true);
+    for (strategy, world, precision) in [
+        (StrategyKind::Single, 1, Precision::F32),
+        (StrategyKind::Ddp, 2, Precision::F32),
+        (StrategyKind::Tensor, 2, Precision::F32),
+        (StrategyKind::Single, 1, Precision::Bf16),
+    ] {
+        let run = |model: &CausalLm<A>| train_in(model, strategy, world, 3, precision).unwrap();
+        let ((plain, plain_losses), (kept, kept_losses)) = (run(&start), run(&recomputed));
+        let (a, b) = (adapter_values(&plain), adapter_values(&kept));
+        let worst = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            worst <= 1e-6,
+            "{strategy:?} {precision:?}: adapters differ by {worst}"
+        );
+        assert_eq!(plain_losses.len(), kept_losses.len());
+        for (x, y) in plain_losses.iter().zip(&kept_losses) {
+            assert!(
+                (x - y).abs() <= 1e-6,
+                "{strategy:?} {precision:?}: {x} vs {y}"
+            );
+        }
+        assert_ne!(a, adapter_values(&start.valid()), "nothing trained");
+    }
+}

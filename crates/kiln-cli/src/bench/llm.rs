@@ -53,6 +53,10 @@ pub struct LlmArgs {
     /// Timed steps.
     #[arg(long, default_value_t = 4)]
     steps: usize,
+    /// Recompute each decoder layer's activations in the backward (activation
+    /// checkpointing).
+    #[arg(long)]
+    gradient_checkpointing: bool,
     /// Write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -172,6 +176,7 @@ pub fn run(args: LlmArgs) -> Result<(), Box<dyn std::error::Error>> {
         lora_rank: args.lora_rank,
         warmup: args.warmup,
         steps: args.steps,
+        gradient_checkpointing: args.gradient_checkpointing,
     };
     let finetune = if cases.is_empty() {
         Vec::new()
@@ -190,14 +195,22 @@ pub fn run(args: LlmArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     for r in &finetune {
         println!(
-            "{}fine-tune {}: {:.0} ms/step (min {:.0}, max {:.0}), {:.0} tokens/s, loss {:.4}",
+            "{}fine-tune {}{}: {:.0} ms/step (min {:.0}, max {:.0}), {:.0} tokens/s, loss {:.4}{}",
             if setup.four_bit { "QLoRA " } else { "LoRA " },
             r.case,
+            if setup.gradient_checkpointing {
+                " (recomputed)"
+            } else {
+                ""
+            },
             r.step_ms.median,
             r.step_ms.min,
             r.step_ms.max,
             r.tokens_per_s,
-            r.final_loss
+            r.final_loss,
+            r.peak_rank_bytes
+                .map(|b| format!(", rank peak {:.0} MiB", b as f64 / MIB))
+                .unwrap_or_default()
         );
     }
     if let Some(path) = &args.json {

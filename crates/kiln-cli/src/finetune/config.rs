@@ -119,6 +119,9 @@ pub struct FinetuneConfig {
     pub checkpoint: CheckpointConfig,
     /// Held-out evaluation (`[eval]`).
     pub eval: EvalSettings,
+    /// Activation checkpointing: each decoder layer's activations recomputed in the backward
+    /// (each stage's, under pipeline stages), for one more forward a step.
+    pub gradient_checkpointing: bool,
     /// Strategy, devices, steps, batch (sequences per step), learning rate and optimizer
     /// (`[train]`, as `kiln train`'s config; its `model`, `samples` and `checkpoint` are
     /// not used here).
@@ -143,6 +146,7 @@ impl Default for FinetuneConfig {
             lora: LoraSettings::default(),
             checkpoint: CheckpointConfig::default(),
             eval: EvalSettings::default(),
+            gradient_checkpointing: false,
             train: TrainConfig {
                 steps: 100,
                 batch: 8,
@@ -214,6 +218,12 @@ pub enum FinetuneConfigError {
          or a fraction of --data)"
     )]
     TwoEvalSets,
+    /// Dropout under activation checkpointing.
+    #[error(
+        "--lora-dropout {0} with --gradient-checkpointing: the recomputed layers would drop \
+         other inputs than the forward did, and train on gradients of neither; give one of them"
+    )]
+    DropoutRecomputed(f64),
     /// A logging period of zero steps.
     #[error("--log-every must be at least 1 (steps per --log-file line)")]
     LogEvery,
@@ -284,6 +294,8 @@ impl FinetuneConfig {
                     split: c.eval.split,
                     ..EvalSettings::default()
                 },
+                // Recomputing changes no gradient.
+                gradient_checkpointing: false,
                 train: TrainConfig {
                     steps: if keep_steps { c.train.steps } else { 0 },
                     world: None,
@@ -359,6 +371,9 @@ impl FinetuneConfig {
         }
         if let Some(epochs) = self.epochs.filter(|e| !(*e > 0.0 && *e <= 1e6)) {
             return Err(FinetuneConfigError::Epochs(epochs));
+        }
+        if self.gradient_checkpointing && self.lora.dropout > 0.0 {
+            return Err(FinetuneConfigError::DropoutRecomputed(self.lora.dropout));
         }
         let eval = &self.eval;
         if eval.data.is_some() && eval.split.is_some() {

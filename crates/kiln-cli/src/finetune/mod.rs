@@ -93,6 +93,10 @@ pub struct FinetuneArgs {
     /// rsLoRA: scale the adapters' output by alpha / √rank instead of alpha / rank.
     #[arg(long)]
     use_rslora: bool,
+    /// Activation checkpointing: keep only each decoder layer's input and recompute its
+    /// activations in the backward (each stage's, under pipeline stages, as --recompute).
+    #[arg(long)]
+    gradient_checkpointing: bool,
     /// Dropout on the adapters' input while training, as PEFT's lora_dropout [default: 0].
     #[arg(long, value_name = "P")]
     lora_dropout: Option<f64>,
@@ -237,6 +241,7 @@ impl FinetuneArgs {
             c.lora.target_modules = targets;
         }
         c.lora.use_rslora |= self.use_rslora;
+        c.gradient_checkpointing |= self.gradient_checkpointing;
         if let Some(dropout) = self.lora_dropout {
             c.lora.dropout = dropout;
         }
@@ -262,6 +267,13 @@ impl FinetuneArgs {
             };
         }
         let dp = self.run.apply(&mut c.train)?;
+        if c.gradient_checkpointing {
+            // Stages recompute whole: a pipeline stage's forward is checkpointed already.
+            c.train.parallel.pipeline.recompute = true;
+            if c.train.parallel.auto.recompute.is_none() {
+                c.train.parallel.auto.recompute = Some(true);
+            }
+        }
         self.checkpoint.apply(&mut c.checkpoint);
         c.validate()?;
         // The planner builds and measures Kiln's own models, not a pretrained one.
@@ -625,7 +637,15 @@ impl Job for FinetuneJob<'_> {
             load::<B>(dir, &devices[0])?
         };
         let spec = config.lora.spec();
-        let model = base.with_lora(&spec)?;
+        let model = base
+            .with_lora(&spec)?
+            .with_gradient_checkpointing(config.gradient_checkpointing);
+        if config.gradient_checkpointing {
+            tracing::info!(
+                "activation checkpointing: each decoder layer keeps its input alone and \
+                 recomputes its activations in the backward"
+            );
+        }
         let (model, resume) = match &checkpoints.resume {
             Some(checkpoint) => {
                 let adapters = checkpoint.model(KIND, model.adapters(), &devices[0])?;

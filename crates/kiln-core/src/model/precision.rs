@@ -1,8 +1,12 @@
 //! The mixed-precision contract.
 
+use burn::module::AutodiffModule;
+use burn::optim::GradientsParams;
 use burn::tensor::FloatDType;
 use burn::tensor::backend::AutodiffBackend;
 use burn::train::TrainStep;
+
+use super::StepLoss;
 
 /// A model that can compute its training output in a lower precision, so that
 /// [`MixedPrecision`](crate::optim::MixedPrecision) trains it in bf16 or f16 with f32 master
@@ -14,4 +18,27 @@ use burn::train::TrainStep;
 pub trait LowPrecisionStep<B: AutodiffBackend>: TrainStep {
     /// The training output of `input`, computed in `dtype`, with an f32 loss.
     fn forward_in(&self, input: Self::Input, dtype: FloatDType) -> Self::Output;
+
+    /// The gradients of the loss of `input` times `loss_scale`, computed in `dtype`, and the
+    /// output (its loss unscaled): [`Self::forward_in`] and a backward from the scaled loss.
+    /// A model that takes its gradients its own way (recomputing its activations, say)
+    /// overrides it.
+    fn grads_in(
+        &self,
+        input: Self::Input,
+        dtype: FloatDType,
+        loss_scale: Option<f64>,
+    ) -> (GradientsParams, Self::Output)
+    where
+        Self: AutodiffModule<B> + Sized,
+        Self::Output: StepLoss<B>,
+    {
+        let output = self.forward_in(input, dtype);
+        let loss = output.loss_tensor();
+        let loss = match loss_scale {
+            Some(scale) => loss.mul_scalar(scale),
+            None => loss,
+        };
+        (GradientsParams::from_grads(loss.backward(), self), output)
+    }
 }

@@ -15,7 +15,6 @@
 //! NdArray panics on any bf16 or f16 tensor ("Unsupported dtype").
 
 use burn::module::{AutodiffModule, Module};
-use burn::optim::GradientsParams;
 use burn::tensor::FloatDType;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::train::{TrainOutput, TrainStep};
@@ -152,13 +151,8 @@ where
         }
         let dtype = self.precision.dtype();
         let low = low_precision_copy::<B, M>(&self.model, dtype);
-        let output = low.forward_in(input, dtype);
-        let loss = output.loss_tensor();
-        let loss = match &self.loss_scale {
-            Some(scale) => loss.mul_scalar(scale.value()),
-            None => loss,
-        };
-        let grads = GradientsParams::from_grads(loss.backward(), &low);
+        let scale = self.loss_scale.as_ref().map(|s| s.value());
+        let (grads, output) = low.grads_in(input, dtype, scale);
         TrainOutput {
             grads: grads_to_f32::<B, M>(&low, grads),
             item: output,

@@ -20,6 +20,7 @@
 mod adapters;
 mod batch;
 mod chat_template;
+mod checkpointing;
 mod config;
 mod data;
 mod error;

@@ -119,6 +119,10 @@ pub struct Decoder<B: ShardedBackend> {
     pub norm: RmsNorm<B>,
     #[module(skip)]
     pub(super) rope: Rope,
+    /// Whether a training step recomputes each layer's activations in its backward
+    /// ([`CausalLm::with_gradient_checkpointing`]).
+    #[module(skip)]
+    pub(super) checkpointing: bool,
 }
 
 /// A causal language model: [`Decoder`] and the LM head (`None`: tied to the embedding).
@@ -196,6 +200,7 @@ impl LlmConfig {
                 layers,
                 norm: norm(),
                 rope: Rope::new(self),
+                checkpointing: false,
             },
             lm_head: (!self.tie_word_embeddings).then(|| {
                 LinearConfig::new(d, self.vocab_size)

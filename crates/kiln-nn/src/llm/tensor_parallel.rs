@@ -18,6 +18,7 @@
 use super::proj::rows_matmul;
 use burn::module::{AutodiffModule, Module, Param};
 use burn::nn::Linear;
+use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{FloatDType, Int, Tensor};
 use burn::train::{SequenceOutput, TrainOutput, TrainStep};
@@ -271,6 +272,7 @@ impl<B: ShardedBackend> CausalLm<B> {
                 layers,
                 norm: fresh(&self.model.norm),
                 rope: self.model.rope.clone(),
+                checkpointing: self.model.checkpointing,
             },
             lm_head: self.lm_head.as_ref().map(fresh),
         }
@@ -326,8 +328,8 @@ where
     type Output = SequenceOutput<B>;
 
     fn step(&self, batch: LmBatch<B>) -> TrainOutput<SequenceOutput<B>> {
-        let output = self.lm.forward_masked(batch);
-        TrainOutput::new(self, output.loss.backward(), output)
+        // The shard's parameters are its model's, under the same ids.
+        self.lm.step(batch)
     }
 }
 
@@ -335,9 +337,19 @@ impl<B> LowPrecisionStep<B> for ShardedCausalLm<B>
 where
     B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend,
     Self: AutodiffModule<B>,
+    CausalLm<B>: AutodiffModule<B>,
 {
     fn forward_in(&self, batch: LmBatch<B>, dtype: FloatDType) -> SequenceOutput<B> {
         self.lm.forward_in(batch, dtype)
+    }
+
+    fn grads_in(
+        &self,
+        batch: LmBatch<B>,
+        dtype: FloatDType,
+        loss_scale: Option<f64>,
+    ) -> (GradientsParams, SequenceOutput<B>) {
+        self.lm.grads_in(batch, dtype, loss_scale)
     }
 }
 

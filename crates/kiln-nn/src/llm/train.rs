@@ -4,6 +4,7 @@
 //! [`CausalLm::with_lora`], the adapters.
 
 use burn::module::AutodiffModule;
+use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{FloatDType, Int, Tensor};
 use burn::train::{SequenceOutput, TrainOutput, TrainStep};
@@ -62,6 +63,10 @@ where
     type Output = SequenceOutput<B>;
 
     fn step(&self, batch: LmBatch<B>) -> TrainOutput<SequenceOutput<B>> {
+        if self.gradient_checkpointing() {
+            let (grads, item) = self.checkpointed_step(batch, None, 1.0);
+            return TrainOutput { grads, item };
+        }
         let output = self.forward_masked(batch);
         TrainOutput::new(self, output.loss.backward(), output)
     }
@@ -79,6 +84,23 @@ where
         let logits = self.forward(batch.inputs).cast(FloatDType::F32);
         let loss = masked_loss(logits.clone(), batch.targets.clone(), batch.mask);
         SequenceOutput::new(loss, logits, None, batch.targets)
+    }
+
+    fn grads_in(
+        &self,
+        batch: LmBatch<B>,
+        dtype: FloatDType,
+        loss_scale: Option<f64>,
+    ) -> (GradientsParams, SequenceOutput<B>) {
+        if self.gradient_checkpointing() {
+            return self.checkpointed_step(batch, Some(dtype), loss_scale.unwrap_or(1.0));
+        }
+        let output = self.forward_in(batch, dtype);
+        let loss = match loss_scale {
+            Some(scale) => output.loss.clone().mul_scalar(scale),
+            None => output.loss.clone(),
+        };
+        (GradientsParams::from_grads(loss.backward(), self), output)
     }
 }
 
