@@ -147,7 +147,8 @@ fn causal_attention_matches_the_reference() {
 }
 
 /// A query's output is the same whether it is computed with every earlier query or alone
-/// over the same keys (what a decoder with a cache relies on), to the last bit.
+/// over the same keys (what a decoder with a cache relies on), to float rounding: a block of
+/// rows and a row alone go through different `gemm` kernels.
 #[test]
 fn the_last_query_alone_equals_its_row_of_the_full_attention() {
     let device = Default::default();
@@ -163,7 +164,21 @@ fn the_last_query_alone_equals_its_row_of_the_full_attention() {
     let (q, k, v) = (t(30), t(31), t(32));
     let full = ops::causal_attention(q.clone(), k.clone(), v.clone(), heads).unwrap();
     let last = ops::causal_attention(q.narrow(1, seq - 1, 1), k, v, heads).unwrap();
-    assert_eq!(to_vec(full.narrow(1, seq - 1, 1)), to_vec(last));
+    let (full, last) = (to_vec(full.narrow(1, seq - 1, 1)), to_vec(last));
+    let worst = full
+        .iter()
+        .zip(&last)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    assert!(worst < 1e-6, "{worst}");
+    // The query's own row, not another's: a shifted comparison is far off.
+    let shifted = full
+        .iter()
+        .skip(1)
+        .zip(&last)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    assert!(shifted > 1e-3);
 }
 
 /// The reference's log-sum-exp and the kernel's agree, and a query's output does not move
