@@ -1,6 +1,7 @@
 //! `kiln`: train Burn models on many devices.
 
 mod ad;
+mod allocator;
 mod backend;
 mod bench;
 mod checkpoint_args;
@@ -22,15 +23,6 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
-
-/// mimalloc instead of the system allocator. Every tensor op of a CPU backend allocates its
-/// output, and the AD model's are 0.1–2 MB: glibc serves those from fresh `mmap`s or trims
-/// them back to the kernel when freed, so each step paid page faults and zeroing for its
-/// whole working set again (a fifth of the AD step in `perf`). mimalloc keeps the pages.
-/// Counted: each rank's peak memory in the reports comes from here.
-#[global_allocator]
-static ALLOCATOR: kiln_core::memory::Counted<mimalloc::MiMalloc> =
-    kiln_core::memory::Counted::new(mimalloc::MiMalloc);
 
 /// Train one Burn model on many devices through pluggable parallelism strategies.
 #[derive(Parser, Debug)]
@@ -116,6 +108,7 @@ fn main() -> ExitCode {
         // Colour only for a person at a terminal who has not asked for none (no-color.org).
         .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .init();
+    allocator::keep_freed_pages();
 
     let run = std::panic::AssertUnwindSafe(|| match cli.command {
         Command::Train(args) => train::run(*args),
