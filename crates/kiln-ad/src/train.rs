@@ -188,6 +188,7 @@ pub fn train<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
         keep_optimizer_state: saver.is_some(),
         save_every: config.checkpoint.every,
         eval_every: None,
+        lengths: None,
         stop: session.stop,
     };
     let optim = optimizer(config)?;

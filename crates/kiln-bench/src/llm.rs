@@ -324,6 +324,7 @@ where
         keep_optimizer_state: false,
         save_every: None,
         eval_every: None,
+        lengths: None,
         stop: None,
     };
     // The optimizer `kiln finetune` trains with.

@@ -510,6 +510,29 @@ fn bad_inputs_are_refused_in_one_line() {
 }
 
 #[test]
+fn batches_grouped_by_length_train_alike_under_single_and_ddp() {
+    let runs: Vec<Vec<f64>> = [
+        &["--strategy", "single"][..],
+        &["--strategy", "single", "--group-by-length"],
+        &["--strategy", "ddp", "--world", "2", "--group-by-length"],
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, flags)| {
+        let out = scratch(&format!("grouped-{i}"));
+        finetune(&out, flags);
+        let run = losses(&out);
+        std::fs::remove_dir_all(out).ok();
+        run
+    })
+    .collect();
+    assert_ne!(runs[0], runs[1], "grouping changed no batch");
+    for (a, b) in runs[1].iter().zip(&runs[2]) {
+        assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+    }
+}
+
+#[test]
 fn the_checkpoint_of_the_lowest_eval_loss_survives_keep_1() {
     let out = scratch("best");
     // Held-out answers that contradict the training data's: their loss falls while the

@@ -39,6 +39,10 @@ pub struct Training<'a> {
     /// Call [`FitHooks::save`] after every this many steps (not after the last step, whose
     /// model and state [`fit`] returns); `None` never.
     pub save_every: Option<usize>,
+    /// Each sample's length, to make batches of similar lengths
+    /// ([`EpochSampler::grouped_by_length`](crate::data::EpochSampler::grouped_by_length));
+    /// `None` draws batches at random.
+    pub lengths: Option<&'a [usize]>,
     /// Call [`FitHooks::eval`] after every this many steps (not after the last step: the
     /// caller evaluates the model [`fit`] returns); `None` never. A save due at the same step
     /// comes after the evaluation, so it can record the loss.
@@ -243,7 +247,10 @@ where
         hooks,
         ..
     } = run;
-    let sampler = EpochSampler::new(data.len(), plan.global_batch(), training.seed)?;
+    let mut sampler = EpochSampler::new(data.len(), plan.global_batch(), training.seed)?;
+    if let Some(lengths) = training.lengths {
+        sampler = sampler.grouped_by_length(lengths.to_vec())?;
+    }
     let mut strategy = build(plan, devices, model, optim, data)?;
     let first = training.first_step();
     if let Some(resume) = training.resume {

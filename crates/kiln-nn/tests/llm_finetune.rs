@@ -106,6 +106,7 @@ fn train_in(
         keep_optimizer_state: false,
         save_every: None,
         eval_every: None,
+        lengths: None,
         stop: None,
     };
     let performance = PerformanceConfig {

@@ -122,6 +122,8 @@ pub struct FinetuneConfig {
     /// Activation checkpointing: each decoder layer's activations recomputed in the backward
     /// (each stage's, under pipeline stages), for one more forward a step.
     pub gradient_checkpointing: bool,
+    /// Batches of examples of similar lengths (transformers' `group_by_length`).
+    pub group_by_length: bool,
     /// Strategy, devices, steps, batch (sequences per step), learning rate and optimizer
     /// (`[train]`, as `kiln train`'s config; its `model`, `samples` and `checkpoint` are
     /// not used here).
@@ -147,6 +149,7 @@ impl Default for FinetuneConfig {
             checkpoint: CheckpointConfig::default(),
             eval: EvalSettings::default(),
             gradient_checkpointing: false,
+            group_by_length: false,
             train: TrainConfig {
                 steps: 100,
                 batch: 8,

@@ -116,6 +116,10 @@ pub struct FinetuneArgs {
     /// Also evaluate every N steps.
     #[arg(long, value_name = "N")]
     eval_every: Option<usize>,
+    /// Batches of examples of similar lengths (transformers' group_by_length), so that
+    /// padding each batch to its longest pads little.
+    #[arg(long)]
+    group_by_length: bool,
     /// Passes over the data, in place of --steps: ⌈epochs · sequences / batch⌉ steps.
     #[arg(long, conflicts_with = "steps")]
     epochs: Option<f64>,
@@ -242,6 +246,7 @@ impl FinetuneArgs {
         }
         c.lora.use_rslora |= self.use_rslora;
         c.gradient_checkpointing |= self.gradient_checkpointing;
+        c.group_by_length |= self.group_by_length;
         if let Some(dropout) = self.lora_dropout {
             c.lora.dropout = dropout;
         }
@@ -688,6 +693,12 @@ impl Job for FinetuneJob<'_> {
             loading.elapsed().as_secs_f64()
         );
         let stop = || signals.stop_requested();
+        let lengths: Option<Vec<usize>> = config
+            .group_by_length
+            .then(|| items.iter().map(|item| item.trained.len()).collect());
+        if lengths.is_some() {
+            tracing::info!("batches grouped by length: examples of similar lengths train together");
+        }
         let training = Training {
             steps: train.steps,
             seed: train.seed,
@@ -695,6 +706,7 @@ impl Job for FinetuneJob<'_> {
             resume: resume.as_ref(),
             keep_optimizer_state: saver.is_some(),
             save_every: checkpoints.every,
+            lengths: lengths.as_deref(),
             eval_every: config.eval.every,
             stop: Some(&stop),
         };

@@ -270,6 +270,7 @@ where
         keep_optimizer_state: saver.is_some(),
         save_every: checkpoints.every,
         eval_every: None,
+        lengths: None,
         stop: Some(&stop),
     };
     let bar = if main {

@@ -29,6 +29,14 @@ pub enum DataError {
     /// A global batch size of zero.
     #[error("the global batch size must be at least 1")]
     EmptyBatch,
+    /// Lengths to group batches by that are not one a sample.
+    #[error("{lengths} lengths given to group a data set of {len} samples by")]
+    Lengths {
+        /// Lengths given.
+        lengths: usize,
+        /// Samples in the data set.
+        len: usize,
+    },
     /// A data set too small for one global batch.
     #[error(
         "the data set has {len} samples, fewer than one global batch of {global_batch}; \

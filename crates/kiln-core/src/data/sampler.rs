@@ -33,6 +33,8 @@ pub struct EpochSampler {
     seed: u64,
     shuffle: bool,
     remainder: Remainder,
+    /// Each sample's length, when batches are grouped by it ([`Self::grouped_by_length`]).
+    lengths: Option<Vec<usize>>,
 }
 
 impl EpochSampler {
@@ -54,7 +56,28 @@ impl EpochSampler {
             seed,
             shuffle: true,
             remainder: Remainder::Drop,
+            lengths: None,
         })
+    }
+
+    /// Batches of samples of similar lengths, as transformers' `group_by_length` makes them
+    /// (its `LengthGroupedSampler`): each epoch's permutation is cut into mega-batches of up
+    /// to 50 global batches (fewer for a small data set, so that each epoch has four or more
+    /// of them), each sorted longest first, and the longest sample of all leads the epoch's
+    /// first batch, so that a batch too long for memory fails at once. Batches padded to
+    /// their longest then carry little padding. `lengths` holds one length per sample.
+    ///
+    /// # Errors
+    /// [`DataError::Lengths`] when `lengths` does not hold one length per sample.
+    pub fn grouped_by_length(mut self, lengths: Vec<usize>) -> Result<Self, DataError> {
+        if lengths.len() != self.len {
+            return Err(DataError::Lengths {
+                lengths: lengths.len(),
+                len: self.len,
+            });
+        }
+        self.lengths = Some(lengths);
+        Ok(self)
     }
 
     /// Sets the remainder policy.
@@ -86,6 +109,9 @@ impl EpochSampler {
             let seed = self.seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15);
             order.shuffle(&mut StdRng::seed_from_u64(seed));
         }
+        if let Some(lengths) = &self.lengths {
+            group_by_length(&mut order, lengths, self.global_batch);
+        }
         order
             .chunks(self.global_batch)
             .take(self.steps_per_epoch())
@@ -96,6 +122,23 @@ impl EpochSampler {
     /// An endless sequence of global batches, epoch after epoch.
     pub fn batches(&self) -> impl Iterator<Item = Vec<usize>> + '_ {
         (0..).flat_map(move |epoch| self.epoch(epoch))
+    }
+}
+
+/// Sorts each mega-batch of `order` (up to 50 global batches, at least four mega-batches an
+/// epoch where the data allows) longest first, then swaps the longest sample of all to the
+/// front, as transformers' `get_length_grouped_indices` does.
+fn group_by_length(order: &mut [usize], lengths: &[usize], global_batch: usize) {
+    let mult = (order.len() / (global_batch * 4)).clamp(1, 50);
+    for mega in order.chunks_mut(mult * global_batch) {
+        // Stable, so equal lengths keep the permutation's order.
+        mega.sort_by_key(|&i| std::cmp::Reverse(lengths[i]));
+    }
+    let longest = (0..order.len())
+        .step_by(mult * global_batch)
+        .max_by_key(|&start| (lengths[order[start]], std::cmp::Reverse(start)));
+    if let Some(longest) = longest {
+        order.swap(0, longest);
     }
 }
 
@@ -139,5 +182,35 @@ mod tests {
                 global_batch: 4
             }
         );
+    }
+
+    #[test]
+    fn grouped_by_length_batches_hold_similar_lengths_and_the_longest_comes_first() {
+        // 400 samples of lengths 1..=400, batches of 4: 25 mega-batches of 16.
+        let lengths: Vec<usize> = (0..400).map(|i| (i * 37) % 400 + 1).collect();
+        let plain = EpochSampler::new(400, 4, 9).unwrap();
+        let grouped = plain.clone().grouped_by_length(lengths.clone()).unwrap();
+        let spread = |batches: &[Vec<usize>]| -> usize {
+            let span = |b: &Vec<usize>| {
+                let l: Vec<usize> = b.iter().map(|&i| lengths[i]).collect();
+                l.iter().max().unwrap() - l.iter().min().unwrap()
+            };
+            batches.iter().map(span).sum()
+        };
+        for epoch in 0..3 {
+            let batches = grouped.epoch(epoch);
+            let mut seen = batches.concat();
+            seen.sort_unstable();
+            assert_eq!(seen, (0..400).collect::<Vec<_>>(), "a permutation");
+            assert_eq!(lengths[batches[0][0]], 400, "the longest leads");
+            // Far less padding than random batches, and the same samples as the seed's.
+            assert!(spread(&batches) * 4 < spread(&plain.epoch(epoch)));
+            assert_eq!(batches, grouped.epoch(epoch), "seeded");
+        }
+        assert_ne!(grouped.epoch(0), grouped.epoch(1));
+        assert!(matches!(
+            plain.grouped_by_length(vec![1; 3]),
+            Err(DataError::Lengths { .. })
+        ));
     }
 }
