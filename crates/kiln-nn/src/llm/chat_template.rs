@@ -95,6 +95,10 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         env.set_fuel(Some(FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("strftime_now", |format: String| -> Result<String, Error> {
+            super::strftime::strftime_now(&format)
+                .map_err(|message| Error::new(ErrorKind::InvalidOperation, message))
+        });
         env.add_function(
             "raise_exception",
             |message: String| -> Result<Value, Error> {
@@ -267,6 +271,30 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("line 1"), "{e}");
+    }
+
+    #[test]
+    fn llama_3_s_date_comes_from_strftime_now_as_in_transformers() {
+        // LLaMA 3.1's and 3.2's templates: today's date where `strftime_now` is defined.
+        let source = "{%- if strftime_now is defined %}{%- set date = strftime_now(\"%d %b %Y\") \
+                      %}{%- else %}{%- set date = \"26 Jul 2024\" %}{%- endif %}Today: {{ date }}";
+        let template =
+            ChatTemplate::new(source, Path::new("t.jinja"), SpecialTokens::default()).unwrap();
+        let today = super::super::strftime::strftime_now("%d %b %Y").unwrap();
+        assert_eq!(
+            template.render(&[], false).unwrap(),
+            format!("Today: {today}")
+        );
+        let bad = "{{ strftime_now('%Q') }}";
+        let template =
+            ChatTemplate::new(bad, Path::new("t.jinja"), SpecialTokens::default()).unwrap();
+        assert!(
+            template
+                .render(&[], false)
+                .unwrap_err()
+                .to_string()
+                .contains("%Q")
+        );
     }
 
     #[test]

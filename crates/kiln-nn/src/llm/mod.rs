@@ -34,6 +34,7 @@ mod proj;
 mod rope;
 mod save;
 mod stages;
+mod strftime;
 mod tensor_parallel;
 mod tokenizer;
 mod train;
