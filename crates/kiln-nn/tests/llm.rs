@@ -219,9 +219,40 @@ fn merged_adapters_save_as_a_plain_checkpoint_that_loads_to_the_same_logits() {
         || std::env::temp_dir().join(format!("kiln-llm-{}-merged", std::process::id())),
         PathBuf::from,
     );
-    model.save_pretrained(&dir, &fixture("llama")).unwrap();
-    // A complete folder: the base's tokenizer travels with it.
-    assert!(dir.join("tokenizer.json").is_file());
+    // A base folder with an instruct model's files: each travels with the merged model, so
+    // that it keeps its chat template and its end of turn.
+    let base_dir = std::env::temp_dir().join(format!("kiln-llm-{}-instruct", std::process::id()));
+    std::fs::create_dir_all(&base_dir).unwrap();
+    for file in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(fixture(&format!("llama/{file}")), base_dir.join(file)).unwrap();
+    }
+    let companions = [
+        ("tokenizer_config.json", "{\"eos_token\": \"</s>\"}"),
+        (
+            "chat_template.jinja",
+            "{% for m in messages %}{{ m.content }}{% endfor %}",
+        ),
+        ("generation_config.json", "{\"eos_token_id\": [2]}"),
+        ("special_tokens_map.json", "{\"eos_token\": \"</s>\"}"),
+    ];
+    for (file, text) in companions {
+        std::fs::write(base_dir.join(file), text).unwrap();
+    }
+    model.save_pretrained(&dir, &base_dir).unwrap();
+    for file in ["tokenizer.json", "config.json"]
+        .into_iter()
+        .chain(companions.map(|c| c.0))
+    {
+        assert_eq!(
+            std::fs::read(dir.join(file)).unwrap(),
+            std::fs::read(base_dir.join(file)).unwrap(),
+            "{file}"
+        );
+    }
+    let config = kiln_nn::llm::load_config(&dir).unwrap();
+    let tokenizer = kiln_nn::llm::LlmTokenizer::from_dir(&dir, &config).unwrap();
+    assert!(tokenizer.chat_template().is_some());
+    std::fs::remove_dir_all(&base_dir).ok();
     let (_, loaded) = load::<B>(&dir, &device).unwrap();
     let again = loaded.forward(input).into_data().to_vec::<f32>().unwrap();
     assert!(max_abs_diff(&again, &reference) < 1e-4);

@@ -55,6 +55,7 @@ pub use model::{Attention, CausalLm, Decoder, DecoderLayer, Mlp, ProjBuilder};
 pub use peft::{ALL_LINEAR, LoraSpec, TARGET_MODULES, check_peft_base, expand_target_modules};
 pub use proj::{Proj, QuantizedBase};
 pub use rope::{Rope, RopeTables};
+pub use save::COMPANIONS;
 pub use stages::CausalLmStage;
 pub use tensor_parallel::ShardedCausalLm;
 pub use tokenizer::LlmTokenizer;

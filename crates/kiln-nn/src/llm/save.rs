@@ -12,6 +12,21 @@ use super::folder::{INDEX, SINGLE as WEIGHTS, regular_file};
 use super::{CausalLm, LlmError};
 use crate::tensor_parallel::ShardedBackend;
 
+/// The files of a model folder besides its config and weights that a merged model keeps:
+/// the tokenizer (fast and slow), its special tokens and chat template, and the generation
+/// settings (end-of-turn tokens, sampling defaults).
+pub const COMPANIONS: [&str; 9] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+    "tokenizer.model",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+];
+
 impl<B: ShardedBackend> CausalLm<B> {
     /// This model with every adapter folded into its base weight (`W + scale·A·B`) and
     /// removed: one matmul per projection again, and a plain checkpoint to save. A 4-bit base
@@ -24,9 +39,10 @@ impl<B: ShardedBackend> CausalLm<B> {
     }
 
     /// Writes the model into `dir` as a Hugging Face folder: `model.safetensors` (f32, Hugging
-    /// Face's names and layouts, `format: pt`), and the `config.json` and (when it has one)
-    /// `tokenizer.json` of `base_dir`, the folder the base was loaded from. Adapters are written merged; call [`Self::save_peft`] to keep
-    /// them apart instead.
+    /// Face's names and layouts, `format: pt`), and the `config.json` of `base_dir`, the
+    /// folder the base was loaded from, with every tokenizer and generation file it has
+    /// ([`COMPANIONS`]). Adapters are written merged; call [`Self::save_peft`] to keep them
+    /// apart instead.
     ///
     /// The folder is written beside `dir` and swapped in whole: a crash or a full disk leaves
     /// the previous folder as it was.
@@ -56,9 +72,11 @@ impl<B: ShardedBackend> CausalLm<B> {
             ))
         })?;
         sync_file(&path).map_err(failed)?;
-        // The base folder's config, and its tokenizer when it has one, so the folder is
-        // complete.
-        for (name, required) in [("config.json", true), ("tokenizer.json", false)] {
+        // The base folder's config, and every tokenizer and generation file it has, so that
+        // the folder is complete: an instruct model keeps its chat template and end of turn.
+        let files = std::iter::once(("config.json", true))
+            .chain(COMPANIONS.iter().map(|&name| (name, false)));
+        for (name, required) in files {
             let Some(from) = regular_file(base_dir, name)? else {
                 if required {
                     return Err(LlmError::NoConfig {
