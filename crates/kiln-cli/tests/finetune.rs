@@ -251,8 +251,28 @@ fn conversations_train_through_a_chat_template_the_same_under_single_and_ddp() {
 #[test]
 fn generate_continues_a_prompt_greedily_and_with_the_fine_tuned_adapters() {
     let out = scratch("generate");
-    // Trained with PEFT's usual dropout, which the adapters' config records.
-    finetune(&out, &["--lora-dropout", "0.1"]);
+    // Trained with PEFT's usual dropout, which the adapters' config records; merged in bf16
+    // (the fixture's base is f32), its config saying so.
+    let merged = out.join("merged");
+    finetune(
+        &out,
+        &[
+            "--lora-dropout",
+            "0.1",
+            "--merged",
+            merged.to_str().unwrap(),
+            "--merged-dtype",
+            "bf16",
+        ],
+    );
+    assert_eq!(
+        kiln_nn::llm::stored_dtype(&merged).unwrap(),
+        burn::tensor::DType::BF16
+    );
+    let merged_config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(merged.join("config.json")).unwrap())
+            .unwrap();
+    assert_eq!(merged_config["dtype"], "bfloat16");
     let config: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(out.join("adapters/adapter_config.json")).unwrap(),
     )

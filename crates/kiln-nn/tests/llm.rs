@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use burn::backend::Flex;
-use burn::tensor::{Int, Tensor, TensorData, activation::log_softmax};
+use burn::tensor::{DType, Int, Tensor, TensorData, activation::log_softmax};
 use kiln_nn::llm::{LlmError, load};
 
 type B = Flex;
@@ -239,10 +239,14 @@ fn merged_adapters_save_as_a_plain_checkpoint_that_loads_to_the_same_logits() {
         std::fs::write(base_dir.join(file), text).unwrap();
     }
     model.save_pretrained(&dir, &base_dir).unwrap();
-    for file in ["tokenizer.json", "config.json"]
-        .into_iter()
-        .chain(companions.map(|c| c.0))
-    {
+    let json = |path: PathBuf| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    };
+    assert_eq!(
+        json(dir.join("config.json")),
+        json(base_dir.join("config.json"))
+    );
+    for file in std::iter::once("tokenizer.json").chain(companions.map(|c| c.0)) {
         assert_eq!(
             std::fs::read(dir.join(file)).unwrap(),
             std::fs::read(base_dir.join(file)).unwrap(),
@@ -253,6 +257,46 @@ fn merged_adapters_save_as_a_plain_checkpoint_that_loads_to_the_same_logits() {
     let tokenizer = kiln_nn::llm::LlmTokenizer::from_dir(&dir, &config).unwrap();
     assert!(tokenizer.chat_template().is_some());
     std::fs::remove_dir_all(&base_dir).ok();
+
+    // A bf16 base's merged model is written in bf16 (the merge in f32, rounded once), its
+    // config saying so; in f32 when asked.
+    let bf16 = fixture("llama/bf16");
+    let (_, base16) = load::<B>(&bf16, &device).unwrap();
+    let (model16, _) = base16.load_peft(&fixture("llama-peft")).unwrap();
+    let merged16 = model16.clone().merge_lora();
+    let dir16 = dir.with_extension("bf16");
+    model16.save_pretrained(&dir16, &bf16).unwrap();
+    assert_eq!(kiln_nn::llm::stored_dtype(&dir16).unwrap(), DType::BF16);
+    assert_eq!(json(dir16.join("config.json"))["dtype"], "bfloat16");
+    let weights = std::fs::metadata(dir16.join("model.safetensors"))
+        .unwrap()
+        .len();
+    let exact = merged16
+        .forward(input.clone())
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap();
+    let (_, loaded16) = load::<B>(&dir16, &device).unwrap();
+    let rounded = loaded16
+        .forward(input.clone())
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap();
+    let scale = exact.iter().fold(0f32, |m, v| m.max(v.abs()));
+    assert!(
+        max_abs_diff(&rounded, &exact) < 2e-2 * scale,
+        "bf16 rounding only"
+    );
+    model16
+        .save_pretrained_as(&dir16, &bf16, DType::F32)
+        .unwrap();
+    assert_eq!(kiln_nn::llm::stored_dtype(&dir16).unwrap(), DType::F32);
+    assert_eq!(json(dir16.join("config.json"))["dtype"], "float32");
+    let wide = std::fs::metadata(dir16.join("model.safetensors"))
+        .unwrap()
+        .len();
+    assert!(wide > weights * 19 / 10, "{wide} vs {weights}");
+    std::fs::remove_dir_all(&dir16).ok();
     let (_, loaded) = load::<B>(&dir, &device).unwrap();
     let again = loaded.forward(input).into_data().to_vec::<f32>().unwrap();
     assert!(max_abs_diff(&again, &reference) < 1e-4);

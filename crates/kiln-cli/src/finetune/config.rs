@@ -78,6 +78,47 @@ impl EvalSettings {
     }
 }
 
+/// The dtype a merged model is written in.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum MergedDtype {
+    /// The dtype the base folder stores its weights in.
+    #[default]
+    Auto,
+    /// 32-bit floats.
+    F32,
+    /// bfloat16.
+    Bf16,
+    /// IEEE half precision.
+    F16,
+}
+
+impl MergedDtype {
+    /// The dtype to write a model whose base lies in `base_dir` in.
+    ///
+    /// # Errors
+    /// A base folder whose weights cannot be read (for `auto`).
+    pub fn resolve(self, base_dir: &Path) -> Result<burn::tensor::DType, kiln_nn::llm::LlmError> {
+        use burn::tensor::DType;
+        Ok(match self {
+            Self::Auto => kiln_nn::llm::stored_dtype(base_dir)?,
+            Self::F32 => DType::F32,
+            Self::Bf16 => DType::BF16,
+            Self::F16 => DType::F16,
+        })
+    }
+}
+
 /// Everything `kiln finetune` needs.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -100,6 +141,8 @@ pub struct FinetuneConfig {
     /// anywhere.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub merged: Option<PathBuf>,
+    /// The merged model's dtype: its base's (`auto`), or `f32`, `bf16`, `f16`.
+    pub merged_dtype: MergedDtype,
     /// QLoRA: every projection quantised to 4 bits as it is loaded.
     pub load_in_4bit: bool,
     /// The 4-bit code book and scale precision (`[quant]`).
@@ -140,6 +183,7 @@ impl Default for FinetuneConfig {
             train_on: TrainOn::Completion,
             output: PathBuf::from("finetuned"),
             merged: None,
+            merged_dtype: MergedDtype::Auto,
             load_in_4bit: false,
             quant: QuantConfig::new(),
             seq_len: None,
@@ -290,6 +334,7 @@ impl FinetuneConfig {
                 chat_template: c.chat_template.clone().filter(|_| !digested),
                 output: PathBuf::new(),
                 merged: None,
+                merged_dtype: MergedDtype::Auto,
                 checkpoint: CheckpointConfig::default(),
                 // Where the held-out data lies and how often it is read change no step;
                 // the fraction held out of --data changes what trains.

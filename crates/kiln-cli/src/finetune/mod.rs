@@ -29,7 +29,7 @@ use kiln_nn::llm::{
 };
 use kiln_nn::tensor_parallel::ShardedBackend;
 
-pub use config::{CONFIG_FILE, FinetuneConfig, FinetuneConfigError};
+pub use config::{CONFIG_FILE, FinetuneConfig, FinetuneConfigError, MergedDtype};
 use eval::Evaluator;
 use log::{RunLog, StepRecord};
 use report::FinetuneReport;
@@ -77,6 +77,9 @@ pub struct FinetuneArgs {
     /// Also write the model with the adapters merged, as a Hugging Face folder.
     #[arg(long, value_name = "DIR")]
     merged: Option<PathBuf>,
+    /// The merged model's dtype [default: auto, the base folder's].
+    #[arg(long, value_enum, requires = "merged")]
+    merged_dtype: Option<MergedDtype>,
     /// QLoRA: quantise every projection to 4 bits (NF4) as it is loaded.
     #[arg(long)]
     load_in_4bit: bool,
@@ -233,6 +236,9 @@ impl FinetuneArgs {
         }
         if let Some(merged) = self.merged {
             c.merged = Some(merged);
+        }
+        if let Some(dtype) = self.merged_dtype {
+            c.merged_dtype = dtype;
         }
         c.load_in_4bit |= self.load_in_4bit;
         if let Some(rank) = self.lora_rank {
@@ -810,7 +816,7 @@ impl Job for FinetuneJob<'_> {
         }
         if let Some(merged) = config.merged.as_ref().filter(|_| main) {
             // With the tokenizer: the folder is complete.
-            trained.save_pretrained(merged, dir)?;
+            trained.save_pretrained_as(merged, dir, config.merged_dtype.resolve(dir)?)?;
         }
         let steps = record.losses.len();
         Ok(FinetuneReport {

@@ -4,17 +4,16 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, DType, ElementConversion, Int, Tensor, TensorData};
 use burn_store::{
-    ChainAdapter, ModuleAdapter, ModuleSnapshot, ModuleStore, PyTorchToBurnAdapter,
-    SafetensorsStore, TensorSnapshot,
+    ChainAdapter, ModuleSnapshot, ModuleStore, PyTorchToBurnAdapter, SafetensorsStore,
 };
 use kiln_kernels::quant::{HostQuantized, QuantizedWeight};
 
+use super::dtype::ConvertFloats;
 use super::error::non_finite;
 use super::folder::{regular_file, weight_files};
 use super::{CausalLm, LlmConfig, LlmError, Proj, QuantizedBase};
@@ -154,7 +153,12 @@ fn fill<B: ShardedBackend>(
     let mut applied = HashSet::new();
     for file in files {
         let mut store = open(file)
-            .with_from_adapter(ChainAdapter::new(PyTorchToBurnAdapter, ToF32))
+            // Kiln computes the base in f32 (bf16 and f16 checkpoints are common, and a Flex
+            // matmul of mixed dtypes fails).
+            .with_from_adapter(ChainAdapter::new(
+                PyTorchToBurnAdapter,
+                ConvertFloats { to: DType::F32 },
+            ))
             // Each shard holds part of the model; the union is checked below.
             .allow_partial(true);
         let result = model
@@ -410,30 +414,4 @@ fn hf_name(path: &str) -> String {
     let path = path.replace("_proj.base.", "_proj.");
     path.strip_suffix(".gamma")
         .map_or_else(|| path.clone(), |p| format!("{p}.weight"))
-}
-
-/// Converts every half- or double-precision tensor to f32 as it is read: Kiln computes the
-/// base in f32 (bf16 and f16 checkpoints are common, and a Flex matmul of mixed dtypes fails).
-#[derive(Debug, Clone, Copy)]
-struct ToF32;
-
-impl ModuleAdapter for ToF32 {
-    fn adapt(&self, snapshot: &TensorSnapshot) -> TensorSnapshot {
-        if !matches!(snapshot.dtype, DType::F16 | DType::BF16 | DType::F64) {
-            return snapshot.clone();
-        }
-        let read = snapshot.clone_data_fn();
-        TensorSnapshot::from_closure(
-            Rc::new(move || Ok(read()?.convert_dtype(DType::F32))),
-            DType::F32,
-            snapshot.shape.clone(),
-            snapshot.path_stack.clone().unwrap_or_default(),
-            snapshot.container_stack.clone().unwrap_or_default(),
-            snapshot.tensor_id.unwrap_or_default(),
-        )
-    }
-
-    fn clone_box(&self) -> Box<dyn ModuleAdapter> {
-        Box::new(*self)
-    }
 }

@@ -23,6 +23,7 @@ mod chat_template;
 mod checkpointing;
 mod config;
 mod data;
+mod dtype;
 mod error;
 mod eval;
 mod folder;
@@ -46,6 +47,7 @@ pub use config::{LlmConfig, ModelType, RopeScaling};
 pub use data::{
     DataFormat, DataSet, Example, Packing, TokenizeOptions, Tokenized, TrainOn, tokenize,
 };
+pub use dtype::stored_dtype;
 pub use error::LlmError;
 pub use eval::EvalLoss;
 pub use folder::model_files;

@@ -5,9 +5,11 @@
 
 use std::path::Path;
 
-use burn_store::{BurnToPyTorchAdapter, ModuleSnapshot, SafetensorsStore};
+use burn::tensor::DType;
+use burn_store::{BurnToPyTorchAdapter, ChainAdapter, ModuleSnapshot, SafetensorsStore};
 use kiln_core::output::{OutputError, Staging};
 
+use super::dtype::{ConvertFloats, torch_name};
 use super::folder::{INDEX, SINGLE as WEIGHTS, regular_file};
 use super::{CausalLm, LlmError};
 use crate::tensor_parallel::ShardedBackend;
@@ -38,9 +40,20 @@ impl<B: ShardedBackend> CausalLm<B> {
         self
     }
 
-    /// Writes the model into `dir` as a Hugging Face folder: `model.safetensors` (f32, Hugging
-    /// Face's names and layouts, `format: pt`), and the `config.json` of `base_dir`, the
-    /// folder the base was loaded from, with every tokenizer and generation file it has
+    /// Writes the model into `dir` as a Hugging Face folder in the dtype its base is stored in
+    /// ([`super::stored_dtype`] of `base_dir`, the folder the base was loaded from): see
+    /// [`Self::save_pretrained_as`].
+    ///
+    /// # Errors
+    /// As [`Self::save_pretrained_as`], and a base folder whose weights cannot be read.
+    pub fn save_pretrained(&self, dir: &Path, base_dir: &Path) -> Result<(), LlmError> {
+        self.save_pretrained_as(dir, base_dir, super::stored_dtype(base_dir)?)
+    }
+
+    /// Writes the model into `dir` as a Hugging Face folder: `model.safetensors` in `dtype`
+    /// (f32, bf16 or f16; the merge computed in f32 and rounded once; Hugging Face's names and
+    /// layouts, `format: pt`), and the `config.json` of `base_dir` (its `torch_dtype` set to
+    /// `dtype`), with every tokenizer and generation file the base folder has
     /// ([`COMPANIONS`]). Adapters are written merged; call [`Self::save_peft`] to keep them
     /// apart instead.
     ///
@@ -50,7 +63,17 @@ impl<B: ShardedBackend> CausalLm<B> {
     /// # Errors
     /// [`LlmError::Output`] when a file cannot be written; [`LlmError::NonFinite`] for a
     /// merged weight that is NaN or infinite; the base's config missing.
-    pub fn save_pretrained(&self, dir: &Path, base_dir: &Path) -> Result<(), LlmError> {
+    pub fn save_pretrained_as(
+        &self,
+        dir: &Path,
+        base_dir: &Path,
+        dtype: DType,
+    ) -> Result<(), LlmError> {
+        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
+            return Err(LlmError::Adapter(format!(
+                "a merged model is written in f32, bf16 or f16, not {dtype:?}"
+            )));
+        }
         let merged = self.clone().merge_lora();
         // A merged NaN (a diverged adapter, a damaged base) would replace a good model with
         // one that generates garbage.
@@ -58,7 +81,10 @@ impl<B: ShardedBackend> CausalLm<B> {
         let staging = Staging::new(dir)?;
         let path = staging.path().join(WEIGHTS);
         let mut store = SafetensorsStore::from_file(path.clone())
-            .with_to_adapter(BurnToPyTorchAdapter)
+            .with_to_adapter(ChainAdapter::new(
+                BurnToPyTorchAdapter,
+                ConvertFloats { to: dtype },
+            ))
             .with_key_remapping(r"^(.*norm)\.gamma$", "$1.weight")
             .with_key_remapping(r"^(.*_proj)\.base\.(weight|bias)$", "$1.$2")
             .metadata("format", "pt")
@@ -86,7 +112,11 @@ impl<B: ShardedBackend> CausalLm<B> {
                 continue;
             };
             let to = staging.path().join(name);
-            std::fs::copy(&from, &to).map_err(|e| {
+            let copied = match name {
+                "config.json" => config_in(&from, dtype).and_then(|text| std::fs::write(&to, text)),
+                _ => std::fs::copy(&from, &to).map(drop),
+            };
+            copied.map_err(|e| {
                 LlmError::Output(staging.named(name, OutputError::io("copy", &to, e)))
             })?;
             sync_file(&to).map_err(|e| LlmError::Output(staging.named(name, e)))?;
@@ -100,6 +130,27 @@ impl<B: ShardedBackend> CausalLm<B> {
         })?;
         Ok(())
     }
+}
+
+/// The text of the config `path` with its dtype (`torch_dtype`, and transformers 5's
+/// `dtype`) set to `dtype`: transformers loads a checkpoint in the dtype its config names.
+fn config_in(path: &Path, dtype: DType) -> std::io::Result<String> {
+    let text = std::fs::read_to_string(path)?;
+    let mut config: serde_json::Value =
+        serde_json::from_str(&text).map_err(std::io::Error::other)?;
+    if let Some(fields) = config.as_object_mut() {
+        let name = serde_json::Value::from(torch_name(dtype));
+        let named = ["torch_dtype", "dtype"].map(|key| fields.contains_key(key));
+        for (key, present) in ["torch_dtype", "dtype"].iter().zip(named) {
+            if present {
+                fields.insert((*key).to_string(), name.clone());
+            }
+        }
+        if !named.contains(&true) {
+            fields.insert("torch_dtype".into(), name);
+        }
+    }
+    serde_json::to_string_pretty(&config).map_err(std::io::Error::other)
 }
 
 /// Syncs a file written by a library that does not.
