@@ -41,13 +41,18 @@ impl<B: ShardedBackend> CausalLm<B> {
     }
 
     /// Writes the model into `dir` as a Hugging Face folder in the dtype its base is stored in
-    /// ([`super::stored_dtype`] of `base_dir`, the folder the base was loaded from): see
+    /// ([`super::stored_dtype`] of `base_dir`, the folder the base was loaded from; f32 for a
+    /// base folder without weights, a model built from its config): see
     /// [`Self::save_pretrained_as`].
     ///
     /// # Errors
     /// As [`Self::save_pretrained_as`], and a base folder whose weights cannot be read.
     pub fn save_pretrained(&self, dir: &Path, base_dir: &Path) -> Result<(), LlmError> {
-        self.save_pretrained_as(dir, base_dir, super::stored_dtype(base_dir)?)
+        let dtype = match super::stored_dtype(base_dir) {
+            Err(LlmError::NoWeights { .. }) => DType::F32,
+            stored => stored?,
+        };
+        self.save_pretrained_as(dir, base_dir, dtype)
     }
 
     /// Writes the model into `dir` as a Hugging Face folder: `model.safetensors` in `dtype`
