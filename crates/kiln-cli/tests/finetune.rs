@@ -324,7 +324,7 @@ fn generate_continues_a_prompt_greedily_and_with_the_fine_tuned_adapters() {
 
 #[test]
 fn generate_chat_renders_the_template_and_stops_at_the_end_of_turn() {
-    let out = scratch("chat");
+    let out = scratch("generate-chat");
     let model = fixture("llama");
     // The template writes the beginning-of-sequence token itself, as LLaMA 3's does.
     let template = out.join("chat_template.jinja");
