@@ -80,6 +80,11 @@ fn qwen2_with_qkv_biases_and_tied_embeddings_matches_transformers() {
     check("qwen2");
 }
 
+#[test]
+fn qwen3_with_per_head_qk_norms_and_its_own_head_dim_matches_transformers() {
+    check("qwen3");
+}
+
 /// A scratch copy of the llama fixture's f32 folder, `config.json` edited by `edit`.
 fn edited(name: &str, edit: impl Fn(&mut serde_json::Value)) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("kiln-llm-{}-{name}", std::process::id()));

@@ -230,6 +230,13 @@ fn lora_on_llama_trains_the_same_adapters_through_single_ddp_pipeline_and_tensor
     strategies_agree(&adapted(base), true);
 }
 
+/// Qwen3's per-head query and key norms are replicated on every tensor-parallel shard.
+#[test]
+fn lora_on_qwen3_trains_the_same_adapters_through_single_ddp_pipeline_and_tensor() {
+    let (_, base) = load::<A>(&fixture("qwen3"), &Default::default()).unwrap();
+    strategies_agree(&adapted(base), true);
+}
+
 /// Qwen2's head is tied to its embedding, which the pipeline's last stage holds a copy of.
 #[test]
 fn qlora_on_tied_qwen2_trains_the_same_adapters_through_single_ddp_and_pipeline() {

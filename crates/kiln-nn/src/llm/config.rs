@@ -20,6 +20,9 @@ pub enum ModelType {
     Mistral,
     /// Qwen2 and Qwen2.5: biases on the query, key and value projections.
     Qwen2,
+    /// Qwen3: an RMSNorm over each query and key head before the rotation, and a `head_dim`
+    /// of its own (not `hidden / heads`).
+    Qwen3,
 }
 
 impl std::fmt::Display for ModelType {
@@ -28,6 +31,7 @@ impl std::fmt::Display for ModelType {
             ModelType::Llama => "llama",
             ModelType::Mistral => "mistral",
             ModelType::Qwen2 => "qwen2",
+            ModelType::Qwen3 => "qwen3",
         })
     }
 }
@@ -81,6 +85,9 @@ pub struct LlmConfig {
     pub qkv_bias: bool,
     /// Whether the output projection has a bias.
     pub o_bias: bool,
+    /// Whether each query and key head is RMS-normalised (over `head_dim`, one gain each for
+    /// queries and keys) before the rotation: Qwen3's `q_norm` and `k_norm`.
+    pub qk_norm: bool,
     /// The end-of-sequence tokens (`eos_token_id`, one id or a list); empty when not given.
     pub eos_token_ids: Vec<u32>,
 }
@@ -177,6 +184,7 @@ impl LlmConfig {
             Some("llama") => ModelType::Llama,
             Some("mistral") => ModelType::Mistral,
             Some("qwen2") => ModelType::Qwen2,
+            Some("qwen3") => ModelType::Qwen3,
             Some(other) => return Err(LlmError::Architecture(other.to_string())),
             None => return Err(bad("model_type is missing".to_string())),
         };
@@ -218,7 +226,9 @@ impl LlmConfig {
         )?;
         let sliding = match model_type {
             ModelType::Mistral => raw.sliding_window,
-            ModelType::Qwen2 if raw.use_sliding_window == Some(true) => raw.sliding_window,
+            ModelType::Qwen2 | ModelType::Qwen3 if raw.use_sliding_window == Some(true) => {
+                raw.sliding_window
+            }
             _ => None,
         };
         if let Some(window) = sliding.filter(|&w| w < max_position_embeddings) {
@@ -268,6 +278,7 @@ impl LlmConfig {
             max_position_embeddings,
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
             qkv_bias,
+            qk_norm: model_type == ModelType::Qwen3,
             o_bias,
             eos_token_ids,
         })
@@ -281,7 +292,8 @@ impl LlmConfig {
             self.num_key_value_heads * self.head_dim,
         );
         let bias = if self.qkv_bias { q + 2 * kv } else { 0 } + if self.o_bias { d } else { 0 };
-        let layer = d * q + 2 * d * kv + q * d + 3 * d * f + 2 * d + bias;
+        let qk_norm = if self.qk_norm { 2 * self.head_dim } else { 0 };
+        let layer = d * q + 2 * d * kv + q * d + 3 * d * f + 2 * d + bias + qk_norm;
         let head = if self.tie_word_embeddings { 0 } else { v * d };
         v * d + self.num_hidden_layers * layer + d + head
     }

@@ -61,8 +61,8 @@ pub enum LlmError {
     },
     /// An architecture Kiln does not build.
     #[error(
-        "model_type '{0}' is not supported; Kiln loads llama, mistral and qwen2 (LLaMA-family \
-         decoders)"
+        "model_type '{0}' is not supported; Kiln loads llama, mistral, qwen2 and qwen3 \
+         (LLaMA-family decoders)"
     )]
     Architecture(String),
     /// A rotary scaling Kiln does not implement.

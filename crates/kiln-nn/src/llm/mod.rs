@@ -4,8 +4,8 @@
 //!
 //! The architecture is LLaMA's: token embedding → pre-norm blocks (RMSNorm, grouped-query
 //! attention with rotary position embeddings, SwiGLU) → final RMSNorm → LM head, tied to the
-//! embedding or not. `model_type` `llama`, `mistral` and `qwen2` (biases on q, k, v) load;
-//! others are refused in one line ([`LlmError`]).
+//! embedding or not. `model_type` `llama`, `mistral`, `qwen2` (biases on q, k, v) and `qwen3`
+//! (per-head q/k norms) load; others are refused in one line ([`LlmError`]).
 //!
 //! LoRA adapters attach to any of the seven projections of every layer
 //! ([`CausalLm::with_lora`], the base frozen, in f32 or 4 bits: [`load_4bit`]), and are saved

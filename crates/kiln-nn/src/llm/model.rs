@@ -21,6 +21,10 @@ pub struct Attention<B: ShardedBackend> {
     pub v_proj: Proj<B>,
     /// Output: `heads × head_dim → hidden`.
     pub o_proj: Proj<B>,
+    /// Qwen3's RMSNorm over each query head (`[head_dim]`), before the rotation.
+    pub q_norm: Option<RmsNorm<B>>,
+    /// Qwen3's RMSNorm over each key head.
+    pub k_norm: Option<RmsNorm<B>>,
     pub(super) heads: usize,
     pub(super) kv_heads: usize,
     pub(super) head_dim: usize,
@@ -45,6 +49,11 @@ impl<B: ShardedBackend> Attention<B> {
         let (h, kv, d) = (self.heads, self.kv_heads, self.head_dim);
         let q = self.q_proj.forward(x.clone()).reshape([batch, n, h, d]);
         let k = self.k_proj.forward(x.clone()).reshape([batch, n, kv, d]);
+        let norm = |x: Tensor<B, 4>, norm: &Option<RmsNorm<B>>| match norm {
+            Some(norm) => rms_norm(norm, x),
+            None => x,
+        };
+        let (q, k) = (norm(q, &self.q_norm), norm(k, &self.k_norm));
         let v = self.v_proj.forward(x);
         let q = rope.apply(q).reshape([batch, n, h * d]);
         let k = rope.apply(k).reshape([batch, n, kv * d]);
@@ -171,6 +180,11 @@ impl LlmConfig {
                 .with_epsilon(self.rms_norm_eps)
                 .init::<B>(device)
         };
+        let head_norm = || {
+            RmsNormConfig::new(self.head_dim)
+                .with_epsilon(self.rms_norm_eps)
+                .init::<B>(device)
+        };
         let mut layers = Vec::with_capacity(self.num_hidden_layers);
         for i in 0..self.num_hidden_layers {
             let attn = format!("model.layers.{i}.self_attn");
@@ -182,6 +196,8 @@ impl LlmConfig {
                     k_proj: proj(&format!("{attn}.k_proj"), d, kv, self.qkv_bias)?,
                     v_proj: proj(&format!("{attn}.v_proj"), d, kv, self.qkv_bias)?,
                     o_proj: proj(&format!("{attn}.o_proj"), q, d, self.o_bias)?,
+                    q_norm: self.qk_norm.then(head_norm),
+                    k_norm: self.qk_norm.then(head_norm),
                     heads: self.num_attention_heads,
                     kv_heads: self.num_key_value_heads,
                     head_dim: self.head_dim,

@@ -215,6 +215,17 @@ impl<B: ShardedBackend> DecoderLayer<B> {
         heads(a.heads, tp)?;
         divides(&format!("layer {i}'s key/value heads"), a.kv_heads, tp)?;
         let name = |p: &str| format!("model.layers.{i}.{p}");
+        // Qwen3's per-head norms are replicated: every shard holds the whole gain and applies
+        // it to its own heads. A gain that trained would take its gradient from each shard's
+        // heads only, and those parts would need summing; fine-tuning keeps it frozen.
+        for (norm, which) in [(&a.q_norm, "q_norm"), (&a.k_norm, "k_norm")] {
+            if norm.as_ref().is_some_and(|n| n.gamma.is_require_grad()) {
+                return Err(ShardError::Unsupported {
+                    what: name(&format!("self_attn.{which}")),
+                    why: "a trainable per-head norm is not sharded; freeze it (LoRA does)".into(),
+                });
+            }
+        }
         Ok(Self {
             input_layernorm: fresh(&self.input_layernorm),
             self_attn: Attention {
@@ -222,6 +233,8 @@ impl<B: ShardedBackend> DecoderLayer<B> {
                 k_proj: a.k_proj.shard(&name("self_attn.k_proj"), true, group)?,
                 v_proj: a.v_proj.shard(&name("self_attn.v_proj"), true, group)?,
                 o_proj: a.o_proj.shard(&name("self_attn.o_proj"), false, group)?,
+                q_norm: a.q_norm.as_ref().map(fresh),
+                k_norm: a.k_norm.as_ref().map(fresh),
                 heads: a.heads / tp,
                 kv_heads: a.kv_heads / tp,
                 head_dim: a.head_dim,
@@ -249,6 +262,8 @@ impl<B: ShardedBackend> DecoderLayer<B> {
                 k_proj: proj(|l| &l.self_attn.k_proj),
                 v_proj: proj(|l| &l.self_attn.v_proj),
                 o_proj: proj(|l| &l.self_attn.o_proj),
+                q_norm: first.self_attn.q_norm.as_ref().map(fresh),
+                k_norm: first.self_attn.k_norm.as_ref().map(fresh),
                 heads: first.self_attn.heads * tp,
                 kv_heads: first.self_attn.kv_heads * tp,
                 head_dim: first.self_attn.head_dim,
