@@ -14,7 +14,8 @@ use crate::backend::{BackendKind, Job, Placement, dispatch};
 /// Flags of `kiln generate`.
 #[derive(clap::Args, Debug)]
 pub struct GenerateArgs {
-    /// The Hugging Face model folder (config.json, weights, tokenizer.json).
+    /// The Hugging Face model folder (config.json, weights, tokenizer.json), or a Hub name
+    /// (org/name[@revision]) downloaded into the Hugging Face cache.
     #[arg(long, value_name = "DIR")]
     model: PathBuf,
     /// LoRA adapters in PEFT's layout (what kiln finetune writes) to apply.
@@ -152,8 +153,10 @@ impl Job for GenerateJob {
         type I<B> = <B as AutodiffBackend>::InnerBackend;
         let args = self.0;
         let device = &devices[0];
-        let config = load_config(&args.model)?;
-        let mut tokenizer = LlmTokenizer::from_dir(&args.model, &config)?;
+        // A Hub name is the Hugging Face cache's snapshot of it.
+        let dir = kiln_nn::llm::resolve_model(&args.model)?;
+        let config = load_config(&dir)?;
+        let mut tokenizer = LlmTokenizer::from_dir(&dir, &config)?;
         if let Some(template) = &args.chat_template {
             tokenizer = tokenizer.with_chat_template(template)?;
         }
@@ -174,12 +177,12 @@ impl Job for GenerateJob {
             .into());
         }
         let (_, mut model) = if args.load_in_4bit {
-            load_4bit::<I<B>>(&args.model, device, &QuantConfig::new())?
+            load_4bit::<I<B>>(&dir, device, &QuantConfig::new())?
         } else {
-            load::<I<B>>(&args.model, device)?
+            load::<I<B>>(&dir, device)?
         };
         if let Some(adapter) = &args.adapter {
-            kiln_nn::llm::check_peft_base(adapter, &args.model);
+            kiln_nn::llm::check_peft_base(adapter, &dir);
             model = model.load_peft(adapter)?.0;
         }
         let sampling = Sampling {

@@ -323,6 +323,55 @@ fn generate_continues_a_prompt_greedily_and_with_the_fine_tuned_adapters() {
 }
 
 #[test]
+fn a_hub_name_reads_the_hugging_face_cache_s_snapshot() {
+    let out = scratch("hub-cache");
+    let snapshot = out.join("hub/models--kiln-test--tiny-llama/snapshots/0123abc");
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(out.join("hub/models--kiln-test--tiny-llama/refs")).unwrap();
+    std::fs::write(
+        out.join("hub/models--kiln-test--tiny-llama/refs/main"),
+        "0123abc",
+    )
+    .unwrap();
+    for file in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(Path::new(&fixture("llama")).join(file), snapshot.join(file)).unwrap();
+    }
+    let generate = |model: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args([
+                "generate",
+                "--model",
+                model,
+                "--prompt",
+                "the sky",
+                "--max-new-tokens",
+                "5",
+            ])
+            .env("HF_HUB_CACHE", out.join("hub"))
+            .env("RUST_LOG", "error")
+            .output()
+            .unwrap()
+    };
+    let (named, folder) = (
+        generate("kiln-test/tiny-llama"),
+        generate(&fixture("llama")),
+    );
+    assert!(
+        named.status.success(),
+        "{}",
+        String::from_utf8_lossy(&named.stderr)
+    );
+    assert_eq!(named.stdout, folder.stdout);
+    let missing = generate("kiln-test/absent");
+    let error = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        !missing.status.success() && error.contains("hf download kiln-test/absent"),
+        "{error}"
+    );
+    std::fs::remove_dir_all(out).ok();
+}
+
+#[test]
 fn generate_chat_renders_the_template_and_stops_at_the_end_of_turn() {
     let out = scratch("generate-chat");
     let model = fixture("llama");

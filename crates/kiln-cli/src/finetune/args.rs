@@ -20,7 +20,8 @@ pub struct FinetuneArgs {
     #[arg(long)]
     config: Option<PathBuf>,
     /// The Hugging Face model folder: config.json, model.safetensors (or a sharded index) and
-    /// tokenizer.json.
+    /// tokenizer.json; or a Hub name (org/name[@revision]) downloaded into the Hugging Face
+    /// cache.
     #[arg(long, value_name = "DIR")]
     model: Option<PathBuf>,
     /// The data: JSON Lines, a JSON array or Parquet (`.parquet`) of `{"text": ..}`,

@@ -62,11 +62,12 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
         .train
         .backend
         .check_precision(config.train.optimizer.precision)?;
-    // Everything the run reads and writes is checked before the model loads.
-    let llm = load_config(config.model_dir()?)?;
-    config.fit_model(&llm)?;
-    let dir = config.model_dir()?.to_path_buf();
+    // Everything the run reads and writes is checked before the model loads. A Hub name is
+    // the Hugging Face cache's snapshot of it.
+    let dir = kiln_nn::llm::resolve_model(config.model_dir()?)?;
     let dir = dir.as_path();
+    let llm = load_config(dir)?;
+    config.fit_model(&llm)?;
     // Held until the run ends: a second run given the same paths is refused now.
     let mut _claims = crate::outputs::check_files(&[
         ("--json", json.as_deref()),
@@ -216,6 +217,7 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
         .transpose()?;
     let job = FinetuneJob {
         config: &config,
+        model_dir: dir.to_path_buf(),
         plan: &plan,
         eval_items,
         run_log,
@@ -328,6 +330,8 @@ fn eval_items(
 /// `kiln finetune` on whichever backend was chosen.
 struct FinetuneJob<'a> {
     config: &'a FinetuneConfig,
+    /// The model folder (a Hub name resolved to the cache's snapshot).
+    model_dir: PathBuf,
     plan: &'a Plan,
     /// The held-out sequences, when the run evaluates.
     eval_items: Option<Vec<kiln_nn::llm::LmItem>>,
@@ -358,6 +362,7 @@ impl Job for FinetuneJob<'_> {
     ) -> Result<FinetuneReport, Box<dyn std::error::Error>> {
         let FinetuneJob {
             config,
+            model_dir,
             plan,
             eval_items,
             run_log,
@@ -370,7 +375,7 @@ impl Job for FinetuneJob<'_> {
             mut digests,
         } = self;
         let train = &config.train;
-        let dir = config.model_dir()?;
+        let dir = model_dir.as_path();
         B::seed(&devices[0], train.seed);
         let loading = Instant::now();
         let (llm, base) = if config.load_in_4bit {
@@ -527,7 +532,8 @@ impl Job for FinetuneJob<'_> {
             None => None,
         };
         let trained = trained.valid();
-        let base_name = dir.display().to_string();
+        // As the user named it: a Hub name is what PEFT and the Hub expect here.
+        let base_name = config.model_dir()?.display().to_string();
         if main {
             trained.save_peft(&config.output, &spec, &base_name)?;
         }
