@@ -27,7 +27,7 @@ pub use parallel::{
     ParallelModel, PipelineSupport, PrecisionSupport, Supported, TensorSupport, Unsupported,
 };
 pub use pipeline::{PipelineModel, even_ranges};
-pub use precision::LowPrecisionStep;
+pub use precision::{LowPrecisionStep, backward_scaled};
 pub use tensor::{ShardError, TensorParallelModel};
 
 /// A model a strategy can train: any Burn [`AutodiffModule`] with a burn-train [`TrainStep`]

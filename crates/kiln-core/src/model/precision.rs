@@ -33,12 +33,26 @@ pub trait LowPrecisionStep<B: AutodiffBackend>: TrainStep {
         Self: AutodiffModule<B> + Sized,
         Self::Output: StepLoss<B>,
     {
-        let output = self.forward_in(input, dtype);
-        let loss = output.loss_tensor();
-        let loss = match loss_scale {
-            Some(scale) => loss.mul_scalar(scale),
-            None => loss,
-        };
-        (GradientsParams::from_grads(loss.backward(), self), output)
+        backward_scaled(self, self.forward_in(input, dtype), loss_scale)
     }
+}
+
+/// The gradients of `output`'s loss times `loss_scale` over `model`'s parameters, and the
+/// output: [`LowPrecisionStep::grads_in`]'s default, for an override to fall back on.
+pub fn backward_scaled<B, M>(
+    model: &M,
+    output: M::Output,
+    loss_scale: Option<f64>,
+) -> (GradientsParams, M::Output)
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B> + TrainStep,
+    M::Output: StepLoss<B>,
+{
+    let loss = output.loss_tensor();
+    let loss = match loss_scale {
+        Some(scale) => loss.mul_scalar(scale),
+        None => loss,
+    };
+    (GradientsParams::from_grads(loss.backward(), model), output)
 }

@@ -60,7 +60,7 @@ fn exp_sum(scores: &mut [f32], max: f32) -> f32 {
 
 /// Copies each task's `[len, d_head]` head (tasks in `(sequence, head)` order) into its columns
 /// of `[batch, len, d_model]` rows.
-fn scatter_heads(parts: &[Vec<f32>], len: usize, dims: Dims) -> Vec<f32> {
+fn scatter_heads(parts: &[&[f32]], len: usize, dims: Dims) -> Vec<f32> {
     let (dh, d_model) = (dims.d_head, dims.d_model());
     let mut rows = vec![0.0; dims.batch * len * d_model];
     rows.par_chunks_mut(len * d_model)
@@ -100,6 +100,7 @@ pub(crate) fn forward(q: &[f32], k: &[f32], v: &[f32], dims: Dims) -> (Vec<f32>,
             out
         })
         .collect();
+    let heads: Vec<&[f32]> = heads.iter().map(Vec::as_slice).collect();
     (scatter_heads(&heads, dims.q_len, dims), lse)
 }
 
@@ -204,7 +205,7 @@ pub(crate) fn backward(saved: &Saved<'_>, dims: Dims) -> (Vec<f32>, Vec<f32>, Ve
         })
         .collect();
     let [dq, dk, dv] = [0, 1, 2].map(|i| {
-        let heads: Vec<Vec<f32>> = parts.iter().map(|p| p[i].clone()).collect();
+        let heads: Vec<&[f32]> = parts.iter().map(|p| p[i].as_slice()).collect();
         let len = if i == 0 { dims.q_len } else { dims.kv_len };
         scatter_heads(&heads, len, dims)
     });

@@ -90,8 +90,7 @@ where
         let embedding = &decoder.embed_tokens;
         if embedding.weight.is_require_grad() {
             let seed = (embedding.forward(batch.inputs) * Tensor::from_inner(grad)).sum();
-            let grads = GradientsParams::from_grads(seed.backward(), self);
-            acc = kiln_core::grads::add_weighted(self, acc, grads, 1.0, &device);
+            acc = self.add_params(seed.backward(), acc, &device);
         }
         (acc, SequenceOutput::new(loss, logits, None, batch.targets))
     }
@@ -109,10 +108,17 @@ where
         let input = x
             .grad_remove(&mut grads)
             .expect("the segment's input requires its gradient");
+        (self.add_params(grads, acc, device), input)
+    }
+
+    /// `acc` with the parameters' gradients of one segment's backward added.
+    fn add_params(
+        &self,
+        grads: B::Gradients,
+        acc: GradientsParams,
+        device: &B::Device,
+    ) -> GradientsParams {
         let params = GradientsParams::from_grads(grads, self);
-        (
-            kiln_core::grads::add_weighted(self, acc, params, 1.0, device),
-            input,
-        )
+        kiln_core::grads::add_weighted(self, acc, params, 1.0, device)
     }
 }

@@ -95,12 +95,7 @@ where
         if self.gradient_checkpointing() {
             return self.checkpointed_step(batch, Some(dtype), loss_scale.unwrap_or(1.0));
         }
-        let output = self.forward_in(batch, dtype);
-        let loss = match loss_scale {
-            Some(scale) => output.loss.clone().mul_scalar(scale),
-            None => output.loss.clone(),
-        };
-        (GradientsParams::from_grads(loss.backward(), self), output)
+        kiln_core::model::backward_scaled(self, self.forward_in(batch, dtype), loss_scale)
     }
 }
 
