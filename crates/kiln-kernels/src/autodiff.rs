@@ -171,13 +171,20 @@ impl<B: KernelBackend> Backward<B, 3> for LayerNormBackward {
 struct CausalAttentionBackward;
 
 impl<B: KernelBackend> Backward<B, 3> for CausalAttentionBackward {
-    // q, k, v, the output, its log-sum-exp per query and head, and the number of heads.
-    type State = ([FloatTensor<B>; 3], FloatTensor<B>, FloatTensor<B>, usize);
+    // q, k, v, the output, its log-sum-exp per query and head, the number of heads and the
+    // queries' first keys.
+    type State = (
+        [FloatTensor<B>; 3],
+        FloatTensor<B>,
+        FloatTensor<B>,
+        usize,
+        Option<IntTensor<B>>,
+    );
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let dout = grads.consume::<B>(&ops.node);
-        let (qkv, out, lse, heads) = ops.state;
-        let dqkv = B::causal_attention_backward(dout, qkv, out, lse, heads);
+        let (qkv, out, lse, heads, starts) = ops.state;
+        let dqkv = B::causal_attention_backward(dout, qkv, out, lse, heads, starts);
         for (node, grad) in ops.parents.into_iter().zip(dqkv) {
             if let Some(node) = node {
                 grads.register::<B>(node.id, grad);
@@ -440,17 +447,20 @@ impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         heads: usize,
+        starts: Option<IntTensor<Self>>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let nodes = [q.node.clone(), k.node.clone(), v.node.clone()];
         let qkv = [q.primitive, k.primitive, v.primitive];
         let [q, k, v] = qkv.clone();
-        let (out, lse) = B::causal_attention_forward(q, k, v, heads);
+        let (out, lse) = B::causal_attention_forward(q, k, v, heads, starts.clone());
         let y = match CausalAttentionBackward
             .prepare::<C>(nodes)
             .compute_bound()
             .stateful()
         {
-            OpsKind::Tracked(prep) => prep.finish((qkv, out.clone(), lse.clone(), heads), out),
+            OpsKind::Tracked(prep) => {
+                prep.finish((qkv, out.clone(), lse.clone(), heads, starts), out)
+            }
             OpsKind::UnTracked(prep) => prep.finish(out),
         };
         (y, constant::<B, C>(lse))
@@ -462,6 +472,7 @@ impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
         out: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         heads: usize,
+        starts: Option<IntTensor<Self>>,
     ) -> [FloatTensor<Self>; 3] {
         B::causal_attention_backward(
             dout.primitive,
@@ -469,6 +480,7 @@ impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
             out.primitive,
             lse.primitive,
             heads,
+            starts,
         )
         .map(constant::<B, C>)
     }

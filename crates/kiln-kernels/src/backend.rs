@@ -8,7 +8,7 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{Tensor, TensorPrimitive};
+use burn::tensor::{Int, Tensor, TensorPrimitive};
 
 use crate::quant::QuantizedPrimitive;
 use crate::reference;
@@ -137,24 +137,32 @@ pub trait KernelBackend: Backend {
     /// heads·d_head]` (`q_len ≤ kv_len`; the queries are the last positions) with `heads`
     /// heads, queries scaled by `d_head^-½`:
     /// `(out [batch, q_len, heads·d_head], lse [batch, heads, q_len])`.
+    ///
+    /// `starts [batch, q_len]`, when given, is the first key each query sees (the first
+    /// position of its example in a packed sequence), so that query `i` sees keys
+    /// `starts[i] ..= i + kv_len − q_len`; a start past that last key counts as it. `None`
+    /// starts every query at key 0.
     fn causal_attention_forward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         heads: usize,
+        starts: Option<IntTensor<Self>>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        plain::causal_attention_forward::<Self>(q, k, v, heads)
+        plain::causal_attention_forward::<Self>(q, k, v, heads, starts)
     }
 
-    /// Causal attention's backward from the forward's `out` and `lse`: `[dq, dk, dv]`.
+    /// Causal attention's backward from the forward's `out` and `lse` (and its `starts`):
+    /// `[dq, dk, dv]`.
     fn causal_attention_backward(
         dout: FloatTensor<Self>,
         qkv: [FloatTensor<Self>; 3],
         out: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         heads: usize,
+        starts: Option<IntTensor<Self>>,
     ) -> [FloatTensor<Self>; 3] {
-        plain::causal_attention_backward::<Self>(dout, qkv, out, lse, heads)
+        plain::causal_attention_backward::<Self>(dout, qkv, out, lse, heads, starts)
     }
 
     /// `silu(gate)·up` over two `[len]` tensors.
@@ -392,8 +400,11 @@ pub(crate) mod plain {
         k: FloatTensor<B>,
         v: FloatTensor<B>,
         heads: usize,
+        starts: Option<IntTensor<B>>,
     ) -> (FloatTensor<B>, FloatTensor<B>) {
-        let (out, lse) = reference::attention::forward(wrap::<B, 3>(q), wrap(k), wrap(v), heads);
+        let starts = starts.map(Tensor::<B, 2, Int>::from_primitive);
+        let (out, lse) =
+            reference::attention::forward(wrap::<B, 3>(q), wrap(k), wrap(v), heads, starts);
         (unwrap(out), unwrap(lse))
     }
 
@@ -403,6 +414,7 @@ pub(crate) mod plain {
         out: FloatTensor<B>,
         lse: FloatTensor<B>,
         heads: usize,
+        starts: Option<IntTensor<B>>,
     ) -> [FloatTensor<B>; 3] {
         reference::attention::backward(
             wrap::<B, 3>(dout),
@@ -410,6 +422,7 @@ pub(crate) mod plain {
             wrap(out),
             wrap(lse),
             heads,
+            starts.map(Tensor::<B, 2, Int>::from_primitive),
         )
         .map(unwrap)
     }

@@ -61,6 +61,21 @@ pub enum KernelError {
         /// The heads asked for.
         heads: usize,
     },
+    /// A rotary table has neither a row per position nor a row per token.
+    #[error(
+        "rope: {table} has {rows} rows; it needs one per position ({seq}) or one per token \
+         ({batch} × {seq}), and cos and sin alike"
+    )]
+    RopeRows {
+        /// Which table.
+        table: &'static str,
+        /// Its rows.
+        rows: usize,
+        /// The positions of a sequence.
+        seq: usize,
+        /// The sequences.
+        batch: usize,
+    },
     /// Rotary embeddings rotate pairs of a head's halves: its width must be even.
     #[error("rope: a head of width {width} has no halves to rotate; the width must be even")]
     OddWidth {
@@ -232,12 +247,64 @@ pub fn layer_norm<B: KernelBackend, const D: usize>(
 /// The queries are the last `q_len` of the `kv_len` positions: query `i` attends to keys
 /// `0..=i + kv_len − q_len`. Self-attention has `q_len = kv_len`; a decoder that appends
 /// one token to cached keys and values has `q_len = 1`.
+///
+/// # Errors
+/// [`KernelError`] when the shapes do not agree or the heads do not split the widths.
 pub fn causal_attention<B: KernelBackend>(
     q: Tensor<B, 3>,
     k: Tensor<B, 3>,
     v: Tensor<B, 3>,
     heads: usize,
 ) -> Result<Tensor<B, 3>, KernelError> {
+    check_attention(&q, &k, &v, heads)?;
+    let (out, _) = B::causal_attention_forward(unwrap(q), unwrap(k), unwrap(v), heads, None);
+    Ok(wrap(out))
+}
+
+/// [`causal_attention`] over packed sequences: several examples side by side in one row, none
+/// attending to another. `starts [batch, q_len]` holds each query's first key, the first
+/// position of its example, so that query `i` sees keys `starts[i] ..= i + kv_len − q_len`
+/// (a block-diagonal causal mask, as FlashAttention's variable-length kernels and
+/// transformers' packed position ids give). Starts must not decrease along a sequence; one
+/// past the query's own position counts as that position.
+///
+/// # Errors
+/// As [`causal_attention`], and [`KernelError::Mismatch`] when `starts` is not
+/// `[batch, q_len]`.
+pub fn packed_causal_attention<B: KernelBackend>(
+    q: Tensor<B, 3>,
+    k: Tensor<B, 3>,
+    v: Tensor<B, 3>,
+    heads: usize,
+    starts: Tensor<B, 2, Int>,
+) -> Result<Tensor<B, 3>, KernelError> {
+    check_attention(&q, &k, &v, heads)?;
+    let ([batch, q_len, _], [rows, cols]) = (q.dims(), starts.dims());
+    check(
+        "packed_causal_attention",
+        "starts' rows (one per sequence)",
+        batch,
+        rows,
+    )?;
+    check(
+        "packed_causal_attention",
+        "starts' columns (one per query)",
+        q_len,
+        cols,
+    )?;
+    let starts = starts.into_primitive();
+    let (out, _) =
+        B::causal_attention_forward(unwrap(q), unwrap(k), unwrap(v), heads, Some(starts));
+    Ok(wrap(out))
+}
+
+/// The shapes [`causal_attention`] takes.
+fn check_attention<B: Backend>(
+    q: &Tensor<B, 3>,
+    k: &Tensor<B, 3>,
+    v: &Tensor<B, 3>,
+    heads: usize,
+) -> Result<(), KernelError> {
     const OP: &str = "causal_attention";
     if v.shape() != k.shape() {
         return Err(KernelError::Shapes {
@@ -265,14 +332,15 @@ pub fn causal_attention<B: KernelBackend>(
             d_head,
         });
     }
-    let (out, _) = B::causal_attention_forward(unwrap(q), unwrap(k), unwrap(v), heads);
-    Ok(wrap(out))
+    Ok(())
 }
 
 /// Rotary position embeddings of `x [batch, seq, heads, d]` (Hugging Face's half-split
-/// layout) by the tables of its positions, `cos` and `sin` `[seq, d]`, with the sign of
-/// `rotate_half` in `sin`: `[−sin θ, +sin θ]` over the two halves. The result is
-/// `x·cos + rotate_half(x)·sin θ`, bit for bit as transformers computes it.
+/// layout) by the tables of its positions, `cos` and `sin` `[seq, d]` (every sequence at
+/// positions `0..seq`) or `[batch·seq, d]` (a row per token: packed sequences, whose positions
+/// restart with each example), with the sign of `rotate_half` in `sin`: `[−sin θ, +sin θ]`
+/// over the two halves. The result is `x·cos + rotate_half(x)·sin θ`, bit for bit as
+/// transformers computes it.
 ///
 /// One op, so that its backward is the same rotation by `−sin` (no scatter of a `select`'s or
 /// a `cat`'s gradient), and the CPU runs it as one pass over contiguous rows where Burn's
@@ -280,32 +348,32 @@ pub fn causal_attention<B: KernelBackend>(
 /// Burn's element-wise ops, which fusion fuses.
 ///
 /// # Errors
-/// [`KernelError`] when the tables are not `[seq, d]` or `d` is odd.
+/// [`KernelError`] when the tables are neither `[seq, d]` nor `[batch·seq, d]`, or `d` is odd.
 pub fn rope<B: KernelBackend>(
     x: Tensor<B, 4>,
     cos: Tensor<B, 2>,
     sin: Tensor<B, 2>,
 ) -> Result<Tensor<B, 4>, KernelError> {
     const OP: &str = "rope";
-    let [_, seq, _, width] = x.dims();
+    let [batch, seq, _, width] = x.dims();
     if width % 2 == 1 {
         return Err(KernelError::OddWidth { width });
     }
     let tables = [
-        (
-            "cos's rows (one per position)",
-            "cos's width (the head's)",
-            &cos,
-        ),
-        (
-            "sin's rows (one per position)",
-            "sin's width (the head's)",
-            &sin,
-        ),
+        ("cos", "cos's width (the head's)", &cos),
+        ("sin", "sin's width (the head's)", &sin),
     ];
-    for (rows_are, width_is, table) in tables {
-        let [rows, cols] = table.dims();
-        check(OP, rows_are, seq, rows)?;
+    let rows = cos.dims()[0];
+    for (table_is, width_is, table) in tables {
+        let [got, cols] = table.dims();
+        if got != rows || (rows != seq && rows != batch * seq) {
+            return Err(KernelError::RopeRows {
+                table: table_is,
+                rows: got,
+                seq,
+                batch,
+            });
+        }
         check(OP, width_is, width, cols)?;
     }
     Ok(wrap(B::rope(unwrap(x), unwrap(cos), unwrap(sin))))

@@ -11,7 +11,7 @@
 mod common;
 
 use burn::backend::Flex;
-use burn::tensor::{DType, FloatDType, Tensor, TensorData};
+use burn::tensor::{DType, FloatDType, Int, Tensor, TensorData};
 use common::*;
 use kiln_kernels::ops::{self, KernelError};
 use kiln_kernels::reference;
@@ -120,7 +120,7 @@ fn attention(
     let y = if fused {
         ops::causal_attention(q.clone(), k.clone(), v.clone(), heads).unwrap()
     } else {
-        reference::attention::forward(q.clone(), k.clone(), v.clone(), heads).0
+        reference::attention::forward(q.clone(), k.clone(), v.clone(), heads, None).0
     };
     outputs_and_grads(y, [&q, &k, &v], &[])
 }
@@ -200,10 +200,10 @@ fn causal_attention_saves_the_log_sum_exp_and_ignores_the_future() {
         .collect();
     let prim = |t: &Tensor<Flex, 3>| t.clone().into_primitive().tensor();
     let (_, lse) =
-        Flex::causal_attention_forward(prim(&qkv[0]), prim(&qkv[1]), prim(&qkv[2]), heads);
+        Flex::causal_attention_forward(prim(&qkv[0]), prim(&qkv[1]), prim(&qkv[2]), heads, None);
     let lse = Tensor::<Flex, 3>::from_primitive(burn::tensor::TensorPrimitive::Float(lse));
     let (_, expected) =
-        reference::attention::forward(qkv[0].clone(), qkv[1].clone(), qkv[2].clone(), heads);
+        reference::attention::forward(qkv[0].clone(), qkv[1].clone(), qkv[2].clone(), heads, None);
     assert_close("lse", &to_vec(lse), &to_vec(expected), TOL);
 
     let y = ops::causal_attention(qkv[0].clone(), qkv[1].clone(), qkv[2].clone(), heads).unwrap();
@@ -218,6 +218,112 @@ fn causal_attention_saves_the_log_sum_exp_and_ignores_the_future() {
         ops::causal_attention(qkv[0].clone(), later(&qkv[1]), later(&qkv[2]), heads).unwrap();
     let first = |t: Tensor<Flex, 3>| to_vec(t.narrow(0, 0, 1).narrow(1, 0, seq - 1));
     assert_eq!(first(y), first(moved));
+}
+
+/// Packed rows of `lens` examples each (one row per list, each summing to the same length):
+/// each query's first key.
+fn starts_of(rows: &[&[usize]]) -> (Vec<i64>, [usize; 2]) {
+    let seq: usize = rows[0].iter().sum();
+    let starts: Vec<i64> = rows
+        .iter()
+        .flat_map(|lens| {
+            assert_eq!(lens.iter().sum::<usize>(), seq, "rows of one length");
+            let mut first = 0;
+            lens.iter().flat_map(move |&len| {
+                let start = first;
+                first += len;
+                std::iter::repeat_n(start as i64, len)
+            })
+        })
+        .collect();
+    (starts, [rows.len(), seq])
+}
+
+fn packed_attention(rows: &[&[usize]], heads: usize, d_head: usize, fused: bool) -> Vec<Vec<f32>> {
+    let (starts, [batch, seq]) = starts_of(rows);
+    let d_model = heads * d_head;
+    let q = input([batch, seq, d_model], 2.0, 50);
+    let (k, v) = (
+        input([batch, seq, d_model], 2.0, 51),
+        input([batch, seq, d_model], 1.0, 52),
+    );
+    let starts = Tensor::<AdCpu, 2, Int>::from_data(
+        TensorData::new(starts, [batch, seq]),
+        &Default::default(),
+    );
+    let y = if fused {
+        ops::packed_causal_attention(q.clone(), k.clone(), v.clone(), heads, starts).unwrap()
+    } else {
+        reference::attention::forward(q.clone(), k.clone(), v.clone(), heads, Some(starts)).0
+    };
+    outputs_and_grads(y, [&q, &k, &v], &[])
+}
+
+/// Examples that straddle the kernel's blocks of 64 query rows, an example of one token, and
+/// a row that is one example (plain causal attention).
+#[test]
+fn packed_attention_matches_the_reference() {
+    let cases: [&[&[usize]]; 3] = [
+        &[&[1, 70, 30, 49], &[150], &[64, 64, 22]],
+        &[&[3, 4], &[1, 1, 1, 1, 1, 1, 1]],
+        &[&[13]],
+    ];
+    for rows in cases {
+        compare(
+            &format!("packed attention {rows:?}"),
+            &packed_attention(rows, 2, 9, true),
+            &packed_attention(rows, 2, 9, false),
+            &["out", "dq", "dk", "dv"],
+        );
+    }
+}
+
+/// Each example of a packed row attends as it would alone: its rows of the packed output
+/// equal plain causal attention over the example by itself (to the rounding of `gemm`'s
+/// blocks), and differ from attention over the whole row.
+#[test]
+fn a_packed_example_attends_as_if_alone() {
+    let device = Default::default();
+    let lens = [5, 66, 1, 28];
+    let (starts, [_, seq]) = starts_of(&[&lens]);
+    let (heads, d_head) = (4, 8);
+    let shape = [1, seq, heads * d_head];
+    let t = |seed| {
+        tensor::<Flex, 3>(
+            &values(seq * heads * d_head, 2.0, seed, false),
+            shape,
+            &device,
+        )
+    };
+    let (q, k, v) = (t(60), t(61), t(62));
+    let starts = Tensor::<Flex, 2, Int>::from_data(TensorData::new(starts, [1, seq]), &device);
+    let packed =
+        ops::packed_causal_attention(q.clone(), k.clone(), v.clone(), heads, starts).unwrap();
+    let whole = ops::causal_attention(q.clone(), k.clone(), v.clone(), heads).unwrap();
+    let mut first = 0;
+    for len in lens {
+        let part = |t: &Tensor<Flex, 3>| t.clone().narrow(1, first, len);
+        let alone = ops::causal_attention(part(&q), part(&k), part(&v), heads).unwrap();
+        let worst = |a: &Tensor<Flex, 3>| {
+            to_vec(part(a))
+                .iter()
+                .zip(to_vec(alone.clone()))
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max)
+        };
+        assert!(
+            worst(&packed) < 1e-6,
+            "example at {first}: {}",
+            worst(&packed)
+        );
+        if first > 0 {
+            assert!(
+                worst(&whole) > 1e-3,
+                "example at {first} sees the one before"
+            );
+        }
+        first += len;
+    }
 }
 
 // ---------------------------------------------------------------- cross-entropy
@@ -343,8 +449,15 @@ fn rope_equals_the_reference_bit_for_bit() {
         let cos = tensor::<Flex, 2>(&values(seq * d, 1.0, 52, false), [seq, d], &device);
         let sin = tensor::<Flex, 2>(&values(seq * d, 1.0, 53, false), [seq, d], &device);
         let got = ops::rope(x.clone(), cos.clone(), sin.clone()).unwrap();
-        let expected = reference::rope::forward(x, cos, sin);
+        let expected = reference::rope::forward(x.clone(), cos, sin);
         assert_eq!(to_vec(got), to_vec(expected), "{shape:?}");
+        // A table row per token, as packed sequences rotate.
+        let tokens = shape[0] * seq;
+        let cos = tensor::<Flex, 2>(&values(tokens * d, 1.0, 54, false), [tokens, d], &device);
+        let sin = tensor::<Flex, 2>(&values(tokens * d, 1.0, 55, false), [tokens, d], &device);
+        let got = ops::rope(x.clone(), cos.clone(), sin.clone()).unwrap();
+        let expected = reference::rope::forward(x, cos, sin);
+        assert_eq!(to_vec(got), to_vec(expected), "{shape:?} per token");
     }
 }
 
@@ -357,12 +470,14 @@ fn bad_rope_inputs_are_errors() {
         ops::rope(x(5), t(3, 5), t(3, 5)).unwrap_err(),
         KernelError::OddWidth { width: 5 }
     );
-    let e = ops::rope(x(4), t(2, 4), t(3, 4)).unwrap_err();
+    let e = ops::rope(x(4), t(2, 4), t(2, 4)).unwrap_err();
     assert!(
         e.to_string()
-            .contains("cos's rows (one per position) is 2 but must be 3"),
+            .contains("cos has 2 rows; it needs one per position (3) or one per token (1 × 3)"),
         "{e}"
     );
+    let e = ops::rope(x(4), t(3, 4), t(2, 4)).unwrap_err();
+    assert!(e.to_string().contains("sin has 2 rows"), "{e}");
     let e = ops::rope(x(4), t(3, 4), t(3, 6)).unwrap_err();
     assert!(
         e.to_string()

@@ -244,24 +244,24 @@ fn swiglu_matches_the_reference() {
 
 // ---------------------------------------------------------------- rotary embeddings
 
-/// Rotary embeddings of `[2, 5, 3, 12]` by tables of the op's form (`sin` = `[−s, +s]` over the
-/// halves, which the op's backward relies on), against the `select` composite under Burn's
-/// autodiff.
-fn rope<B: AutodiffBackend + KernelBackend>(
-    fused: bool,
-    half: bool,
+/// Rotary embeddings of `[2, 5, 3, 12]` by tables of `rows` rows in the op's form (`sin` =
+/// `[−s, +s]` over the halves, which the op's backward relies on), against the `select`
+/// composite under Burn's autodiff.
+fn rope_with<B: AutodiffBackend + KernelBackend>(
+    rows: usize,
+    [fused, half]: [bool; 2],
     device: &B::Device,
 ) -> Vec<Vec<f32>> {
     let shape = [2, 5, 3, 12];
     let len = shape.iter().product();
     let x = tensor::<B, 4>(&values(len, 2.0, 41, half), shape, device).require_grad();
-    let cos = tensor::<B, 2>(&values(5 * 12, 1.0, 42, half), [5, 12], device);
-    let s: Vec<f32> = values(5 * 6, 1.0, 43, half);
+    let cos = tensor::<B, 2>(&values(rows * 12, 1.0, 42, half), [rows, 12], device);
+    let s: Vec<f32> = values(rows * 6, 1.0, 43, half);
     let sin: Vec<f32> = s
         .chunks(6)
         .flat_map(|s| s.iter().map(|v| -v).chain(s.iter().copied()))
         .collect();
-    let sin = tensor::<B, 2>(&sin, [5, 12], device);
+    let sin = tensor::<B, 2>(&sin, [rows, 12], device);
     let probe = tensor::<B, 4>(&values(len, 1.0, 44, half), shape, device);
     let y = if fused {
         ops::rope(x.clone(), cos, sin).unwrap()
@@ -272,9 +272,27 @@ fn rope<B: AutodiffBackend + KernelBackend>(
     vec![to_vec(y), to_vec(x.grad(&grads).unwrap())]
 }
 
+/// Rotary embeddings by a table row per token (`[2·5, 12]`), as packed sequences use.
+fn rope_per_token<B: AutodiffBackend + KernelBackend>(
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    rope_with::<B>(2 * 5, [fused, half], device)
+}
+
+fn rope<B: AutodiffBackend + KernelBackend>(
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    rope_with::<B>(5, [fused, half], device)
+}
+
 #[test]
 fn rope_matches_the_reference() {
     check_everywhere!("rope", rope, ["y", "dx"]);
+    check_everywhere!("rope per token", rope_per_token, ["y", "dx"]);
 }
 
 // ---------------------------------------------------------------- ReLU
@@ -405,9 +423,14 @@ const HEADS: usize = 3;
 const D_HEAD: usize = 5;
 const KV_LEN: usize = 9;
 
+/// Each query's first key in packed rows of `KV_LEN` positions: examples of 1, 5 and 3
+/// tokens in the first row, 4 and 5 in the second.
+const PACKED_STARTS: [[i64; KV_LEN]; 2] =
+    [[0, 1, 1, 1, 1, 1, 6, 6, 6], [0, 0, 0, 0, 4, 4, 4, 4, 4]];
+
 /// Attention of the last `q_len` positions over `KV_LEN` keys, `heads` query heads sharing
 /// `kv_heads` key and value heads, through the fused op or the written-out reference; the
-/// output and the three input gradients.
+/// output and the three input gradients. `packed`: the rows of [`PACKED_STARTS`].
 ///
 /// The reference is given the shared heads repeated by a `select` of this test's own, so the
 /// grouped path of every backend (the CubeCL kernels read shared heads in place and sum their
@@ -415,11 +438,18 @@ const KV_LEN: usize = 9;
 fn attention<B: AutodiffBackend + KernelBackend>(
     q_len: usize,
     [heads, kv_heads]: [usize; 2],
-    fused: bool,
-    half: bool,
+    packed: bool,
+    [fused, half]: [bool; 2],
     device: &B::Device,
 ) -> Vec<Vec<f32>> {
     let (width, kv_width) = (heads * D_HEAD, kv_heads * D_HEAD);
+    let starts = packed.then(|| {
+        let starts: Vec<i64> = PACKED_STARTS[..BATCH]
+            .iter()
+            .flat_map(|row| row[KV_LEN - q_len..].iter().copied())
+            .collect();
+        Tensor::<B, 2, Int>::from_data(TensorData::new(starts, [BATCH, q_len]), device)
+    });
     let input = |len: usize, width: usize, seed: u64| {
         tensor::<B, 3>(
             &values(BATCH * len * width, 1.5, seed, half),
@@ -436,7 +466,13 @@ fn attention<B: AutodiffBackend + KernelBackend>(
         device,
     );
     let out = if fused {
-        ops::causal_attention(q.clone(), k.clone(), v.clone(), heads).unwrap()
+        match starts {
+            Some(starts) => {
+                ops::packed_causal_attention(q.clone(), k.clone(), v.clone(), heads, starts)
+            }
+            None => ops::causal_attention(q.clone(), k.clone(), v.clone(), heads),
+        }
+        .unwrap()
     } else {
         let shared: Vec<i64> = (0..heads)
             .map(|h| (h / (heads / kv_heads)) as i64)
@@ -447,7 +483,8 @@ fn attention<B: AutodiffBackend + KernelBackend>(
                 .select(2, shared.clone())
                 .reshape([BATCH, KV_LEN, width])
         };
-        reference::attention::forward(q.clone(), repeat(k.clone()), repeat(v.clone()), heads).0
+        let (k, v) = (repeat(k.clone()), repeat(v.clone()));
+        reference::attention::forward(q.clone(), k, v, heads, starts).0
     };
     let grads = (out.clone() * probe).sum().backward();
     vec![
@@ -463,7 +500,7 @@ fn self_attention<B: AutodiffBackend + KernelBackend>(
     half: bool,
     device: &B::Device,
 ) -> Vec<Vec<f32>> {
-    attention::<B>(KV_LEN, [HEADS, HEADS], fused, half, device)
+    attention::<B>(KV_LEN, [HEADS, HEADS], false, [fused, half], device)
 }
 
 fn last_queries_attention<B: AutodiffBackend + KernelBackend>(
@@ -471,7 +508,7 @@ fn last_queries_attention<B: AutodiffBackend + KernelBackend>(
     half: bool,
     device: &B::Device,
 ) -> Vec<Vec<f32>> {
-    attention::<B>(4, [HEADS, HEADS], fused, half, device)
+    attention::<B>(4, [HEADS, HEADS], false, [fused, half], device)
 }
 
 /// Grouped-query attention: 6 query heads over 2 key and value heads (LLaMA's and Qwen's
@@ -481,7 +518,7 @@ fn grouped_attention<B: AutodiffBackend + KernelBackend>(
     half: bool,
     device: &B::Device,
 ) -> Vec<Vec<f32>> {
-    attention::<B>(KV_LEN, [6, 2], fused, half, device)
+    attention::<B>(KV_LEN, [6, 2], false, [fused, half], device)
 }
 
 /// Multi-query attention (one key and value head), the last queries only (a cached step).
@@ -490,12 +527,32 @@ fn multi_query_attention<B: AutodiffBackend + KernelBackend>(
     half: bool,
     device: &B::Device,
 ) -> Vec<Vec<f32>> {
-    attention::<B>(4, [HEADS, 1], fused, half, device)
+    attention::<B>(4, [HEADS, 1], false, [fused, half], device)
+}
+
+/// Packed rows of examples that attend only within themselves, grouped heads.
+fn packed_attention<B: AutodiffBackend + KernelBackend>(
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    attention::<B>(KV_LEN, [6, 2], true, [fused, half], device)
+}
+
+/// Packed rows, the last queries only (starts are positions among the keys).
+fn packed_last_queries<B: AutodiffBackend + KernelBackend>(
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    attention::<B>(4, [HEADS, HEADS], true, [fused, half], device)
 }
 
 #[test]
 fn causal_attention_matches_the_reference() {
     let names = ["out", "dq", "dk", "dv"];
+    check_everywhere!("packed attention", packed_attention, names);
+    check_everywhere!("packed last queries", packed_last_queries, names);
     check_everywhere!("self attention", self_attention, names);
     check_everywhere!("last queries", last_queries_attention, names);
     check_everywhere!("grouped-query attention", grouped_attention, names);

@@ -263,13 +263,14 @@ fn causal_attention_reads_strided_inputs_and_writes_dense_outputs() {
             ]
         };
         let [q3, k3, v3] = qkv();
-        let (out, lse) = G::causal_attention_forward(q3, k3, v3, HEADS);
+        let (out, lse) = G::causal_attention_forward(q3, k3, v3, HEADS, None);
         let [dq, dk, dv] = G::causal_attention_backward(
             batched(&dout, BATCH, Q_LEN, WIDTH, layout),
             qkv(),
             out.clone(),
             lse.clone(),
             HEADS,
+            None,
         );
         vec![
             read("out", out),

@@ -4,6 +4,9 @@
 //!
 //! Queries may be fewer than keys: they are then the last `q_len` of the `kv_len` positions
 //! (a decoder extending a cached prefix), and query `i` sees keys `0..=i + kv_len − q_len`.
+//! Packed sequences give each query its first key too (its example's first position): a block
+//! of queries then computes only the keys from the earliest start among its rows, so short
+//! packed examples cost a fraction of a full causal block.
 //!
 //! Both passes work one head of one sequence per task (so a single long sequence still keeps
 //! every core busy), a block of [`ROWS`] query rows at a time, every product through `gemm` on
@@ -75,8 +78,29 @@ fn scatter_heads(parts: &[&[f32]], len: usize, dims: Dims) -> Vec<f32> {
     rows
 }
 
+/// Each query's first key, `[batch, q_len]`, already clamped to the query's own position; `None`
+/// starts every query at key 0.
+pub(crate) type Starts<'a> = Option<&'a [usize]>;
+
+/// The first key query `i` of a sequence sees.
+#[inline(always)]
+fn start(starts: Starts<'_>, i: usize) -> usize {
+    starts.map_or(0, |s| s[i])
+}
+
+/// The starts of sequence `b`.
+fn sequence(starts: Starts<'_>, b: usize, q_len: usize) -> Starts<'_> {
+    starts.map(|s| &s[b * q_len..(b + 1) * q_len])
+}
+
 /// `(out [batch, q_len, d_model], lse [batch, heads, q_len])`.
-pub(crate) fn forward(q: &[f32], k: &[f32], v: &[f32], dims: Dims) -> (Vec<f32>, Vec<f32>) {
+pub(crate) fn forward(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    starts: Starts<'_>,
+    dims: Dims,
+) -> (Vec<f32>, Vec<f32>) {
     let d_model = dims.d_model();
     let (q_block, kv_block) = (dims.q_len * d_model, dims.kv_len * d_model);
     let mut lse = vec![0.0; dims.batch * dims.heads * dims.q_len];
@@ -93,6 +117,7 @@ pub(crate) fn forward(q: &[f32], k: &[f32], v: &[f32], dims: Dims) -> (Vec<f32>,
                     &v[b * kv_block..(b + 1) * kv_block],
                 ],
                 head,
+                starts: sequence(starts, b, dims.q_len),
                 out: &mut out,
                 lse,
                 dims,
@@ -108,6 +133,7 @@ pub(crate) fn forward(q: &[f32], k: &[f32], v: &[f32], dims: Dims) -> (Vec<f32>,
 struct ForwardHead<'a> {
     qkv: [&'a [f32]; 3],
     head: usize,
+    starts: Starts<'a>,
     out: &'a mut [f32],
     lse: &'a mut [f32],
     dims: Dims,
@@ -118,51 +144,80 @@ impl Kernel for ForwardHead<'_> {
 
     #[inline(always)]
     fn run(self) {
-        forward_head(self.qkv, self.head, self.out, self.lse, self.dims);
+        let Self {
+            qkv,
+            head,
+            starts,
+            out,
+            lse,
+            dims,
+        } = self;
+        forward_head(qkv, head, starts, out, lse, dims);
     }
 }
 
 /// Head `head` of a sequence's `[len, d_model]` rows into `out [q_len, d_head]` and `lse
 /// [q_len]`, a block of query rows at a time: `S = Q·Kᵀ·scale`, each row's softmax over the
-/// keys it sees (the rest zeroed), then `O = P·V`.
+/// keys it sees (the rest zeroed), then `O = P·V`, over the keys from the block's earliest
+/// start to those its last row sees.
 #[inline(always)]
-fn forward_head([q, k, v]: [&[f32]; 3], head: usize, out: &mut [f32], lse: &mut [f32], dims: Dims) {
+fn forward_head(
+    [q, k, v]: [&[f32]; 3],
+    head: usize,
+    starts: Starts<'_>,
+    out: &mut [f32],
+    lse: &mut [f32],
+    dims: Dims,
+) {
     let (dh, d_model, offset) = (dims.d_head, dims.d_model(), dims.offset());
     let cols = head * dh..(head + 1) * dh;
     let mut probs = vec![0.0f32; ROWS.min(dims.q_len) * dims.kv_len];
     for first in (0..dims.q_len).step_by(ROWS) {
         let rows = first..(first + ROWS).min(dims.q_len);
-        // The keys the block's last row sees; every earlier row sees fewer.
-        let keys = rows.end + offset;
-        let p = &mut probs[..rows.len() * keys];
+        let keys = block_keys(&rows, starts, offset);
+        let width = keys.len();
+        let p = &mut probs[..rows.len() * width];
         matmul(
-            ViewMut::rows(p, keys, 0..rows.len(), 0..keys),
+            ViewMut::rows(p, width, 0..rows.len(), 0..width),
             View::rows(q, d_model, rows.clone(), cols.clone()),
-            View::rows(k, d_model, 0..keys, cols.clone()).t(),
+            View::rows(k, d_model, keys.clone(), cols.clone()).t(),
             dims.scale(),
             false,
         );
-        for (r, p) in p.chunks_exact_mut(keys).enumerate() {
+        for (r, p) in p.chunks_exact_mut(width).enumerate() {
             let i = rows.start + r;
-            let seen = i + offset + 1;
-            let row = &mut p[..seen];
+            let seen = start(starts, i) - keys.start..i + offset + 1 - keys.start;
+            let row = &mut p[seen.clone()];
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let total = exp_sum(row, max);
             let inv = 1.0 / total;
             for p in row.iter_mut() {
                 *p *= inv;
             }
-            p[seen..].fill(0.0);
+            p[..seen.start].fill(0.0);
+            p[seen.end..].fill(0.0);
             lse[i] = max + total.ln();
         }
         matmul(
             ViewMut::rows(out, dh, rows.clone(), 0..dh),
-            View::rows(p, keys, 0..rows.len(), 0..keys),
-            View::rows(v, d_model, 0..keys, cols.clone()),
+            View::rows(p, width, 0..rows.len(), 0..width),
+            View::rows(v, d_model, keys.clone(), cols.clone()),
             1.0,
             false,
         );
     }
+}
+
+/// The keys a block of query rows sees: from the earliest of their starts to the last row's
+/// own position.
+#[inline(always)]
+fn block_keys(
+    rows: &std::ops::Range<usize>,
+    starts: Starts<'_>,
+    offset: usize,
+) -> std::ops::Range<usize> {
+    let first = rows.clone().map(|i| start(starts, i)).min().unwrap_or(0);
+    first..rows.end + offset
 }
 
 /// Inputs of the backward: the forward's inputs and results, and the output's gradient.
@@ -173,6 +228,7 @@ pub(crate) struct Saved<'a> {
     pub out: &'a [f32],
     pub lse: &'a [f32],
     pub dout: &'a [f32],
+    pub starts: Starts<'a>,
 }
 
 /// `(dq [batch, q_len, d_model], dk, dv [batch, kv_len, d_model])`.
@@ -193,6 +249,7 @@ pub(crate) fn backward(saved: &Saved<'_>, dims: Dims) -> (Vec<f32>, Vec<f32>, Ve
                 out: &saved.out[qs.clone()],
                 lse: &saved.lse[task * dims.q_len..(task + 1) * dims.q_len],
                 dout: &saved.dout[qs],
+                starts: sequence(saved.starts, b, dims.q_len),
             };
             let [mut dq, mut dk, mut dv] = [q_part, kv_part, kv_part].map(|n| vec![0.0; n]);
             vectorized(BackwardHead {
@@ -232,7 +289,8 @@ impl Kernel for BackwardHead<'_> {
 /// Head `head` of one sequence into `dq [q_len, d_head]`, `dk` and `dv [kv_len, d_head]`, a
 /// block of query rows at a time. With `P` the probabilities recomputed from the
 /// log-sum-exp, `dP = dO·Vᵀ`, `D_i = Σ_j P_ij·dP_ij` (`= dO_i·O_i`) and
-/// `dS = P ∘ (dP − D)·scale`: `dQ = dS·K`, `dK += dSᵀ·Q`, `dV += Pᵀ·dO` over the blocks.
+/// `dS = P ∘ (dP − D)·scale`: `dQ = dS·K`, `dK += dSᵀ·Q`, `dV += Pᵀ·dO` over the blocks, each
+/// over the keys it sees ([`block_keys`]).
 #[inline(always)]
 fn backward_head(s: &Saved<'_>, head: usize, [dq, dk, dv]: [&mut [f32]; 3], dims: Dims) {
     let (dh, d_model, offset) = (dims.d_head, dims.d_model(), dims.offset());
@@ -242,64 +300,66 @@ fn backward_head(s: &Saved<'_>, head: usize, [dq, dk, dv]: [&mut [f32]; 3], dims
     let (lse, cols) = (s.lse, head * dh..(head + 1) * dh);
     for first in (0..dims.q_len).step_by(ROWS) {
         let rows = first..(first + ROWS).min(dims.q_len);
-        // The keys the block's last row sees; every earlier row sees fewer.
-        let keys = rows.end + offset;
+        let keys = block_keys(&rows, s.starts, offset);
+        let width = keys.len();
         let (p, ds) = (
-            &mut probs[..rows.len() * keys],
-            &mut dscores[..rows.len() * keys],
+            &mut probs[..rows.len() * width],
+            &mut dscores[..rows.len() * width],
         );
         let (q, k) = (
             View::rows(s.q, d_model, rows.clone(), cols.clone()),
-            View::rows(s.k, d_model, 0..keys, cols.clone()),
+            View::rows(s.k, d_model, keys.clone(), cols.clone()),
         );
         let (v, dout) = (
-            View::rows(s.v, d_model, 0..keys, cols.clone()),
+            View::rows(s.v, d_model, keys.clone(), cols.clone()),
             View::rows(s.dout, d_model, rows.clone(), cols.clone()),
         );
         matmul(
-            ViewMut::rows(p, keys, 0..rows.len(), 0..keys),
+            ViewMut::rows(p, width, 0..rows.len(), 0..width),
             q,
             k.t(),
             scale,
             false,
         );
         matmul(
-            ViewMut::rows(ds, keys, 0..rows.len(), 0..keys),
+            ViewMut::rows(ds, width, 0..rows.len(), 0..width),
             dout,
             v.t(),
             1.0,
             false,
         );
         for (r, (p, ds)) in p
-            .chunks_exact_mut(keys)
-            .zip(ds.chunks_exact_mut(keys))
+            .chunks_exact_mut(width)
+            .zip(ds.chunks_exact_mut(width))
             .enumerate()
         {
             let i = rows.start + r;
-            let seen = i + offset + 1;
+            let seen = start(s.starts, i) - keys.start..i + offset + 1 - keys.start;
             // The forward's log-sum-exp shifts the scores; the row is normalised by its own
             // sum, so that its probabilities are those of the scores recomputed here (whose
             // rounding differs from the forward's) and a row of one key has P = 1 exactly.
             let l = lse[i];
-            for p in &mut p[..seen] {
+            for p in &mut p[seen.clone()] {
                 *p = exp(*p - l);
             }
-            let total = sum(&p[..seen]);
-            for p in &mut p[..seen] {
+            let total = sum(&p[seen.clone()]);
+            for p in &mut p[seen.clone()] {
                 *p /= total;
             }
             // D_i as Σ_j P_ij·dP_ij, which equals dO_i·O_i: from the same products as dP,
             // so that dS sums to zero over the row as the softmax's Jacobian does.
-            let delta = dot(&p[..seen], &ds[..seen]);
-            for (p, ds) in p[..seen].iter().zip(&mut ds[..seen]) {
+            let delta = dot(&p[seen.clone()], &ds[seen.clone()]);
+            for (p, ds) in p[seen.clone()].iter().zip(&mut ds[seen.clone()]) {
                 *ds = p * (*ds - delta) * scale;
             }
-            p[seen..].fill(0.0);
-            ds[seen..].fill(0.0);
+            for t in [&mut *p, &mut *ds] {
+                t[..seen.start].fill(0.0);
+                t[seen.end..].fill(0.0);
+            }
         }
         let (p, ds) = (
-            View::rows(p, keys, 0..rows.len(), 0..keys),
-            View::rows(ds, keys, 0..rows.len(), 0..keys),
+            View::rows(p, width, 0..rows.len(), 0..width),
+            View::rows(ds, width, 0..rows.len(), 0..width),
         );
         matmul(
             ViewMut::rows(dq, dh, rows.clone(), 0..dh),
@@ -308,13 +368,13 @@ fn backward_head(s: &Saved<'_>, head: usize, [dq, dk, dv]: [&mut [f32]; 3], dims
             1.0,
             false,
         );
-        matmul(ViewMut::rows(dk, dh, 0..keys, 0..dh), ds.t(), q, 1.0, true);
         matmul(
-            ViewMut::rows(dv, dh, 0..keys, 0..dh),
-            p.t(),
-            dout,
+            ViewMut::rows(dk, dh, keys.clone(), 0..dh),
+            ds.t(),
+            q,
             1.0,
             true,
         );
+        matmul(ViewMut::rows(dv, dh, keys, 0..dh), p.t(), dout, 1.0, true);
     }
 }

@@ -67,6 +67,35 @@ fn attention_dims(q: &FlexTensor, k: &FlexTensor, heads: usize) -> attention::Di
 
 /// Class indices as `usize`, each checked to lie in `0..classes`, or `None` for an integer
 /// dtype the kernel does not read.
+/// Each query's first key from `starts [batch, q_len]`, clamped to the query's own position as
+/// the backend contract says: `Some(None)` without starts, `None` for an integer type the
+/// kernel does not read.
+fn first_keys(starts: Option<&FlexTensor>, dims: attention::Dims) -> Option<Option<Vec<usize>>> {
+    let Some(starts) = starts else {
+        return Some(None);
+    };
+    let starts = starts.to_contiguous();
+    let raw: Vec<i64> = match starts.dtype() {
+        DType::I64 => starts.as_slice::<i64>()?.to_vec(),
+        DType::I32 => starts
+            .as_slice::<i32>()?
+            .iter()
+            .map(|&s| s.into())
+            .collect(),
+        _ => return None,
+    };
+    let offset = dims.kv_len - dims.q_len;
+    let first = raw
+        .chunks_exact(dims.q_len)
+        .flat_map(|row| {
+            row.iter()
+                .enumerate()
+                .map(move |(i, &s)| usize::try_from(s).unwrap_or(0).min(i + offset))
+        })
+        .collect();
+    Some(Some(first))
+}
+
 fn class_indices(targets: &FlexTensor, classes: usize) -> Option<Vec<usize>> {
     let targets = targets.to_contiguous();
     let indices: Vec<i64> = match targets.dtype() {
@@ -199,16 +228,26 @@ impl KernelBackend for Flex {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         heads: usize,
+        starts: Option<IntTensor<Self>>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let [Some(qc), Some(kc), Some(vc)] = [&q, &k, &v].map(contiguous_f32) else {
-            return plain::causal_attention_forward::<Self>(q, k, v, heads);
+            return plain::causal_attention_forward::<Self>(q, k, v, heads, starts);
         };
         // Shared key and value heads are repeated before the kernel, which reads one per
         // query head (the copy transformers' `repeat_kv` makes too).
         let d_head = dims::<3>(&qc)[2] / heads;
         let [kc, vc] = [kc, vc].map(|t| repeated(t, heads, d_head));
         let shape = attention_dims(&qc, &kc, heads);
-        let (out, lse) = attention::forward(values(&qc), values(&kc), values(&vc), shape);
+        let Some(first) = first_keys(starts.as_ref(), shape) else {
+            return plain::causal_attention_forward::<Self>(q, k, v, heads, starts);
+        };
+        let (out, lse) = attention::forward(
+            values(&qc),
+            values(&kc),
+            values(&vc),
+            first.as_deref(),
+            shape,
+        );
         let (batch, q_len) = (shape.batch, shape.q_len);
         (
             tensor(out, [batch, q_len, heads * shape.d_head]),
@@ -222,6 +261,7 @@ impl KernelBackend for Flex {
         out: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         heads: usize,
+        starts: Option<IntTensor<Self>>,
     ) -> [FloatTensor<Self>; 3] {
         let [q, k, v] = &qkv;
         let inputs = [&dout, q, k, v, &out, &lse].map(contiguous_f32);
@@ -234,12 +274,15 @@ impl KernelBackend for Flex {
             Some(lse_c),
         ] = inputs
         else {
-            return plain::causal_attention_backward::<Self>(dout, qkv, out, lse, heads);
+            return plain::causal_attention_backward::<Self>(dout, qkv, out, lse, heads, starts);
         };
         let d_head = dims::<3>(&qc)[2] / heads;
         let kv_heads = dims::<3>(&kc)[2] / d_head;
         let [kc, vc] = [kc, vc].map(|t| repeated(t, heads, d_head));
         let shape = attention_dims(&qc, &kc, heads);
+        let Some(first) = first_keys(starts.as_ref(), shape) else {
+            return plain::causal_attention_backward::<Self>(dout, qkv, out, lse, heads, starts);
+        };
         let saved = attention::Saved {
             q: values(&qc),
             k: values(&kc),
@@ -247,6 +290,7 @@ impl KernelBackend for Flex {
             out: values(&out_c),
             lse: values(&lse_c),
             dout: values(&dout_c),
+            starts: first.as_deref(),
         };
         let (dq, dk, dv) = attention::backward(&saved, shape);
         let d_model = heads * shape.d_head;

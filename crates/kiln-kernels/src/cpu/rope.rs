@@ -8,7 +8,7 @@ use rayon::prelude::*;
 use super::simd::{Kernel, vectorized};
 
 /// `y = x·cos + swap(x)·sin` per row of `x [batch, seq, heads, d]` (rows of `d` contiguous),
-/// with `cos`, `sin` `[seq, d]`. The products and the sum round as the composite's do: no
+/// with `cos`, `sin` `[seq, d]` or `[batch·seq, d]` (a row per token). The products and the sum round as the composite's do: no
 /// fused multiply-add, so the result is the reference's bit for bit.
 pub(crate) fn forward(
     x: &[f32],
@@ -18,11 +18,14 @@ pub(crate) fn forward(
 ) -> Vec<f32> {
     let mut y = vec![0.0f32; x.len()];
     let position = heads * d;
+    // A table row per position of a sequence, or per token of the batch.
+    let rows = cos.len() / d;
+    debug_assert!(rows == seq || rows == x.len() / position);
     y.par_chunks_mut(position)
         .zip(x.par_chunks(position))
         .enumerate()
         .for_each(|(row, (y, x))| {
-            let p = row % seq;
+            let p = row % rows;
             let table = p * d..(p + 1) * d;
             vectorized(Rotate {
                 x,

@@ -12,8 +12,13 @@
 //! head `h` reads key and value head `h / group`, `group = heads / kv_heads`, in place; a key's
 //! unit in the backward sums its `dk` and `dv` over the group's query heads, so the repeated
 //! keys are never written and their gradients never summed by another launch.
+//!
+//! Packed sequences (`packed`, a compile-time flag) give each query its first key, `starts
+//! [batch, q_len]` clamped to the query's own position: a query's unit starts its loop there,
+//! and a key's unit stops at the first query whose start lies past the key (starts never
+//! decrease along a sequence, so no later query sees it either).
 
-use burn::tensor::Shape;
+use burn::tensor::{DType, Shape};
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
@@ -37,18 +42,37 @@ fn dot<F: Float>(
     s
 }
 
+/// The first key query `i` of sequence `b` sees: its start clamped to its own position `last`,
+/// or 0 without starts.
+#[cube]
+fn first_key<I: Int>(
+    starts: &Tensor<I>,
+    b: usize,
+    i: usize,
+    last: usize,
+    #[comptime] packed: bool,
+) -> usize {
+    let mut first = 0usize;
+    if comptime!(packed) {
+        first = usize::min(usize::cast_from(starts[b * starts.shape(1) + i]), last);
+    }
+    first
+}
+
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn attention_forward_kernel<F: Float>(
+fn attention_forward_kernel<F: Float, I: Int>(
     q: &Tensor<F>,
     k: &Tensor<F>,
     v: &Tensor<F>,
+    starts: &Tensor<I>,
     out: &mut Tensor<F>,
     lse: &mut Tensor<F>,
     heads: u32,
     scale: f32,
     #[comptime] d_head: usize,
-    #[define(F)] _dtype: StorageType,
+    #[comptime] packed: bool,
+    #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let heads = heads as usize;
     let q_len = q.shape(1);
@@ -76,7 +100,8 @@ fn attention_forward_kernel<F: Float>(
     let mut max = f32::min_value();
     let mut sum = 0.0f32;
     let visible = i + kv_len - q_len + 1;
-    for j in 0..visible {
+    let first = first_key(starts, b, i, visible - 1, packed);
+    for j in first..visible {
         let k_base = (b * kv_len + j) * kv_width + kv_head;
         let mut s = 0.0f32;
         #[unroll]
@@ -102,20 +127,22 @@ fn attention_forward_kernel<F: Float>(
 
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn attention_backward_kernel<F: Float>(
+fn attention_backward_kernel<F: Float, I: Int>(
     dout: &Tensor<F>,
     q: &Tensor<F>,
     k: &Tensor<F>,
     v: &Tensor<F>,
     out: &Tensor<F>,
     lse: &Tensor<F>,
+    starts: &Tensor<I>,
     dq: &mut Tensor<F>,
     dk: &mut Tensor<F>,
     dv: &mut Tensor<F>,
     heads: u32,
     scale: f32,
     #[comptime] d_head: usize,
-    #[define(F)] _dtype: StorageType,
+    #[comptime] packed: bool,
+    #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let heads = heads as usize;
     let batch = q.shape(0);
@@ -145,7 +172,8 @@ fn attention_backward_kernel<F: Float>(
         let delta = dot(dout, q_base, out, q_base, d_head);
         let l = f32::cast_from(lse[idx]);
         let kv_head = (h / group) * d_head;
-        for j in 0..i + offset + 1 {
+        let first = first_key(starts, b, i, i + offset, packed);
+        for j in first..i + offset + 1 {
             let k_base = (b * kv_len + j) * kv_width + kv_head;
             let p = f32::exp(scale * dot(q, q_base, k, k_base, d_head) - l);
             let ds = p * (dot(dout, q_base, v, k_base, d_head) - delta);
@@ -160,7 +188,8 @@ fn attention_backward_kernel<F: Float>(
         }
     } else {
         // dv_j = Σ_i p_ij·dout_i and dk_j = scale·Σ_i p_ij·(dout_i·v_j − D_i)·q_i over the
-        // queries that see key j (i + offset ≥ j), of every query head sharing the key's head.
+        // queries that see key j (i + offset ≥ j, and a start at or before j), of every query
+        // head sharing the key's head.
         let key = idx - queries;
         let j = key % kv_len;
         let g_head = (key / kv_len) % kv_heads;
@@ -172,8 +201,20 @@ fn attention_backward_kernel<F: Float>(
             acc_v[c] = 0.0;
         }
         let first = usize::max(j, offset) - offset;
+        // The queries past the key's example: with starts, the first whose start lies after j.
+        let mut end = q_len;
+        if comptime!(packed) {
+            let mut i = first;
+            while i < q_len {
+                if first_key(starts, b, i, i + offset, packed) > j {
+                    end = i;
+                    i = q_len;
+                }
+                i += 1;
+            }
+        }
         for h in g_head * group..(g_head + 1) * group {
-            for i in first..q_len {
+            for i in first..end {
                 let q_base = (b * q_len + i) * width + h * d_head;
                 let l = f32::cast_from(lse[(b * heads + h) * q_len + i]);
                 let p = f32::exp(scale * dot(q, q_base, k, k_base, d_head) - l);
@@ -209,14 +250,28 @@ fn check_shapes(q_len: usize, kv_len: usize, width: usize, kv_width: usize, head
     );
 }
 
+/// The starts the kernels read, and whether there are any: a one-element placeholder (never
+/// read, allocated without a launch) stands in for none.
+fn starts_arg<R: CubeRuntime>(
+    like: &CubeTensor<R>,
+    starts: Option<CubeTensor<R>>,
+) -> (CubeTensor<R>, bool) {
+    match starts {
+        Some(starts) => (dense_input(starts), true),
+        None => (dense_output(like, Shape::new([1]), DType::I32), false),
+    }
+}
+
 /// `(out, lse)`.
 pub(crate) fn forward<R: CubeRuntime>(
     q: CubeTensor<R>,
     k: CubeTensor<R>,
     v: CubeTensor<R>,
     heads: usize,
+    starts: Option<CubeTensor<R>>,
 ) -> (CubeTensor<R>, CubeTensor<R>) {
     let (q, k, v) = (dense_input(q), dense_input(k), dense_input(v));
+    let (starts, packed) = starts_arg(&q, starts);
     let [batch, q_len, width] = q.meta.shape().dims::<3>();
     check_shapes(q_len, k.meta.shape()[1], width, k.meta.shape()[2], heads);
     let d_head = width / heads;
@@ -233,12 +288,14 @@ pub(crate) fn forward<R: CubeRuntime>(
             q.into_tensor_arg(),
             k.into_tensor_arg(),
             v.into_tensor_arg(),
+            starts.clone().into_tensor_arg(),
             out.clone().into_tensor_arg(),
             lse.clone().into_tensor_arg(),
             heads as u32,
             (d_head as f32).powf(-0.5),
             d_head,
-            dtype.into(),
+            packed,
+            [dtype.into(), starts.dtype.into()],
         );
     }
     (out, lse)
@@ -251,8 +308,10 @@ pub(crate) fn backward<R: CubeRuntime>(
     out: CubeTensor<R>,
     lse: CubeTensor<R>,
     heads: usize,
+    starts: Option<CubeTensor<R>>,
 ) -> [CubeTensor<R>; 3] {
     let (q, k, v) = (dense_input(q), dense_input(k), dense_input(v));
+    let (starts, packed) = starts_arg(&q, starts);
     let (dout, out, lse) = (dense_input(dout), dense_input(out), dense_input(lse));
     let [batch, q_len, width] = q.meta.shape().dims::<3>();
     let [_, kv_len, kv_width] = k.meta.shape().dims::<3>();
@@ -276,13 +335,15 @@ pub(crate) fn backward<R: CubeRuntime>(
             v.into_tensor_arg(),
             out.into_tensor_arg(),
             lse.into_tensor_arg(),
+            starts.clone().into_tensor_arg(),
             dq.clone().into_tensor_arg(),
             dk.clone().into_tensor_arg(),
             dv.clone().into_tensor_arg(),
             heads as u32,
             (d_head as f32).powf(-0.5),
             d_head,
-            dtype.into(),
+            packed,
+            [dtype.into(), starts.dtype.into()],
         );
     }
     [dq, dk, dv]

@@ -127,8 +127,9 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> KernelBack
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         heads: usize,
+        starts: Option<IntTensor<Self>>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        attention::forward(q, k, v, heads)
+        attention::forward(q, k, v, heads, starts)
     }
 
     fn causal_attention_backward(
@@ -137,8 +138,9 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> KernelBack
         out: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         heads: usize,
+        starts: Option<IntTensor<Self>>,
     ) -> [FloatTensor<Self>; 3] {
-        attention::backward(dout, qkv, out, lse, heads)
+        attention::backward(dout, qkv, out, lse, heads, starts)
     }
 
     fn swiglu_forward(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {

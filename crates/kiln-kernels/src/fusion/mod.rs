@@ -290,6 +290,7 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         heads: usize,
+        starts: Option<IntTensor<Self>>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let (batch, q_len) = (q.shape[0], q.shape[1]);
         let out = [
@@ -297,14 +298,18 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
             (Shape::new([batch, heads, q_len]), q.dtype),
         ];
         let client = q.client.clone();
+        let mut inputs = vec![q, k, v];
+        inputs.extend(starts);
         let [y, lse] = outputs(queue::<B, _>(
             "kiln.causal_attention",
             &client,
-            vec![q, k, v],
+            inputs,
             &out,
-            move |inputs| {
+            move |mut inputs| {
+                let starts = (inputs.len() == 4).then(|| inputs.remove(3).int());
                 let [q, k, v] = take(inputs);
-                let (y, lse) = B::causal_attention_forward(q.float(), k.float(), v.float(), heads);
+                let (y, lse) =
+                    B::causal_attention_forward(q.float(), k.float(), v.float(), heads, starts);
                 floats([y, lse])
             },
         ));
@@ -317,6 +322,7 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
         out: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         heads: usize,
+        starts: Option<IntTensor<Self>>,
     ) -> [FloatTensor<Self>; 3] {
         let shapes = [
             (q.shape.clone(), q.dtype),
@@ -327,9 +333,13 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
         outputs(queue::<B, _>(
             "kiln.causal_attention_backward",
             &client,
-            vec![dout, q, k, v, out, lse],
+            [dout, q, k, v, out, lse]
+                .into_iter()
+                .chain(starts)
+                .collect(),
             &shapes,
-            move |inputs| {
+            move |mut inputs| {
+                let starts = (inputs.len() == 7).then(|| inputs.remove(6).int());
                 let [dout, q, k, v, out, lse] = take(inputs);
                 floats(B::causal_attention_backward(
                     dout.float(),
@@ -337,6 +347,7 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
                     out.float(),
                     lse.float(),
                     heads,
+                    starts,
                 ))
             },
         ))

@@ -4,9 +4,12 @@
 //! transformers' `repeat_kv`), heads split by a reshape and a transpose, the scores masked at
 //! their full `[batch, heads, q_len, kv_len]` shape, a softmax and a batched matmul. The
 //! gradients of repeated heads are summed over each group.
+//!
+//! With `starts [batch, q_len]` (packed sequences), query `i` also ignores the keys before
+//! `starts[i]`, its example's first position, clamped to the query's own position.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{Bool, Tensor, TensorData};
+use burn::tensor::{Bool, Int, Tensor, TensorData};
 
 /// What masked scores are set to: `exp` of it underflows to exactly 0 next to any real score.
 const MASKED: f32 = -1.0e9;
@@ -49,37 +52,56 @@ pub fn sum_groups<B: Backend>(g: Tensor<B, 3>, kv_heads: usize, d_head: usize) -
         .reshape([batch, len, kv_heads * d_head])
 }
 
-/// `[batch, heads, q_len, kv_len]`, true where key `j` lies in query `i`'s future: after its
-/// position `i + kv_len − q_len`.
-fn future<B: Backend>(shape: [usize; 4], device: &B::Device) -> Tensor<B, 4, Bool> {
+/// `[batch, heads, q_len, kv_len]`, true where key `j` is hidden from query `i`: after its
+/// position `i + kv_len − q_len`, or before its start.
+fn hidden<B: Backend>(
+    shape: [usize; 4],
+    starts: Option<Tensor<B, 2, Int>>,
+    device: &B::Device,
+) -> Tensor<B, 4, Bool> {
     let [batch, heads, q_len, kv_len] = shape;
     let offset = kv_len - q_len;
     let one: Vec<bool> = (0..q_len)
         .flat_map(|i| (0..kv_len).map(move |j| j > i + offset))
         .collect();
-    Tensor::from_data(TensorData::new(one.repeat(batch * heads), shape), device)
+    let future = Tensor::from_data(TensorData::new(one.repeat(batch * heads), shape), device);
+    let Some(starts) = starts else {
+        return future;
+    };
+    let last = Tensor::<B, 1, Int>::arange(offset as i64..kv_len as i64, device).unsqueeze::<2>();
+    let starts = starts.min_pair(last.expand([batch, q_len]));
+    let keys = Tensor::<B, 1, Int>::arange(0..kv_len as i64, device)
+        .reshape([1, 1, 1, kv_len])
+        .expand(shape);
+    let before = keys.lower(starts.reshape([batch, 1, q_len, 1]).expand(shape));
+    future.bool_or(before)
 }
 
 /// Masked, scaled scores `[batch, heads, q_len, kv_len]` of split queries and keys.
-fn scores<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>) -> Tensor<B, 4> {
+fn scores<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    starts: Option<Tensor<B, 2, Int>>,
+) -> Tensor<B, 4> {
     let [batch, heads, q_len, d_head] = q.dims();
-    let mask = future::<B>([batch, heads, q_len, k.dims()[2]], &q.device());
+    let mask = hidden::<B>([batch, heads, q_len, k.dims()[2]], starts, &q.device());
     q.mul_scalar((d_head as f64).powf(-0.5))
         .matmul(k.swap_dims(2, 3))
         .mask_fill(mask, MASKED)
 }
 
 /// `(out [batch, q_len, d_model], lse [batch, heads, q_len])`, `lse` the log-sum-exp of each
-/// query's masked scores.
+/// query's masked scores; `starts` as the module says.
 pub fn forward<B: Backend>(
     q: Tensor<B, 3>,
     k: Tensor<B, 3>,
     v: Tensor<B, 3>,
     heads: usize,
+    starts: Option<Tensor<B, 2, Int>>,
 ) -> (Tensor<B, 3>, Tensor<B, 3>) {
     let d_head = q.dims()[2] / heads;
     let (k, v) = (repeat_kv(k, heads, d_head), repeat_kv(v, heads, d_head));
-    let scores = scores(split(q, heads), split(k, heads));
+    let scores = scores(split(q, heads), split(k, heads), starts);
     let max = scores.clone().max_dim(3);
     let lse = (scores.clone() - max.clone()).exp().sum_dim(3).log() + max;
     let weights = (scores - lse.clone()).exp();
@@ -94,6 +116,7 @@ pub fn backward<B: Backend>(
     out: Tensor<B, 3>,
     lse: Tensor<B, 3>,
     heads: usize,
+    starts: Option<Tensor<B, 2, Int>>,
 ) -> [Tensor<B, 3>; 3] {
     let d_head = q.dims()[2] / heads;
     let kv_heads = k.dims()[2] / d_head;
@@ -101,7 +124,7 @@ pub fn backward<B: Backend>(
     let (k, v) = (repeat_kv(k, heads, d_head), repeat_kv(v, heads, d_head));
     let (q, k, v) = (split(q, heads), split(k, heads), split(v, heads));
     let (dout, out) = (split(dout, heads), split(out, heads));
-    let p = (scores(q.clone(), k.clone()) - lse.unsqueeze_dim::<4>(3)).exp();
+    let p = (scores(q.clone(), k.clone(), starts) - lse.unsqueeze_dim::<4>(3)).exp();
     let dv = p.clone().swap_dims(2, 3).matmul(dout.clone());
     let delta = (dout.clone() * out).sum_dim(3);
     let ds = p * (dout.matmul(v.swap_dims(2, 3)) - delta);

@@ -9,12 +9,14 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
-/// `x [batch, seq, heads, d]` rotated by the tables `cos`, `sin` `[seq, d]` of its positions.
+/// `x [batch, seq, heads, d]` rotated by the tables `cos`, `sin` of its positions: `[seq, d]`,
+/// the same for every sequence, or `[batch·seq, d]`, a row per token.
 pub fn forward<B: Backend>(x: Tensor<B, 4>, cos: Tensor<B, 2>, sin: Tensor<B, 2>) -> Tensor<B, 4> {
-    let [_, seq, _, d] = x.dims();
+    let [batch, seq, _, d] = x.dims();
+    let batch = if cos.dims()[0] == seq { 1 } else { batch };
     let half = d / 2;
     let swap: Vec<i64> = (half..d).chain(0..half).map(|i| i as i64).collect();
     let swap = Tensor::<B, 1, Int>::from_data(TensorData::new(swap, [d]), &x.device());
-    let table = |t: Tensor<B, 2>| t.reshape([1, seq, 1, d]);
+    let table = |t: Tensor<B, 2>| t.reshape([batch, seq, 1, d]);
     x.clone() * table(cos) + x.select(3, swap) * table(sin)
 }
