@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use burn::backend::Flex;
 use burn::data::dataloader::batcher::Batcher;
 use kiln_nn::llm::{
-    DataFormat, DataSet, Example, LlmError, LlmTokenizer, LmBatch, LmBatcher, Packing,
+    DataFormat, DataSet, Example, LlmError, LlmTokenizer, LmBatch, LmBatcher, LmItem, Packing,
     TokenizeOptions, Tokenized, TrainOn, load_config, tokenize,
 };
 
@@ -181,13 +181,13 @@ fn a_batch_pads_to_its_longest_rounded_to_eight_within_the_limit() {
 }
 
 #[test]
-fn packing_cuts_the_whole_stream_into_full_sequences() {
+fn wrapped_packing_cuts_the_whole_stream_into_full_sequences() {
     let tokenizer = tokenizer();
     let path = fixture("chat.jsonl");
     let examples = read(&path).unwrap();
     assert_eq!(examples.len(), 34);
     let padded = tokenize(&examples, &tokenizer, options(24, Packing::Pad)).unwrap();
-    let packed = tokenize(&examples, &tokenizer, options(24, Packing::Pack)).unwrap();
+    let packed = tokenize(&examples, &tokenizer, options(24, Packing::Wrapped)).unwrap();
     assert_eq!(padded.items.len(), 34);
     assert!(packed.items.len() < padded.items.len());
     // Nothing cut when padding to 24, and packing trains the same tokens: every trained
@@ -198,4 +198,107 @@ fn packing_cuts_the_whole_stream_into_full_sequences() {
     for pair in packed.items.windows(2) {
         assert_eq!(pair[0].tokens[24], pair[1].tokens[0]);
     }
+}
+
+#[test]
+fn best_fit_packing_holds_every_example_once_within_the_length() {
+    let tokenizer = tokenizer();
+    let examples = read(&fixture("chat.jsonl")).unwrap();
+    let padded = tokenize(&examples, &tokenizer, options(48, Packing::Pad)).unwrap();
+    let packed = tokenize(&examples, &tokenizer, options(48, Packing::Bfd)).unwrap();
+    assert_eq!(packed.trained_tokens, padded.trained_tokens);
+    assert_eq!(packed.truncated, padded.truncated);
+    let held: usize = packed.items.iter().map(LmItem::examples).sum();
+    assert_eq!(held, examples.len());
+    assert!(
+        packed.items.len() * 3 < examples.len(),
+        "{}",
+        packed.items.len()
+    );
+    // Each row holds whole examples, as tokenised alone, within --seq-len + 1 tokens.
+    let mut alone: Vec<&[u32]> = padded.items.iter().map(|i| i.tokens.as_slice()).collect();
+    for item in &packed.items {
+        assert!(item.tokens.len() <= 49);
+        let mut bounds = item.starts.clone();
+        bounds.push(item.tokens.len());
+        if item.starts.is_empty() {
+            bounds = vec![0, item.tokens.len()];
+        }
+        for pair in bounds.windows(2) {
+            let example = &item.tokens[pair[0]..pair[1]];
+            let found = alone.iter().position(|a| *a == example);
+            alone.swap_remove(found.expect("a packed example is one of the data's"));
+        }
+    }
+    assert!(alone.is_empty());
+}
+
+/// Each token's cross-entropy against its target, `[batch][position]`.
+fn token_losses(model: &kiln_nn::llm::CausalLm<Flex>, batch: &LmBatch<Flex>) -> Vec<Vec<f32>> {
+    use burn::tensor::activation::log_softmax;
+    let logits = model.forward_packed(batch.inputs.clone(), batch.packed.as_ref());
+    let [n, seq, _] = logits.dims();
+    let logp = log_softmax(logits, 2).gather(2, batch.targets.clone().unsqueeze_dim(2));
+    let flat = logp.into_data().to_vec::<f32>().unwrap();
+    flat.chunks(seq)
+        .map(|row| row.iter().map(|l| -l).collect())
+        .take(n)
+        .collect()
+}
+
+#[test]
+fn a_packed_example_has_the_losses_it_has_alone() {
+    let device = Default::default();
+    let tokenizer = tokenizer();
+    let examples = read(&fixture("chat.jsonl")).unwrap();
+    let packed = tokenize(&examples, &tokenizer, options(64, Packing::Bfd)).unwrap();
+    let (_, model) = kiln_nn::llm::load::<Flex>(&fixture("llama"), &device).unwrap();
+    let batcher = LmBatcher::new(64);
+    let rows = &packed.items[..3];
+    let batch: LmBatch<Flex> = batcher.batch(rows.to_vec(), &device);
+    let losses = token_losses(&model, &batch);
+    let mask = batch.mask.clone().into_data().to_vec::<f32>().unwrap();
+    let seq = batch.inputs.dims()[1];
+    // The same rows as one sequence each, attending across their examples.
+    let mut crossed = batch.clone();
+    crossed.packed = None;
+    let crossed = token_losses(&model, &crossed);
+    let (mut compared, mut moved) = (0, 0);
+    for (r, item) in rows.iter().enumerate() {
+        let mut bounds = item.starts.clone();
+        bounds.push(item.tokens.len());
+        for pair in bounds.windows(2) {
+            let (start, end) = (pair[0], pair[1]);
+            let example = LmItem::from_stream(
+                &item.tokens[start..end]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &t)| (t, i > 0 && item.trained[start + i - 1]))
+                    .collect::<Vec<_>>(),
+            );
+            let alone: LmBatch<Flex> = batcher.batch(vec![example.clone()], &device);
+            let alone_losses = &token_losses(&model, &alone)[0];
+            let alone_mask = alone.mask.into_data().to_vec::<f32>().unwrap();
+            for i in 0..end - start - 1 {
+                let got = losses[r][start + i];
+                assert!(
+                    (got - alone_losses[i]).abs() < 1e-4,
+                    "row {r}, example at {start}, target {i}: {got} packed, {} alone",
+                    alone_losses[i]
+                );
+                assert_eq!(mask[r * seq + start + i], alone_mask[i]);
+                compared += 1;
+                if start > 0 && (crossed[r][start + i] - alone_losses[i]).abs() > 1e-3 {
+                    moved += 1;
+                }
+            }
+            // The last input's target is the next example's first token: never trained.
+            if end < item.tokens.len() {
+                assert_eq!(mask[r * seq + end - 1], 0.0);
+            }
+        }
+    }
+    assert!(compared > 60, "{compared}");
+    // Attending across examples changes the later examples' losses.
+    assert!(moved > 10, "{moved}");
 }

@@ -32,12 +32,17 @@ use common::{fixed_adapters, fixture};
 /// The chat fixture as sequences of at most 24 tokens (both fixtures share the llama one's
 /// vocabulary of 96 tokens).
 fn chat_items() -> Vec<LmItem> {
+    items(Packing::Pad)
+}
+
+/// The chat fixture as sequences of at most 24 tokens, `packing` them.
+fn items(packing: Packing) -> Vec<LmItem> {
     let dir = fixture("llama");
     let tokenizer = LlmTokenizer::from_dir(&dir, &load_config(&dir).unwrap()).unwrap();
     let path = fixture("chat.jsonl");
     let options = TokenizeOptions {
         seq_len: 24,
-        packing: Packing::Pad,
+        packing,
         train_on: TrainOn::Completion,
     };
     let data = DataSet::read(&path, DataFormat::Auto).unwrap();
@@ -78,7 +83,19 @@ fn train_in(
     steps: usize,
     precision: Precision,
 ) -> Result<(CausalLm<B>, Vec<f64>), StrategyError> {
-    let data = DataSource::new(InMemDataset::new(chat_items()), LmBatcher::new(24));
+    train_on(chat_items(), start, strategy, world, steps, precision)
+}
+
+/// [`train_in`] on `items`.
+fn train_on(
+    items: Vec<LmItem>,
+    start: &CausalLm<A>,
+    strategy: StrategyKind,
+    world: usize,
+    steps: usize,
+    precision: Precision,
+) -> Result<(CausalLm<B>, Vec<f64>), StrategyError> {
+    let data = DataSource::new(InMemDataset::new(items), LmBatcher::new(24));
     let mut configs = StrategyConfigs::default();
     configs.set_threads_per_rank(1);
     configs.pipeline.stages = 2;
@@ -471,5 +488,35 @@ fn activation_checkpointing_trains_the_same_adapters_under_single_ddp_and_tensor
             );
         }
         assert_ne!(a, adapter_values(&start.valid()), "nothing trained");
+    }
+}
+
+/// Packed rows train alike under every strategy that takes them, with and without recomputed
+/// activations: Ddp splits the rows between ranks and `tensor` the heads between shards, and
+/// each still keeps the examples of a row apart.
+#[test]
+fn packed_rows_train_the_same_adapters_under_single_ddp_tensor_and_checkpointing() {
+    // The fixture twice: a step takes 16 rows.
+    let items = [items(Packing::Bfd), items(Packing::Bfd)].concat();
+    assert!(items.len() >= 16 && items.iter().any(|i| i.examples() > 1));
+    let (_, base) = load::<A>(&fixture("llama"), &Default::default()).unwrap();
+    let start = adapted(base);
+    let run = |model: &CausalLm<A>, strategy, world| {
+        train_on(items.clone(), model, strategy, world, 3, Precision::F32).unwrap()
+    };
+    let (single, losses) = run(&start, StrategyKind::Single, 1);
+    assert_only_adapters_trained(&start.valid(), &single);
+    assert_same(&single, &run(&start, StrategyKind::Ddp, 2).0, "ddp");
+    assert_same(&single, &run(&start, StrategyKind::Tensor, 2).0, "tensor");
+    let recomputed = start.clone().with_gradient_checkpointing(true);
+    let (kept, kept_losses) = run(&recomputed, StrategyKind::Single, 1);
+    let worst = adapter_values(&single)
+        .iter()
+        .zip(adapter_values(&kept))
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    assert!(worst <= 1e-6, "checkpointed: adapters differ by {worst}");
+    for (x, y) in losses.iter().zip(&kept_losses) {
+        assert!((x - y).abs() <= 1e-6, "checkpointed: {x} vs {y}");
     }
 }

@@ -98,8 +98,10 @@ pub struct FinetuneArgs {
     /// Passes over the data, in place of --steps: ⌈epochs · sequences / batch⌉ steps.
     #[arg(long, conflicts_with = "steps")]
     epochs: Option<f64>,
-    /// One example per sequence, padded, or examples packed into full sequences
-    /// [default: pad].
+    /// One example per sequence, padded to the batch's longest; `bfd`: whole examples packed
+    /// best-fit-decreasing into sequences of --seq-len, each attending only to itself (TRL's
+    /// default packing; `pack` says the same); `wrapped`: the examples' stream cut into full
+    /// sequences, attending across examples [default: pad].
     #[arg(long, value_enum)]
     packing: Option<PackingArg>,
     #[command(flatten)]
@@ -138,7 +140,9 @@ pub(super) struct Reports {
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 enum PackingArg {
     Pad,
-    Pack,
+    #[value(alias = "pack")]
+    Bfd,
+    Wrapped,
 }
 
 /// `--data-format`.
@@ -246,7 +250,8 @@ impl FinetuneArgs {
         if let Some(packing) = self.packing {
             c.packing = match packing {
                 PackingArg::Pad => Packing::Pad,
-                PackingArg::Pack => Packing::Pack,
+                PackingArg::Bfd => Packing::Bfd,
+                PackingArg::Wrapped => Packing::Wrapped,
             };
         }
         let dp = self.run.apply(&mut c.train)?;

@@ -58,6 +58,10 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
         false => (None, None),
     };
     let placement = config.train.placement(&plan)?;
+    let stages = plan.degree(kiln_core::world::Mesh::PP);
+    if config.packing == Packing::Bfd && stages > 1 {
+        return Err(FinetuneConfigError::PackedStages(stages).into());
+    }
     config
         .train
         .backend
@@ -156,12 +160,17 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     tracing::info!(
-        "{} examples -> {} sequences of at most {} tokens ({:.1} on average, each batch padded \
-         to its longest), {} tokens trained",
+        "{} examples -> {} sequences of at most {} tokens ({:.1} on average, {}), {} tokens \
+         trained",
         examples.len(),
         tokenized.items.len(),
         config.seq_len(),
         tokenized.tokens as f64 / tokenized.items.len().max(1) as f64,
+        match config.packing {
+            Packing::Pad => "each batch padded to its longest",
+            Packing::Bfd => "whole examples packed best-fit, each attending only to itself",
+            Packing::Wrapped => "the examples' stream cut into full sequences",
+        },
         tokenized.trained_tokens
     );
     if let Some(steps) = config.steps_for(tokenized.items.len()) {

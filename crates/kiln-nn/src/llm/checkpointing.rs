@@ -55,9 +55,11 @@ where
             .embed_tokens
             .valid()
             .forward(batch.inputs.clone().inner());
-        let positions = 0..x.dims()[1];
-        let dtype = x.dtype();
-        let inner_rope = decoder.rope.tables(positions.clone(), &device, dtype);
+        let (seq, dtype) = (x.dims()[1], x.dtype());
+        let inner_packed = batch.packed.as_ref().map(|p| p.inner());
+        let inner_rope = decoder
+            .rope
+            .positions(seq, inner_packed.as_ref(), &device, dtype);
         let mut inputs = Vec::with_capacity(decoder.layers.len());
         for layer in &decoder.layers {
             inputs.push(x.clone());
@@ -79,7 +81,9 @@ where
         let (mut acc, mut grad) = self.gradients(seed, &hidden, GradientsParams::new(), &device);
 
         // Each layer again, last first, seeded with the gradient of its output.
-        let rope = decoder.rope.tables(positions, &device, dtype);
+        let rope = decoder
+            .rope
+            .positions(seq, batch.packed.as_ref(), &device, dtype);
         for (layer, input) in decoder.layers.iter().zip(inputs).rev() {
             let x = Tensor::<B, 3>::from_inner(input).require_grad();
             let y = layer.forward(x.clone(), &rope);

@@ -46,7 +46,7 @@ impl<B: ShardedBackend> CausalLm<B> {
         let mut sum = 0.0;
         for chunk in items.chunks(batch) {
             let batch: super::LmBatch<B> = batcher.batch(chunk.to_vec(), device);
-            let logits = self.forward(batch.inputs);
+            let logits = self.forward_packed(batch.inputs, batch.packed.as_ref());
             let losses = per_sequence_losses(logits, batch.targets, batch.mask);
             sum += losses.sum().into_scalar().elem::<f64>();
         }

@@ -42,7 +42,7 @@ mod tokenizer;
 mod train;
 
 pub use adapters::LoraAdapters;
-pub use batch::{LmBatch, LmBatcher, LmItem};
+pub use batch::{LmBatch, LmBatcher, LmItem, PackedRows};
 pub use chat_template::{ChatTemplate, Message, Role, SpecialTokens};
 pub use config::{LlmConfig, ModelType, RopeScaling};
 pub use data::{
@@ -58,7 +58,7 @@ pub use load::{load, load_4bit, load_config};
 pub use model::{Attention, CausalLm, Decoder, DecoderLayer, Mlp, ProjBuilder};
 pub use peft::{ALL_LINEAR, LoraSpec, TARGET_MODULES, check_peft_base, expand_target_modules};
 pub use proj::{Proj, QuantizedBase};
-pub use rope::{Rope, RopeTables};
+pub use rope::{Positions, Rope};
 pub use save::COMPANIONS;
 pub use stages::CausalLmStage;
 pub use tensor_parallel::ShardedCausalLm;

@@ -6,7 +6,7 @@ use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNor
 use burn::tensor::{Int, Tensor};
 use kiln_kernels::ops;
 
-use super::{LlmConfig, Proj, Rope, RopeTables};
+use super::{LlmConfig, PackedRows, Positions, Proj, Rope};
 use crate::layers::rms_norm;
 use crate::tensor_parallel::ShardedBackend;
 
@@ -31,7 +31,7 @@ pub struct Attention<B: ShardedBackend> {
 }
 
 impl<B: ShardedBackend> Attention<B> {
-    fn forward(&self, x: Tensor<B, 3>, rope: &RopeTables<B>) -> Tensor<B, 3> {
+    fn forward(&self, x: Tensor<B, 3>, rope: &Positions<B>) -> Tensor<B, 3> {
         self.attend(x, rope, |k, v| (k, v))
     }
 
@@ -42,7 +42,7 @@ impl<B: ShardedBackend> Attention<B> {
     pub(super) fn attend(
         &self,
         x: Tensor<B, 3>,
-        rope: &RopeTables<B>,
+        rope: &Positions<B>,
         context: impl FnOnce(Tensor<B, 3>, Tensor<B, 3>) -> (Tensor<B, 3>, Tensor<B, 3>),
     ) -> Tensor<B, 3> {
         let [batch, n, _] = x.dims();
@@ -60,7 +60,7 @@ impl<B: ShardedBackend> Attention<B> {
         let (k, v) = context(k, v);
         // Each key/value head serves heads / kv_heads query heads, in order: the attention
         // reads the shared heads as they are (grouped-query attention).
-        let out = ops::causal_attention(q, k, v, h).unwrap_or_else(|e| panic!("{e}"));
+        let out = rope.attend(q, k, v, h);
         self.o_proj.forward(out)
     }
 }
@@ -99,7 +99,7 @@ pub struct DecoderLayer<B: ShardedBackend> {
 
 impl<B: ShardedBackend> DecoderLayer<B> {
     /// `[batch, seq, hidden]` → same shape, causally.
-    pub fn forward(&self, x: Tensor<B, 3>, rope: &RopeTables<B>) -> Tensor<B, 3> {
+    pub fn forward(&self, x: Tensor<B, 3>, rope: &Positions<B>) -> Tensor<B, 3> {
         self.forward_with(x, |attn, x| attn.forward(x, rope))
     }
 
@@ -231,9 +231,21 @@ impl<B: ShardedBackend> CausalLm<B> {
     /// Logits `[batch, seq, vocab]` of the tokens `[batch, seq]`, each position seeing itself
     /// and the ones before.
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        self.forward_packed(tokens, None)
+    }
+
+    /// [`Self::forward`] of rows that may pack several examples (`packed`): each example's
+    /// positions count from 0 and its tokens see only its own.
+    pub fn forward_packed(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        packed: Option<&PackedRows<B>>,
+    ) -> Tensor<B, 3> {
         let decoder = &self.model;
         let mut x = decoder.embed_tokens.forward(tokens);
-        let rope = decoder.rope.tables(0..x.dims()[1], &x.device(), x.dtype());
+        let rope = decoder
+            .rope
+            .positions(x.dims()[1], packed, &x.device(), x.dtype());
         for layer in &decoder.layers {
             x = layer.forward(x, &rope);
         }

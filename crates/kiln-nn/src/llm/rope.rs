@@ -1,13 +1,15 @@
 //! Rotary position embeddings as Hugging Face's LLaMA computes them: half-split rotation
-//! (`rotate_half`), the base `rope_theta`, and LLaMA 3's frequency rescaling.
+//! (`rotate_half`), the base `rope_theta`, and LLaMA 3's frequency rescaling; and the
+//! [`Positions`] of a batch's tokens, which the attention reads: their rotations and, in packed
+//! rows, where each token's example starts.
 
 use std::ops::Range;
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::{DType, Int, Tensor, TensorData};
 use kiln_kernels::{KernelBackend, ops};
 
-use super::{LlmConfig, RopeScaling};
+use super::{LlmConfig, PackedRows, RopeScaling};
 
 /// The rotary frequencies of one head width; applies the rotation at any positions.
 #[derive(Debug, Clone, PartialEq)]
@@ -60,7 +62,7 @@ impl Rope {
         positions: Range<usize>,
         device: &B::Device,
         dtype: DType,
-    ) -> RopeTables<B> {
+    ) -> Positions<B> {
         let (seq, half) = (positions.len(), self.inv_freq.len());
         let dim = 2 * half;
         let (mut cos, mut sin) = (Vec::with_capacity(seq * dim), Vec::with_capacity(seq * dim));
@@ -83,25 +85,71 @@ impl Rope {
             let data = TensorData::new(v, [seq, dim]).convert_dtype(dtype);
             Tensor::<B, 2>::from_data(data, (device, dtype))
         };
-        RopeTables {
+        Positions {
             cos: table(cos),
             sin: table(sin),
+            starts: None,
+        }
+    }
+
+    /// The positions of `seq` tokens per row: `0..seq` in every row, or in `packed` rows each
+    /// example's own from 0 (a table row per token, gathered from the tables of `0..seq`: two
+    /// launches a forward), its queries seeing only its own keys.
+    pub fn positions<B: Backend>(
+        &self,
+        seq: usize,
+        packed: Option<&PackedRows<B>>,
+        device: &B::Device,
+        dtype: DType,
+    ) -> Positions<B> {
+        let tables = self.tables(0..seq, device, dtype);
+        let Some(packed) = packed else {
+            return tables;
+        };
+        let [batch, len] = packed.positions.dims();
+        debug_assert_eq!(len, seq, "a packed batch's positions are its inputs'");
+        let rows = packed.positions.clone().reshape([batch * len]);
+        Positions {
+            cos: tables.cos.select(0, rows.clone()),
+            sin: tables.sin.select(0, rows),
+            starts: Some(packed.starts.clone()),
         }
     }
 }
 
-/// [`Rope`]'s tables for some positions on a device (see [`Rope::tables`]).
+/// The positions of a batch's tokens on a device ([`Rope::tables`], [`Rope::positions`]): the
+/// rotation tables of their positions, and in packed rows each token's example's first
+/// position, before which its query sees nothing.
 #[derive(Debug, Clone)]
-pub struct RopeTables<B: Backend> {
+pub struct Positions<B: Backend> {
+    /// `[seq, head_dim]`, or `[batch·seq, head_dim]` in packed rows.
     cos: Tensor<B, 2>,
     sin: Tensor<B, 2>,
+    /// `[batch, seq]` in packed rows.
+    starts: Option<Tensor<B, 2, Int>>,
 }
 
-impl<B: KernelBackend> RopeTables<B> {
+impl<B: KernelBackend> Positions<B> {
     /// Rotates `x` `[batch, seq, heads, head_dim]` at the tables' positions: Hugging Face's
     /// `x·cos + rotate_half(x)·sin` through Kiln's [`ops::rope`].
     pub fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         ops::rope(x, self.cos.clone(), self.sin.clone())
             .expect("the tables are built for x's positions and head width")
+    }
+
+    /// Causal attention of `q` over `k`, `v` (see [`ops::causal_attention`]), within each
+    /// packed example when the rows are packed.
+    pub fn attend(
+        &self,
+        q: Tensor<B, 3>,
+        k: Tensor<B, 3>,
+        v: Tensor<B, 3>,
+        heads: usize,
+    ) -> Tensor<B, 3> {
+        match &self.starts {
+            Some(starts) => ops::packed_causal_attention(q, k, v, heads, starts.clone()),
+            None => ops::causal_attention(q, k, v, heads),
+        }
+        .unwrap_or_else(|e| panic!("{e}"))
     }
 }

@@ -23,7 +23,7 @@ impl<B: ShardedBackend> CausalLm<B> {
     /// micro-batches, weighted by sequence count as the strategies weight it, gives the same
     /// gradient. Each example counts the same whatever its length.
     pub fn forward_masked(&self, batch: LmBatch<B>) -> SequenceOutput<B> {
-        let logits = self.forward(batch.inputs);
+        let logits = self.forward_packed(batch.inputs, batch.packed.as_ref());
         let loss = masked_loss(logits.clone(), batch.targets.clone(), batch.mask);
         SequenceOutput::new(loss, logits, None, batch.targets)
     }
@@ -81,7 +81,9 @@ where
         // The parameters are in the low precision already and the inputs are token ids; the
         // rotary tables take the activations' dtype. The loss (a softmax over the vocabulary
         // and means over positions) is computed in f32.
-        let logits = self.forward(batch.inputs).cast(FloatDType::F32);
+        let logits = self
+            .forward_packed(batch.inputs, batch.packed.as_ref())
+            .cast(FloatDType::F32);
         let loss = masked_loss(logits.clone(), batch.targets.clone(), batch.mask);
         SequenceOutput::new(loss, logits, None, batch.targets)
     }

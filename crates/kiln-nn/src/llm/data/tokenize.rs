@@ -12,9 +12,16 @@ pub enum Packing {
     /// longer example's end is cut, and one whose prompt alone fills the sequence is refused.
     #[default]
     Pad,
-    /// Examples concatenated and cut into full sequences (an example may span two, and a
-    /// sequence attends across examples: TRL's `wrapped` packing): no padding computed.
-    Pack,
+    /// Whole examples packed into sequences best-fit-decreasing (TRL's default `bfd`): the
+    /// longest first, each into the fullest sequence it still fits. Each example attends only
+    /// to itself, at positions counted from its own start ([`LmItem::packed`]), so it trains
+    /// as it would alone; a longer example's end is cut, as with [`Packing::Pad`]. Little
+    /// padding is computed.
+    #[serde(alias = "pack")]
+    Bfd,
+    /// Examples concatenated and cut into full sequences: an example may span two, and a
+    /// sequence attends across examples (TRL's `wrapped`). No padding computed.
+    Wrapped,
 }
 
 /// Which tokens the loss counts.
@@ -46,7 +53,7 @@ pub struct TokenizeOptions {
 pub struct Tokenized {
     /// The sequences, each `seq_len + 1` tokens at most.
     pub items: Vec<LmItem>,
-    /// Examples whose end was cut to fit ([`Packing::Pad`]).
+    /// Examples whose end was cut to fit ([`Packing::Pad`], [`Packing::Bfd`]).
     pub truncated: usize,
     /// Tokens that count in the loss, over all sequences.
     pub trained_tokens: usize,
@@ -67,7 +74,7 @@ pub struct Tokenized {
 /// # Errors
 /// [`LlmError::Data`] / [`LlmError::DataRow`] naming the example: a conversation when the
 /// tokenizer has no chat template, one the template refuses, or a prompt that leaves no room
-/// for its completion within `seq_len` (with [`Packing::Pad`]); [`LlmError::Tokenizer`]
+/// for its completion within `seq_len` (unless [`Packing::Wrapped`]); [`LlmError::Tokenizer`]
 /// from the tokenizer.
 pub fn tokenize(
     data: &DataSet,
@@ -102,8 +109,8 @@ pub fn tokenize(
         tokens: 0,
     };
     match packing {
-        Packing::Pad => {
-            for (i, mut stream) in streams.into_iter().enumerate() {
+        Packing::Pad | Packing::Bfd => {
+            for (i, stream) in streams.iter_mut().enumerate() {
                 // A target at position i is token i + 1: the first trained token must be at
                 // most at index seq_len.
                 let first = stream.iter().position(|&(_, trained)| trained);
@@ -121,10 +128,18 @@ pub fn tokenize(
                     stream.truncate(seq_len + 1);
                     out.truncated += 1;
                 }
-                out.items.push(LmItem::from_stream(&stream));
+            }
+            if packing == Packing::Pad {
+                out.items = streams.iter().map(|s| LmItem::from_stream(s)).collect();
+            } else {
+                let lengths: Vec<usize> = streams.iter().map(Vec::len).collect();
+                out.items = best_fit_decreasing(&lengths, seq_len + 1)
+                    .into_iter()
+                    .map(|bin| LmItem::packed(bin.into_iter().map(|i| streams[i].as_slice())))
+                    .collect();
             }
         }
-        Packing::Pack => {
+        Packing::Wrapped => {
             let all: Vec<(u32, bool)> = streams.into_iter().flatten().collect();
             // Windows overlap by one token: the last input's target is the next window's
             // first input.
@@ -141,6 +156,36 @@ pub fn tokenize(
         out.tokens += item.trained.len();
     }
     Ok(out)
+}
+
+/// The indices of items of `lengths` (each at most `capacity`) in bins of `capacity`,
+/// best-fit-decreasing: the longest first (ties in their order), each into the bin it fills
+/// most closely, a new bin when none has room. Bins in the order they were opened, each's
+/// items in the order they went in.
+fn best_fit_decreasing(lengths: &[usize], capacity: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..lengths.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(lengths[i]));
+    let mut bins: Vec<Vec<usize>> = Vec::new();
+    // (room left, bin): the first entry with room ≥ a length is the best fit.
+    let mut room = std::collections::BTreeSet::<(usize, usize)>::new();
+    for i in order {
+        let len = lengths[i];
+        debug_assert!(len <= capacity, "items are cut to the capacity first");
+        let bin = match room.range((len, 0)..).next().copied() {
+            Some(entry) => {
+                room.remove(&entry);
+                entry.1
+            }
+            None => {
+                bins.push(Vec::new());
+                bins.len() - 1
+            }
+        };
+        bins[bin].push(i);
+        let used: usize = bins[bin].iter().map(|&j| lengths[j]).sum();
+        room.insert((capacity - used, bin));
+    }
+    bins
 }
 
 /// Why an example could not be encoded.
