@@ -39,6 +39,7 @@ where
     type Activation = Tensor<B, 3>;
     type FirstInput = Tensor<B, 3>;
     type Target = Tensor<B, 2, Int>;
+    type Context = ();
 
     fn num_blocks(&self) -> usize {
         self.blocks.len()
@@ -59,8 +60,8 @@ where
             .collect()
     }
 
-    fn split_input(batch: AdBatch<B>) -> (Tensor<B, 3>, Tensor<B, 2, Int>) {
-        (batch.features, batch.targets)
+    fn split_input(batch: AdBatch<B>) -> (Tensor<B, 3>, (), Tensor<B, 2, Int>) {
+        (batch.features, (), batch.targets)
     }
 
     fn embed(stage: &AdStage<B, L>, features: Tensor<B, 3>) -> Tensor<B, 3> {
@@ -70,7 +71,7 @@ where
         embed(table, positions, features)
     }
 
-    fn blocks(stage: &AdStage<B, L>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    fn blocks(stage: &AdStage<B, L>, x: Tensor<B, 3>, _: &()) -> Tensor<B, 3> {
         run_blocks(&stage.blocks, x)
     }
 

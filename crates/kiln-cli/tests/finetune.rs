@@ -511,19 +511,6 @@ fn bad_inputs_are_refused_in_one_line() {
     );
     check(base(&["--eval-every", "2"]), "there is nothing to evaluate");
     check(
-        base(&[
-            "--packing",
-            "bfd",
-            "--strategy",
-            "pipeline",
-            "--world",
-            "2",
-            "--stages",
-            "2",
-        ]),
-        "--packing bfd under 2 pipeline stages",
-    );
-    check(
         base(&["--eval-split", "0.1", "--eval-every", "0"]),
         "--eval-every 0",
     );

@@ -98,7 +98,12 @@ fn train_on(
     let data = DataSource::new(InMemDataset::new(items), LmBatcher::new(24));
     let mut configs = StrategyConfigs::default();
     configs.set_threads_per_rank(1);
-    configs.pipeline.stages = 2;
+    // A stage per rank.
+    configs.pipeline.stages = if strategy == StrategyKind::Pipeline {
+        world
+    } else {
+        2
+    };
     configs.pipeline.micro_batches = 2;
     configs.ddp.check_replicas_every = Some(1);
     // Under `tensor`: 2 shards, in 2 stages when the world has 4 ranks (dp × pp × tp).
@@ -491,11 +496,11 @@ fn activation_checkpointing_trains_the_same_adapters_under_single_ddp_and_tensor
     }
 }
 
-/// Packed rows train alike under every strategy that takes them, with and without recomputed
-/// activations: Ddp splits the rows between ranks and `tensor` the heads between shards, and
-/// each still keeps the examples of a row apart.
+/// Packed rows train alike under every strategy, with and without recomputed activations: Ddp
+/// splits the rows between ranks, pipeline stages each read where the examples begin from the
+/// micro-batch, `tensor` splits the heads between shards, and each keeps a row's examples apart.
 #[test]
-fn packed_rows_train_the_same_adapters_under_single_ddp_tensor_and_checkpointing() {
+fn packed_rows_train_the_same_adapters_under_every_strategy_and_checkpointing() {
     // The fixture twice: a step takes 16 rows.
     let items = [items(Packing::Bfd), items(Packing::Bfd)].concat();
     assert!(items.len() >= 16 && items.iter().any(|i| i.examples() > 1));
@@ -507,7 +512,22 @@ fn packed_rows_train_the_same_adapters_under_single_ddp_tensor_and_checkpointing
     let (single, losses) = run(&start, StrategyKind::Single, 1);
     assert_only_adapters_trained(&start.valid(), &single);
     assert_same(&single, &run(&start, StrategyKind::Ddp, 2).0, "ddp");
+    assert_same(
+        &single,
+        &run(&start, StrategyKind::Pipeline, 2).0,
+        "pipeline",
+    );
     assert_same(&single, &run(&start, StrategyKind::Tensor, 2).0, "tensor");
+    let staged = run(&start, StrategyKind::Tensor, 4).0;
+    assert_same(&single, &staged, "tensor in 2 stages");
+    // Three stages of a three-layer model: the middle one loads the micro-batch for its
+    // context alone.
+    let mut config = load_config(&fixture("llama")).unwrap();
+    config.num_hidden_layers = 3;
+    let deep = adapted(config.init::<A>(&Default::default()));
+    let (deep_single, _) = run(&deep, StrategyKind::Single, 1);
+    let deep_staged = run(&deep, StrategyKind::Pipeline, 3).0;
+    assert_same(&deep_single, &deep_staged, "pipeline in 3 stages");
     let recomputed = start.clone().with_gradient_checkpointing(true);
     let (kept, kept_losses) = run(&recomputed, StrategyKind::Single, 1);
     let worst = adapter_values(&single)

@@ -227,14 +227,6 @@ pub enum FinetuneConfigError {
     /// Bad adapter settings.
     #[error(transparent)]
     Lora(#[from] kiln_nn::llm::LlmError),
-    /// Best-fit packing under pipeline stages.
-    #[error(
-        "--packing bfd under {0} pipeline stages: the stages after the first receive only \
-         activations, not where each packed example starts, so they cannot keep the examples \
-         apart; use --packing pad (with --group-by-length) or wrapped, or a strategy without \
-         stages (single, data_parallel, ddp, tensor)"
-    )]
-    PackedStages(usize),
     /// A merged model to be written over the base it merges.
     #[error(
         "--merged {0} is the --model folder; the merged model replaces its weights, so write it \

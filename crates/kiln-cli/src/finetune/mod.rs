@@ -58,10 +58,6 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
         false => (None, None),
     };
     let placement = config.train.placement(&plan)?;
-    let stages = plan.degree(kiln_core::world::Mesh::PP);
-    if config.packing == Packing::Bfd && stages > 1 {
-        return Err(FinetuneConfigError::PackedStages(stages).into());
-    }
     config
         .train
         .backend

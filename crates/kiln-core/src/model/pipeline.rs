@@ -7,11 +7,13 @@
 //!
 //! ```text
 //! x = embed(input)                        first stage only
-//! x = blocks(x)                           every stage, its own blocks
+//! x = blocks(x, context)                  every stage, its own blocks
 //! loss = loss(x, target)                  last stage only: the mean loss of the micro-batch
 //! ```
 //!
-//! Between stages only an [`Activation`] travels, forward, and its gradient, backward. A stage
+//! Between stages only an [`Activation`] travels, forward, and its gradient, backward. What
+//! every stage's blocks need of the batch besides it (the context: where the examples of packed
+//! rows begin, say) each stage reads from the batch itself. A stage
 //! is an ordinary Burn module (its own type, holding clones of the model's parts with their
 //! `ParamId`s), so it moves to its device, trains with any Burn optimizer and is assembled back
 //! into the whole model by [`assemble`](crate::stages::assemble), which matches parameters by
@@ -37,6 +39,11 @@ pub trait PipelineModel<B: AutodiffBackend>: TrainModel<B> {
     type FirstInput: Clone + Send + 'static;
     /// What the last stage scores its output against (e.g. labels); cloned likewise.
     type Target: Clone + Send + 'static;
+    /// What every stage's blocks read of the batch besides the activation (e.g. where the
+    /// examples of packed rows begin), `()` when nothing. A stage between the first and the
+    /// last loads each micro-batch for it, unless it is zero-sized as `()` is: then it takes
+    /// the default.
+    type Context: Clone + Default + Send + 'static;
 
     /// How many blocks the model splits between: at most this many stages.
     fn num_blocks(&self) -> usize;
@@ -57,16 +64,20 @@ pub trait PipelineModel<B: AutodiffBackend>: TrainModel<B> {
     /// Parameters keep their `ParamId`s.
     fn split(&self, ranges: &[Range<usize>]) -> Vec<Self::Stage>;
 
-    /// A batch as the first stage's input and the last stage's target.
+    /// A batch as the first stage's input, every stage's context and the last stage's target.
     fn split_input(
         input: <Self as burn::train::TrainStep>::Input,
-    ) -> (Self::FirstInput, Self::Target);
+    ) -> (Self::FirstInput, Self::Context, Self::Target);
 
     /// The first stage's embedding of its input (before its blocks).
     fn embed(stage: &Self::Stage, input: Self::FirstInput) -> Self::Activation;
 
-    /// The stage's blocks.
-    fn blocks(stage: &Self::Stage, x: Self::Activation) -> Self::Activation;
+    /// The stage's blocks, in the micro-batch's context.
+    fn blocks(
+        stage: &Self::Stage,
+        x: Self::Activation,
+        context: &Self::Context,
+    ) -> Self::Activation;
 
     /// The last stage's mean loss over the micro-batch (after its blocks), shape `[1]`.
     fn loss(stage: &Self::Stage, x: Self::Activation, target: Self::Target) -> Tensor<B, 1>;

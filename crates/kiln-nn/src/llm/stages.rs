@@ -18,7 +18,7 @@ use kiln_core::model::PipelineModel;
 
 use super::model::tied_logits;
 use super::train::masked_loss;
-use super::{CausalLm, DecoderLayer, LmBatch, Rope};
+use super::{CausalLm, DecoderLayer, LmBatch, PackedRows, Rope};
 use crate::tensor_parallel::ShardedBackend;
 
 /// A contiguous run of a [`CausalLm`]'s decoder layers; the first stage also holds the token
@@ -46,6 +46,9 @@ where
     type FirstInput = Tensor<B, 2, Int>;
     /// The next tokens and the mask of those that count.
     type Target = (Tensor<B, 2, Int>, Tensor<B, 2>);
+    /// Where the examples of packed rows begin, which every stage's attention and rotary
+    /// positions read.
+    type Context = Option<PackedRows<B>>;
 
     fn num_blocks(&self) -> usize {
         self.model.layers.len()
@@ -82,8 +85,8 @@ where
             .collect()
     }
 
-    fn split_input(batch: LmBatch<B>) -> (Tensor<B, 2, Int>, Self::Target) {
-        (batch.inputs, (batch.targets, batch.mask))
+    fn split_input(batch: LmBatch<B>) -> (Tensor<B, 2, Int>, Self::Context, Self::Target) {
+        (batch.inputs, batch.packed, (batch.targets, batch.mask))
     }
 
     fn embed(stage: &CausalLmStage<B>, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
@@ -94,8 +97,14 @@ where
             .forward(tokens)
     }
 
-    fn blocks(stage: &CausalLmStage<B>, mut x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let rope = stage.rope.tables(0..x.dims()[1], &x.device(), x.dtype());
+    fn blocks(
+        stage: &CausalLmStage<B>,
+        mut x: Tensor<B, 3>,
+        packed: &Option<PackedRows<B>>,
+    ) -> Tensor<B, 3> {
+        let rope = stage
+            .rope
+            .positions(x.dims()[1], packed.as_ref(), &x.device(), x.dtype());
         for layer in &stage.layers {
             x = layer.forward(x, &rope);
         }

@@ -32,7 +32,8 @@ use kiln_kernels::ops;
 use kiln_kernels::quant::QuantizedWeight;
 
 use super::{
-    Attention, CausalLm, CausalLmStage, Decoder, DecoderLayer, LmBatch, Mlp, Proj, QuantizedBase,
+    Attention, CausalLm, CausalLmStage, Decoder, DecoderLayer, LmBatch, Mlp, PackedRows, Proj,
+    QuantizedBase,
 };
 use crate::lora::LoraAdapter;
 use crate::tensor_parallel::{ShardedBackend, divides, fresh, heads, join, part, replicate, slice};
@@ -380,6 +381,7 @@ where
     type Activation = Tensor<B, 3>;
     type FirstInput = Tensor<B, 2, Int>;
     type Target = (Tensor<B, 2, Int>, Tensor<B, 2>);
+    type Context = Option<PackedRows<B>>;
 
     fn num_blocks(&self) -> usize {
         self.lm.num_blocks()
@@ -393,7 +395,7 @@ where
         self.lm.split(ranges)
     }
 
-    fn split_input(batch: LmBatch<B>) -> (Tensor<B, 2, Int>, Self::Target) {
+    fn split_input(batch: LmBatch<B>) -> (Tensor<B, 2, Int>, Self::Context, Self::Target) {
         CausalLm::<B>::split_input(batch)
     }
 
@@ -401,8 +403,12 @@ where
         CausalLm::<B>::embed(stage, tokens)
     }
 
-    fn blocks(stage: &CausalLmStage<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        CausalLm::<B>::blocks(stage, x)
+    fn blocks(
+        stage: &CausalLmStage<B>,
+        x: Tensor<B, 3>,
+        packed: &Option<PackedRows<B>>,
+    ) -> Tensor<B, 3> {
+        CausalLm::<B>::blocks(stage, x, packed)
     }
 
     fn loss(stage: &CausalLmStage<B>, x: Tensor<B, 3>, target: Self::Target) -> Tensor<B, 1> {

@@ -40,6 +40,7 @@ where
     type Activation = Tensor<B, 3>;
     type FirstInput = Tensor<B, 2, Int>;
     type Target = Tensor<B, 2, Int>;
+    type Context = ();
 
     fn num_blocks(&self) -> usize {
         self.blocks.len()
@@ -59,8 +60,8 @@ where
             .collect()
     }
 
-    fn split_input(batch: SequenceBatch<B>) -> (Tensor<B, 2, Int>, Tensor<B, 2, Int>) {
-        (batch.inputs, batch.targets)
+    fn split_input(batch: SequenceBatch<B>) -> (Tensor<B, 2, Int>, (), Tensor<B, 2, Int>) {
+        (batch.inputs, (), batch.targets)
     }
 
     fn embed(stage: &LoraStage<B, L>, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
@@ -70,7 +71,7 @@ where
         embed(token_table, position_table, tokens)
     }
 
-    fn blocks(stage: &LoraStage<B, L>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    fn blocks(stage: &LoraStage<B, L>, x: Tensor<B, 3>, _: &()) -> Tensor<B, 3> {
         run_blocks(&stage.blocks, x)
     }
 

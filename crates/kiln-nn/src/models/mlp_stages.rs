@@ -26,6 +26,7 @@ impl<B: AutodiffBackend> PipelineModel<B> for Mlp<B> {
     type Activation = Tensor<B, 2>;
     type FirstInput = Tensor<B, 2>;
     type Target = Tensor<B, 1, Int>;
+    type Context = ();
 
     fn num_blocks(&self) -> usize {
         self.hidden.len()
@@ -44,15 +45,15 @@ impl<B: AutodiffBackend> PipelineModel<B> for Mlp<B> {
             .collect()
     }
 
-    fn split_input(batch: ClassificationBatch<B>) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
-        (batch.features, batch.labels)
+    fn split_input(batch: ClassificationBatch<B>) -> (Tensor<B, 2>, (), Tensor<B, 1, Int>) {
+        (batch.features, (), batch.labels)
     }
 
     fn embed(_stage: &MlpStage<B>, features: Tensor<B, 2>) -> Tensor<B, 2> {
         features
     }
 
-    fn blocks(stage: &MlpStage<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
+    fn blocks(stage: &MlpStage<B>, x: Tensor<B, 2>, _: &()) -> Tensor<B, 2> {
         stage
             .hidden
             .iter()

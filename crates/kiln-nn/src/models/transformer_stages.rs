@@ -29,6 +29,7 @@ impl<B: AutodiffBackend> PipelineModel<B> for Transformer<B> {
     type Activation = Tensor<B, 3>;
     type FirstInput = Tensor<B, 2, Int>;
     type Target = Tensor<B, 2, Int>;
+    type Context = ();
 
     fn num_blocks(&self) -> usize {
         self.blocks.layers.len()
@@ -48,8 +49,8 @@ impl<B: AutodiffBackend> PipelineModel<B> for Transformer<B> {
             .collect()
     }
 
-    fn split_input(batch: SequenceBatch<B>) -> (Tensor<B, 2, Int>, Tensor<B, 2, Int>) {
-        (batch.inputs, batch.targets)
+    fn split_input(batch: SequenceBatch<B>) -> (Tensor<B, 2, Int>, (), Tensor<B, 2, Int>) {
+        (batch.inputs, (), batch.targets)
     }
 
     fn embed(stage: &TransformerStage<B>, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
@@ -59,7 +60,7 @@ impl<B: AutodiffBackend> PipelineModel<B> for Transformer<B> {
         embed(token_table, position_table, tokens)
     }
 
-    fn blocks(stage: &TransformerStage<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    fn blocks(stage: &TransformerStage<B>, x: Tensor<B, 3>, _: &()) -> Tensor<B, 3> {
         run_layers(&stage.layers, x)
     }
 

@@ -160,6 +160,7 @@ impl<B: AutodiffBackend<InnerBackend: TpBackend> + TpBackend> PipelineModel<B>
     type Activation = Tensor<B, 3>;
     type FirstInput = Tensor<B, 2, Int>;
     type Target = Tensor<B, 2, Int>;
+    type Context = ();
 
     fn num_blocks(&self) -> usize {
         self.layers.len()
@@ -179,8 +180,8 @@ impl<B: AutodiffBackend<InnerBackend: TpBackend> + TpBackend> PipelineModel<B>
             .collect()
     }
 
-    fn split_input(batch: SequenceBatch<B>) -> (Tensor<B, 2, Int>, Tensor<B, 2, Int>) {
-        (batch.inputs, batch.targets)
+    fn split_input(batch: SequenceBatch<B>) -> (Tensor<B, 2, Int>, (), Tensor<B, 2, Int>) {
+        (batch.inputs, (), batch.targets)
     }
 
     fn embed(stage: &TpTransformerStage<B>, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
@@ -190,7 +191,7 @@ impl<B: AutodiffBackend<InnerBackend: TpBackend> + TpBackend> PipelineModel<B>
         embed(token_table, position_table, tokens)
     }
 
-    fn blocks(stage: &TpTransformerStage<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    fn blocks(stage: &TpTransformerStage<B>, x: Tensor<B, 3>, _: &()) -> Tensor<B, 3> {
         run_layers(&stage.layers, x)
     }
 

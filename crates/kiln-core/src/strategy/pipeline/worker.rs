@@ -82,9 +82,11 @@ enum Kept<B: AutodiffBackend, M: PipelineModel<B>> {
         leaf: Option<M::Activation>,
         root: Root<B, M>,
     },
-    /// Only the input and (last stage) the target: the backward recomputes the forward.
+    /// Only the input, the context and (last stage) the target: the backward recomputes the
+    /// forward.
     Checkpoint {
         input: Input<B, M>,
+        context: M::Context,
         target: Option<M::Target>,
     },
 }
@@ -360,20 +362,21 @@ where
             Some(received)
         };
         let start = Instant::now();
-        // The batch is read once per micro-batch, by the stages that need it.
-        let (input, target) = match received {
-            None => {
-                let (first, target) = M::split_input(self.data.load(indices, &self.device)?);
-                (Input::Batch(first), self.place.last().then_some(target))
+        // The batch is read once per micro-batch, by the stages that need it: the first for
+        // its input, the last for its target, every stage for a context that is not `()`.
+        let needs_batch =
+            received.is_none() || self.place.last() || std::mem::size_of::<M::Context>() > 0;
+        let (first, context, target) = match needs_batch {
+            true => {
+                let (first, context, target) =
+                    M::split_input(self.data.load(indices, &self.device)?);
+                (Some(first), context, self.place.last().then_some(target))
             }
-            Some((flat, dims)) => {
-                let target = if self.place.last() {
-                    Some(M::split_input(self.data.load(indices, &self.device)?).1)
-                } else {
-                    None
-                };
-                (Input::Received(flat, dims), target)
-            }
+            false => (None, M::Context::default(), None),
+        };
+        let input = match received {
+            None => Input::Batch(first.expect("the first stage reads its batch")),
+            Some((flat, dims)) => Input::Received(flat, dims),
         };
         let mut bytes = match &input {
             Input::Received(_, dims) => boundary_bytes(dims),
@@ -387,7 +390,7 @@ where
             fresh_leaves(module)
         };
         let (leaf, x) = Self::activate(&stage, &input);
-        let y = M::blocks(&stage, x);
+        let y = M::blocks(&stage, x, &context);
         let (root, loss) = match &target {
             Some(target) => {
                 let loss = M::loss(&stage, y, target.clone());
@@ -408,7 +411,11 @@ where
             send_activation::<B, M::Activation>(pp, y, self.place.stage + 1)?;
         }
         let kept = if recompute {
-            Kept::Checkpoint { input, target }
+            Kept::Checkpoint {
+                input,
+                context,
+                target,
+            }
         } else {
             Kept::Graph { stage, leaf, root }
         };
@@ -428,9 +435,13 @@ where
         let start = Instant::now();
         let (stage, leaf, root) = match held.kept {
             Kept::Graph { stage, leaf, root } => (stage, leaf, root),
-            Kept::Checkpoint { input, target } => {
+            Kept::Checkpoint {
+                input,
+                context,
+                target,
+            } => {
                 let (leaf, x) = Self::activate(module, &input);
-                let y = M::blocks(module, x);
+                let y = M::blocks(module, x, &context);
                 let root = match target {
                     Some(target) => Root::Loss(M::loss(module, y, target).mul_scalar(weight)),
                     None => Root::Output(y),
