@@ -261,12 +261,13 @@ pub fn causal_attention<B: KernelBackend>(
     Ok(wrap(out))
 }
 
-/// [`causal_attention`] over packed sequences: several examples side by side in one row, none
-/// attending to another. `starts [batch, q_len]` holds each query's first key, the first
-/// position of its example, so that query `i` sees keys `starts[i] ..= i + kv_len − q_len`
-/// (a block-diagonal causal mask, as FlashAttention's variable-length kernels and
-/// transformers' packed position ids give). Starts must not decrease along a sequence; one
-/// past the query's own position counts as that position.
+/// [`causal_attention`] with a first key per query: `starts [batch, q_len]`, so that query `i`
+/// sees keys `starts[i] ..= i + kv_len − q_len`. Packed sequences (several examples side by
+/// side in one row, none attending to another) start each query at its example's first
+/// position: a block-diagonal causal mask, as FlashAttention's variable-length kernels and
+/// transformers' packed position ids give. A sliding window of `w` starts it at `p + 1 − w`:
+/// a banded one. Starts must not decrease along a sequence; one past the query's own position
+/// counts as that position.
 ///
 /// # Errors
 /// As [`causal_attention`], and [`KernelError::Mismatch`] when `starts` is not

@@ -85,6 +85,12 @@ fn qwen3_with_per_head_qk_norms_and_its_own_head_dim_matches_transformers() {
     check("qwen3");
 }
 
+/// A sliding window of 4 over 12 tokens: each token sees itself and the 3 before it.
+#[test]
+fn mistral_with_a_sliding_window_shorter_than_the_sequence_matches_transformers() {
+    check("mistral");
+}
+
 /// A scratch copy of the llama fixture's f32 folder, `config.json` edited by `edit`.
 fn edited(name: &str, edit: impl Fn(&mut serde_json::Value)) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("kiln-llm-{}-{name}", std::process::id()));

@@ -65,7 +65,8 @@ fn greedy_uncached(model: &CausalLm<B>, prompt: &[u32], n: usize) -> Vec<u32> {
 #[test]
 fn the_cache_gives_the_full_pass_s_logits_for_gqa_biases_and_4_bits() {
     let device = Default::default();
-    for folder in ["llama", "qwen2"] {
+    // Mistral's sliding window (4) is shorter than the sequence: cached keys fall out of it.
+    for folder in ["llama", "qwen2", "mistral"] {
         let (_, model) = load::<B>(&fixture(folder), &device).unwrap();
         cached_equals_full(&model);
         let (_, four) = load_4bit::<B>(&fixture(folder), &device, &QuantConfig::new()).unwrap();

@@ -55,11 +55,12 @@ where
             .embed_tokens
             .valid()
             .forward(batch.inputs.clone().inner());
-        let (seq, dtype) = (x.dims()[1], x.dtype());
+        let ([rows, seq, _], dtype) = (x.dims(), x.dtype());
         let inner_packed = batch.packed.as_ref().map(|p| p.inner());
-        let inner_rope = decoder
-            .rope
-            .positions(seq, inner_packed.as_ref(), &device, dtype);
+        let inner_rope =
+            decoder
+                .rope
+                .positions(rows, 0..seq, inner_packed.as_ref(), &device, dtype);
         let mut inputs = Vec::with_capacity(decoder.layers.len());
         for layer in &decoder.layers {
             inputs.push(x.clone());
@@ -83,7 +84,7 @@ where
         // Each layer again, last first, seeded with the gradient of its output.
         let rope = decoder
             .rope
-            .positions(seq, batch.packed.as_ref(), &device, dtype);
+            .positions(rows, 0..seq, batch.packed.as_ref(), &device, dtype);
         for (layer, input) in decoder.layers.iter().zip(inputs).rev() {
             let x = Tensor::<B, 3>::from_inner(input).require_grad();
             let y = layer.forward(x.clone(), &rope);

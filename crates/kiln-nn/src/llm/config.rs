@@ -16,7 +16,7 @@ use super::LlmError;
 pub enum ModelType {
     /// LLaMA 1–3.
     Llama,
-    /// Mistral (without its sliding window, which must cover the positions used).
+    /// Mistral: LLaMA's layers, each token attending within a sliding window.
     Mistral,
     /// Qwen2 and Qwen2.5: biases on the query, key and value projections.
     Qwen2,
@@ -90,6 +90,9 @@ pub struct LlmConfig {
     pub qk_norm: bool,
     /// The end-of-sequence tokens (`eos_token_id`, one id or a list); empty when not given.
     pub eos_token_ids: Vec<u32>,
+    /// Mistral's sliding window: each token attends to itself and the `window − 1` tokens
+    /// before it, in every layer; `None` when the window covers every position.
+    pub sliding_window: Option<usize>,
 }
 
 /// The largest size of each kind Kiln builds: far beyond every published model (LLaMA 3
@@ -224,20 +227,24 @@ impl LlmConfig {
             "max_position_embeddings",
             Some(raw.max_position_embeddings.unwrap_or(2048)),
         )?;
-        let sliding = match model_type {
-            ModelType::Mistral => raw.sliding_window,
+        if raw.sliding_window == Some(0) {
+            return Err(bad("sliding_window must be positive".into()));
+        }
+        let sliding_window = match model_type {
+            ModelType::Mistral => raw.sliding_window.filter(|&w| w < max_position_embeddings),
+            // Qwen slides only from layer max_window_layers on (layer_types): not built.
             ModelType::Qwen2 | ModelType::Qwen3 if raw.use_sliding_window == Some(true) => {
-                raw.sliding_window
+                if let Some(window) = raw.sliding_window.filter(|&w| w < max_position_embeddings) {
+                    return Err(LlmError::SlidingWindow {
+                        model_type: model_type.to_string(),
+                        window,
+                        positions: max_position_embeddings,
+                    });
+                }
+                None
             }
             _ => None,
         };
-        if let Some(window) = sliding.filter(|&w| w < max_position_embeddings) {
-            return Err(LlmError::SlidingWindow {
-                model_type: model_type.to_string(),
-                window,
-                positions: max_position_embeddings,
-            });
-        }
         // 5.x keeps theta and the scaling in rope_parameters; 4.x at the top level.
         let rope = raw.rope_parameters.as_ref().or(raw.rope_scaling.as_ref());
         let rope_theta = raw
@@ -281,6 +288,7 @@ impl LlmConfig {
             qk_norm: model_type == ModelType::Qwen3,
             o_bias,
             eos_token_ids,
+            sliding_window,
         })
     }
 
@@ -384,15 +392,19 @@ mod tests {
         assert!(matches!(yarn, Err(LlmError::RopeScaling(k)) if k == "yarn"));
         let gpt2 = LlmConfig::from_json(r#"{"model_type": "gpt2"}"#);
         assert!(matches!(gpt2, Err(LlmError::Architecture(k)) if k == "gpt2"));
-        let window = LlmConfig::from_json(&format!(
-            "{}{}}}",
-            LLAMA.replace("llama", "mistral"),
-            r#", "sliding_window": 16, "max_position_embeddings": 4096"#
-        ));
+        let window = |model: &str, extra: &str| {
+            LlmConfig::from_json(&format!(
+                "{}{}{extra}}}",
+                LLAMA.replace("llama", model),
+                r#", "sliding_window": 16, "max_position_embeddings": 4096"#
+            ))
+        };
+        assert_eq!(window("mistral", "").unwrap().sliding_window, Some(16));
         assert!(matches!(
-            window,
+            window("qwen2", r#", "use_sliding_window": true"#),
             Err(LlmError::SlidingWindow { window: 16, .. })
         ));
+        assert_eq!(window("qwen2", "").unwrap().sliding_window, None);
         let gelu = with(r#", "hidden_act": "gelu""#).unwrap_err();
         assert!(gelu.to_string().contains("hidden_act 'gelu'"), "{gelu}");
         let missing = LlmConfig::from_json(r#"{"model_type": "llama"}"#).unwrap_err();

@@ -73,8 +73,9 @@ pub enum LlmError {
     RopeScaling(String),
     /// A sliding attention window shorter than the positions the model may see.
     #[error(
-        "this {model_type} attends within a sliding window of {window} tokens, which Kiln does \
-         not implement; it loads only when the window covers max_position_embeddings ({positions})"
+        "this {model_type} attends within a sliding window of {window} tokens from layer \
+         max_window_layers on, which Kiln does not implement (Mistral's, in every layer, it \
+         does); it loads only when the window covers max_position_embeddings ({positions})"
     )]
     SlidingWindow {
         /// The architecture.

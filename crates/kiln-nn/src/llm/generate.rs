@@ -78,13 +78,13 @@ impl<B: ShardedBackend> CausalLm<B> {
     /// [`Self::forward_cached`] before the final norm and the head: hidden states
     /// `[batch, n, hidden]`.
     fn decode_cached(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> Tensor<B, 3> {
-        let [_, n] = tokens.dims();
+        let [batch, n] = tokens.dims();
         let start = cache.len;
         let decoder = &self.model;
         let mut x = decoder.embed_tokens.forward(tokens);
         let rope = decoder
             .rope
-            .tables(start..start + n, &x.device(), x.dtype());
+            .positions(batch, start..start + n, None, &x.device(), x.dtype());
         for (layer, entry) in decoder.layers.iter().zip(&mut cache.layers) {
             x = layer.forward_with(x, |attn, x| {
                 attn.attend(x, &rope, |k, v| {

@@ -242,10 +242,11 @@ impl<B: ShardedBackend> CausalLm<B> {
         packed: Option<&PackedRows<B>>,
     ) -> Tensor<B, 3> {
         let decoder = &self.model;
+        let [batch, seq] = tokens.dims();
         let mut x = decoder.embed_tokens.forward(tokens);
         let rope = decoder
             .rope
-            .positions(x.dims()[1], packed, &x.device(), x.dtype());
+            .positions(batch, 0..seq, packed, &x.device(), x.dtype());
         for layer in &decoder.layers {
             x = layer.forward(x, &rope);
         }

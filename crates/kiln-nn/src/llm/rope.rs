@@ -1,20 +1,23 @@
 //! Rotary position embeddings as Hugging Face's LLaMA computes them: half-split rotation
 //! (`rotate_half`), the base `rope_theta`, and LLaMA 3's frequency rescaling; and the
-//! [`Positions`] of a batch's tokens, which the attention reads: their rotations and, in packed
-//! rows, where each token's example starts.
+//! [`Positions`] of a batch's tokens, which the attention reads: their rotations and the first
+//! key each token sees (its example's start in packed rows, the start of its sliding window).
 
 use std::ops::Range;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor, TensorData};
+use kiln_core::data::dense_tensor;
 use kiln_kernels::{KernelBackend, ops};
 
 use super::{LlmConfig, PackedRows, RopeScaling};
 
-/// The rotary frequencies of one head width; applies the rotation at any positions.
+/// The rotary frequencies of one head width, and the attention's sliding window if any: what
+/// the positions of a batch's tokens are built from ([`Rope::positions`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rope {
     inv_freq: Vec<f32>,
+    window: Option<usize>,
 }
 
 impl Rope {
@@ -51,13 +54,14 @@ impl Rope {
         }
         Self {
             inv_freq: inv_freq.into_iter().map(|f| f as f32).collect(),
+            window: config.sliding_window,
         }
     }
 
     /// The rotation tables of positions `positions` in `dtype` on `device`: Hugging Face's
     /// `cat(freqs, freqs)` layout, the sine table carrying `rotate_half`'s minus sign over the
     /// first half. Built once per forward and shared by every layer's queries and keys.
-    pub fn tables<B: Backend>(
+    fn tables<B: Backend>(
         &self,
         positions: Range<usize>,
         device: &B::Device,
@@ -92,28 +96,57 @@ impl Rope {
         }
     }
 
-    /// The positions of `seq` tokens per row: `0..seq` in every row, or in `packed` rows each
-    /// example's own from 0 (a table row per token, gathered from the tables of `0..seq`: two
-    /// launches a forward), its queries seeing only its own keys.
+    /// The positions of `batch` rows of queries at `queries` (`0..seq` in training; the
+    /// positions after a cache when generating), whose keys are the positions `0..queries.end`:
+    /// the same in every row, or in `packed` rows (training only) each example's own from 0 (a
+    /// table row per token, gathered from the tables of `0..seq`: two launches a forward), its
+    /// queries seeing only its own keys. Under a sliding window of `w`, a query at `p` sees
+    /// no key before `p + 1 − w` either (built on the host, or one more launch when packed).
     pub fn positions<B: Backend>(
         &self,
-        seq: usize,
+        batch: usize,
+        queries: Range<usize>,
         packed: Option<&PackedRows<B>>,
         device: &B::Device,
         dtype: DType,
     ) -> Positions<B> {
-        let tables = self.tables(0..seq, device, dtype);
+        let window = self.window_starts(batch, queries.clone(), device);
         let Some(packed) = packed else {
-            return tables;
+            let Positions { cos, sin, .. } = self.tables(queries, device, dtype);
+            return Positions {
+                cos,
+                sin,
+                starts: window,
+            };
         };
-        let [batch, len] = packed.positions.dims();
-        debug_assert_eq!(len, seq, "a packed batch's positions are its inputs'");
-        let rows = packed.positions.clone().reshape([batch * len]);
+        debug_assert_eq!(queries.start, 0, "packed rows are trained from their start");
+        let tables = self.tables(queries, device, dtype);
+        let [rows, len] = packed.positions.dims();
+        let tokens = packed.positions.clone().reshape([rows * len]);
+        let starts = match window {
+            Some(window) => window.max_pair(packed.starts.clone()),
+            None => packed.starts.clone(),
+        };
         Positions {
-            cos: tables.cos.select(0, rows.clone()),
-            sin: tables.sin.select(0, rows),
-            starts: Some(packed.starts.clone()),
+            cos: tables.cos.select(0, tokens.clone()),
+            sin: tables.sin.select(0, tokens),
+            starts: Some(starts),
         }
+    }
+
+    /// Each query's first key under the sliding window, `[batch, queries]`; `None` when no
+    /// query's window excludes a key.
+    fn window_starts<B: Backend>(
+        &self,
+        batch: usize,
+        queries: Range<usize>,
+        device: &B::Device,
+    ) -> Option<Tensor<B, 2, Int>> {
+        let window = self.window.filter(|&w| queries.end > w)?;
+        let n = queries.len();
+        let row = queries.map(|p| (p + 1).saturating_sub(window) as i64);
+        let starts: Vec<i64> = row.collect::<Vec<_>>().repeat(batch);
+        Some(dense_tensor(TensorData::new(starts, [batch, n]), device))
     }
 }
 

@@ -102,9 +102,10 @@ where
         mut x: Tensor<B, 3>,
         packed: &Option<PackedRows<B>>,
     ) -> Tensor<B, 3> {
+        let [batch, seq, _] = x.dims();
         let rope = stage
             .rope
-            .positions(x.dims()[1], packed.as_ref(), &x.device(), x.dtype());
+            .positions(batch, 0..seq, packed.as_ref(), &x.device(), x.dtype());
         for layer in &stage.layers {
             x = layer.forward(x, &rope);
         }
