@@ -6,6 +6,7 @@ mod backend;
 mod bench;
 mod checkpoint_args;
 mod config_file;
+mod export;
 mod finetune;
 mod generate;
 mod launch;
@@ -42,6 +43,10 @@ enum Command {
     Finetune(Box<finetune::FinetuneArgs>),
     /// Generate text from a Hugging Face model folder, with fine-tuned adapters when given.
     Generate(Box<generate::GenerateArgs>),
+    /// A model out for the rest of the ecosystem: `kiln export gguf` for llama.cpp, Ollama and
+    /// LM Studio, `kiln export merged` a Hugging Face folder with the adapters merged in.
+    #[command(subcommand)]
+    Export(export::ExportCommand),
     /// Algorithm Distillation on Dark Room: train and evaluate in-context RL.
     #[command(subcommand)]
     Ad(ad::AdCommand),
@@ -114,6 +119,7 @@ fn main() -> ExitCode {
         Command::Train(args) => train::run(*args),
         Command::Finetune(args) => finetune::run(*args),
         Command::Generate(args) => generate::run(*args),
+        Command::Export(command) => export::run(command),
         Command::Ad(command) => ad::run(command),
         Command::Bench(command) => bench::run(command),
         Command::Plan(args) => plan::run(*args),

@@ -31,7 +31,7 @@ use kiln_nn::llm::{
 use kiln_nn::tensor_parallel::ShardedBackend;
 
 pub use args::FinetuneArgs;
-pub use config::{CONFIG_FILE, FinetuneConfig, FinetuneConfigError};
+pub use config::{CONFIG_FILE, FinetuneConfig, FinetuneConfigError, MergedDtype};
 use eval::Evaluator;
 use hooks::{AdapterSaves, write_log};
 use log::{RunLog, StepRecord};

@@ -107,6 +107,16 @@ pub enum LlmError {
     /// LoRA settings or an adapter that cannot be applied.
     #[error("{0}")]
     Adapter(String),
+    /// A model that an export's format cannot hold.
+    #[error("cannot export {what} as {format}: {reason}")]
+    Export {
+        /// The target format.
+        format: &'static str,
+        /// What could not be exported.
+        what: String,
+        /// Why, and what to do.
+        reason: String,
+    },
     /// A tensor of another shape than the config says.
     #[error("{file}: {reason}")]
     Tensor {
