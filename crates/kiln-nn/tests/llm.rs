@@ -316,3 +316,48 @@ fn merged_adapters_save_as_a_plain_checkpoint_that_loads_to_the_same_logits() {
         std::fs::remove_dir_all(&dir).ok();
     }
 }
+
+/// Past the shard size, a merged model is written as transformers shards one: numbered files
+/// in the model's order and an index naming each tensor's, with the bytes of them all; it
+/// loads to the same logits, bit for bit.
+#[test]
+fn a_model_past_the_shard_size_is_written_in_shards_with_an_index() {
+    let device = Default::default();
+    let (_, base) = load::<B>(&fixture("llama"), &device).unwrap();
+    let (model, _) = base.load_peft(&fixture("llama-peft")).unwrap();
+    let dir = std::env::temp_dir().join(format!("kiln-llm-{}-sharded", std::process::id()));
+    // 20 KB a shard: the embedding (12 KB in f32) fits one, a layer's projections several.
+    model
+        .save_pretrained_sharded(&dir, &fixture("llama"), DType::F32, 20_000)
+        .unwrap();
+    let index: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("model.safetensors.index.json")).unwrap(),
+    )
+    .unwrap();
+    let map = index["weight_map"].as_object().unwrap();
+    let files: std::collections::BTreeSet<&str> =
+        map.values().map(|v| v.as_str().unwrap()).collect();
+    assert!(files.len() >= 3, "{files:?}");
+    let count = files.len();
+    for (i, file) in files.iter().enumerate() {
+        assert_eq!(
+            *file,
+            format!("model-{:05}-of-{count:05}.safetensors", i + 1)
+        );
+        let bytes = std::fs::metadata(dir.join(file)).unwrap().len();
+        assert!(bytes < 20_000 + 4096, "{file}: {bytes} bytes");
+    }
+    assert!(!dir.join("model.safetensors").exists());
+    let parameters = kiln_nn::llm::load_config(&fixture("llama"))
+        .unwrap()
+        .parameters();
+    assert_eq!(index["metadata"]["total_size"], 4 * parameters as u64);
+    assert!(map.contains_key("model.layers.1.mlp.down_proj.weight"));
+    assert!(map.contains_key("model.norm.weight"));
+    let tokens: Vec<i64> = (0..24).map(|t| t % 96).collect();
+    let input = Tensor::<B, 2, Int>::from_data(TensorData::new(tokens, [2, 12]), &device);
+    let merged = model.merge_lora().forward(input.clone()).into_data();
+    let (_, loaded) = load::<B>(&dir, &device).unwrap();
+    assert_eq!(loaded.forward(input).into_data(), merged);
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -57,10 +57,10 @@ impl<B: ShardedBackend> CausalLm<B> {
 
     /// Writes the model into `dir` as a Hugging Face folder: `model.safetensors` in `dtype`
     /// (f32, bf16 or f16; the merge computed in f32 and rounded once; Hugging Face's names and
-    /// layouts, `format: pt`), and the `config.json` of `base_dir` (its `torch_dtype` set to
-    /// `dtype`), with every tokenizer and generation file the base folder has
-    /// ([`COMPANIONS`]). Adapters are written merged; call [`Self::save_peft`] to keep them
-    /// apart instead.
+    /// layouts, `format: pt`), sharded past [`MAX_SHARD_BYTES`] as transformers shards, and
+    /// the `config.json` of `base_dir` (its `torch_dtype` set to `dtype`), with every
+    /// tokenizer and generation file the base folder has ([`COMPANIONS`]). Adapters are
+    /// written merged; call [`Self::save_peft`] to keep them apart instead.
     ///
     /// The folder is written beside `dir` and swapped in whole: a crash or a full disk leaves
     /// the previous folder as it was.
@@ -74,6 +74,23 @@ impl<B: ShardedBackend> CausalLm<B> {
         base_dir: &Path,
         dtype: DType,
     ) -> Result<(), LlmError> {
+        self.save_pretrained_sharded(dir, base_dir, dtype, MAX_SHARD_BYTES)
+    }
+
+    /// [`Self::save_pretrained_as`] with shards of at most `max_shard_bytes` (one tensor
+    /// larger than that is a shard alone): `model-00001-of-0000n.safetensors`, in the model's
+    /// order, and `model.safetensors.index.json` naming each tensor's (transformers'
+    /// `max_shard_size`); one `model.safetensors` when everything fits.
+    ///
+    /// # Errors
+    /// As [`Self::save_pretrained_as`].
+    pub fn save_pretrained_sharded(
+        &self,
+        dir: &Path,
+        base_dir: &Path,
+        dtype: DType,
+        max_shard_bytes: u64,
+    ) -> Result<(), LlmError> {
         if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
             return Err(LlmError::Adapter(format!(
                 "a merged model is written in f32, bf16 or f16, not {dtype:?}"
@@ -84,25 +101,52 @@ impl<B: ShardedBackend> CausalLm<B> {
         // one that generates garbage.
         super::load::check_finite(&merged, Path::new("the merged model (nothing was written)"))?;
         let staging = Staging::new(dir)?;
-        let path = staging.path().join(WEIGHTS);
-        let mut store = SafetensorsStore::from_file(path.clone())
-            .with_to_adapter(ChainAdapter::new(
-                BurnToPyTorchAdapter,
-                ConvertFloats { to: dtype },
-            ))
-            .with_key_remapping(r"^(.*norm)\.gamma$", "$1.weight")
-            .with_key_remapping(r"^(.*_proj)\.base\.(weight|bias)$", "$1.$2")
-            .metadata("format", "pt")
-            .overwrite(true);
-        let failed = |e: OutputError| LlmError::Output(staging.named(WEIGHTS, e));
-        merged.save_into(&mut store).map_err(|e| {
-            failed(OutputError::io(
-                "write",
-                &path,
-                std::io::Error::other(e.to_string()),
-            ))
-        })?;
-        sync_file(&path).map_err(failed)?;
+        let shards = shards(&merged, dtype, max_shard_bytes);
+        let count = shards.len();
+        let mut weight_map = serde_json::Map::new();
+        let mut total = 0u64;
+        for (i, (paths, bytes)) in shards.into_iter().enumerate() {
+            let name = match count {
+                1 => WEIGHTS.to_string(),
+                _ => format!("model-{:05}-of-{count:05}.safetensors", i + 1),
+            };
+            let path = staging.path().join(&name);
+            let failed = |e: OutputError| LlmError::Output(staging.named(&name, e));
+            let mut store = SafetensorsStore::from_file(path.clone())
+                .with_full_paths(paths)
+                .with_to_adapter(ChainAdapter::new(
+                    BurnToPyTorchAdapter,
+                    ConvertFloats { to: dtype },
+                ))
+                .with_key_remapping(r"^(.*norm)\.gamma$", "$1.weight")
+                .with_key_remapping(r"^(.*_proj)\.base\.(weight|bias)$", "$1.$2")
+                .metadata("format", "pt")
+                .overwrite(true);
+            let io = |op, e: String| failed(OutputError::io(op, &path, std::io::Error::other(e)));
+            merged
+                .save_into(&mut store)
+                .map_err(|e| io("write", e.to_string()))?;
+            sync_file(&path).map_err(failed)?;
+            total += bytes;
+            if count > 1 {
+                // The names as written (after the remapping), read back from the header.
+                let file = std::fs::File::open(&path).map_err(|e| io("read", e.to_string()))?;
+                let header = read_header_names(file).map_err(|e| io("read", e))?;
+                for key in header {
+                    weight_map.insert(key, name.clone().into());
+                }
+            }
+        }
+        if count > 1 {
+            let index = serde_json::json!({
+                "metadata": { "total_size": total },
+                "weight_map": weight_map,
+            });
+            let text = serde_json::to_string_pretty(&index).unwrap_or_default();
+            let path = staging.path().join(INDEX);
+            kiln_core::output::write_synced(&path, text.as_bytes())
+                .map_err(|e| LlmError::Output(staging.named(INDEX, e)))?;
+        }
         // The base folder's config, and every tokenizer and generation file it has, so that
         // the folder is complete: an instruct model keeps its chat template and end of turn.
         let files = std::iter::once(("config.json", true))
@@ -156,6 +200,49 @@ fn config_in(path: &Path, dtype: DType) -> std::io::Result<String> {
         }
     }
     serde_json::to_string_pretty(&config).map_err(std::io::Error::other)
+}
+
+/// The most bytes of weights in one file of a saved model: transformers' default
+/// `max_shard_size` ("5GB").
+pub const MAX_SHARD_BYTES: u64 = 5_000_000_000;
+
+/// The Burn paths of `model`'s tensors cut into shards of at most `max_bytes` once written in
+/// `dtype`, in the model's order, with each shard's bytes.
+fn shards<B: ShardedBackend>(
+    model: &CausalLm<B>,
+    dtype: DType,
+    max_bytes: u64,
+) -> Vec<(Vec<String>, u64)> {
+    let width = dtype.size() as u64;
+    let mut shards: Vec<(Vec<String>, u64)> = vec![(Vec::new(), 0)];
+    for snapshot in model.collect(None, None, false) {
+        let bytes = snapshot.shape.num_elements() as u64 * width;
+        let last = shards.last_mut().expect("one shard at least");
+        if !last.0.is_empty() && last.1 + bytes > max_bytes {
+            shards.push((Vec::new(), 0));
+        }
+        let last = shards.last_mut().expect("one shard at least");
+        last.0.push(snapshot.full_path());
+        last.1 += bytes;
+    }
+    shards
+}
+
+/// The tensor names in the header of a safetensors file.
+fn read_header_names(mut file: std::fs::File) -> Result<Vec<String>, String> {
+    use std::io::Read;
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len).map_err(|e| e.to_string())?;
+    let len = usize::try_from(u64::from_le_bytes(len)).map_err(|e| e.to_string())?;
+    let mut header = vec![0u8; len];
+    file.read_exact(&mut header).map_err(|e| e.to_string())?;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&header).map_err(|e| e.to_string())?;
+    Ok(header
+        .into_iter()
+        .map(|(k, _)| k)
+        .filter(|k| k != "__metadata__")
+        .collect())
 }
 
 /// Syncs a file written by a library that does not.
