@@ -253,10 +253,9 @@ where
     Self: AutodiffModule<B>,
 {
     fn forward_in(&self, batch: AdBatch<B>, dtype: FloatDType) -> SequenceOutput<B> {
-        // The loss (a softmax and a mean over every position) is computed in f32.
-        let logits = self
-            .forward(batch.features.cast(dtype))
-            .cast(FloatDType::F32);
+        // The loss (a softmax and a mean over every position) is computed in f32: the fused
+        // cross-entropy reads the low-precision logits as they are and returns f32 losses.
+        let logits = self.forward(batch.features.cast(dtype));
         let loss = action_loss(logits.clone(), batch.targets.clone());
         SequenceOutput::new(loss, logits, None, batch.targets)
     }

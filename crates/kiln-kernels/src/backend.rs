@@ -202,7 +202,8 @@ pub trait KernelBackend: Backend {
     }
 
     /// Softmax cross-entropy of `logits [rows, classes]` against `targets [rows]`:
-    /// `(loss [rows], lse [rows])`. Targets must lie in `0..classes`.
+    /// `(loss [rows], lse [rows])`, both f32 whatever the logits' dtype (computed in f32, so a
+    /// half-precision model's logits need no cast). Targets must lie in `0..classes`.
     fn cross_entropy_forward(
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,
@@ -210,7 +211,8 @@ pub trait KernelBackend: Backend {
         plain::cross_entropy_forward::<Self>(logits, targets)
     }
 
-    /// Cross-entropy's backward from the saved `lse`: `dlogits [rows, classes]`.
+    /// Cross-entropy's backward from the saved `lse` (`dloss` and `lse` f32): `dlogits [rows,
+    /// classes]` in the logits' dtype.
     fn cross_entropy_backward(
         dloss: FloatTensor<Self>,
         logits: FloatTensor<Self>,

@@ -409,9 +409,11 @@ pub fn relu<B: KernelBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
 }
 
 /// Softmax cross-entropy per row of `logits: [rows, classes]` against class indices
-/// `targets: [rows]` (each in `0..classes`): `[rows]` losses, for the caller to reduce.
-/// The backward recomputes the softmax from a saved log-sum-exp per row instead of keeping
-/// the `[rows, classes]` probabilities.
+/// `targets: [rows]` (each in `0..classes`): `[rows]` losses in f32 whatever the logits' dtype,
+/// for the caller to reduce. bf16 or f16 logits go in as they are: the kernel computes in f32,
+/// and their gradient comes back in their dtype, so a half-precision model casts neither its
+/// `[rows, classes]` logits nor their gradient. The backward recomputes the softmax from a
+/// saved log-sum-exp per row instead of keeping the `[rows, classes]` probabilities.
 pub fn cross_entropy<B: KernelBackend>(
     logits: Tensor<B, 2>,
     targets: Tensor<B, 1, Int>,

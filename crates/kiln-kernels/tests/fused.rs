@@ -347,8 +347,17 @@ fn cross_entropy<B: AutodiffBackend + KernelBackend>(
     } else {
         reference::cross_entropy::forward(logits.clone(), targets).0
     };
+    // The losses are f32 whatever the logits' dtype.
+    assert_eq!(loss.dtype(), burn::tensor::DType::F32);
+    let weights = weights.cast(burn::tensor::FloatDType::F32);
     let grads = (loss.clone() * weights).sum().backward();
-    vec![to_vec(loss), to_vec(logits.grad(&grads).unwrap())]
+    let dlogits = logits.grad(&grads).unwrap();
+    assert_eq!(
+        dlogits.dtype(),
+        logits.dtype(),
+        "the gradient in the logits' dtype"
+    );
+    vec![to_vec(loss), to_vec(dlogits)]
 }
 
 #[test]

@@ -1,8 +1,9 @@
 //! Softmax cross-entropy's forward, one cube per row: the row's max and `Σ exp` by shared-memory
-//! tree reductions (no plane operations), writing only the loss and the log-sum-exp. The logits'
-//! rows are read where they are, pitched or not.
+//! tree reductions (no plane operations), writing only the loss and the log-sum-exp, in f32
+//! whatever the logits' dtype (no cast of the logits before, nor of their gradient after). The
+//! logits' rows are read where they are, pitched or not.
 
-use burn::tensor::Shape;
+use burn::tensor::{DType, Shape};
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
@@ -14,8 +15,8 @@ use super::reduce::{UNITS, block_max, block_sum};
 fn cross_entropy_kernel<F: Float, I: Int>(
     logits: &Tensor<F>,
     targets: &Tensor<I>,
-    loss: &mut Tensor<F>,
-    lse: &mut Tensor<F>,
+    loss: &mut Tensor<f32>,
+    lse: &mut Tensor<f32>,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let classes = logits.shape(1);
@@ -46,8 +47,8 @@ fn cross_entropy_kernel<F: Float, I: Int>(
         } else {
             f32::sqrt(-1.0f32 - f32::abs(lse_row))
         };
-        loss[row] = F::cast_from(value);
-        lse[row] = F::cast_from(lse_row);
+        loss[row] = value;
+        lse[row] = lse_row;
     }
 }
 
@@ -60,8 +61,8 @@ pub(crate) fn forward<R: CubeRuntime>(
     let targets = dense_input(targets);
     let rows = logits.meta.shape()[0];
     let (client, dtype) = (logits.client.clone(), logits.dtype);
-    let loss = dense_output(&logits, Shape::new([rows]), dtype);
-    let lse = dense_output(&logits, Shape::new([rows]), dtype);
+    let loss = dense_output(&logits, Shape::new([rows]), DType::F32);
+    let lse = dense_output(&logits, Shape::new([rows]), DType::F32);
     if rows > 0 {
         let dtypes = [dtype.into(), targets.dtype.into()];
         cross_entropy_kernel::launch::<R>(

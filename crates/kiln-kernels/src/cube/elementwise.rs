@@ -84,10 +84,10 @@ fn relu_backward_kernel<F: Float>(
 
 #[cube(launch)]
 fn cross_entropy_backward_kernel<F: Float, I: Int>(
-    dloss: &Tensor<F>,
+    dloss: &Tensor<f32>,
     logits: &Tensor<F>,
     targets: &Tensor<I>,
-    lse: &Tensor<F>,
+    lse: &Tensor<f32>,
     dlogits: &mut Tensor<F>,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
@@ -100,12 +100,12 @@ fn cross_entropy_backward_kernel<F: Float, I: Int>(
     let class = i % classes;
     // The logits' rows may be pitched (see `row_input`); the gradient is written dense.
     let logit = f32::cast_from(logits[row * logits.stride(0) + class]);
-    let p = f32::exp(logit - f32::cast_from(lse[row]));
+    let p = f32::exp(logit - lse[row]);
     let mut hot = 0.0f32;
     if usize::cast_from(targets[row]) == class {
         hot = 1.0;
     }
-    dlogits[i] = F::cast_from((p - hot) * f32::cast_from(dloss[row]));
+    dlogits[i] = F::cast_from((p - hot) * dloss[row]);
 }
 
 #[cube(launch)]

@@ -430,7 +430,8 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
         targets: IntTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let rows = rows_of(&logits.shape);
-        let out = [(rows.clone(), logits.dtype), (rows, logits.dtype)];
+        // f32 whatever the logits' dtype (the backend contract).
+        let out = [(rows.clone(), DType::F32), (rows, DType::F32)];
         let client = logits.client.clone();
         let [loss, lse] = outputs(queue::<B, _>(
             "kiln.cross_entropy",

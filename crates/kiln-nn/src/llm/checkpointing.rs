@@ -11,8 +11,8 @@
 
 use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
+use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{FloatDType, Tensor};
 use burn::train::SequenceOutput;
 
 use super::train::masked_loss;
@@ -40,12 +40,12 @@ where
 {
     /// The gradients of `batch`'s loss times `loss_scale`, with every decoder layer's
     /// activations recomputed in the backward, and the step's output (its loss unscaled). In
-    /// `low` precision (the model's own, already cast) the loss is taken in f32, as
+    /// a low precision (the model's own, already cast) the loss is f32 all the same: the fused
+    /// cross-entropy computes it in f32, as
     /// [`LowPrecisionStep`](kiln_core::model::LowPrecisionStep) takes it.
     pub(super) fn checkpointed_step(
         &self,
         batch: LmBatch<B>,
-        low: Option<FloatDType>,
         loss_scale: f64,
     ) -> (GradientsParams, SequenceOutput<B>) {
         let device = batch.inputs.device();
@@ -70,10 +70,6 @@ where
         // The head and the loss, under autodiff from the last layer's output.
         let hidden = Tensor::<B, 3>::from_inner(x).require_grad();
         let logits = self.head(hidden.clone());
-        let logits = match low {
-            Some(_) => logits.cast(FloatDType::F32),
-            None => logits,
-        };
         let loss = masked_loss(logits.clone(), batch.targets.clone(), batch.mask);
         let seed = match loss_scale == 1.0 {
             true => loss.clone(),

@@ -64,7 +64,7 @@ where
 
     fn step(&self, batch: LmBatch<B>) -> TrainOutput<SequenceOutput<B>> {
         if self.gradient_checkpointing() {
-            let (grads, item) = self.checkpointed_step(batch, None, 1.0);
+            let (grads, item) = self.checkpointed_step(batch, 1.0);
             return TrainOutput { grads, item };
         }
         let output = self.forward_masked(batch);
@@ -80,10 +80,9 @@ where
     fn forward_in(&self, batch: LmBatch<B>, _dtype: FloatDType) -> SequenceOutput<B> {
         // The parameters are in the low precision already and the inputs are token ids; the
         // rotary tables take the activations' dtype. The loss (a softmax over the vocabulary
-        // and means over positions) is computed in f32.
-        let logits = self
-            .forward_packed(batch.inputs, batch.packed.as_ref())
-            .cast(FloatDType::F32);
+        // and means over positions) is computed in f32: the fused cross-entropy reads the
+        // low-precision logits as they are (no `[tokens, vocab]` cast either way).
+        let logits = self.forward_packed(batch.inputs, batch.packed.as_ref());
         let loss = masked_loss(logits.clone(), batch.targets.clone(), batch.mask);
         SequenceOutput::new(loss, logits, None, batch.targets)
     }
@@ -95,7 +94,7 @@ where
         loss_scale: Option<f64>,
     ) -> (GradientsParams, SequenceOutput<B>) {
         if self.gradient_checkpointing() {
-            return self.checkpointed_step(batch, Some(dtype), loss_scale.unwrap_or(1.0));
+            return self.checkpointed_step(batch, loss_scale.unwrap_or(1.0));
         }
         kiln_core::model::backward_scaled(self, self.forward_in(batch, dtype), loss_scale)
     }
