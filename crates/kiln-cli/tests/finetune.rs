@@ -362,6 +362,49 @@ fn a_hub_name_reads_the_hugging_face_cache_s_snapshot() {
         String::from_utf8_lossy(&named.stderr)
     );
     assert_eq!(named.stdout, folder.stdout);
+    // `kiln plan --model-config` and `kiln export gguf` take the name too.
+    let with_cache = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(args)
+            .env("HF_HUB_CACHE", out.join("hub"))
+            .env("RUST_LOG", "error")
+            .output()
+            .unwrap()
+    };
+    let plan = |model: &str| {
+        let run = with_cache(&[
+            "plan",
+            "--model-config",
+            model,
+            "--devices",
+            "2",
+            "--global-batch",
+            "8",
+        ]);
+        assert!(
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        // The first line names the file; the plan below it is the model's.
+        let text = String::from_utf8_lossy(&run.stdout).into_owned();
+        text.split_once('\n').unwrap().1.to_string()
+    };
+    assert_eq!(plan("kiln-test/tiny-llama"), plan(&fixture("llama")));
+    let gguf = out.join("tiny.gguf");
+    let export = with_cache(&[
+        "export",
+        "gguf",
+        "--model",
+        "kiln-test/tiny-llama",
+        "--out",
+        gguf.to_str().unwrap(),
+    ]);
+    assert!(
+        export.status.success() && gguf.is_file(),
+        "{}",
+        String::from_utf8_lossy(&export.stderr)
+    );
     let missing = generate("kiln-test/absent");
     let error = String::from_utf8_lossy(&missing.stderr);
     assert!(

@@ -40,9 +40,10 @@ pub enum DescribeError {
 pub fn workload(args: &PlanArgs) -> Result<(String, Workload), DescribeError> {
     let precision: Precision = args.precision.into();
     if let Some(path) = &args.model_config {
-        let file = match path.is_dir() {
-            true => path.join("config.json"),
-            false => path.clone(),
+        // A config file, a model folder, or a Hub name in the Hugging Face cache.
+        let file = match path.is_file() {
+            true => path.clone(),
+            false => kiln_nn::llm::resolve_model(path)?.join("config.json"),
         };
         let config = LlmConfig::from_file(&file)?;
         let shape = TransformerShape {

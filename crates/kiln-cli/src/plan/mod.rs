@@ -28,7 +28,8 @@ pub struct PlanArgs {
     /// step timed on one core, the collective probed between two ranks.
     #[arg(long, value_enum)]
     model: Option<ModelKind>,
-    /// A Hugging Face model (LLaMA family): its folder or its `config.json`.
+    /// A Hugging Face model (LLaMA family): its folder, its `config.json`, or a Hub name
+    /// (org/name[@revision]) in the Hugging Face cache.
     #[arg(long, value_name = "PATH")]
     model_config: Option<PathBuf>,
     /// Blocks (a transformer described by its shape).
