@@ -3,14 +3,8 @@
 
 mod common;
 
-use common::{assert_one_line_error, kiln};
-use std::path::{Path, PathBuf};
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kiln-ad-cli-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+use common::{assert_one_line_error, scratch, succeed};
+use std::path::Path;
 
 const TINY: &str = r#"
 seed = 3
@@ -34,16 +28,6 @@ batch = 6
 episodes = 3
 seeds = 2
 "#;
-
-fn succeed(args: &[&str]) -> String {
-    let out = kiln(args);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 fn metrics(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("metrics.json")).unwrap()).unwrap()

@@ -4,26 +4,7 @@
 
 mod common;
 
-use std::path::PathBuf;
-
-use common::{assert_one_line_error, fixture, kiln};
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kiln-cli-export-{}-{name}", std::process::id()));
-    std::fs::remove_dir_all(&dir).ok();
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = kiln(args);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use common::{assert_one_line_error, fixture, scratch, succeed};
 
 #[test]
 fn a_merged_export_generates_as_the_adapter_does_and_exports_to_gguf() {
@@ -31,7 +12,7 @@ fn a_merged_export_generates_as_the_adapter_does_and_exports_to_gguf() {
     let (model, adapter) = (fixture("llama"), fixture("llama-peft"));
     // Named as the base's folder, as the GGUF of an adapter's merge is named.
     let merged = out.join("merged").join("llama");
-    ok(&[
+    succeed(&[
         "export",
         "merged",
         "--model",
@@ -49,7 +30,7 @@ fn a_merged_export_generates_as_the_adapter_does_and_exports_to_gguf() {
             &["generate", "--prompt", "the cat", "--max-new-tokens", "8"][..],
             extra,
         ];
-        ok(&args.concat())
+        succeed(&args.concat())
     };
     let tuned = generate(&["--model", &model, "--adapter", &adapter]);
     assert_eq!(generate(&["--model", merged.to_str().unwrap()]), tuned);
@@ -72,7 +53,7 @@ fn a_merged_export_generates_as_the_adapter_does_and_exports_to_gguf() {
             ][..],
             extra,
         ];
-        ok(&args.concat());
+        succeed(&args.concat());
         std::fs::read(file).unwrap()
     };
     let base = gguf("base.gguf", &["--model", &model]);

@@ -5,20 +5,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use burn::backend::Flex;
-use common::{assert_one_line_error, finetune_args, fixture, kiln};
+use common::{assert_one_line_error, finetune_args, fixture, kiln, scratch};
 use kiln_nn::llm::load;
 
 /// A fresh folder for one test's outputs.
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kiln-cli-finetune-{}-{name}", std::process::id()));
-    std::fs::remove_dir_all(&dir).ok();
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// `kiln finetune` of the llama fixture on the chat data for 3 steps of 8 sequences, with
 /// `extra` flags; its JSON summary.
 fn finetune(out: &Path, extra: &[&str]) -> serde_json::Value {

@@ -2,8 +2,27 @@
 
 #![allow(dead_code)] // each test binary uses a different part
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+
+/// A fresh, empty scratch folder `name` of this test process.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kiln-cli-{}-{name}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs `kiln` with `args`, which must succeed; its stdout.
+pub fn succeed(args: &[&str]) -> String {
+    let out = kiln(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
 
 /// Runs `kiln` with `args`, logs at warn.
 pub fn kiln(args: &[&str]) -> Output {

@@ -74,16 +74,7 @@ fn first_keys(starts: Option<&FlexTensor>, dims: attention::Dims) -> Option<Opti
     let Some(starts) = starts else {
         return Some(None);
     };
-    let starts = starts.to_contiguous();
-    let raw: Vec<i64> = match starts.dtype() {
-        DType::I64 => starts.as_slice::<i64>()?.to_vec(),
-        DType::I32 => starts
-            .as_slice::<i32>()?
-            .iter()
-            .map(|&s| s.into())
-            .collect(),
-        _ => return None,
-    };
+    let raw = int_values(starts)?;
     let offset = dims.kv_len - dims.q_len;
     let first = raw
         .chunks_exact(dims.q_len)
@@ -96,17 +87,18 @@ fn first_keys(starts: Option<&FlexTensor>, dims: attention::Dims) -> Option<Opti
     Some(Some(first))
 }
 
+/// The values of an integer tensor, `None` for an integer type the kernels do not read.
+fn int_values(t: &FlexTensor) -> Option<Vec<i64>> {
+    let t = t.to_contiguous();
+    match t.dtype() {
+        DType::I64 => Some(t.as_slice::<i64>()?.to_vec()),
+        DType::I32 => Some(t.as_slice::<i32>()?.iter().map(|&v| v.into()).collect()),
+        _ => None,
+    }
+}
+
 fn class_indices(targets: &FlexTensor, classes: usize) -> Option<Vec<usize>> {
-    let targets = targets.to_contiguous();
-    let indices: Vec<i64> = match targets.dtype() {
-        DType::I64 => targets.as_slice::<i64>()?.to_vec(),
-        DType::I32 => targets
-            .as_slice::<i32>()?
-            .iter()
-            .map(|&t| t.into())
-            .collect(),
-        _ => return None,
-    };
+    let indices = int_values(targets)?;
     Some(
         indices
             .into_iter()

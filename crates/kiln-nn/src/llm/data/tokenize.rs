@@ -171,19 +171,18 @@ fn best_fit_decreasing(lengths: &[usize], capacity: usize) -> Vec<Vec<usize>> {
     for i in order {
         let len = lengths[i];
         debug_assert!(len <= capacity, "items are cut to the capacity first");
-        let bin = match room.range((len, 0)..).next().copied() {
+        let (left, bin) = match room.range((len, 0)..).next().copied() {
             Some(entry) => {
                 room.remove(&entry);
-                entry.1
+                entry
             }
             None => {
                 bins.push(Vec::new());
-                bins.len() - 1
+                (capacity, bins.len() - 1)
             }
         };
         bins[bin].push(i);
-        let used: usize = bins[bin].iter().map(|&j| lengths[j]).sum();
-        room.insert((capacity - used, bin));
+        room.insert((left - len, bin));
     }
     bins
 }

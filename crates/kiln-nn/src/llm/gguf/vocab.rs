@@ -13,7 +13,6 @@
 //! SentencePiece's `<0xXX>` byte tokens bytes; ids past the tokenizer up to the embedding's
 //! rows are `[PADi]`, unused, as `convert_hf_to_gguf.py` pads them.
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::quantized::gguf_file::Value;
@@ -100,17 +99,6 @@ pub(super) fn tokenizer(dir: &Path, config: &LlmConfig, kv: &mut Kv) -> Result<u
         })
         .unzip();
     let count = texts.len();
-    let ids: HashMap<&str, u64> = vocab
-        .iter()
-        .filter_map(|(t, id)| Some((t.as_str(), id.as_u64()?)))
-        .chain(
-            json["added_tokens"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|a| Some((a["content"].as_str()?, a["id"].as_u64()?))),
-        )
-        .collect();
     let u32_id = |id: u64| Value::U32(u32::try_from(id).unwrap_or(u32::MAX));
     if byte_level {
         kv.push(("tokenizer.ggml.model".into(), Value::String("gpt2".into())));
@@ -141,7 +129,8 @@ pub(super) fn tokenizer(dir: &Path, config: &LlmConfig, kv: &mut Kv) -> Result<u
         value
             .as_str()
             .or_else(|| value["content"].as_str())
-            .and_then(|text| ids.get(text).copied())
+            .and_then(|text| tokenizer.token_id(text))
+            .map(u64::from)
     };
     // tokenizer_config.json's, else config.json's id (as gguf-py's SpecialVocab reads them).
     let model_config = match regular_file(dir, "config.json")? {
