@@ -15,7 +15,7 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 
 use crate::backend::KernelBackend;
 use crate::quant::QuantizedPrimitive;
-use crate::{AdamWStep, FlatLayout};
+use crate::{AdamWStep, Epilogue, FlatLayout};
 
 type Ad<B, C> = Autodiff<B, C>;
 
@@ -36,34 +36,48 @@ fn inner<B: KernelBackend, C: CheckpointStrategy>(
     }
 }
 
+/// A linear layer's backward over `N` parents: `x` and `w`, then the bias and the residual
+/// where the layer has them.
 #[derive(Debug)]
-struct LinearBackward;
+struct LinearBackward<const N: usize>;
 
-impl<B: KernelBackend> Backward<B, 3> for LinearBackward {
-    // x for w's gradient, w for x's; each kept only when the other's gradient is wanted.
-    type State = (Option<FloatTensor<B>>, Option<FloatTensor<B>>);
-
-    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let [node_x, node_w, node_b] = ops.parents;
-        let dy = grads.consume::<B>(&ops.node);
-        let (x, w) = ops.state;
-        let ids = [node_x, node_w, node_b].map(|n| n.map(|n| n.id));
-        linear_grads::<B>(dy, x, w, ids, grads);
-    }
+/// What a linear layer's backward keeps.
+#[derive(Debug, Clone)]
+struct LinearState<B: KernelBackend> {
+    /// `x`, for `w`'s gradient; kept only when `w` wants one.
+    x: Option<FloatTensor<B>>,
+    /// `w`, for `x`'s gradient; kept only when `x` wants one.
+    w: Option<FloatTensor<B>>,
+    /// The output, after a ReLU epilogue: its backward passes the gradient where it is positive.
+    relu: Option<FloatTensor<B>>,
+    bias: bool,
+    residual: bool,
 }
 
-#[derive(Debug)]
-struct LinearNoBiasBackward;
+impl<B: KernelBackend, const N: usize> Backward<B, N> for LinearBackward<N> {
+    type State = LinearState<B>;
 
-impl<B: KernelBackend> Backward<B, 2> for LinearNoBiasBackward {
-    type State = (Option<FloatTensor<B>>, Option<FloatTensor<B>>);
-
-    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let [node_x, node_w] = ops.parents;
-        let dy = grads.consume::<B>(&ops.node);
-        let (x, w) = ops.state;
-        let ids = [node_x.map(|n| n.id), node_w.map(|n| n.id), None];
-        linear_grads::<B>(dy, x, w, ids, grads);
+    fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let state = ops.state;
+        let mut parents = ops.parents.into_iter();
+        let mut next = |present: bool| {
+            if present {
+                parents.next().flatten().map(|n| n.id)
+            } else {
+                None
+            }
+        };
+        let (node_x, node_w) = (next(true), next(true));
+        let node_b = next(state.bias);
+        let node_r = next(state.residual);
+        let mut dy = grads.consume::<B>(&ops.node);
+        if let Some(node) = node_r {
+            grads.register::<B>(node, dy.clone());
+        }
+        if let Some(y) = state.relu {
+            dy = <B as KernelBackend>::relu_backward(dy, y);
+        }
+        linear_grads::<B>(dy, state.x, state.w, [node_x, node_w, node_b], grads);
     }
 }
 
@@ -279,42 +293,45 @@ impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
         x: FloatTensor<Self>,
         w: FloatTensor<Self>,
         b: Option<FloatTensor<Self>>,
+        epilogue: Epilogue<FloatTensor<Self>>,
     ) -> FloatTensor<Self> {
+        let relu = matches!(epilogue, Epilogue::Relu);
         let out = B::linear_forward(
             x.primitive.clone(),
             w.primitive.clone(),
             b.as_ref().map(|b| b.primitive.clone()),
+            epilogue.clone().map(|r| r.primitive),
         );
         // Each input is kept only for the other's gradient.
-        let keep_x = !w.node.requirement.is_none();
-        let keep_w = !x.node.requirement.is_none();
-        let state = (
-            keep_x.then(|| x.primitive.clone()),
-            keep_w.then(|| w.primitive.clone()),
-        );
-        match b {
-            Some(b) => {
-                let nodes = [x.node, w.node, b.node];
-                match LinearBackward
-                    .prepare::<C>(nodes)
+        let state = LinearState {
+            x: (!w.node.requirement.is_none()).then(|| x.primitive.clone()),
+            w: (!x.node.requirement.is_none()).then(|| w.primitive.clone()),
+            relu: relu.then(|| out.clone()),
+            bias: b.is_some(),
+            residual: epilogue.residual().is_some(),
+        };
+        let mut nodes = vec![x.node, w.node];
+        nodes.extend(b.map(|b| b.node));
+        if let Epilogue::Residual(r) = epilogue {
+            nodes.push(r.node);
+        }
+        // The node type is Burn's private `NodeRef`: arrays of it are built by inference.
+        macro_rules! track {
+            ($n:literal) => {
+                match LinearBackward::<$n>
+                    .prepare::<C>(nodes.try_into().expect("one node per parent"))
                     .compute_bound()
                     .stateful()
                 {
                     OpsKind::Tracked(prep) => prep.finish(state, out),
                     OpsKind::UnTracked(prep) => prep.finish(out),
                 }
-            }
-            None => {
-                let nodes = [x.node, w.node];
-                match LinearNoBiasBackward
-                    .prepare::<C>(nodes)
-                    .compute_bound()
-                    .stateful()
-                {
-                    OpsKind::Tracked(prep) => prep.finish(state, out),
-                    OpsKind::UnTracked(prep) => prep.finish(out),
-                }
-            }
+            };
+        }
+        match nodes.len() {
+            2 => track!(2),
+            3 => track!(3),
+            _ => track!(4),
         }
     }
 

@@ -12,7 +12,7 @@ use burn::tensor::{Int, Tensor, TensorPrimitive};
 
 use crate::quant::QuantizedPrimitive;
 use crate::reference;
-use crate::{AdamWStep, FlatLayout};
+use crate::{AdamWStep, Epilogue, FlatLayout};
 
 /// A primitive as a `Tensor` of rank `D`.
 pub(crate) fn wrap<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
@@ -41,17 +41,20 @@ pub trait KernelBackend: Backend {
         t
     }
 
-    /// `x·w (+ b)`: `x [rows, k]`, `w [k, n]`, `b [n]` → `[rows, n]`. Its backward is two
-    /// matmuls and [`Self::column_sum`] for the bias.
+    /// `epilogue(x·w (+ b))`: `x [rows, k]`, `w [k, n]`, `b [n]`, a residual `[rows, n]` →
+    /// `[rows, n]`. Its backward is two matmuls, [`Self::column_sum`] for the bias, the
+    /// gradient itself for the residual, and [`Self::relu_backward`] first after a ReLU.
     fn linear_forward(
         x: FloatTensor<Self>,
         w: FloatTensor<Self>,
         b: Option<FloatTensor<Self>>,
+        epilogue: Epilogue<FloatTensor<Self>>,
     ) -> FloatTensor<Self> {
-        unwrap(reference::linear::forward(
-            wrap::<Self, 2>(x),
-            wrap(w),
+        let y = reference::linear::forward(wrap::<Self, 2>(x), wrap(w), None);
+        unwrap(reference::linear::epilogue(
+            y,
             b.map(wrap),
+            epilogue.map(wrap),
         ))
     }
 

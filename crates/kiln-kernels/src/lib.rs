@@ -20,6 +20,7 @@ pub mod autodiff;
 pub mod backend;
 mod cpu;
 pub mod cube;
+mod epilogue;
 pub mod flat;
 pub mod fusion;
 pub mod ops;
@@ -29,6 +30,7 @@ pub mod reference;
 
 pub use adamw_step::AdamWStep;
 pub use backend::KernelBackend;
+pub use epilogue::Epilogue;
 pub use flat::FlatLayout;
 pub use optim::{AdamWRule, FusedAdamW, FusedAdamWConfig, FusedAdamWRecord};
 pub use quant::{QuantFormat, QuantizedWeight, ScaleDtype};

@@ -9,7 +9,7 @@ use thiserror::Error;
 
 use crate::backend::{KernelBackend, unwrap, wrap};
 use crate::quant::QuantizedWeight;
-use crate::{AdamWStep, FlatLayout};
+use crate::{AdamWStep, Epilogue, FlatLayout};
 
 /// Inputs a kernel cannot take, with what was expected.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -140,6 +140,44 @@ pub fn linear<B: KernelBackend, const D: usize>(
     w: Tensor<B, 2>,
     b: Option<Tensor<B, 1>>,
 ) -> Result<Tensor<B, D>, KernelError> {
+    linear_with(x, w, b, Epilogue::None)
+}
+
+/// `r + x·w (+ b)`: [`linear`] with a residual `r [.., n]` added in the same pass over the
+/// output, as a transformer block adds its output projections to the residual stream (on a
+/// GPU one launch after the matmul where the bias and the residual took one each). The
+/// residual's gradient is the output's.
+///
+/// # Errors
+/// [`KernelError`] when the shapes do not agree.
+pub fn linear_residual<B: KernelBackend, const D: usize>(
+    x: Tensor<B, D>,
+    w: Tensor<B, 2>,
+    b: Option<Tensor<B, 1>>,
+    r: Tensor<B, D>,
+) -> Result<Tensor<B, D>, KernelError> {
+    linear_with(x, w, b, Epilogue::Residual(r))
+}
+
+/// `relu(x·w (+ b))`: [`linear`] with ReLU applied in the same pass over the output (a
+/// feed-forward's first layer). Its backward is [`relu`]'s, then [`linear`]'s.
+///
+/// # Errors
+/// [`KernelError`] when the shapes do not agree.
+pub fn linear_relu<B: KernelBackend, const D: usize>(
+    x: Tensor<B, D>,
+    w: Tensor<B, 2>,
+    b: Option<Tensor<B, 1>>,
+) -> Result<Tensor<B, D>, KernelError> {
+    linear_with(x, w, b, Epilogue::Relu)
+}
+
+fn linear_with<B: KernelBackend, const D: usize>(
+    x: Tensor<B, D>,
+    w: Tensor<B, 2>,
+    b: Option<Tensor<B, 1>>,
+    epilogue: Epilogue<Tensor<B, D>>,
+) -> Result<Tensor<B, D>, KernelError> {
     const OP: &str = "linear";
     let (x, shape) = rows(x);
     let [k, n] = w.dims();
@@ -157,8 +195,26 @@ pub fn linear<B: KernelBackend, const D: usize>(
             b.dims()[0],
         )?;
     }
-    let y = wrap::<B, 2>(B::linear_forward(unwrap(x), unwrap(w), b.map(unwrap)));
-    Ok(y.reshape(with_last::<D>(&shape, n)))
+    let out = with_last::<D>(&shape, n);
+    if let Some(r) = epilogue.residual()
+        && r.dims() != out
+    {
+        return Err(KernelError::Shapes {
+            op: OP,
+            left: "the residual",
+            left_shape: r.dims().to_vec(),
+            right: "the output",
+            right_shape: out.to_vec(),
+        });
+    }
+    let epilogue = epilogue.map(|r| unwrap(rows(r).0));
+    let y = wrap::<B, 2>(B::linear_forward(
+        unwrap(x),
+        unwrap(w),
+        b.map(unwrap),
+        epilogue,
+    ));
+    Ok(y.reshape(out))
 }
 
 /// `x·deq(W) + scale·t·B` where `t = x'·A` for the adapter input `x'` (`x`, or a dropout of

@@ -150,13 +150,24 @@ fn rms_norm_matches_the_reference() {
 
 // ---------------------------------------------------------------- linear
 
+/// What follows the matmul in a linear test.
+#[derive(Clone, Copy, PartialEq)]
+enum Tail {
+    Plain,
+    Residual,
+    Relu,
+}
+
 /// `x·w + b` and its gradients against Burn's matmul and broadcast add: a bias of 5 columns over
-/// 2,100 rows (its gradient's sum cut into chunks), and one of 64 (a cube per 2 columns).
+/// 2,100 rows (its gradient's sum cut into chunks), and one of 64 (a cube per 2 columns); with
+/// a residual added or a ReLU applied in the same pass, against Burn's add and ReLU after it.
+#[allow(clippy::too_many_arguments)]
 fn linear<B: AutodiffBackend + KernelBackend>(
     rows: usize,
     k: usize,
     n: usize,
     bias: bool,
+    tail: Tail,
     fused: bool,
     half: bool,
     device: &B::Device,
@@ -164,12 +175,26 @@ fn linear<B: AutodiffBackend + KernelBackend>(
     let x = tensor::<B, 3>(&values(rows * k, 1.0, 41, half), [1, rows, k], device).require_grad();
     let w = tensor::<B, 2>(&values(k * n, 0.5, 42, half), [k, n], device).require_grad();
     let b = bias.then(|| tensor::<B, 1>(&values(n, 0.5, 43, half), [n], device).require_grad());
+    let r = (tail == Tail::Residual).then(|| {
+        tensor::<B, 3>(&values(rows * n, 1.0, 45, half), [1, rows, n], device).require_grad()
+    });
     let probe = tensor::<B, 3>(&values(rows * n, 1.0, 44, half), [1, rows, n], device);
     let y = if fused {
-        ops::linear(x.clone(), w.clone(), b.clone()).unwrap()
+        let (x, w, b) = (x.clone(), w.clone(), b.clone());
+        match (tail, r.clone()) {
+            (Tail::Residual, Some(r)) => ops::linear_residual(x, w, b, r),
+            (Tail::Relu, _) => ops::linear_relu(x, w, b),
+            _ => ops::linear(x, w, b),
+        }
+        .unwrap()
     } else {
-        reference::linear::forward(x.clone().reshape([rows, k]), w.clone(), b.clone())
-            .reshape([1, rows, n])
+        let y = reference::linear::forward(x.clone().reshape([rows, k]), w.clone(), b.clone())
+            .reshape([1, rows, n]);
+        match (tail, r.clone()) {
+            (Tail::Residual, Some(r)) => y + r,
+            (Tail::Relu, _) => burn::tensor::activation::relu(y),
+            _ => y,
+        }
     };
     let grads = (y.clone() * probe).sum().backward();
     let mut out = vec![
@@ -178,6 +203,7 @@ fn linear<B: AutodiffBackend + KernelBackend>(
         to_vec(w.grad(&grads).unwrap()),
     ];
     out.extend(b.map(|b| to_vec(b.grad(&grads).unwrap())));
+    out.extend(r.map(|r| to_vec(r.grad(&grads).unwrap())));
     out
 }
 
@@ -186,7 +212,7 @@ fn linear_narrow<B: AutodiffBackend + KernelBackend>(
     half: bool,
     device: &B::Device,
 ) -> Vec<Vec<f32>> {
-    linear::<B>(2100, 7, 5, true, fused, half, device)
+    linear::<B>(2100, 7, 5, true, Tail::Plain, fused, half, device)
 }
 
 fn linear_wide<B: AutodiffBackend + KernelBackend>(
@@ -194,7 +220,7 @@ fn linear_wide<B: AutodiffBackend + KernelBackend>(
     half: bool,
     device: &B::Device,
 ) -> Vec<Vec<f32>> {
-    linear::<B>(300, 9, 64, true, fused, half, device)
+    linear::<B>(300, 9, 64, true, Tail::Plain, fused, half, device)
 }
 
 fn linear_unbiased<B: AutodiffBackend + KernelBackend>(
@@ -202,7 +228,31 @@ fn linear_unbiased<B: AutodiffBackend + KernelBackend>(
     half: bool,
     device: &B::Device,
 ) -> Vec<Vec<f32>> {
-    linear::<B>(30, 9, 11, false, fused, half, device)
+    linear::<B>(30, 9, 11, false, Tail::Plain, fused, half, device)
+}
+
+fn linear_residual<B: AutodiffBackend + KernelBackend>(
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    linear::<B>(300, 9, 37, true, Tail::Residual, fused, half, device)
+}
+
+fn linear_residual_unbiased<B: AutodiffBackend + KernelBackend>(
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    linear::<B>(30, 9, 11, false, Tail::Residual, fused, half, device)
+}
+
+fn linear_relu<B: AutodiffBackend + KernelBackend>(
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    linear::<B>(300, 9, 37, true, Tail::Relu, fused, half, device)
 }
 
 #[test]
@@ -210,6 +260,17 @@ fn linear_matches_the_reference() {
     check_everywhere!("linear narrow", linear_narrow, ["y", "dx", "dw", "db"]);
     check_everywhere!("linear wide", linear_wide, ["y", "dx", "dw", "db"]);
     check_everywhere!("linear unbiased", linear_unbiased, ["y", "dx", "dw"]);
+    check_everywhere!(
+        "linear residual",
+        linear_residual,
+        ["y", "dx", "dw", "db", "dr"]
+    );
+    check_everywhere!(
+        "linear residual unbiased",
+        linear_residual_unbiased,
+        ["y", "dx", "dw", "dr"]
+    );
+    check_everywhere!("linear relu", linear_relu, ["y", "dx", "dw", "db"]);
 }
 
 // ---------------------------------------------------------------- SwiGLU

@@ -12,6 +12,7 @@ mod elementwise;
 mod grad_norm;
 mod layer_norm;
 mod layout;
+mod linear;
 mod qlora;
 mod reduce;
 mod rms_norm;
@@ -24,7 +25,7 @@ pub use qlora::DENSE_ROWS as QLORA_DENSE_ROWS;
 
 use crate::backend::KernelBackend;
 use crate::quant::QuantizedPrimitive;
-use crate::{AdamWStep, FlatLayout};
+use crate::{AdamWStep, Epilogue, FlatLayout};
 
 fn weight<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
     w: QuantizedPrimitive<CubeBackend<R, F, I, BT>>,
@@ -47,6 +48,15 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> KernelBack
 
     fn dense_int(t: IntTensor<Self>) -> IntTensor<Self> {
         layout::dense_input(t)
+    }
+
+    fn linear_forward(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        b: Option<FloatTensor<Self>>,
+        epilogue: Epilogue<FloatTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        linear::epilogue(Self::float_matmul(x, w), b, epilogue)
     }
 
     fn column_sum(x: FloatTensor<Self>) -> FloatTensor<Self> {

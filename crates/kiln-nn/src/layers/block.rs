@@ -6,11 +6,11 @@ use burn::nn::activation::{Activation, ActivationConfig};
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use kiln_kernels::{KernelBackend, ops};
+use kiln_kernels::KernelBackend;
 
 use super::causal_attention::{CausalSelfAttention, CausalSelfAttentionConfig, KvCache};
 use super::layer_norm::{LayerNorm, LayerNormConfig};
-use super::rows::linear_rows;
+use super::rows::{linear_rows, linear_rows_relu, linear_rows_residual};
 
 /// Configuration of [`PreNormBlock`].
 #[derive(Config, Debug)]
@@ -70,13 +70,16 @@ impl<B: KernelBackend> PreNormBlock<B> {
     /// Applies the block to the positions that follow those in `cache`, which their
     /// attention reads and extends (see [`CausalSelfAttention::forward_cached`]).
     pub fn forward_cached(&self, x: Tensor<B, 3>, cache: &mut KvCache<B>) -> Tensor<B, 3> {
-        let x = x.clone() + self.attn.forward_cached(self.norm_attn.forward(x), cache);
-        let hidden = linear_rows(&self.ff_in, self.norm_ff.forward(x.clone()));
+        // Each residual is added in its output projection's pass, and ReLU in the first
+        // feed-forward layer's: one launch after each matmul on a GPU.
+        let x = self
+            .attn
+            .forward_residual(self.norm_attn.forward(x.clone()), x, cache);
+        let normed = self.norm_ff.forward(x.clone());
         let hidden = match &self.activation {
-            // The fused ReLU: one launch each way on a GPU where Burn's takes two.
-            Activation::Relu(_) => ops::relu(hidden),
-            activation => activation.forward(hidden),
+            Activation::Relu(_) => linear_rows_relu(&self.ff_in, normed),
+            activation => activation.forward(linear_rows(&self.ff_in, normed)),
         };
-        x + linear_rows(&self.ff_out, hidden)
+        linear_rows_residual(&self.ff_out, hidden, x)
     }
 }

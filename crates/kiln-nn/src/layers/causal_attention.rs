@@ -10,7 +10,7 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use kiln_kernels::{KernelBackend, ops};
 
-use super::rows::linear_rows;
+use super::rows::{linear_rows, linear_rows_residual};
 
 /// Configuration of [`CausalSelfAttention`].
 #[derive(Config, Debug)]
@@ -68,10 +68,25 @@ impl<B: KernelBackend> CausalSelfAttention<B> {
     /// `[batch, new, d_model]`. A decoder calls it with one new position per step; with an
     /// empty cache it is [`Self::forward`].
     pub fn forward_cached(&self, x: Tensor<B, 3>, cache: &mut KvCache<B>) -> Tensor<B, 3> {
+        linear_rows(&self.output, self.context(x, cache))
+    }
+
+    /// `residual + self.forward_cached(x, cache)`, the residual added in the output
+    /// projection's pass ([`linear_rows_residual`]): a block's attention half.
+    pub fn forward_residual(
+        &self,
+        x: Tensor<B, 3>,
+        residual: Tensor<B, 3>,
+        cache: &mut KvCache<B>,
+    ) -> Tensor<B, 3> {
+        linear_rows_residual(&self.output, self.context(x, cache), residual)
+    }
+
+    /// The heads' context before the output projection.
+    fn context(&self, x: Tensor<B, 3>, cache: &mut KvCache<B>) -> Tensor<B, 3> {
         let project = |linear: &Linear<B>| linear_rows(linear, x.clone());
         let (k, v) = cache.extend(project(&self.key), project(&self.value));
-        let context = attend(project(&self.query), k, v, self.heads);
-        linear_rows(&self.output, context)
+        attend(project(&self.query), k, v, self.heads)
     }
 }
 

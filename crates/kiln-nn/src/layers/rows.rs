@@ -15,9 +15,31 @@ use kiln_kernels::{KernelBackend, ops};
 /// gradient (a sum down `batch·seq` rows) runs on many cubes of a GPU, not on one.
 pub fn linear_rows<B: KernelBackend>(linear: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
     let bias = linear.bias.as_ref().map(|b| b.val());
-    ops::linear(x, linear.weight.val(), bias)
-        .expect("a Linear's weight takes its own input width and matches its bias")
+    ops::linear(x, linear.weight.val(), bias).expect(SHAPES)
 }
+
+/// `residual + linear(x)` as [`linear_rows`] does it, the residual added in the same pass
+/// over the output ([`ops::linear_residual`]).
+///
+/// # Panics
+/// When `residual` is not `linear`'s output shape (a caller's bug).
+pub fn linear_rows_residual<B: KernelBackend>(
+    linear: &Linear<B>,
+    x: Tensor<B, 3>,
+    residual: Tensor<B, 3>,
+) -> Tensor<B, 3> {
+    let bias = linear.bias.as_ref().map(|b| b.val());
+    ops::linear_residual(x, linear.weight.val(), bias, residual).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `relu(linear(x))` as [`linear_rows`] does it, the ReLU applied in the same pass over the
+/// output ([`ops::linear_relu`]).
+pub fn linear_rows_relu<B: KernelBackend>(linear: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    let bias = linear.bias.as_ref().map(|b| b.val());
+    ops::linear_relu(x, linear.weight.val(), bias).expect(SHAPES)
+}
+
+const SHAPES: &str = "a Linear's weight takes its own input width and matches its bias";
 
 #[cfg(test)]
 mod tests {
