@@ -1,6 +1,8 @@
 //! Strategies on a device whose work is queued per thread (wgpu; in CI-less runs on Mesa's
 //! lavapipe Vulkan driver): ranks that share the device must still match single-device
-//! training, which needs the device synchronised at every cross-thread hand-over.
+//! training, which needs the device synchronised at every cross-thread hand-over. Both on the
+//! plain CubeCL backend and under Burn's fusion, which `kiln` trains on
+//! (`kiln_kernels::backends::Wgpu`): there ranks that share a device share fusion tensors too.
 //!
 //! `cargo test --features wgpu --test wgpu` (needs a Vulkan driver: `mesa-vulkan-drivers`).
 
@@ -8,11 +10,19 @@
 
 mod common;
 
-use burn::backend::wgpu::WgpuDevice;
-use burn::backend::{Autodiff, Wgpu};
+use burn::backend::Autodiff;
+use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use common::*;
 
-type G = Autodiff<Wgpu>;
+type G = Autodiff<CubeBackend<WgpuRuntime, f32, i32, u32>>;
+type Fused = Autodiff<kiln_kernels::backends::Wgpu>;
+
+/// Fusion rounds differently depending on which element-wise ops it groups, and that depends
+/// on the order in which the ranks' threads queue them. Measured 2026-11-29 over about 200
+/// checks each: the plain backend's runs differ from the reference by up to 3.1e-6 (relative),
+/// the fused ones by up to 1.1e-5 once and 2.4e-6 otherwise; the plain backend's reference
+/// itself moves between runs by as much.
+const FUSED_TOLERANCE: f32 = 2.0 * RELATIVE_TOLERANCE;
 
 fn check(world: usize, data_parallel: bool) {
     shared_device_matches_single::<G>(
@@ -20,6 +30,15 @@ fn check(world: usize, data_parallel: bool) {
         world,
         data_parallel,
         RELATIVE_TOLERANCE,
+    );
+}
+
+fn check_fused(world: usize, data_parallel: bool) {
+    shared_device_matches_single::<Fused>(
+        WgpuDevice::default(),
+        world,
+        data_parallel,
+        FUSED_TOLERANCE,
     );
 }
 
@@ -36,4 +55,73 @@ fn data_parallel_world_2_matches_single_device() {
     for _ in 0..3 {
         check(2, true);
     }
+}
+
+/// Burn 0.21's fusion freed a tensor that two ranks held while one of them was queueing an
+/// operation that reads it ("Should have handle for tensor", 3 runs of 3); Kiln's copy of
+/// burn-fusion keeps the reference until the operation is queued (`vendor/README.md`).
+#[test]
+fn fused_ddp_world_2_matches_single_device() {
+    for _ in 0..3 {
+        check_fused(2, false);
+    }
+}
+
+#[test]
+fn fused_data_parallel_world_2_matches_single_device() {
+    for _ in 0..3 {
+        check_fused(2, true);
+    }
+}
+
+/// Tensor parallelism (tp 2, both ranks on the one device) on the transformer, three steps,
+/// against single-device training on the same device.
+macro_rules! tensor_matches_single {
+    ($backend:ty, $tolerance:expr) => {{
+        use burn::optim::AdamWConfig;
+        use kiln::core::World;
+        use kiln::core::optim::PerformanceConfig;
+        use kiln::core::strategy::{PerformanceSpec, Strategy, StrategyConfigs, Tensor as Tp};
+        let device = WgpuDevice::default();
+        let case = transformer_case_on::<$backend>(&device);
+        let batches = batches(case.dataset.len(), 13, 3);
+        let expected = reference_on(&case, &batches, &device);
+        let mut configs = StrategyConfigs::default();
+        configs.tensor.tp = 2;
+        configs.tensor.check_replicas_every = Some(1);
+        let spec = PerformanceSpec::new(AdamWConfig::new(), PerformanceConfig::new()).unwrap();
+        let mut tensor = Tp::new(
+            &World::local(vec![device; 2]).unwrap(),
+            case.model.clone(),
+            &spec,
+            case.source(),
+            configs.tensor.clone(),
+            &configs.pipeline,
+        )
+        .unwrap();
+        for batch in &batches {
+            tensor.step(batch, LR).unwrap();
+        }
+        assert_equivalent_within(
+            &tensor.model().unwrap(),
+            &expected,
+            &case.model,
+            "tensor tp 2 on one device",
+            $tolerance,
+        );
+    }};
+}
+
+#[test]
+#[ignore = "a known bug: Tensor (tp 2) with both ranks on one wgpu device trains 0.3-1.6 % away \
+            from single-device training, a different amount each run, on the plain backend and \
+            under fusion (2026-11-29); on the CPU it matches within 1e-5 (tests/tensor.rs)"]
+fn tensor_tp_2_matches_single_device() {
+    tensor_matches_single!(G, RELATIVE_TOLERANCE);
+}
+
+#[test]
+#[ignore = "the same known bug as tensor_tp_2_matches_single_device"]
+fn fused_tensor_tp_2_matches_single_device() {
+    tensor_matches_single!(Fused, FUSED_TOLERANCE);
 }

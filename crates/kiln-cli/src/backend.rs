@@ -281,9 +281,12 @@ pub fn dispatch<J: Job>(
                 shared_one(placement)?
             ])
         }
+        // The GPU backends train under Burn's fusion (`kiln_kernels::backends`).
         #[cfg(feature = "wgpu")]
-        BackendKind::Wgpu => job
-            .run::<Autodiff<burn::backend::Wgpu>>(vec![Default::default(); shared_one(placement)?]),
+        BackendKind::Wgpu => job.run::<Autodiff<kiln_kernels::backends::Wgpu>>(vec![
+            Default::default();
+            shared_one(placement)?
+        ]),
         #[cfg(feature = "cuda")]
         BackendKind::Cuda => {
             use burn::tensor::backend::Backend;
@@ -293,7 +296,7 @@ pub fn dispatch<J: Job>(
             }
             let available = <burn::backend::Cuda as Backend>::device_count(0);
             let ordinals = placement.ordinals(backend, available, true)?;
-            job.run::<Autodiff<burn::backend::Cuda>>(
+            job.run::<Autodiff<kiln_kernels::backends::Cuda>>(
                 ordinals
                     .into_iter()
                     .map(burn::backend::cuda::CudaDevice::new)

@@ -18,6 +18,7 @@
 mod adamw_step;
 pub mod autodiff;
 pub mod backend;
+pub mod backends;
 mod cpu;
 pub mod cube;
 mod epilogue;

@@ -1,0 +1,7 @@
+mod blocks;
+mod stream;
+
+#[cfg(test)]
+mod tests;
+
+pub use stream::*;

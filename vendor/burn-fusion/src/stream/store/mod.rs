@@ -1,0 +1,5 @@
+mod base;
+mod index;
+
+pub(crate) use base::*;
+pub(super) use index::*;
