@@ -84,7 +84,7 @@ impl<B: Backend> InProcess<B> {
                     return Err(error);
                 }
                 drop(state);
-                return Ok(tensor.to_device(device));
+                return self.own(op, seq, tensor, device);
             }
             if let Some(failure) = &state.failure {
                 return Err(self.peer_failed(op, seq, failure));
