@@ -124,3 +124,52 @@ fn tensor_tp_2_matches_single_device() {
 fn fused_tensor_tp_2_matches_single_device() {
     tensor_matches_single!(Fused, FUSED_TOLERANCE);
 }
+
+/// Pipeline (two stages, 1F1B over three micro-batches) of the transformer on one device,
+/// three steps, against single-device training on the same device: activations and their
+/// gradients cross between the stages' threads.
+macro_rules! pipeline_matches_single {
+    ($backend:ty, $tolerance:expr) => {{
+        use burn::optim::AdamWConfig;
+        use kiln::core::World;
+        use kiln::core::strategy::{Pipeline, PipelineConfig, Schedule, Strategy};
+        let device = WgpuDevice::default();
+        let case = transformer_case_on::<$backend>(&device);
+        let batches = batches(case.dataset.len(), 13, 3);
+        let expected = reference_on(&case, &batches, &device);
+        let config = PipelineConfig {
+            stages: 2,
+            micro_batches: 3,
+            schedule: Schedule::OneFOneB,
+            ..PipelineConfig::default()
+        };
+        let mut pipeline = Pipeline::new(
+            &World::local(vec![device; 2]).unwrap(),
+            case.model.clone(),
+            AdamWConfig::new().init(),
+            case.source(),
+            config,
+        )
+        .unwrap();
+        for batch in &batches {
+            pipeline.step(batch, LR).unwrap();
+        }
+        assert_equivalent_within(
+            &pipeline.model().unwrap(),
+            &expected,
+            &case.model,
+            "pipeline 2 stages on one device",
+            $tolerance,
+        );
+    }};
+}
+
+#[test]
+fn pipeline_2_stages_matches_single_device() {
+    pipeline_matches_single!(G, RELATIVE_TOLERANCE);
+}
+
+#[test]
+fn fused_pipeline_2_stages_matches_single_device() {
+    pipeline_matches_single!(Fused, FUSED_TOLERANCE);
+}
