@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use burn::backend::Flex;
-use kiln_nn::llm::{GgufType, export_gguf, load, load_config, resolve_model};
+use kiln_nn::llm::{GgufType, export_gguf, load, load_config};
 
 use crate::finetune::MergedDtype;
 
@@ -78,7 +78,7 @@ pub fn run(command: ExportCommand) -> Result<(), Box<dyn std::error::Error>> {
 
 fn gguf(args: GgufArgs) -> Result<(), Box<dyn std::error::Error>> {
     let _claim = crate::outputs::check_file("--out", &args.out)?;
-    let dir = resolve_model(&args.model)?;
+    let dir = crate::hub::resolve(&args.model)?;
     let config = load_config(&dir)?;
     let ty = match args.ty {
         TypeArg::F16 => GgufType::F16,
@@ -133,7 +133,7 @@ fn gguf(args: GgufArgs) -> Result<(), Box<dyn std::error::Error>> {
 
 fn merged(args: MergedArgs) -> Result<(), Box<dyn std::error::Error>> {
     let _claim = crate::outputs::check_folder("--out", &args.out)?;
-    let dir = resolve_model(&args.model)?;
+    let dir = crate::hub::resolve(&args.model)?;
     let dtype = args.dtype.resolve(&dir)?;
     merge(&dir, &args.adapter, &args.out, dtype)?;
     tracing::info!(

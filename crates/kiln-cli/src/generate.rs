@@ -154,7 +154,7 @@ impl Job for GenerateJob {
         let args = self.0;
         let device = &devices[0];
         // A Hub name is the Hugging Face cache's snapshot of it.
-        let dir = kiln_nn::llm::resolve_model(&args.model)?;
+        let dir = crate::hub::resolve(&args.model)?;
         let config = load_config(&dir)?;
         let mut tokenizer = LlmTokenizer::from_dir(&dir, &config)?;
         if let Some(template) = &args.chat_template {

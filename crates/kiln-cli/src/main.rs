@@ -9,6 +9,7 @@ mod config_file;
 mod export;
 mod finetune;
 mod generate;
+mod hub;
 mod launch;
 mod launched;
 mod names;
@@ -29,6 +30,10 @@ use tracing_subscriber::EnvFilter;
 #[derive(Parser, Debug)]
 #[command(name = "kiln", version, about)]
 struct Cli {
+    /// Download a `--model org/name` the Hugging Face cache lacks, from `$HF_ENDPOINT`
+    /// (huggingface.co by default) into the cache; without it Kiln reads the cache only.
+    #[arg(long, global = true)]
+    download: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -114,6 +119,7 @@ fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .init();
     allocator::keep_freed_pages();
+    hub::allow_downloads(cli.download);
 
     let run = std::panic::AssertUnwindSafe(|| match cli.command {
         Command::Train(args) => train::run(*args),

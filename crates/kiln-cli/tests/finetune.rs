@@ -407,6 +407,186 @@ fn a_hub_name_reads_the_hugging_face_cache_s_snapshot() {
     std::fs::remove_dir_all(out).ok();
 }
 
+/// `--model org/name --download` fetches what the cache lacks from `$HF_ENDPOINT` (a Hub on
+/// loopback here, answering as huggingface.co does) into `$HF_HUB_CACHE`, only the files Kiln
+/// reads; without `--download` the run is refused in one line naming the cache; afterwards the
+/// model is found offline.
+#[test]
+fn a_hub_name_downloads_into_the_cache_with_download() {
+    let out = scratch("hub-download");
+    let cache = out.join("hub");
+    let mut files: Vec<(String, Vec<u8>)> = ["config.json", "model.safetensors", "tokenizer.json"]
+        .iter()
+        .map(|f| {
+            let bytes = std::fs::read(Path::new(&fixture("llama")).join(f)).unwrap();
+            (f.to_string(), bytes)
+        })
+        .collect();
+    // Files other libraries read, which a download must skip.
+    files.push(("pytorch_model.bin".into(), vec![0; 64]));
+    files.push(("original/consolidated.00.pth".into(), vec![0; 64]));
+    let endpoint = hub_server::serve("kiln-test/remote-llama", "c0ffee42", files);
+    let generate = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(extra)
+            .args([
+                "generate",
+                "--model",
+                "kiln-test/remote-llama",
+                "--prompt",
+                "the sky",
+                "--max-new-tokens",
+                "5",
+            ])
+            .env("HF_HUB_CACHE", &cache)
+            .env("HF_ENDPOINT", &endpoint)
+            .env("RUST_LOG", "error")
+            .output()
+            .unwrap()
+    };
+    let refused = generate(&[]);
+    let error = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success()
+            && error.contains("--download")
+            && error.contains(&cache.display().to_string()),
+        "{error}"
+    );
+    let downloaded = generate(&["--download"]);
+    assert!(
+        downloaded.status.success(),
+        "{}",
+        String::from_utf8_lossy(&downloaded.stderr)
+    );
+    let folder = kiln(&[
+        "generate",
+        "--model",
+        &fixture("llama"),
+        "--prompt",
+        "the sky",
+        "--max-new-tokens",
+        "5",
+    ]);
+    assert_eq!(downloaded.stdout, folder.stdout);
+    let repo = cache.join("models--kiln-test--remote-llama");
+    assert_eq!(
+        std::fs::read_to_string(repo.join("refs/main"))
+            .unwrap()
+            .trim(),
+        "c0ffee42"
+    );
+    let mut held: Vec<String> = std::fs::read_dir(repo.join("snapshots/c0ffee42"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    held.sort();
+    assert_eq!(held, ["config.json", "model.safetensors", "tokenizer.json"]);
+    // Cached now: no --download needed.
+    let offline = generate(&[]);
+    assert_eq!(offline.stdout, folder.stdout);
+    std::fs::remove_dir_all(out).ok();
+}
+
+/// A Hugging Face Hub on loopback for one repository, answering the requests `hf-hub` makes:
+/// the repository's file list (`/api/models/{repo}/revision/main`), and each file
+/// (`/{repo}/resolve/main/{file}`) with the commit and etag headers and the byte ranges asked.
+mod hub_server {
+    use std::io::{BufRead, BufReader, Write};
+    use std::net::{TcpListener, TcpStream};
+
+    /// Serves `files` of `repo` at `commit` until the test ends; returns its address.
+    pub fn serve(repo: &str, commit: &str, files: Vec<(String, Vec<u8>)>) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let (repo, commit) = (repo.to_string(), commit.to_string());
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                answer(stream, &repo, &commit, &files);
+            }
+        });
+        endpoint
+    }
+
+    fn answer(stream: TcpStream, repo: &str, commit: &str, files: &[(String, Vec<u8>)]) {
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut request = String::new();
+        reader.read_line(&mut request).unwrap();
+        let path = request.split_whitespace().nth(1).unwrap_or("").to_string();
+        let mut range = None;
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 || line.trim().is_empty() {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':')
+                && name.eq_ignore_ascii_case("range")
+            {
+                range = Some(value.trim().trim_start_matches("bytes=").to_string());
+            }
+        }
+        let listing = format!("/api/models/{repo}/revision/main");
+        let prefix = format!("/{repo}/resolve/main/");
+        let mut stream = stream;
+        if path == listing {
+            let siblings: Vec<String> = files
+                .iter()
+                .map(|(f, _)| format!("{{\"rfilename\":\"{f}\"}}"))
+                .collect();
+            let body = format!(
+                "{{\"sha\":\"{commit}\",\"siblings\":[{}]}}",
+                siblings.join(",")
+            );
+            reply(&mut stream, "200 OK", &[], body.as_bytes());
+        } else if let Some((_, bytes)) = path
+            .strip_prefix(&prefix)
+            .and_then(|f| files.iter().find(|(name, _)| name == f))
+        {
+            let size = bytes.len();
+            let (first, last) = match range.as_deref().and_then(|r| r.split_once('-')) {
+                Some((a, b)) => (
+                    a.parse().unwrap_or(0),
+                    b.parse().unwrap_or(size - 1).min(size - 1),
+                ),
+                None => (0, size - 1),
+            };
+            // The etag names the blob in the cache: one per content.
+            let etag = format!("{:016x}", fnv(bytes));
+            let headers = [
+                ("x-repo-commit", commit.to_string()),
+                ("etag", format!("\"{etag}\"")),
+                ("content-range", format!("bytes {first}-{last}/{size}")),
+            ];
+            reply(
+                &mut stream,
+                "206 Partial Content",
+                &headers,
+                &bytes[first..=last],
+            );
+        } else {
+            reply(&mut stream, "404 Not Found", &[], b"not found");
+        }
+    }
+
+    fn reply(stream: &mut TcpStream, status: &str, headers: &[(&str, String)], body: &[u8]) {
+        let mut head = format!(
+            "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n",
+            body.len()
+        );
+        for (name, value) in headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        head.push_str("\r\n");
+        stream.write_all(head.as_bytes()).ok();
+        stream.write_all(body).ok();
+    }
+
+    fn fnv(bytes: &[u8]) -> u64 {
+        bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        })
+    }
+}
+
 #[test]
 fn generate_chat_renders_the_template_and_stops_at_the_end_of_turn() {
     let out = scratch("generate-chat");

@@ -64,7 +64,7 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
         .check_precision(config.train.optimizer.precision)?;
     // Everything the run reads and writes is checked before the model loads. A Hub name is
     // the Hugging Face cache's snapshot of it.
-    let dir = kiln_nn::llm::resolve_model(config.model_dir()?)?;
+    let dir = crate::hub::resolve(config.model_dir()?)?;
     let dir = dir.as_path();
     let llm = load_config(dir)?;
     config.fit_model(&llm)?;

@@ -43,7 +43,7 @@ pub fn workload(args: &PlanArgs) -> Result<(String, Workload), DescribeError> {
         // A config file, a model folder, or a Hub name in the Hugging Face cache.
         let file = match path.is_file() {
             true => path.clone(),
-            false => kiln_nn::llm::resolve_model(path)?.join("config.json"),
+            false => crate::hub::resolve(path)?.join("config.json"),
         };
         let config = LlmConfig::from_file(&file)?;
         let shape = TransformerShape {

@@ -55,7 +55,7 @@ pub use eval::EvalLoss;
 pub use folder::model_files;
 pub use generate::{KvCache, Sampling};
 pub use gguf::{GgufReport, GgufType, export_gguf};
-pub use hub::resolve_model;
+pub use hub::{Fetch, resolve_model};
 pub use load::{load, load_4bit, load_config};
 pub use model::{Attention, CausalLm, Decoder, DecoderLayer, Mlp, ProjBuilder};
 pub use peft::{ALL_LINEAR, LoraSpec, TARGET_MODULES, check_peft_base, expand_target_modules};
