@@ -156,6 +156,9 @@ fn merge(
     kiln_nn::llm::check_peft_base(adapter, dir);
     let (_, model) = load::<Flex>(dir, &Default::default())?;
     let (model, _) = model.load_peft(adapter)?;
+    // Merged in place, each base weight freed as its merged one is made: the model is held
+    // in f32 once, not twice (as saving the unmerged model, which merges a copy, would).
+    let model = model.merge_lora();
     model.save_pretrained_as(out, dir, dtype)?;
     Ok(out.to_path_buf())
 }
