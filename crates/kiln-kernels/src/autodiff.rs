@@ -356,11 +356,9 @@ impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
             let relu = relu.then(|| out.clone());
             return track_linear::<B, C>(x, w, b, relu, out);
         };
-        // Recorded as `linear(x, w, b) + r` would be: a linear node, then an add node with the
-        // residual, both computed in the one pass above. (One node with the residual as a
-        // fourth parent trained pipeline stages wrongly one run in two on the CPU, 2026-11-29;
-        // the two nodes, as Burn's own add records them, never did in 60 runs.) The linear
-        // node's value is never read: its backward needs only its inputs.
+        // Recorded as `linear(x, w, b) + r` would be, a linear node and then an add node with
+        // the residual, both computed in the one pass above: the graph Burn's own ops make.
+        // The linear node's value is never read: its backward needs only its inputs.
         let linear = track_linear::<B, C>(x, w, b, None, out.clone());
         match ResidualBackward
             .prepare::<C>([linear.node, r.node])

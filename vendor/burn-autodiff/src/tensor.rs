@@ -51,6 +51,10 @@ impl Step for RootStep {
         &self.node.parents
     }
 
+    fn node_refs(&self) -> usize {
+        Arc::strong_count(&self.node)
+    }
+
     fn depth(&self) -> usize {
         self.node.order
     }

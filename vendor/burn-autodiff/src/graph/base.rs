@@ -15,6 +15,10 @@ pub trait Step: Send + core::fmt::Debug {
     fn node(&self) -> NodeId;
     /// The parents of the node associated to the step.
     fn parents(&self) -> &[Parent];
+    /// Kiln's patch: the references to the step's node (its own, its children's steps', its
+    /// tensors' and those of operations still being recorded), so that the orphan sweep can
+    /// tell a node nothing will reach from one another thread is about to use.
+    fn node_refs(&self) -> usize;
 
     #[cfg(feature = "distributed")]
     /// Returns the [`DistributedParams`] of the node's tensor associated to the step.

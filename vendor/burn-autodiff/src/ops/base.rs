@@ -11,6 +11,7 @@ use crate::{
     tensor::AutodiffTensor,
 };
 use alloc::boxed::Box;
+use alloc::sync::Arc;
 use burn_backend::{Backend, TensorMetadata, tensor::FloatTensor};
 use burn_std::Shape;
 use core::marker::PhantomData;
@@ -269,6 +270,10 @@ where
         &self.ops.node.parents
     }
 
+    fn node_refs(&self) -> usize {
+        Arc::strong_count(&self.ops.node)
+    }
+
     fn depth(&self) -> usize {
         self.ops.node.order
     }
@@ -295,6 +300,10 @@ impl<const N: usize> Step for UntrackedOpsStep<N> {
 
     fn parents(&self) -> &[Parent] {
         &self.ops.node.parents
+    }
+
+    fn node_refs(&self) -> usize {
+        Arc::strong_count(&self.ops.node)
     }
     fn depth(&self) -> usize {
         self.ops.node.order

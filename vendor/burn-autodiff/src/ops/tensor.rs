@@ -3317,6 +3317,9 @@ impl<B: Backend, C: CheckpointStrategy> FloatTensorOps<Self> for Autodiff<B, C> 
             fn parents(&self) -> &[Parent] {
                 &self.parents
             }
+            fn node_refs(&self) -> usize {
+                alloc::sync::Arc::strong_count(&self.output)
+            }
             fn depth(&self) -> usize {
                 self.output.order
             }

@@ -89,9 +89,15 @@ impl GraphMemoryManagement {
         }
     }
 
-    pub(crate) fn free_unused_roots(&mut self, mut on_free_graph: impl FnMut(&NodeId)) {
+    pub(crate) fn free_unused_roots(
+        &mut self,
+        held: &HashSet<NodeId>,
+        mut on_free_graph: impl FnMut(&NodeId),
+    ) {
         let mut deletables = Vec::new();
         self.clear_unused_roots(&mut deletables);
+        // Kiln's patch: nodes still referenced from outside the graph stay (see the server).
+        deletables.retain(|node| !held.contains(node));
 
         for node_id in deletables {
             self.nodes.remove(&node_id);

@@ -5,7 +5,7 @@ use crate::{
         base::{Checkpointer, NodeTree},
         builder::CheckpointerBuilder,
     },
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     grads::Gradients,
     graph::{
         NodeRef, StepBoxed,
@@ -102,7 +102,26 @@ impl AutodiffServer {
     }
 
     pub(crate) fn free_unused_roots(&mut self, mut on_free_graph: impl FnMut(&NodeId)) {
-        self.memory_management.free_unused_roots(|node_id| {
+        // Kiln's patch: the sweep that ends every backward runs this on other threads' graphs
+        // too. A root whose tensors are all gone may still be the parent of an operation
+        // another thread is recording (its inputs consumed, its step not yet registered):
+        // freed, its step and its graph entry vanish, the operation starts a graph of its own,
+        // and the backward that later reaches the root skips it, losing the gradients behind
+        // it without a word (Kiln's pipeline stages trained wrongly that way). Such a node is
+        // referenced by more than its own step and its registered children's steps: keep it.
+        let mut children: HashMap<NodeId, usize> = HashMap::default();
+        for step in self.steps.values() {
+            for parent in step.parents() {
+                *children.entry(parent.id).or_insert(0) += 1;
+            }
+        }
+        let held: HashSet<NodeId> = self
+            .steps
+            .iter()
+            .filter(|(id, step)| step.node_refs() > 1 + children.get(*id).copied().unwrap_or(0))
+            .map(|(id, _)| *id)
+            .collect();
+        self.memory_management.free_unused_roots(&held, |node_id| {
             self.steps.remove(node_id);
             self.actions_builder.remove(node_id);
             on_free_graph(node_id);
