@@ -38,7 +38,8 @@ pub enum Fetch {
 pub fn resolve_model(model: &Path, fetch: Fetch) -> Result<PathBuf, LlmError> {
     let cache = hub_cache();
     match (resolve_in(model, cache.as_deref()), fetch) {
-        (Err(LlmError::Path { .. }), Fetch::Download) if model_name(model).is_ok() => {
+        // Not a Hub name: `model_name` gives the same refusal `resolve_in` did.
+        (Err(LlmError::Path { .. }), Fetch::Download) => {
             let (name, revision) = model_name(model)?;
             let cache = cache.ok_or_else(|| refuse(model, NO_CACHE.into()))?;
             download(&endpoint(), &cache, &name, &revision)

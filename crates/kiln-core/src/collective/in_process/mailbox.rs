@@ -35,12 +35,7 @@ impl<B: Backend> InProcess<B> {
         self.sent[to] += 1;
         self.counters.calls += 1;
         self.counters.elements += tensor.dims()[0] as u64;
-        B::sync(&tensor.device()).map_err(|e| CollectiveError::Device {
-            op,
-            seq,
-            rank: self.global(self.rank),
-            reason: format!("{e:?}"),
-        })?;
+        self.sync(op, seq, &tensor.device())?;
         let mut state = self.lock();
         if let Some(failure) = &state.failure {
             return Err(self.peer_failed(op, seq, failure));

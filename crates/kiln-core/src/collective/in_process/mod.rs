@@ -147,12 +147,7 @@ impl<B: Backend> InProcess<B> {
         } else {
             tensor.clone().to_device(device)
         };
-        B::sync(device).map_err(|e| CollectiveError::Device {
-            op,
-            seq,
-            rank: self.global(self.rank),
-            reason: format!("{e:?}"),
-        })?;
+        self.sync(op, seq, device)?;
         drop(tensor);
         Ok(mine)
     }
@@ -215,6 +210,16 @@ impl<B: Backend> InProcess<B> {
     }
 
     /// The world's rank of this group's rank `rank`.
+    /// Waits for the work this thread queued on `device`; a failure names the call and rank.
+    fn sync(&self, op: CollectiveOp, seq: u64, device: &B::Device) -> Result<(), CollectiveError> {
+        B::sync(device).map_err(|e| CollectiveError::Device {
+            op,
+            seq,
+            rank: self.global(self.rank),
+            reason: format!("{e:?}"),
+        })
+    }
+
     fn global(&self, rank: usize) -> usize {
         self.shared.members[rank]
     }

@@ -26,12 +26,7 @@ impl<B: Backend> InProcess<B> {
         }
         let device = input.as_ref().map(Tensor::device);
         if let Some(device) = &device {
-            B::sync(device).map_err(|e| CollectiveError::Device {
-                op,
-                seq,
-                rank: self.global(self.rank),
-                reason: format!("{e:?}"),
-            })?;
+            self.sync(op, seq, device)?;
         }
         let deadline = Instant::now() + self.shared.timeout;
 
