@@ -6,15 +6,15 @@ LLaMA of random weights, f32 safetensors with Hugging Face's names. Adapters of 
 (alpha = rank, no dropout) on all seven projections, as Kiln's `TARGET_MODULES`; AdamW with
 Kiln's `FusedAdamWConfig` defaults (betas 0.9/0.999, eps 1e-5, weight decay 1e-4; PyTorch's
 fused kernel on CUDA) at lr 1e-4; the loss over every token; no gradient checkpointing, no
-padding. `--load-in-4bit` holds the base in NF4 through bitsandbytes (CUDA, when installed),
-computing in f32 as Kiln's QLoRA does. Batches are random token sequences of `--seq-len + 1`
+padding. `--load-in-4bit` holds the base in NF4 through bitsandbytes (on CUDA, or on the CPU
+with bitsandbytes 0.49 or later), computing in f32 as Kiln's QLoRA does. Batches are random token sequences of `--seq-len + 1`
 tokens, as Kiln's: transformers shifts the labels, so each of `--seq-len` positions is trained.
 
 Run next to Kiln on the same machine (`.ci/gpu-perf` does both on a GPU):
 
     kiln bench llm --backend cuda --no-load --finetune single:1 --batch 8 --seq-len 256
     python3 benches/peer/finetune.py --device cuda --batch 8 --seq-len 256 [--load-in-4bit]
-    python3 benches/peer/finetune.py --device cpu --threads 2 --batch 8 --seq-len 128
+    python3 benches/peer/finetune.py --device cpu --threads 2 --batch 8 --seq-len 128 [--load-in-4bit]
 
 The timed steps run between two synchronisations (on CUDA); the last lines,
 `peer_tokens_per_s <median>` and `peer_peak_bytes <n>` (GPU memory allocated at the peak, or the
@@ -44,7 +44,7 @@ def load(args):
             bnb_4bit_compute_dtype=torch.float32,
             bnb_4bit_use_double_quant=False,
         )
-        kwargs["device_map"] = {"": 0}
+        kwargs["device_map"] = {"": 0 if args.device == "cuda" else "cpu"}
     model = LlamaForCausalLM.from_pretrained(args.dir, **kwargs)
     if not args.load_in_4bit:
         model = model.to(args.device)
@@ -78,8 +78,6 @@ def main():
         "Kiln's profile of the same step)",
     )
     args = parser.parse_args()
-    if args.load_in_4bit and args.device != "cuda":
-        parser.error("--load-in-4bit needs --device cuda (bitsandbytes)")
     if args.threads:
         torch.set_num_threads(args.threads)
 

@@ -144,11 +144,11 @@ fn linear_grads<B: KernelBackend>(
     }
     if let Some(node) = node_w {
         let x = x.expect("x is kept when w wants a gradient");
-        grads.register::<B>(node, B::float_matmul(B::float_transpose(x), dy.clone()));
+        grads.register::<B>(node, B::matmul(B::float_transpose(x), dy.clone()));
     }
     if let Some(node) = node_x {
         let w = w.expect("w is kept when x wants a gradient");
-        grads.register::<B>(node, B::float_matmul(dy, B::float_transpose(w)));
+        grads.register::<B>(node, B::matmul(dy, B::float_transpose(w)));
     }
 }
 
@@ -165,11 +165,11 @@ impl<B: KernelBackend> Backward<B, 3> for QLoraBackward {
         let dy = grads.consume::<B>(&ops.node);
         let (weight, t, b, scale) = ops.state;
         if let Some(node) = node_t {
-            let dt = B::float_matmul(dy.clone(), B::float_transpose(b));
+            let dt = B::matmul(dy.clone(), B::float_transpose(b));
             grads.register::<B>(node.id, B::float_mul_scalar(dt, scale.into()));
         }
         if let Some(node) = node_b {
-            let db = B::float_matmul(B::float_transpose(t), dy.clone());
+            let db = B::matmul(B::float_transpose(t), dy.clone());
             grads.register::<B>(node.id, B::float_mul_scalar(db, scale.into()));
         }
         if let Some(node) = node_x {

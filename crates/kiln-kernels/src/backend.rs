@@ -41,6 +41,13 @@ pub trait KernelBackend: Backend {
         t
     }
 
+    /// `lhs·rhs`: `lhs [m, k]`, `rhs [k, n]` → `[m, n]`, either operand possibly a transposed
+    /// view. The products of the linear layers' and QLoRA's backward go through it; Burn's
+    /// matmul unless a backend has a faster one.
+    fn matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::float_matmul(lhs, rhs)
+    }
+
     /// `epilogue(x·w (+ b))`: `x [rows, k]`, `w [k, n]`, `b [n]`, a residual `[rows, n]` →
     /// `[rows, n]`. Its backward is two matmuls, [`Self::column_sum`] for the bias, the
     /// gradient itself for the residual, and [`Self::relu_backward`] first after a ReLU.

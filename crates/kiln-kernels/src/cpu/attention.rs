@@ -8,6 +8,10 @@
 //! of queries then computes only the keys from the earliest start among its rows, so short
 //! packed examples cost a fraction of a full causal block.
 //!
+//! Keys and values may have fewer heads than queries (grouped-query attention): query head `h`
+//! reads key and value head `h / (heads / kv_heads)` where it lies, and the backward sums the
+//! group's gradients into it, so the shared heads are never repeated into copies.
+//!
 //! Both passes work one head of one sequence per task (so a single long sequence still keeps
 //! every core busy), a block of [`ROWS`] query rows at a time, every product through `gemm` on
 //! strided views of the rows as they lie ([`super::matmul`]): the scores `Q·Kᵀ` of the keys
@@ -29,12 +33,30 @@ pub(crate) struct Dims {
     pub q_len: usize,
     pub kv_len: usize,
     pub heads: usize,
+    /// Key and value heads, dividing `heads`.
+    pub kv_heads: usize,
     pub d_head: usize,
 }
 
 impl Dims {
     fn d_model(&self) -> usize {
         self.heads * self.d_head
+    }
+
+    /// The width of a key or value row.
+    fn kv_model(&self) -> usize {
+        self.kv_heads * self.d_head
+    }
+
+    /// The columns of query head `head` in a query row.
+    fn q_cols(&self, head: usize) -> std::ops::Range<usize> {
+        head * self.d_head..(head + 1) * self.d_head
+    }
+
+    /// The columns of the key and value head query head `head` reads, in their rows.
+    fn kv_cols(&self, head: usize) -> std::ops::Range<usize> {
+        let kv_head = head / (self.heads / self.kv_heads);
+        kv_head * self.d_head..(kv_head + 1) * self.d_head
     }
 
     fn scale(&self) -> f32 {
@@ -61,17 +83,37 @@ fn exp_sum(scores: &mut [f32], max: f32) -> f32 {
     sum(scores)
 }
 
-/// Copies each task's `[len, d_head]` head (tasks in `(sequence, head)` order) into its columns
-/// of `[batch, len, d_model]` rows.
-fn scatter_heads(parts: &[&[f32]], len: usize, dims: Dims) -> Vec<f32> {
-    let (dh, d_model) = (dims.d_head, dims.d_model());
-    let mut rows = vec![0.0; dims.batch * len * d_model];
-    rows.par_chunks_mut(len * d_model)
+/// Where [`scatter_heads`] puts a query head's part.
+#[derive(Clone, Copy)]
+enum Rows {
+    /// Its own columns of `[batch, len, d_model]` query rows.
+    Queries,
+    /// The columns of the key and value head it reads, in `[batch, len, kv_model]` rows,
+    /// summed over the heads that share it (in head order).
+    KeysValues,
+}
+
+/// Adds each task's `[len, d_head]` head (tasks in `(sequence, head)` order) into its columns
+/// of fresh rows.
+fn scatter_heads(parts: &[&[f32]], len: usize, dims: Dims, into: Rows) -> Vec<f32> {
+    let dh = dims.d_head;
+    let width = match into {
+        Rows::Queries => dims.d_model(),
+        Rows::KeysValues => dims.kv_model(),
+    };
+    let mut rows = vec![0.0; dims.batch * len * width];
+    rows.par_chunks_mut(len * width)
         .zip(parts.par_chunks(dims.heads))
         .for_each(|(rows, heads)| {
             for (h, part) in heads.iter().enumerate() {
-                for (row, src) in rows.chunks_exact_mut(d_model).zip(part.chunks_exact(dh)) {
-                    row[h * dh..(h + 1) * dh].copy_from_slice(src);
+                let cols = match into {
+                    Rows::Queries => dims.q_cols(h),
+                    Rows::KeysValues => dims.kv_cols(h),
+                };
+                for (row, src) in rows.chunks_exact_mut(width).zip(part.chunks_exact(dh)) {
+                    for (dst, &src) in row[cols.clone()].iter_mut().zip(src) {
+                        *dst += src;
+                    }
                 }
             }
         });
@@ -101,8 +143,7 @@ pub(crate) fn forward(
     starts: Starts<'_>,
     dims: Dims,
 ) -> (Vec<f32>, Vec<f32>) {
-    let d_model = dims.d_model();
-    let (q_block, kv_block) = (dims.q_len * d_model, dims.kv_len * d_model);
+    let (q_block, kv_block) = (dims.q_len * dims.d_model(), dims.kv_len * dims.kv_model());
     let mut lse = vec![0.0; dims.batch * dims.heads * dims.q_len];
     let heads: Vec<Vec<f32>> = lse
         .par_chunks_mut(dims.q_len)
@@ -126,7 +167,7 @@ pub(crate) fn forward(
         })
         .collect();
     let heads: Vec<&[f32]> = heads.iter().map(Vec::as_slice).collect();
-    (scatter_heads(&heads, dims.q_len, dims), lse)
+    (scatter_heads(&heads, dims.q_len, dims, Rows::Queries), lse)
 }
 
 /// One head of one sequence of the forward.
@@ -156,7 +197,7 @@ impl Kernel for ForwardHead<'_> {
     }
 }
 
-/// Head `head` of a sequence's `[len, d_model]` rows into `out [q_len, d_head]` and `lse
+/// Head `head` of a sequence's rows into `out [q_len, d_head]` and `lse
 /// [q_len]`, a block of query rows at a time: `S = Q·Kᵀ·scale`, each row's softmax over the
 /// keys it sees (the rest zeroed), then `O = P·V`, over the keys from the block's earliest
 /// start to those its last row sees.
@@ -169,8 +210,8 @@ fn forward_head(
     lse: &mut [f32],
     dims: Dims,
 ) {
-    let (dh, d_model, offset) = (dims.d_head, dims.d_model(), dims.offset());
-    let cols = head * dh..(head + 1) * dh;
+    let (dh, d_model, kv_model) = (dims.d_head, dims.d_model(), dims.kv_model());
+    let (cols, kv_cols, offset) = (dims.q_cols(head), dims.kv_cols(head), dims.offset());
     let mut probs = vec![0.0f32; ROWS.min(dims.q_len) * dims.kv_len];
     for first in (0..dims.q_len).step_by(ROWS) {
         let rows = first..(first + ROWS).min(dims.q_len);
@@ -180,7 +221,7 @@ fn forward_head(
         matmul(
             ViewMut::rows(p, width, 0..rows.len(), 0..width),
             View::rows(q, d_model, rows.clone(), cols.clone()),
-            View::rows(k, d_model, keys.clone(), cols.clone()).t(),
+            View::rows(k, kv_model, keys.clone(), kv_cols.clone()).t(),
             dims.scale(),
             false,
         );
@@ -201,7 +242,7 @@ fn forward_head(
         matmul(
             ViewMut::rows(out, dh, rows.clone(), 0..dh),
             View::rows(p, width, 0..rows.len(), 0..width),
-            View::rows(v, d_model, keys.clone(), cols.clone()),
+            View::rows(v, kv_model, keys.clone(), kv_cols.clone()),
             1.0,
             false,
         );
@@ -231,10 +272,9 @@ pub(crate) struct Saved<'a> {
     pub starts: Starts<'a>,
 }
 
-/// `(dq [batch, q_len, d_model], dk, dv [batch, kv_len, d_model])`.
+/// `(dq [batch, q_len, d_model], dk, dv [batch, kv_len, kv_model])`.
 pub(crate) fn backward(saved: &Saved<'_>, dims: Dims) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let d_model = dims.d_model();
-    let (q_block, kv_block) = (dims.q_len * d_model, dims.kv_len * d_model);
+    let (q_block, kv_block) = (dims.q_len * dims.d_model(), dims.kv_len * dims.kv_model());
     let (q_part, kv_part) = (dims.q_len * dims.d_head, dims.kv_len * dims.d_head);
     let parts: Vec<[Vec<f32>; 3]> = (0..dims.batch * dims.heads)
         .into_par_iter()
@@ -263,8 +303,10 @@ pub(crate) fn backward(saved: &Saved<'_>, dims: Dims) -> (Vec<f32>, Vec<f32>, Ve
         .collect();
     let [dq, dk, dv] = [0, 1, 2].map(|i| {
         let heads: Vec<&[f32]> = parts.iter().map(|p| p[i].as_slice()).collect();
-        let len = if i == 0 { dims.q_len } else { dims.kv_len };
-        scatter_heads(&heads, len, dims)
+        match i {
+            0 => scatter_heads(&heads, dims.q_len, dims, Rows::Queries),
+            _ => scatter_heads(&heads, dims.kv_len, dims, Rows::KeysValues),
+        }
     });
     (dq, dk, dv)
 }
@@ -293,11 +335,12 @@ impl Kernel for BackwardHead<'_> {
 /// over the keys it sees ([`block_keys`]).
 #[inline(always)]
 fn backward_head(s: &Saved<'_>, head: usize, [dq, dk, dv]: [&mut [f32]; 3], dims: Dims) {
-    let (dh, d_model, offset) = (dims.d_head, dims.d_model(), dims.offset());
+    let (dh, d_model, kv_model) = (dims.d_head, dims.d_model(), dims.kv_model());
+    let (cols, kv_cols, offset) = (dims.q_cols(head), dims.kv_cols(head), dims.offset());
     let scale = dims.scale();
     let block = ROWS.min(dims.q_len) * dims.kv_len;
     let (mut probs, mut dscores) = (vec![0.0f32; block], vec![0.0f32; block]);
-    let (lse, cols) = (s.lse, head * dh..(head + 1) * dh);
+    let lse = s.lse;
     for first in (0..dims.q_len).step_by(ROWS) {
         let rows = first..(first + ROWS).min(dims.q_len);
         let keys = block_keys(&rows, s.starts, offset);
@@ -308,10 +351,10 @@ fn backward_head(s: &Saved<'_>, head: usize, [dq, dk, dv]: [&mut [f32]; 3], dims
         );
         let (q, k) = (
             View::rows(s.q, d_model, rows.clone(), cols.clone()),
-            View::rows(s.k, d_model, keys.clone(), cols.clone()),
+            View::rows(s.k, kv_model, keys.clone(), kv_cols.clone()),
         );
         let (v, dout) = (
-            View::rows(s.v, d_model, keys.clone(), cols.clone()),
+            View::rows(s.v, kv_model, keys.clone(), kv_cols.clone()),
             View::rows(s.dout, d_model, rows.clone(), cols.clone()),
         );
         matmul(

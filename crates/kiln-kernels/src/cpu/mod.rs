@@ -12,6 +12,7 @@
 mod attention;
 mod cross_entropy;
 mod layer_norm;
+mod linear;
 mod matmul;
 mod qlora;
 mod rms_norm;
@@ -21,12 +22,12 @@ mod swiglu;
 
 use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
-use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
 use burn::tensor::{DType, Shape, TensorData};
 
 use crate::backend::{KernelBackend, plain, unwrap, wrap};
 use crate::quant::QuantizedPrimitive;
-use crate::reference;
+use crate::{Epilogue, reference};
 
 /// The tensor in one contiguous f32 buffer (a copy only when it is a strided view), or
 /// `None` for another dtype.
@@ -47,22 +48,23 @@ fn dims<const D: usize>(t: &FlexTensor) -> [usize; D] {
     t.layout().shape().dims::<D>()
 }
 
-/// `t [batch, len, kv_heads·d_head]` with its heads repeated for `heads` query heads, in one
-/// contiguous buffer.
-fn repeated(t: FlexTensor, heads: usize, d_head: usize) -> FlexTensor {
-    let t = reference::attention::repeat_kv(wrap::<Flex, 3>(t), heads, d_head);
-    unwrap(t).to_contiguous()
-}
-
-fn attention_dims(q: &FlexTensor, k: &FlexTensor, heads: usize) -> attention::Dims {
+/// The attention's shape from `q [batch, q_len, heads·d_head]` and `k [batch, kv_len,
+/// kv_heads·d_head]`, or `None` when the key heads do not divide the query heads evenly (the
+/// plain path reports that).
+fn attention_dims(q: &FlexTensor, k: &FlexTensor, heads: usize) -> Option<attention::Dims> {
     let [batch, q_len, d_model] = dims::<3>(q);
-    attention::Dims {
+    let [_, kv_len, kv_model] = dims::<3>(k);
+    let d_head = d_model / heads;
+    let kv_heads = kv_model / d_head;
+    let even = d_head > 0 && kv_model % d_head == 0 && kv_heads > 0 && heads % kv_heads == 0;
+    even.then_some(attention::Dims {
         batch,
         q_len,
-        kv_len: dims::<3>(k)[1],
+        kv_len,
         heads,
-        d_head: d_model / heads,
-    }
+        kv_heads,
+        d_head,
+    })
 }
 
 /// Class indices as `usize`, each checked to lie in `0..classes`, or `None` for an integer
@@ -114,7 +116,45 @@ fn class_indices(targets: &FlexTensor, classes: usize) -> Option<Vec<usize>> {
     )
 }
 
+/// `lhs·rhs` through gemm into a buffer of its own, or `None` when an operand is not a 2-D f32
+/// matrix with non-negative strides (Burn's matmul takes those).
+fn product(lhs: &FlexTensor, rhs: &FlexTensor) -> Option<(Vec<f32>, [usize; 2])> {
+    let (l, r) = (matmul::View::of(lhs)?, matmul::View::of(rhs)?);
+    let shape = [l.row_count(), r.col_count()];
+    Some((matmul::product(l, r), shape))
+}
+
 impl KernelBackend for Flex {
+    fn matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        match product(&lhs, &rhs) {
+            Some((y, shape)) => tensor(y, shape),
+            None => Self::float_matmul(lhs, rhs),
+        }
+    }
+
+    fn linear_forward(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        b: Option<FloatTensor<Self>>,
+        epilogue: Epilogue<FloatTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        let bias = b.as_ref().map(contiguous_f32);
+        let residual = epilogue.residual().map(contiguous_f32);
+        let f32_operands = !matches!(bias, Some(None)) && !matches!(residual, Some(None));
+        let Some((mut y, shape)) = f32_operands.then(|| product(&x, &w)).flatten() else {
+            let y = wrap::<Self, 2>(Self::float_matmul(x, w));
+            return unwrap(reference::linear::epilogue(
+                y,
+                b.map(wrap),
+                epilogue.map(wrap),
+            ));
+        };
+        let (bias, residual) = (bias.flatten(), residual.flatten());
+        let epilogue = epilogue.map(|_| values(residual.as_ref().expect("an f32 residual")));
+        linear::epilogue(&mut y, shape[1], bias.as_ref().map(values), epilogue);
+        tensor(y, shape)
+    }
+
     fn qlora_forward(
         x: FloatTensor<Self>,
         weight: QuantizedPrimitive<Self>,
@@ -126,9 +166,9 @@ impl KernelBackend for Flex {
         let Some(deq) = f32.then(|| qlora::dequantize_nk(&weight)).flatten() else {
             return plain::qlora_forward::<Self>(x, weight, t, b, scale);
         };
-        let (x, deq) = (wrap::<Self, 2>(x), wrap::<Self, 2>(deq));
-        let low_rank = wrap::<Self, 2>(t).matmul(wrap(b)).mul_scalar(scale);
-        unwrap(x.matmul(deq.transpose()) + low_rank)
+        let base = Self::matmul(x, Self::float_transpose(deq));
+        let low_rank = Self::float_mul_scalar(Self::matmul(t, b), scale.into());
+        Self::float_add(base, low_rank)
     }
 
     fn qlora_input_grad(
@@ -138,7 +178,7 @@ impl KernelBackend for Flex {
         let f32 = dy.dtype() == DType::F32;
         match f32.then(|| qlora::dequantize_nk(&weight)).flatten() {
             // `[m, n]·[n, k]`: the stored order is the transpose the gradient needs.
-            Some(deq) => unwrap(wrap::<Self, 2>(dy).matmul(wrap(deq))),
+            Some(deq) => Self::matmul(dy, deq),
             None => plain::qlora_input_grad::<Self>(dy, weight),
         }
     }
@@ -225,12 +265,9 @@ impl KernelBackend for Flex {
         let [Some(qc), Some(kc), Some(vc)] = [&q, &k, &v].map(contiguous_f32) else {
             return plain::causal_attention_forward::<Self>(q, k, v, heads, starts);
         };
-        // Shared key and value heads are repeated before the kernel, which reads one per
-        // query head (the copy transformers' `repeat_kv` makes too).
-        let d_head = dims::<3>(&qc)[2] / heads;
-        let [kc, vc] = [kc, vc].map(|t| repeated(t, heads, d_head));
         let shape = attention_dims(&qc, &kc, heads);
-        let Some(first) = first_keys(starts.as_ref(), shape) else {
+        let Some((shape, first)) = shape.and_then(|d| Some((d, first_keys(starts.as_ref(), d)?)))
+        else {
             return plain::causal_attention_forward::<Self>(q, k, v, heads, starts);
         };
         let (out, lse) = attention::forward(
@@ -268,11 +305,9 @@ impl KernelBackend for Flex {
         else {
             return plain::causal_attention_backward::<Self>(dout, qkv, out, lse, heads, starts);
         };
-        let d_head = dims::<3>(&qc)[2] / heads;
-        let kv_heads = dims::<3>(&kc)[2] / d_head;
-        let [kc, vc] = [kc, vc].map(|t| repeated(t, heads, d_head));
         let shape = attention_dims(&qc, &kc, heads);
-        let Some(first) = first_keys(starts.as_ref(), shape) else {
+        let Some((shape, first)) = shape.and_then(|d| Some((d, first_keys(starts.as_ref(), d)?)))
+        else {
             return plain::causal_attention_backward::<Self>(dout, qkv, out, lse, heads, starts);
         };
         let saved = attention::Saved {
@@ -285,15 +320,11 @@ impl KernelBackend for Flex {
             starts: first.as_deref(),
         };
         let (dq, dk, dv) = attention::backward(&saved, shape);
-        let d_model = heads * shape.d_head;
-        let grouped = |g| {
-            let g = wrap::<Self, 3>(tensor(g, [shape.batch, shape.kv_len, d_model]));
-            unwrap(reference::attention::sum_groups(g, kv_heads, d_head))
-        };
+        let (d_model, kv_model) = (heads * shape.d_head, shape.kv_heads * shape.d_head);
         [
             tensor(dq, [shape.batch, shape.q_len, d_model]),
-            grouped(dk),
-            grouped(dv),
+            tensor(dk, [shape.batch, shape.kv_len, kv_model]),
+            tensor(dv, [shape.batch, shape.kv_len, kv_model]),
         ]
     }
 

@@ -3,12 +3,12 @@
 //!
 //! A kernel is a [`Kernel`]: its arguments in a struct and its loops in `run`, plain loops
 //! over slices (iterators and `zip`, so no bounds checks per element), every function it
-//! calls `#[inline(always)]`. [`vectorized`] hands it to `pulp`, which detects AVX2 + FMA once
-//! and calls `run` from a function compiled with them enabled; `run` and everything it calls
-//! must be inlined into that function to be compiled with them, which is why kernels are not
-//! closures (a closure's body is a function of its own that the compiler may keep out of
-//! line, compiled without the features). LLVM then vectorises the loops eight lanes wide.
-//! Without AVX2 the same code runs with SSE2.
+//! calls `#[inline(always)]`. [`vectorized`] hands it to `pulp`, which detects AVX-512
+//! (x86-64-v4) or else AVX2 + FMA once and calls `run` from a function compiled with them
+//! enabled; `run` and everything it calls must be inlined into that function to be compiled
+//! with them, which is why kernels are not closures (a closure's body is a function of its
+//! own that the compiler may keep out of line, compiled without the features). LLVM then
+//! vectorises the loops. Without AVX2 the same code runs with SSE2.
 
 /// A CPU kernel: arguments in `self`, loops in `run`.
 pub(crate) trait Kernel {
