@@ -18,9 +18,12 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// How long freed pages stay with the process, in milliseconds. mimalloc's default, 10 ms,
 /// returns an LLM step's large buffers (the head's logits and their gradient, 65 MB each at
 /// 512 tokens) between one use and the next, and every step then faults and zeroes them
-/// again: a second keeps them for the next use (the 100 M model's LoRA step: 8–15 % faster at
-/// 512 tokens, 17 % at 2048). The peak is unchanged; the process only returns memory later.
-const PURGE_DELAY_MS: std::ffi::c_long = 1000;
+/// again. The delay has to outlast a step, since a buffer freed late in one step is wanted
+/// again early in the next: a second did for 512 tokens at AVX2 speed (the 100 M model's
+/// LoRA step 8–15 % faster at 512 tokens, 17 % at 2048), but not once steps took about a
+/// second or longer (30 s against 1 s: the step at 4 × 64 tokens on one thread 7–9 % faster,
+/// 930–954 against 1020–1029 ms). The peak is unchanged; the process only returns memory later.
+const PURGE_DELAY_MS: std::ffi::c_long = 30_000;
 
 /// Applies the purge delay, unless the user set `MIMALLOC_PURGE_DELAY` (a default, which the
 /// environment overrides).
