@@ -54,9 +54,9 @@ fn dims<const D: usize>(t: &FlexTensor) -> [usize; D] {
 fn attention_dims(q: &FlexTensor, k: &FlexTensor, heads: usize) -> Option<attention::Dims> {
     let [batch, q_len, d_model] = dims::<3>(q);
     let [_, kv_len, kv_model] = dims::<3>(k);
-    let d_head = d_model / heads;
+    let d_head = d_model.checked_div(heads).filter(|&d| d > 0)?;
     let kv_heads = kv_model / d_head;
-    let even = d_head > 0 && kv_model % d_head == 0 && kv_heads > 0 && heads % kv_heads == 0;
+    let even = kv_model.is_multiple_of(d_head) && kv_heads > 0 && heads.is_multiple_of(kv_heads);
     even.then_some(attention::Dims {
         batch,
         q_len,
