@@ -57,12 +57,7 @@ pub trait KernelBackend: Backend {
         b: Option<FloatTensor<Self>>,
         epilogue: Epilogue<FloatTensor<Self>>,
     ) -> FloatTensor<Self> {
-        let y = reference::linear::forward(wrap::<Self, 2>(x), wrap(w), None);
-        unwrap(reference::linear::epilogue(
-            y,
-            b.map(wrap),
-            epilogue.map(wrap),
-        ))
+        plain::linear_forward::<Self>(x, w, b, epilogue)
     }
 
     /// `Σ over the rows of x [rows, cols]`: `[cols]`, a bias's gradient.
@@ -308,6 +303,20 @@ pub trait KernelBackend: Backend {
 /// own kernels falls back to for inputs they do not take (e.g. a dtype).
 pub(crate) mod plain {
     use super::*;
+
+    pub(crate) fn linear_forward<B: Backend>(
+        x: FloatTensor<B>,
+        w: FloatTensor<B>,
+        b: Option<FloatTensor<B>>,
+        epilogue: Epilogue<FloatTensor<B>>,
+    ) -> FloatTensor<B> {
+        let y = reference::linear::forward(wrap::<B, 2>(x), wrap(w), None);
+        unwrap(reference::linear::epilogue(
+            y,
+            b.map(wrap),
+            epilogue.map(wrap),
+        ))
+    }
 
     pub(crate) fn qlora_forward<B: Backend>(
         x: FloatTensor<B>,

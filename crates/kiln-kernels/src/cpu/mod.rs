@@ -1,6 +1,7 @@
 //! Kiln's kernels on the CPU: LayerNorm, RMSNorm (forward and a frozen gain's backward), causal
 //! attention, softmax cross-entropy, rotary embeddings and SwiGLU as vectorised loops over
-//! slices, QLoRA's 4-bit weight decoded in one pass, and their implementation of
+//! slices, QLoRA's 4-bit weight decoded in one pass, the linear layers' products through gemm
+//! into buffers written once (their epilogue in one pass after), and their implementation of
 //! [`KernelBackend`] for Burn's Flex backend. Each takes f32 tensors; other dtypes (bf16, f16
 //! under mixed precision) take the plain-Burn path. The other kernels (RMSNorm's gain gradient,
 //! AdamW, the norm) keep theirs.
@@ -25,9 +26,9 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
 use burn::tensor::{DType, Shape, TensorData};
 
-use crate::backend::{KernelBackend, plain, unwrap, wrap};
+use crate::Epilogue;
+use crate::backend::{KernelBackend, plain};
 use crate::quant::QuantizedPrimitive;
-use crate::{Epilogue, reference};
 
 /// The tensor in one contiguous f32 buffer (a copy only when it is a strided view), or
 /// `None` for another dtype.
@@ -142,12 +143,7 @@ impl KernelBackend for Flex {
         let residual = epilogue.residual().map(contiguous_f32);
         let f32_operands = !matches!(bias, Some(None)) && !matches!(residual, Some(None));
         let Some((mut y, shape)) = f32_operands.then(|| product(&x, &w)).flatten() else {
-            let y = wrap::<Self, 2>(Self::float_matmul(x, w));
-            return unwrap(reference::linear::epilogue(
-                y,
-                b.map(wrap),
-                epilogue.map(wrap),
-            ));
+            return plain::linear_forward::<Self>(x, w, b, epilogue);
         };
         let (bias, residual) = (bias.flatten(), residual.flatten());
         let epilogue = epilogue.map(|_| values(residual.as_ref().expect("an f32 residual")));
