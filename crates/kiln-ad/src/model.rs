@@ -226,9 +226,13 @@ fn embed_at<B: KernelBackend>(
     let positions = match (start, seq == context) {
         (0, true) => positions.val(),
         _ => positions.val().narrow(0, start, seq),
-    }
-    .reshape([1, seq, d_model]);
-    linear_rows(embed, features) + positions
+    };
+    // Repeated for every sequence as a view, so that the table's gradient is a column sum over
+    // the batch on many cubes (Burn's broadcast add sums it with one unit per value).
+    let y = linear_rows(embed, features);
+    let [batch, _, _] = y.dims();
+    let positions = ops::broadcast_rows(positions.reshape([seq * d_model]), batch);
+    (y.reshape([batch, seq * d_model]) + positions).reshape([batch, seq, d_model])
 }
 
 /// Mean cross-entropy of `[batch, seq, ACTIONS]` logits against the source's actions, by the
@@ -241,9 +245,11 @@ pub(crate) fn action_loss<B: KernelBackend>(
     targets: Tensor<B, 2, Int>,
 ) -> Tensor<B, 1> {
     let [b, s, a] = logits.dims();
-    ops::cross_entropy(logits.reshape([b * s, a]), targets.reshape([b * s]))
-        .unwrap_or_else(|e| panic!("{e}"))
-        .mean()
+    // Averaged by Kiln's column sum: over many cubes on a GPU, where Burn's mean is one unit.
+    ops::mean(
+        ops::cross_entropy(logits.reshape([b * s, a]), targets.reshape([b * s]))
+            .unwrap_or_else(|e| panic!("{e}")),
+    )
 }
 
 impl<B, L> LowPrecisionStep<B> for AdModel<B, L>

@@ -12,6 +12,7 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::{Shape, TensorMetadata};
 
 use crate::backend::KernelBackend;
 use crate::quant::QuantizedPrimitive;
@@ -292,6 +293,43 @@ impl<B: KernelBackend> Backward<B, 1> for ReluBackward {
     }
 }
 
+/// A mean's backward: `1/n` of the gradient for every value, one scalar broadcast (a view).
+#[derive(Debug)]
+struct MeanBackward;
+
+impl<B: KernelBackend> Backward<B, 1> for MeanBackward {
+    /// The input's shape.
+    type State = Shape;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node] = ops.parents;
+        let dy = grads.consume::<B>(&ops.node);
+        if let Some(node) = node {
+            let shape = ops.state;
+            let n = shape.num_elements();
+            let one = B::float_div_scalar(dy, (n as f32).into());
+            let ones = Shape::from(vec![1; shape.num_dims()]);
+            grads.register::<B>(node.id, B::float_expand(B::float_reshape(one, ones), shape));
+        }
+    }
+}
+
+/// A row broadcast's backward: the column sums of the gradient, over the whole GPU.
+#[derive(Debug)]
+struct BroadcastRowsBackward;
+
+impl<B: KernelBackend> Backward<B, 1> for BroadcastRowsBackward {
+    type State = ();
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node] = ops.parents;
+        let dy = grads.consume::<B>(&ops.node);
+        if let Some(node) = node {
+            grads.register::<B>(node.id, B::column_sum(dy));
+        }
+    }
+}
+
 #[derive(Debug)]
 struct RopeBackward;
 
@@ -372,6 +410,29 @@ impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
 
     fn column_sum(x: FloatTensor<Self>) -> FloatTensor<Self> {
         constant::<B, C>(B::column_sum(x.primitive))
+    }
+
+    fn mean(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let shape = x.primitive.shape();
+        let nodes = [x.node.clone()];
+        let y = B::mean(x.primitive);
+        match MeanBackward.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish(shape, y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        }
+    }
+
+    fn broadcast_rows(v: FloatTensor<Self>, rows: usize) -> FloatTensor<Self> {
+        let nodes = [v.node.clone()];
+        let y = B::broadcast_rows(v.primitive, rows);
+        match BroadcastRowsBackward
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish((), y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        }
     }
 
     fn qlora_forward(

@@ -8,7 +8,7 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{Int, Tensor, TensorPrimitive};
+use burn::tensor::{Int, Shape, Tensor, TensorMetadata, TensorPrimitive};
 
 use crate::quant::QuantizedPrimitive;
 use crate::reference;
@@ -63,6 +63,24 @@ pub trait KernelBackend: Backend {
     /// `Σ over the rows of x [rows, cols]`: `[cols]`, a bias's gradient.
     fn column_sum(x: FloatTensor<Self>) -> FloatTensor<Self> {
         unwrap(reference::linear::column_sum(wrap::<Self, 2>(x)))
+    }
+
+    /// The mean of every value of `x` (any shape): `[1]`, in `x`'s dtype. Differentiable: its
+    /// gradient is one broadcast scalar.
+    fn mean(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::float_mean(x)
+    }
+
+    /// `v [cols]` repeated as `rows` rows, `[rows, cols]`: a view where the backend has one
+    /// (no copy; element-wise ops read it in place and fusion fuses it). Differentiable: its
+    /// backward is [`Self::column_sum`], where Burn's broadcast backward is a one-unit-per-column
+    /// `sum_dim`.
+    fn broadcast_rows(v: FloatTensor<Self>, rows: usize) -> FloatTensor<Self> {
+        let cols = v.shape()[0];
+        Self::float_expand(
+            Self::float_reshape(v, Shape::new([1, cols])),
+            Shape::new([rows, cols]),
+        )
     }
 
     /// `y = x·deq(W) + s·t·B`: `x [m, k]`, `t = x·A [m, r]`, `b [r, n]` → `[m, n]`.

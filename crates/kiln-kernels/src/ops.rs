@@ -456,6 +456,21 @@ pub fn swiglu<B: KernelBackend, const D: usize>(
     Ok(wrap::<B, 1>(y).reshape(shape))
 }
 
+/// `v [cols]` repeated as `rows` rows: `[rows, cols]`, a view where the backend has one.
+/// Adding it to a `[rows, cols]` tensor is Burn's broadcast add, but its backward sums the
+/// gradient with Kiln's column sum (over the whole GPU) instead of Burn's `sum_dim`.
+pub fn broadcast_rows<B: KernelBackend>(v: Tensor<B, 1>, rows: usize) -> Tensor<B, 2> {
+    wrap(B::broadcast_rows(unwrap(v), rows))
+}
+
+/// The mean of every value of `x`, `[1]`: on a GPU summed over many cubes in a fixed order
+/// (Burn's `mean` runs one unit on one cube without autotune), and its gradient one broadcast
+/// scalar that the next kernel reads in place.
+pub fn mean<B: KernelBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, 1> {
+    let n = x.shape().num_elements();
+    wrap(B::mean(unwrap(x.reshape([n]))))
+}
+
 /// ReLU, `max(x, 0)`, element-wise: one launch each way on a GPU, where Burn's is a compare
 /// and a masked fill forward and again backward.
 pub fn relu<B: KernelBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {

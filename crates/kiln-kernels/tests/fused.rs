@@ -426,6 +426,64 @@ fn cross_entropy_matches_the_reference() {
     check_everywhere!("cross_entropy", cross_entropy, ["loss", "dlogits"]);
 }
 
+/// The mean of the losses (whose gradient reaches the cross-entropy as one broadcast scalar),
+/// a mean over more values than one cube sums alone, and a table added to every row, against
+/// Burn's `mean` and broadcast add.
+fn mean_and_broadcast_rows<B: AutodiffBackend + KernelBackend>(
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    const LONG: usize = 12_345;
+    const TABLE_ROWS: usize = 40;
+    let logits = tensor::<B, 2>(
+        &values(CE_ROWS * CLASSES, 8.0, 7, half),
+        [CE_ROWS, CLASSES],
+        device,
+    )
+    .require_grad();
+    let targets = Tensor::<B, 1, Int>::from_data(TensorData::new(targets(), [CE_ROWS]), device);
+    let long = tensor::<B, 1>(&values(LONG, 1.0, 9, half), [LONG], device).require_grad();
+    let table = tensor::<B, 1>(&values(D, 1.0, 10, half), [D], device).require_grad();
+    let rows = tensor::<B, 2>(
+        &values(TABLE_ROWS * D, 1.0, 11, half),
+        [TABLE_ROWS, D],
+        device,
+    );
+    let weights = tensor::<B, 2>(
+        &values(TABLE_ROWS * D, 1.0, 12, half),
+        [TABLE_ROWS, D],
+        device,
+    );
+    let losses = ops::cross_entropy(logits.clone(), targets).unwrap();
+    let (loss, mean, sum) = if fused {
+        let sum = rows + ops::broadcast_rows(table.clone(), TABLE_ROWS);
+        (ops::mean(losses), ops::mean(long.clone()), sum)
+    } else {
+        let sum = rows + table.clone().reshape([1, D]);
+        (losses.mean(), long.clone().mean(), sum)
+    };
+    let f32 = burn::tensor::FloatDType::F32;
+    let total = loss.clone() + mean.clone().cast(f32) + (sum * weights).sum().cast(f32);
+    let grads = total.backward();
+    vec![
+        to_vec(loss),
+        to_vec(mean),
+        to_vec(logits.grad(&grads).unwrap()),
+        to_vec(long.grad(&grads).unwrap()),
+        to_vec(table.grad(&grads).unwrap()),
+    ]
+}
+
+#[test]
+fn mean_and_broadcast_rows_match_burns() {
+    check_everywhere!(
+        "mean and broadcast_rows",
+        mean_and_broadcast_rows,
+        ["loss", "mean", "dlogits", "dlong", "dtable"]
+    );
+}
+
 #[test]
 fn an_out_of_range_target_gives_a_nan_loss_on_the_gpu() {
     let device = gpu();

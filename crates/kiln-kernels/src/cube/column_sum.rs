@@ -1,5 +1,6 @@
-//! Column sums over the whole GPU: `out[c] = Σ_r a[r, c]` (a bias's gradient), or
-//! `Σ_r a[r, c]·b[r, c]·w[r]` (RMSNorm's gain gradient), in a fixed order and without atomics.
+//! Column sums over the whole GPU: `out[c] = s·Σ_r a[r, c]` (a bias's gradient; a mean, with
+//! `s = 1/rows`), or `Σ_r a[r, c]·b[r, c]·w[r]` (RMSNorm's gain gradient), in a fixed order and
+//! without atomics.
 //!
 //! A cube sums `width` adjacent columns over a chunk of rows: its units stand `width` to a row
 //! (adjacent units read adjacent values of one row) and `UNITS / width` rows deep, then add
@@ -30,6 +31,7 @@ fn column_partials_kernel<F: Float, O: Float>(
     w: &Tensor<F>,
     out: &mut Tensor<O>,
     rows_per_chunk: u32,
+    scale: f32,
     #[comptime] width: usize,
     #[comptime] product: bool,
     #[define(F, O)] _dtypes: [StorageType; 2],
@@ -68,7 +70,7 @@ fn column_partials_kernel<F: Float, O: Float>(
         sync_cube();
     }
     if lane == 0 && col < cols {
-        out[CUBE_POS_Y as usize * cols + col] = O::cast_from(shared[unit]);
+        out[CUBE_POS_Y as usize * cols + col] = O::cast_from(shared[unit] * scale);
     }
 }
 
@@ -111,11 +113,12 @@ impl Plan {
     }
 }
 
-/// `Σ_r a[r, c]` (or `Σ_r a[r, c]·b[r, c]·w[r]` given `product = (b, w)`) as a `[cols]` tensor of
-/// `a`'s dtype; rows may be pitched.
+/// `scale·Σ_r a[r, c]` (or `scale·Σ_r a[r, c]·b[r, c]·w[r]` given `product = (b, w)`) as a
+/// `[cols]` tensor of `a`'s dtype, scaled in f32 before the cast; rows may be pitched.
 pub(crate) fn column_sum<R: CubeRuntime>(
     a: CubeTensor<R>,
     product: Option<(CubeTensor<R>, CubeTensor<R>)>,
+    scale: f32,
 ) -> CubeTensor<R> {
     let a = row_input(a);
     let [rows, cols] = a.meta.shape().dims::<2>();
@@ -137,6 +140,7 @@ pub(crate) fn column_sum<R: CubeRuntime>(
                   out: CubeTensor<R>,
                   plan: Plan,
                   rows: usize,
+                  scale: f32,
                   product: bool| {
         let (x, y) = plan.cubes(cols);
         let (in_dtype, out_dtype) = (a.dtype, out.dtype);
@@ -149,17 +153,18 @@ pub(crate) fn column_sum<R: CubeRuntime>(
             w.into_tensor_arg(),
             out.into_tensor_arg(),
             rows.div_ceil(plan.chunks).max(1) as u32,
+            scale,
             plan.width,
             product,
             [in_dtype.into(), out_dtype.into()],
         );
     };
     if plan.chunks == 1 {
-        launch(a, b, w, out.clone(), plan, rows, with_product);
+        launch(a, b, w, out.clone(), plan, rows, scale, with_product);
         return out;
     }
     let partials = dense_output(&a, Shape::new([plan.chunks, cols]), DType::F32);
-    launch(a, b, w, partials.clone(), plan, rows, with_product);
+    launch(a, b, w, partials.clone(), plan, rows, 1.0, with_product);
     let total = Plan {
         width: plan.width,
         chunks: 1,
@@ -172,6 +177,7 @@ pub(crate) fn column_sum<R: CubeRuntime>(
         out.clone(),
         total,
         plan.chunks,
+        scale,
         false,
     );
     out

@@ -6,7 +6,7 @@ use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::{calculate_cube_count_elemwise, prelude::*};
 
-use super::layout::{dense_input, dense_output, row_input};
+use super::layout::{dense_input, dense_output, row_input, vector_input};
 use crate::AdamWStep;
 
 #[cube]
@@ -105,7 +105,8 @@ fn cross_entropy_backward_kernel<F: Float, I: Int>(
     if usize::cast_from(targets[row]) == class {
         hot = 1.0;
     }
-    dlogits[i] = F::cast_from((p - hot) * dloss[row]);
+    // `dloss` may be a broadcast scalar (a mean's gradient): stride 0, see `vector_input`.
+    dlogits[i] = F::cast_from((p - hot) * dloss[row * dloss.stride(0)]);
 }
 
 #[cube(launch)]
@@ -240,7 +241,7 @@ pub(crate) fn cross_entropy_backward<R: CubeRuntime>(
     targets: CubeTensor<R>,
     lse: CubeTensor<R>,
 ) -> CubeTensor<R> {
-    let (dloss, logits) = (dense_input(dloss), row_input(logits));
+    let (dloss, logits) = (vector_input(dloss), row_input(logits));
     let (targets, lse) = (dense_input(targets), dense_input(lse));
     let out = dense_output(&logits, logits.meta.shape().clone(), logits.dtype);
     let len = out.meta.shape().num_elements();

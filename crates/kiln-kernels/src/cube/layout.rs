@@ -52,6 +52,17 @@ pub(crate) fn row_input<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
     if rows_contiguous { t } else { dense_input(t) }
 }
 
+/// The vector `t` as it is, for kernels that index it as `i · stride(0)`: a broadcast scalar
+/// (stride 0, as a mean's gradient arrives) or a strided view costs no copy. Only a tensor of
+/// another rank is made dense.
+pub(crate) fn vector_input<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+    if t.meta.shape().num_dims() == 1 {
+        t
+    } else {
+        dense_input(t)
+    }
+}
+
 /// `t` as a dense row-major tensor: itself when it already is one, a copy otherwise.
 pub(crate) fn dense_input<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
     let t = into_contiguous(t);

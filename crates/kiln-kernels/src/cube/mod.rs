@@ -17,6 +17,7 @@ mod qlora;
 mod reduce;
 mod rms_norm;
 
+use burn::tensor::Shape;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
 use burn_cubecl::element::BoolElement;
 use burn_cubecl::{CubeBackend, CubeRuntime, FloatElement, IntElement};
@@ -60,7 +61,14 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> KernelBack
     }
 
     fn column_sum(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        column_sum::column_sum(x, None)
+        column_sum::column_sum(x, None, 1.0)
+    }
+
+    fn mean(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        // A column sum over one column: many cubes when the tensor is large.
+        let n = x.meta.shape().num_elements();
+        let column = Self::float_reshape(x, Shape::new([n, 1]));
+        column_sum::column_sum(column, None, 1.0 / n as f32)
     }
 
     fn qlora_forward(

@@ -114,7 +114,7 @@ pub(crate) fn backward<R: CubeRuntime>(
     let rstd = dense_input(rstd);
     let dx = input_grad(dy.clone(), x.clone(), gamma, rstd.clone());
     // dγ = Σ_rows dy·x·rstd, down the rows on many cubes.
-    let dgamma = column_sum(dy, Some((x, rstd)));
+    let dgamma = column_sum(dy, Some((x, rstd)), 1.0);
     (dx, dgamma)
 }
 

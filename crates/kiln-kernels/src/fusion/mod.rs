@@ -88,6 +88,22 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
         sum
     }
 
+    fn mean(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let out = [(Shape::new([1]), x.dtype)];
+        let client = x.client.clone();
+        let [mean] = outputs(queue::<B, _>(
+            "kiln.mean",
+            &client,
+            vec![x],
+            &out,
+            |inputs| {
+                let [x] = take(inputs);
+                floats([B::mean(x.float())])
+            },
+        ));
+        mean
+    }
+
     fn qlora_forward(
         x: FloatTensor<Self>,
         weight: QuantizedPrimitive<Self>,
