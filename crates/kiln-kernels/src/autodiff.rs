@@ -740,6 +740,13 @@ impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
         constant::<B, C>(B::cast_many(tensors, layout, dtype, device))
     }
 
+    fn flat_segments(flat: FloatTensor<Self>, layout: &FlatLayout) -> Vec<FloatTensor<Self>> {
+        B::flat_segments(flat.primitive, layout)
+            .into_iter()
+            .map(constant::<B, C>)
+            .collect()
+    }
+
     fn flat_alignment(device: &Self::Device, dtype: burn::tensor::DType) -> usize {
         B::flat_alignment(device, dtype)
     }

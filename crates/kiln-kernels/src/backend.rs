@@ -308,6 +308,17 @@ pub trait KernelBackend: Backend {
         1
     }
 
+    /// The segments of `flat` that `layout` lays out, as `[len_i]` tensors: views of the
+    /// buffer, not copies. Burn's slices copy a segment whose end is not aligned as its start
+    /// is (a bias of 5 values, most of an f16 model's norms), one launch each on a GPU; the
+    /// CubeCL backends view each segment with its padding instead.
+    fn flat_segments(flat: FloatTensor<Self>, layout: &FlatLayout) -> Vec<FloatTensor<Self>> {
+        let flat = wrap::<Self, 1>(flat);
+        (0..layout.len())
+            .map(|i| unwrap(flat.clone().slice(layout.segment(i))))
+            .collect()
+    }
+
     /// `[Σ x² over the finite x, number of non-finite x]` (f32, `[2]`) over flat tensors.
     fn grad_sq_norm(tensors: Vec<FloatTensor<Self>>, device: &Self::Device) -> FloatTensor<Self> {
         unwrap(reference::grad_norm::sq_norm(

@@ -569,8 +569,20 @@ pub fn adamw_many<B: KernelBackend>(
     Ok((wrap(p), wrap(m), wrap(v)))
 }
 
+/// The segments of `flat` that `layout` lays out, `[len_i]` each: views of the buffer, never
+/// copies, on every backend of Kiln's (see [`KernelBackend::flat_segments`]).
+pub fn flat_segments<B: KernelBackend>(
+    flat: Tensor<B, 1>,
+    layout: &FlatLayout,
+) -> Vec<Tensor<B, 1>> {
+    B::flat_segments(unwrap(flat), layout)
+        .into_iter()
+        .map(wrap)
+        .collect()
+}
+
 /// `tensors` (any shapes, float) cast to `dtype` in one pass: each result is a view of one
-/// flat buffer (a copy only where a tensor's length breaks the device's offset alignment).
+/// flat buffer.
 /// Mixed precision casts every parameter this way, and every gradient back.
 pub fn cast_many<B: KernelBackend, const D: usize>(
     tensors: Vec<Tensor<B, D>>,
@@ -592,10 +604,10 @@ pub fn cast_many<B: KernelBackend, const D: usize>(
         dtype,
         device,
     ));
-    shapes
+    flat_segments(flat, &layout)
         .into_iter()
-        .enumerate()
-        .map(|(i, shape)| flat.clone().slice(layout.segment(i)).reshape(shape))
+        .zip(shapes)
+        .map(|(segment, shape)| segment.reshape(shape))
         .collect()
 }
 

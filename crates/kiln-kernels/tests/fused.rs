@@ -857,3 +857,44 @@ fn the_global_norm_over_many_tensors_matches_the_reference() {
     let fused = ops::grad_norm::<Fused32>(inputs(&gpu()), &gpu());
     assert_eq!(fused, got);
 }
+
+// ---------------------------------------------------------------- flat buffers
+
+/// Tensors whose lengths break the device's alignment (5, 130 and 3 values) and a 2-D one, cast to f16 and back in one pass each: every tensor comes back whole (f16-rounded),
+/// though each is a view of a padded segment of one flat buffer; then each is used in a
+/// computation of its own, which must see only its own values.
+fn cast_round_trip<B: Backend + KernelBackend>(device: &B::Device) {
+    let lens = [5, 64, 130, 3];
+    let originals: Vec<Vec<f32>> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| values(len, 2.0, 20 + i as u64, true))
+        .collect();
+    let mut tensors: Vec<Tensor<B, 2>> = originals
+        .iter()
+        .map(|v| tensor::<B, 2>(v, [1, v.len()], device))
+        .collect();
+    tensors.push(tensor::<B, 2>(&originals[2], [10, 13], device));
+    let half = ops::cast_many(tensors, burn::tensor::FloatDType::F16, device);
+    let back = ops::cast_many(half, burn::tensor::FloatDType::F32, device);
+    for (i, (got, expected)) in back
+        .iter()
+        .zip(originals.iter().chain([&originals[2]]))
+        .enumerate()
+    {
+        assert_eq!(got.dtype(), burn::tensor::DType::F32);
+        assert_close(&format!("tensor {i}"), &to_vec(got.clone()), expected, 0.0);
+        let doubled = to_vec(got.clone() * 2.0);
+        let expected: Vec<f32> = expected.iter().map(|v| v * 2.0).collect();
+        assert_close(&format!("2 × tensor {i}"), &doubled, &expected, 0.0);
+    }
+}
+
+#[test]
+fn cast_many_views_come_back_whole() {
+    cast_round_trip::<Cpu>(&Default::default());
+    cast_round_trip::<Gpu32>(&gpu());
+    cast_round_trip::<Fused32>(&gpu());
+    cast_round_trip::<Gpu16>(&gpu());
+    cast_round_trip::<Fused16>(&gpu());
+}

@@ -16,6 +16,9 @@ use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::client::ComputeClient;
+use cubecl::zspace::metadata::Metadata;
+
+use crate::FlatLayout;
 
 /// An uninitialised dense row-major tensor on `like`'s device.
 pub(crate) fn dense_output<R: CubeRuntime>(
@@ -61,6 +64,53 @@ pub(crate) fn vector_input<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
     } else {
         dense_input(t)
     }
+}
+
+/// The segments of the dense vector `flat` that `layout` lays out, each a view of its handle:
+/// its binding spans the segment and its padding (so that the binding starts and ends at the
+/// device's offset alignment, as Burn's slice wants both ends), its shape only the segment.
+/// Kernels index by shape and reads copy the shape's bytes, so the padding is never seen.
+/// Burn's slice copies instead of viewing a segment whose length is not a multiple of the
+/// alignment (a bias of 5 values), one launch each.
+pub(crate) fn flat_segments<R: CubeRuntime>(
+    flat: CubeTensor<R>,
+    layout: &FlatLayout,
+) -> Vec<CubeTensor<R>> {
+    let flat = dense_input(flat);
+    let size = flat.dtype.size() as u64;
+    let visible = flat.handle.size_in_used();
+    let alignment = flat.client.properties().memory.alignment;
+    debug_assert_eq!(
+        visible,
+        layout.total() as u64 * size,
+        "the flat buffer is the layout's"
+    );
+    (0..layout.len())
+        .map(|i| {
+            let (start, len) = (layout.offsets()[i] as u64, layout.lens()[i] as u64);
+            let end = start + len + layout.padding(i) as u64;
+            let (first, last) = (start * size, end * size);
+            let aligned =
+                first.is_multiple_of(alignment) && (visible - last).is_multiple_of(alignment);
+            if len == 0 || !aligned {
+                // An empty segment, or a layout not aligned for this device: Burn's slice.
+                return burn_cubecl::kernel::slice(
+                    flat.clone(),
+                    &[start as usize..(start + len) as usize],
+                );
+            }
+            CubeTensor::new(
+                flat.client.clone(),
+                flat.handle
+                    .clone()
+                    .offset_start(first)
+                    .offset_end(visible - last),
+                Metadata::new([len as usize], [1usize]),
+                flat.device.clone(),
+                flat.dtype,
+            )
+        })
+        .collect()
 }
 
 /// `t` as a dense row-major tensor: itself when it already is one, a copy otherwise.

@@ -228,6 +228,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> KernelBack
         cast_many::cast_many(tensors, layout, dtype.into(), device)
     }
 
+    fn flat_segments(flat: FloatTensor<Self>, layout: &FlatLayout) -> Vec<FloatTensor<Self>> {
+        layout::flat_segments(flat, layout)
+    }
+
     fn flat_alignment(device: &Self::Device, dtype: burn::tensor::DType) -> usize {
         adamw_many::alignment(&R::client(device), dtype)
     }

@@ -573,6 +573,29 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
         flat
     }
 
+    fn flat_segments(flat: FloatTensor<Self>, layout: &FlatLayout) -> Vec<FloatTensor<Self>> {
+        let out: Vec<(Shape, DType)> = layout
+            .lens()
+            .iter()
+            .map(|&len| (Shape::new([len]), flat.dtype))
+            .collect();
+        let client = flat.client.clone();
+        let layout = layout.clone();
+        queue::<B, _>(
+            "kiln.flat_segments",
+            &client,
+            vec![flat],
+            &out,
+            move |inputs| {
+                let [flat] = take(inputs);
+                B::flat_segments(flat.float(), &layout)
+                    .into_iter()
+                    .map(Prim::Float)
+                    .collect()
+            },
+        )
+    }
+
     fn flat_alignment(device: &Self::Device, dtype: DType) -> usize {
         B::flat_alignment(device, dtype)
     }

@@ -145,10 +145,8 @@ where
                 grad_scale,
             )
             .expect("the optimizer lays out what it steps");
-            for (i, id) in group.ids.iter().enumerate() {
-                let view = flat.clone().slice(group.layout.segment(i));
-                updated.insert(*id, view);
-            }
+            let views = ops::flat_segments(flat, &group.layout);
+            updated.extend(group.ids.iter().copied().zip(views));
             stepped.push(Group {
                 m,
                 v,
