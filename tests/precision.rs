@@ -15,6 +15,7 @@ use kiln::core::optim::{
 use kiln::core::strategy::{
     Ddp, DdpConfig, PipelineConfig, Single, SingleConfig, Strategy, Tensor, TensorConfig,
 };
+use kiln::kernels::FusedAdamWConfig;
 use kiln::nn::models::Mlp;
 
 const STEPS: usize = 60;
@@ -261,4 +262,71 @@ fn an_overflow_halves_the_loss_scale_and_skips_the_step_on_every_rank_and_clean_
             .all(|r| r.skipped || r.grad_norm.is_finite() && r.grad_norm < 1e3),
         "the reported norm is unscaled: {reports:?}"
     );
+}
+
+/// The parameters after `steps` steps of the AD model in `precision` on one rank with the
+/// fused AdamW under a clipping guard (f16 with a loss scale), its gradients cast to f32 by
+/// mixed precision or handed over uncast (`uncast`).
+fn ad_fused_params(precision: Precision, uncast: bool, steps: usize) -> Vec<Vec<f32>> {
+    let case = ad_case();
+    let guards = PerformanceConfig::new()
+        .with_clip_norm(Some(0.5))
+        .with_precision(precision);
+    let mut optim = PerformanceOptimizer::new(FusedAdamWConfig::new().init(), guards).unwrap();
+    let mut model = MixedPrecision::new(case.model.clone(), precision);
+    if precision == Precision::F16 {
+        let scale = LossScale::new(LossScaleConfig {
+            initial: 1024.0,
+            ..LossScaleConfig::default()
+        })
+        .unwrap();
+        optim = optim.with_loss_scale(scale.clone());
+        model = model.with_loss_scale(scale);
+    }
+    if uncast {
+        model = model.with_low_precision_grads();
+    }
+    let config = SingleConfig {
+        threads_per_rank: Some(1),
+        ..SingleConfig::default()
+    };
+    let mut single = Single::new(model, optim, case.source(), Default::default(), config).unwrap();
+    for batch in batches(case.dataset.len(), 16, steps) {
+        single.step(&batch, LR).unwrap();
+    }
+    let mut values = Vec::new();
+    single
+        .model()
+        .unwrap()
+        .model
+        .visit(&mut Values(&mut values));
+    values
+}
+
+#[test]
+fn uncast_half_precision_gradients_train_exactly_as_cast_ones() {
+    let _seeded = seeded();
+    for precision in [Precision::Bf16, Precision::F16] {
+        let cast = ad_fused_params(precision, false, 4);
+        let uncast = ad_fused_params(precision, true, 4);
+        assert_eq!(cast.len(), uncast.len());
+        for (i, (a, b)) in cast.iter().zip(&uncast).enumerate() {
+            assert!(
+                a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{precision}: parameter {i} differs"
+            );
+        }
+    }
+}
+
+/// Every float parameter's values, in visiting order.
+struct Values<'a>(&'a mut Vec<Vec<f32>>);
+
+impl burn::module::ModuleVisitor<B> for Values<'_> {
+    fn visit_float<const D: usize>(
+        &mut self,
+        param: &burn::module::Param<burn::tensor::Tensor<B, D>>,
+    ) {
+        self.0.push(param.val().into_data().to_vec().unwrap());
+    }
 }

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor, TensorData};
-use kiln_core::data::dense_tensor;
+use burn::tensor::{FloatDType, Int, Tensor, TensorData};
+use kiln_core::data::{dense_float_tensor, dense_tensor};
 
 use crate::env::{ACTIONS, DarkRoomConfig};
 use crate::error::AdError;
@@ -94,12 +94,24 @@ pub struct AdBatch<B: Backend> {
 pub struct WindowBatcher {
     histories: Arc<Histories>,
     context: usize,
+    dtype: FloatDType,
 }
 
 impl WindowBatcher {
-    /// A batcher over the same histories as the data set.
+    /// A batcher over the same histories as the data set, its features in f32.
     pub fn new(histories: Arc<Histories>, context: usize) -> Self {
-        Self { histories, context }
+        Self {
+            histories,
+            context,
+            dtype: FloatDType::F32,
+        }
+    }
+
+    /// This batcher with its features in `dtype`, the model's compute dtype: converted on the
+    /// host (the multi-hot values are exact in every float type), so that a bf16 or f16 step
+    /// casts no input on the device.
+    pub fn with_features_dtype(self, dtype: FloatDType) -> Self {
+        Self { dtype, ..self }
     }
 }
 
@@ -123,7 +135,11 @@ impl<B: Backend> Batcher<B, WindowRef, AdBatch<B>> for WindowBatcher {
             }
         }
         AdBatch {
-            features: dense_tensor(TensorData::new(features, [n, k, width]), device),
+            features: dense_float_tensor(
+                TensorData::new(features, [n, k, width]),
+                device,
+                self.dtype,
+            ),
             targets: dense_tensor(TensorData::new(targets, [n, k]), device),
         }
     }

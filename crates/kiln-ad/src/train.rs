@@ -131,7 +131,8 @@ pub(crate) fn window_source<B: AutodiffBackend>(
     let context = config.model.context;
     Ok(DataSource::new(
         WindowDataset::new(data.histories.clone(), context)?,
-        WindowBatcher::new(data.histories.clone(), context),
+        WindowBatcher::new(data.histories.clone(), context)
+            .with_features_dtype(config.optimizer.precision.dtype()),
     ))
 }
 

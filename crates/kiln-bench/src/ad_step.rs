@@ -4,6 +4,7 @@
 
 use std::sync::OnceLock;
 
+use burn::tensor::FloatDType;
 use burn::tensor::backend::AutodiffBackend;
 use kiln_ad::config::AdConfig;
 use kiln_ad::dataset::{AdBatch, WindowBatcher, WindowDataset, WindowRef};
@@ -47,13 +48,17 @@ pub fn histories(config: &AdConfig) -> &'static Data {
     DATA.get_or_init(|| generate(config).expect("default config"))
 }
 
-/// The AD data set as Kiln reads it.
-pub fn source<B: AutodiffBackend>(config: &AdConfig) -> DataSource<B, WindowRef, AdBatch<B>> {
+/// The AD data set as Kiln reads it, its features in `dtype` (the compute dtype, as
+/// `kiln ad train` batches them).
+pub fn source<B: AutodiffBackend>(
+    config: &AdConfig,
+    dtype: FloatDType,
+) -> DataSource<B, WindowRef, AdBatch<B>> {
     let data = histories(config);
     let context = config.model.context;
     DataSource::new(
         WindowDataset::new(data.histories.clone(), context).expect("default context"),
-        WindowBatcher::new(data.histories.clone(), context),
+        WindowBatcher::new(data.histories.clone(), context).with_features_dtype(dtype),
     )
 }
 
@@ -85,7 +90,11 @@ where
         threads_per_rank: Some(1),
     };
     let optim = FusedAdamWConfig::new().init::<B, _>();
-    let source = source::<B>(config);
+    let dtype = match variant {
+        Variant::Precision(precision) => precision.dtype(),
+        Variant::Single | Variant::Guarded => FloatDType::F32,
+    };
+    let source = source::<B>(config, dtype);
     let on = device.clone();
     match variant {
         Variant::Single => Box::new(
@@ -98,9 +107,10 @@ where
             )
             .expect("single"),
         ),
+        // One rank and the fused AdamW: the gradients reach it uncast, as `fit` hands them.
         Variant::Precision(precision) => Box::new(
             Single::new(
-                MixedPrecision::new(model, precision),
+                MixedPrecision::new(model, precision).with_low_precision_grads(),
                 optim,
                 source,
                 on,

@@ -30,11 +30,13 @@ type Fused = burn_fusion::Fusion<Plain>;
 /// The loss's mean and the position table's gradient on Kiln's column sum (many cubes), the
 /// mean's gradient one broadcast scalar: 2 fewer on the plain backend (same day). The flat
 /// buffers' segments as views with their padding (Burn's slice copied the head's 5-value bias
-/// after every AdamW step and every multi-tensor cast): 1 fewer, 3 in f16.
+/// after every AdamW step and every multi-tensor cast): 1 fewer, 3 in f16. In f16, the
+/// features batched in f16 on the host and the gradients handed to the fused AdamW uncast (it
+/// widens them itself): 3 fewer.
 const BUDGETS: [(Variant, u64, u64); 3] = [
     (Variant::Single, 107, 104),
     (Variant::Guarded, 110, 107),
-    (Variant::Precision(Precision::F16), 112, 109),
+    (Variant::Precision(Precision::F16), 109, 106),
 ];
 
 /// A reduction's first launch (the one that reads the large input) must run on this many cubes.

@@ -19,7 +19,9 @@ use crate::model::{
 };
 use crate::optim::{MixedPrecision, OptimizerState, Precision};
 use crate::plan::Plan;
-use crate::strategy::{ConfigError, OptimizerSpec, RankReport, StepOutput, StrategyError, build};
+use crate::strategy::{
+    ConfigError, OptimizerSpec, RankReport, StepOutput, StrategyError, StrategyKind, build,
+};
 use crate::tensor_parallel::TpBackend;
 
 /// How long and how to train: everything of a run but its [`Plan`].
@@ -340,6 +342,14 @@ where
         let mut wrapped = MixedPrecision::new(model, run.optim.precision());
         if let Some(scale) = run.optim.loss_scale() {
             wrapped = wrapped.with_loss_scale(scale.clone());
+        }
+        // One rank, one micro-batch: the optimizer is the gradients' only reader.
+        let alone = run.plan.strategy() == StrategyKind::Single
+            && run.plan.world_size() == 1
+            && run.plan.grad_accumulation() == 1;
+        if alone && run.optim.reads_low_precision_grads() {
+            tracing::debug!("mixed precision hands the optimizer its gradients uncast");
+            wrapped = wrapped.with_low_precision_grads();
         }
         let Run {
             plan,

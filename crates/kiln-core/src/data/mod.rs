@@ -13,7 +13,7 @@ mod upload;
 pub use sampler::{EpochSampler, Remainder};
 pub use shard::{ShardPolicy, split_even};
 pub use source::DataSource;
-pub use upload::dense_tensor;
+pub use upload::{dense_float_tensor, dense_tensor};
 
 /// Error in the data path.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,7 +1,7 @@
 //! Batches onto a device as dense row-major tensors.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{BasicOps, Shape, Tensor, TensorData, TensorKind};
+use burn::tensor::{BasicOps, FloatDType, Shape, Tensor, TensorData, TensorKind};
 
 /// `data` on `device` as a dense row-major tensor of `D` dimensions.
 ///
@@ -21,6 +21,21 @@ where
         ..data
     };
     Tensor::<B, 1, K>::from_data(flat, device).reshape(shape)
+}
+
+/// Float `data` on `device` as a dense row-major tensor of `dtype` (see [`dense_tensor`]),
+/// converted on the host: a batch made in a model's compute dtype costs no cast on the device.
+pub fn dense_float_tensor<B: Backend, const D: usize>(
+    data: TensorData,
+    device: &B::Device,
+    dtype: FloatDType,
+) -> Tensor<B, D> {
+    let shape = data.shape.clone();
+    let flat = TensorData {
+        shape: Shape::new([shape.num_elements()]),
+        ..data
+    };
+    Tensor::<B, 1>::from_data(flat, (device, dtype.into())).reshape(shape)
 }
 
 #[cfg(test)]

@@ -94,6 +94,9 @@ pub struct MixedPrecision<B: Backend, Model: Module<B>> {
     precision: Precision,
     #[module(skip)]
     loss_scale: Option<LossScale>,
+    /// Whether the step's gradients stay in the compute dtype (see [`Self::with_low_precision_grads`]).
+    #[module(skip)]
+    low_grads: bool,
     #[module(skip)]
     backend: std::marker::PhantomData<B>,
 }
@@ -105,6 +108,7 @@ impl<B: Backend, Model: Module<B>> MixedPrecision<B, Model> {
             model,
             precision,
             loss_scale: None,
+            low_grads: false,
             backend: std::marker::PhantomData,
         }
     }
@@ -115,6 +119,18 @@ impl<B: Backend, Model: Module<B>> MixedPrecision<B, Model> {
     pub fn with_loss_scale(self, scale: LossScale) -> Self {
         Self {
             loss_scale: Some(scale),
+            ..self
+        }
+    }
+
+    /// This model, returning its gradients in the compute dtype (bf16 or f16) under the f32
+    /// parameters' ids, without the pass that casts them to f32. Only for an optimizer that
+    /// reads them as they are ([`OptimizerSpec::reads_low_precision_grads`]
+    /// (crate::strategy::OptimizerSpec::reads_low_precision_grads)) on a strategy where nothing
+    /// else does: no collective, no accumulation (`fit` decides).
+    pub fn with_low_precision_grads(self) -> Self {
+        Self {
+            low_grads: true,
             ..self
         }
     }
@@ -131,6 +147,7 @@ impl<B: Backend, Model: Module<B>> MixedPrecision<B, Model> {
             model,
             precision: self.precision,
             loss_scale: self.loss_scale.clone(),
+            low_grads: self.low_grads,
             backend: std::marker::PhantomData,
         }
     }
@@ -153,8 +170,13 @@ where
         let low = low_precision_copy::<B, M>(&self.model, dtype);
         let scale = self.loss_scale.as_ref().map(|s| s.value());
         let (grads, output) = low.grads_in(input, dtype, scale);
+        let grads = if self.low_grads {
+            grads
+        } else {
+            grads_to_f32::<B, M>(&low, grads)
+        };
         TrainOutput {
-            grads: grads_to_f32::<B, M>(&low, grads),
+            grads,
             item: output,
         }
     }

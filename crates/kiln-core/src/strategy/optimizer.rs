@@ -35,6 +35,14 @@ pub trait OptimizerSpec<B: AutodiffBackend> {
     fn loss_scale(&self) -> Option<&LossScale> {
         None
     }
+
+    /// Whether the optimizers (and their guards) read bf16 or f16 gradients of f32 parameters
+    /// as they come, so that mixed precision may skip its pass casting them to f32 where no
+    /// collective or accumulation reads them first. The fused AdamW and its gradient norm
+    /// widen each value to f32 in their own kernels, which is exact: the same steps either way.
+    fn reads_low_precision_grads(&self) -> bool {
+        false
+    }
 }
 
 /// Strategies built by name make the fused AdamW for whatever module they train (the whole
@@ -47,6 +55,10 @@ where
 
     fn init<M: AutodiffModule<B> + 'static>(&self) -> FusedAdamW<M, B> {
         FusedAdamWConfig::init(self)
+    }
+
+    fn reads_low_precision_grads(&self) -> bool {
+        true
     }
 }
 
@@ -117,5 +129,9 @@ impl<B: AutodiffBackend, S: OptimizerSpec<B>> OptimizerSpec<B> for PerformanceSp
 
     fn loss_scale(&self) -> Option<&LossScale> {
         self.loss_scale.as_ref()
+    }
+
+    fn reads_low_precision_grads(&self) -> bool {
+        self.inner.reads_low_precision_grads()
     }
 }

@@ -94,10 +94,8 @@ pub(crate) fn flat_segments<R: CubeRuntime>(
                 first.is_multiple_of(alignment) && (visible - last).is_multiple_of(alignment);
             if len == 0 || !aligned {
                 // An empty segment, or a layout not aligned for this device: Burn's slice.
-                return burn_cubecl::kernel::slice(
-                    flat.clone(),
-                    &[start as usize..(start + len) as usize],
-                );
+                let range = start as usize..(start + len) as usize;
+                return burn_cubecl::kernel::slice(flat.clone(), std::slice::from_ref(&range));
             }
             CubeTensor::new(
                 flat.client.clone(),
