@@ -126,7 +126,8 @@ fn check_reductions() {
 
 /// The AD step at batch 256 (30,720 positions) runs none of Burn's reductions (one unit per
 /// output without autotune: its loss's mean ran on one cube, the position table's gradient on
-/// 30), and each of Kiln's column sums that reads more than `SMALL` values runs on `MIN_CUBES`.
+/// 30) and no matmul on fewer than `MIN_CUBES` cubes, and each of Kiln's column sums that reads
+/// more than `SMALL` values runs on `MIN_CUBES`.
 fn check_step_reductions() {
     let device = device();
     let mut config = AdConfig::default();
@@ -139,6 +140,16 @@ fn check_step_reductions() {
     assert!(
         burns.is_empty(),
         "Burn's reductions in the AD step: {burns:?}"
+    );
+    // Nor a product on a handful of cubes: the weights' gradients (64 × 64 over 15,360 rows,
+    // one cube each as Burn's matmul tiles them) are cut along their rows (`split_k`).
+    let narrow: Vec<&Launch> = step
+        .iter()
+        .filter(|l| l.short_name() == "MatmulEntry" && l.cubes.unwrap_or(0) < MIN_CUBES)
+        .collect();
+    assert!(
+        narrow.is_empty(),
+        "products on few cubes in the AD step: {narrow:?}"
     );
     // The mean (30,720 values in one column) and the table's gradient (256 rows of 7,680).
     type Ad = Autodiff<Plain>;

@@ -145,7 +145,7 @@ fn linear_grads<B: KernelBackend>(
     }
     if let Some(node) = node_w {
         let x = x.expect("x is kept when w wants a gradient");
-        grads.register::<B>(node, B::matmul(B::float_transpose(x), dy.clone()));
+        grads.register::<B>(node, B::weight_grad(x, dy.clone()));
     }
     if let Some(node) = node_x {
         let w = w.expect("w is kept when x wants a gradient");
@@ -170,7 +170,7 @@ impl<B: KernelBackend> Backward<B, 3> for QLoraBackward {
             grads.register::<B>(node.id, B::float_mul_scalar(dt, scale.into()));
         }
         if let Some(node) = node_b {
-            let db = B::matmul(B::float_transpose(t), dy.clone());
+            let db = B::weight_grad(t, dy.clone());
             grads.register::<B>(node.id, B::float_mul_scalar(db, scale.into()));
         }
         if let Some(node) = node_x {

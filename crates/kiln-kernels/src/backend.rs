@@ -48,6 +48,13 @@ pub trait KernelBackend: Backend {
         Self::float_matmul(lhs, rhs)
     }
 
+    /// `xᵀ·dy`: `x [rows, m]`, `dy [rows, n]` → `[m, n]`, a weight's gradient, whose reduction
+    /// runs over the batch's rows. The GPU backends cut a long one into parts that fill the GPU
+    /// (`split_k`); elsewhere [`Self::matmul`] of the transposed view.
+    fn weight_grad(x: FloatTensor<Self>, dy: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::matmul(Self::float_transpose(x), dy)
+    }
+
     /// `epilogue(x·w (+ b))`: `x [rows, k]`, `w [k, n]`, `b [n]`, a residual `[rows, n]` →
     /// `[rows, n]`. Its backward is two matmuls, [`Self::column_sum`] for the bias, the
     /// gradient itself for the residual, and [`Self::relu_backward`] first after a ReLU.

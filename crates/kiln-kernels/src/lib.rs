@@ -28,6 +28,7 @@ pub mod ops;
 pub mod optim;
 pub mod quant;
 pub mod reference;
+pub mod split_k;
 
 pub use adamw_step::AdamWStep;
 pub use backend::KernelBackend;

@@ -223,6 +223,15 @@ fn linear_wide<B: AutodiffBackend + KernelBackend>(
     linear::<B>(300, 9, 64, true, Tail::Plain, fused, half, device)
 }
 
+/// Over enough rows that the GPU backends cut the weight's gradient into parts (`split_k`).
+fn linear_tall<B: AutodiffBackend + KernelBackend>(
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    linear::<B>(8192, 7, 24, true, Tail::Plain, fused, half, device)
+}
+
 fn linear_unbiased<B: AutodiffBackend + KernelBackend>(
     fused: bool,
     half: bool,
@@ -259,6 +268,7 @@ fn linear_relu<B: AutodiffBackend + KernelBackend>(
 fn linear_matches_the_reference() {
     check_everywhere!("linear narrow", linear_narrow, ["y", "dx", "dw", "db"]);
     check_everywhere!("linear wide", linear_wide, ["y", "dx", "dw", "db"]);
+    check_everywhere!("linear tall", linear_tall, ["y", "dx", "dw", "db"]);
     check_everywhere!("linear unbiased", linear_unbiased, ["y", "dx", "dw"]);
     check_everywhere!(
         "linear residual",

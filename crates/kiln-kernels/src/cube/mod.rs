@@ -64,6 +64,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> KernelBack
         column_sum::column_sum(x, None, 1.0)
     }
 
+    fn weight_grad(x: FloatTensor<Self>, dy: FloatTensor<Self>) -> FloatTensor<Self> {
+        crate::split_k::weight_grad::<Self>(x, dy)
+    }
+
     fn mean(x: FloatTensor<Self>) -> FloatTensor<Self> {
         // A column sum over one column: many cubes when the tensor is large.
         let n = x.meta.shape().num_elements();

@@ -88,6 +88,11 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
         sum
     }
 
+    fn weight_grad(x: FloatTensor<Self>, dy: FloatTensor<Self>) -> FloatTensor<Self> {
+        // Burn's own ops and Kiln's column sum, each queued: the same cut as the inner backend's.
+        crate::split_k::weight_grad::<Self>(x, dy)
+    }
+
     fn mean(x: FloatTensor<Self>) -> FloatTensor<Self> {
         let out = [(Shape::new([1]), x.dtype)];
         let client = x.client.clone();
