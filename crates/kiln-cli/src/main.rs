@@ -152,7 +152,10 @@ fn main() -> ExitCode {
         // process ended by the signal does (130, 143), so that scripts see the interruption.
         Err(e) => match e.downcast_ref::<signals::Interrupted>() {
             Some(interrupted) => {
-                eprintln!("{interrupted}");
+                // One write, as below: under `kiln launch` another process's line would
+                // otherwise land inside this one (seen once under load).
+                let line = format!("{interrupted}\n");
+                let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
                 // Every process stopped after the same step; finalising waits for the others,
                 // so that no process exits (which ends the job) while the first still saves.
                 launched::finish();

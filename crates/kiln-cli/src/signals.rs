@@ -2,7 +2,10 @@
 //! it saves); a second exits at once, as a user pressing Ctrl-C twice expects. SIGUSR1 is the
 //! same request from a launcher: `kiln launch` passes a user's first Ctrl-C on to the
 //! processes as SIGUSR1, which `mpirun` forwards without ending the job (it ends the job on
-//! SIGINT and SIGTERM, before the first process could save).
+//! SIGINT and SIGTERM, before the first process could save). SIGUSR1 never exits at once: the
+//! launcher's request may arrive twice (under load a process of a `kiln launch` job got it
+//! twice and died with 138 before its step ended), and the launcher passes a user's second
+//! Ctrl-C on as SIGINT or SIGTERM itself.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -92,8 +95,10 @@ impl Signals {
         for sig in [SIGINT, SIGTERM, SIGUSR1] {
             // Registered first, so it sees the flag as the previous signal left it: set means
             // this is the second signal.
-            let code = 128 + sig;
-            signal_hook::flag::register_conditional_shutdown(sig, code, stopping.clone())?;
+            if sig != SIGUSR1 {
+                let code = 128 + sig;
+                signal_hook::flag::register_conditional_shutdown(sig, code, stopping.clone())?;
+            }
             signal_hook::flag::register(sig, stopping.clone())?;
             signal_hook::flag::register_usize(sig, signal.clone(), sig as usize)?;
         }
