@@ -13,7 +13,7 @@ use kiln_ad::train::{Data, generate};
 use kiln_core::data::{DataSource, EpochSampler};
 use kiln_core::optim::{MixedPrecision, PerformanceConfig, PerformanceOptimizer, Precision};
 use kiln_core::strategy::{Single, SingleConfig, Strategy};
-use kiln_kernels::{FusedAdamWConfig, KernelBackend};
+use kiln_kernels::{FusedAdamWConfig, KernelBackend, LowCopies};
 
 use crate::launches::{self, Counts, Launch};
 
@@ -107,17 +107,17 @@ where
             )
             .expect("single"),
         ),
-        // One rank and the fused AdamW: the gradients reach it uncast, as `fit` hands them.
-        Variant::Precision(precision) => Box::new(
-            Single::new(
-                MixedPrecision::new(model, precision).with_low_precision_grads(),
-                optim,
-                source,
-                on,
-                single,
-            )
-            .expect("single"),
-        ),
+        // One rank and the fused AdamW, as `fit` sets them up: the gradients reach it uncast,
+        // and it leaves the next step's compute-dtype parameters as it steps.
+        Variant::Precision(precision) => {
+            let copies = LowCopies::new(precision.dtype());
+            copies.set_on(true);
+            let model = MixedPrecision::new(model, precision)
+                .with_low_precision_grads()
+                .with_low_copies(copies.clone());
+            let optim = optim.with_low_copies(copies);
+            Box::new(Single::new(model, optim, source, on, single).expect("single"))
+        }
         Variant::Guarded => {
             let guards = PerformanceConfig::new().with_clip_norm(Some(1.0));
             let optim = PerformanceOptimizer::new(optim, guards).expect("valid guards");

@@ -351,6 +351,11 @@ where
             tracing::debug!("mixed precision hands the optimizer its gradients uncast");
             wrapped = wrapped.with_low_precision_grads();
         }
+        // The optimizer's copies of the parameters: written only where this one model reads them.
+        if let Some(copies) = run.optim.low_copies() {
+            copies.set_on(alone);
+            wrapped = wrapped.with_low_copies(copies.clone());
+        }
         let Run {
             plan,
             training,

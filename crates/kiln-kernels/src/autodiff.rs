@@ -730,6 +730,30 @@ impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
         )
     }
 
+    fn adamw_many_copy(
+        params: Vec<FloatTensor<Self>>,
+        grads: Vec<FloatTensor<Self>>,
+        m: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        layout: &FlatLayout,
+        step: &AdamWStep,
+        grad_scale: f32,
+        copy: (&FlatLayout, burn::tensor::FloatDType),
+    ) -> [FloatTensor<Self>; 4] {
+        let inner = |ts: Vec<FloatTensor<Self>>| ts.into_iter().map(|t| t.primitive).collect();
+        B::adamw_many_copy(
+            inner(params),
+            inner(grads),
+            m.primitive,
+            v.primitive,
+            layout,
+            step,
+            grad_scale,
+            copy,
+        )
+        .map(constant::<B, C>)
+    }
+
     fn cast_many(
         tensors: Vec<FloatTensor<Self>>,
         layout: &FlatLayout,
@@ -745,6 +769,10 @@ impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
             .into_iter()
             .map(constant::<B, C>)
             .collect()
+    }
+
+    fn same_tensor(a: &FloatTensor<Self>, b: &FloatTensor<Self>) -> bool {
+        B::same_tensor(&a.primitive, &b.primitive)
     }
 
     fn flat_alignment(device: &Self::Device, dtype: burn::tensor::DType) -> usize {

@@ -292,6 +292,28 @@ pub trait KernelBackend: Backend {
         (unwrap(p), unwrap(m), unwrap(v))
     }
 
+    /// [`Self::adamw_many`], and the stepped parameters also in `copy`'s dtype, side by side in
+    /// a flat buffer laid out by `copy`'s layout: `[params, m, v, copy]`. Mixed precision's
+    /// compute-dtype copy for the next step, made in the step's own pass on the GPU backends
+    /// (here, a cast after it).
+    #[allow(clippy::too_many_arguments)]
+    fn adamw_many_copy(
+        params: Vec<FloatTensor<Self>>,
+        grads: Vec<FloatTensor<Self>>,
+        m: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        layout: &FlatLayout,
+        step: &AdamWStep,
+        grad_scale: f32,
+        copy: (&FlatLayout, burn::tensor::FloatDType),
+    ) -> [FloatTensor<Self>; 4] {
+        let device = Self::float_device(&m);
+        let (p, m, v) = Self::adamw_many(params, grads, m, v, layout, step, grad_scale);
+        let stepped = Self::flat_segments(p.clone(), layout);
+        let low = Self::cast_many(stepped, copy.0, copy.1, &device);
+        [p, m, v, low]
+    }
+
     /// `tensors` (flat `[len_i]`) cast to `dtype`, side by side in one flat buffer on `device`
     /// laid out by `layout` (what lies in the padding is unspecified): one pass over all of them.
     fn cast_many(
@@ -306,6 +328,13 @@ pub trait KernelBackend: Backend {
             dtype,
             device,
         ))
+    }
+
+    /// Whether `a` and `b` are one tensor (made once, then cloned), where the backend can tell;
+    /// `false` where it cannot. A cache keyed by a tensor checks with it that it still holds
+    /// what it stored: fusion compares its tensor ids, autodiff its inner tensors.
+    fn same_tensor(_a: &FloatTensor<Self>, _b: &FloatTensor<Self>) -> bool {
+        false
     }
 
     /// The alignment, in elements of `dtype`, at which a slice of a flat buffer on `device` is

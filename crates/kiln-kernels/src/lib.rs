@@ -34,5 +34,5 @@ pub use adamw_step::AdamWStep;
 pub use backend::KernelBackend;
 pub use epilogue::Epilogue;
 pub use flat::FlatLayout;
-pub use optim::{AdamWRule, FusedAdamW, FusedAdamWConfig, FusedAdamWRecord};
+pub use optim::{AdamWRule, FusedAdamW, FusedAdamWConfig, FusedAdamWRecord, LowCopies};
 pub use quant::{QuantFormat, QuantizedWeight, ScaleDtype};

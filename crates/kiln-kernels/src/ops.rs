@@ -548,15 +548,7 @@ pub fn adamw_many<B: KernelBackend>(
     step: &AdamWStep,
     grad_scale: f32,
 ) -> Result<FlatParamAndMoments<B>, KernelError> {
-    const OP: &str = "adamw_many";
-    check(OP, "the number of parameters", layout.len(), params.len())?;
-    check(OP, "the number of gradients", layout.len(), grads.len())?;
-    for ((param, grad), &len) in params.iter().zip(&grads).zip(layout.lens()) {
-        check(OP, "a parameter's length", len, param.dims()[0])?;
-        check(OP, "a gradient's length", len, grad.dims()[0])?;
-    }
-    check(OP, "m's length", layout.total(), m.dims()[0])?;
-    check(OP, "v's length", layout.total(), v.dims()[0])?;
+    check_many(&params, &grads, &m, &v, layout)?;
     let (p, m, v) = B::adamw_many(
         params.into_iter().map(unwrap).collect(),
         grads.into_iter().map(unwrap).collect(),
@@ -569,6 +561,25 @@ pub fn adamw_many<B: KernelBackend>(
     Ok((wrap(p), wrap(m), wrap(v)))
 }
 
+/// The sizes `adamw_many` needs to agree with `layout`.
+fn check_many<B: Backend>(
+    params: &[Tensor<B, 1>],
+    grads: &[Tensor<B, 1>],
+    m: &Tensor<B, 1>,
+    v: &Tensor<B, 1>,
+    layout: &FlatLayout,
+) -> Result<(), KernelError> {
+    const OP: &str = "adamw_many";
+    check(OP, "the number of parameters", layout.len(), params.len())?;
+    check(OP, "the number of gradients", layout.len(), grads.len())?;
+    for ((param, grad), &len) in params.iter().zip(grads).zip(layout.lens()) {
+        check(OP, "a parameter's length", len, param.dims()[0])?;
+        check(OP, "a gradient's length", len, grad.dims()[0])?;
+    }
+    check(OP, "m's length", layout.total(), m.dims()[0])?;
+    check(OP, "v's length", layout.total(), v.dims()[0])
+}
+
 /// The segments of `flat` that `layout` lays out, `[len_i]` each: views of the buffer, never
 /// copies, on every backend of Kiln's (see [`KernelBackend::flat_segments`]).
 pub fn flat_segments<B: KernelBackend>(
@@ -579,6 +590,51 @@ pub fn flat_segments<B: KernelBackend>(
         .into_iter()
         .map(wrap)
         .collect()
+}
+
+/// `[params, m, v, copy]`: [`adamw_many`], and the stepped parameters also in `copy`'s dtype,
+/// laid out by `copy`'s layout, written in the same pass on the GPU backends.
+///
+/// # Errors
+/// As [`adamw_many`].
+#[allow(clippy::too_many_arguments)]
+pub fn adamw_many_copy<B: KernelBackend>(
+    params: Vec<Tensor<B, 1>>,
+    grads: Vec<Tensor<B, 1>>,
+    m: Tensor<B, 1>,
+    v: Tensor<B, 1>,
+    layout: &FlatLayout,
+    step: &AdamWStep,
+    grad_scale: f32,
+    copy: (&FlatLayout, burn::tensor::FloatDType),
+) -> Result<[Tensor<B, 1>; 4], KernelError> {
+    check_many(&params, &grads, &m, &v, layout)?;
+    check(
+        "adamw_many_copy",
+        "the copy's segments",
+        layout.len(),
+        copy.0.len(),
+    )?;
+    Ok(B::adamw_many_copy(
+        params.into_iter().map(unwrap).collect(),
+        grads.into_iter().map(unwrap).collect(),
+        unwrap(m),
+        unwrap(v),
+        layout,
+        step,
+        grad_scale,
+        copy,
+    )
+    .map(wrap))
+}
+
+/// Whether `a` and `b` are one tensor, where the backend can tell (see
+/// [`KernelBackend::same_tensor`]).
+pub fn same_tensor<B: KernelBackend, const D: usize>(a: &Tensor<B, D>, b: &Tensor<B, D>) -> bool {
+    B::same_tensor(
+        &a.clone().into_primitive().tensor(),
+        &b.clone().into_primitive().tensor(),
+    )
 }
 
 /// `tensors` (any shapes, float) cast to `dtype` in one pass: each result is a view of one

@@ -7,6 +7,7 @@ use burn::optim::LearningRate;
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{GradientsParams, MultiGradientsParams, Optimizer, SimpleOptimizer};
 use burn::tensor::backend::AutodiffBackend;
+use kiln_kernels::LowCopies;
 
 use super::guard::{Guard, GuardReport};
 use super::inspect::{scale_grads, total_squares};
@@ -37,6 +38,11 @@ pub trait GuardedOptimizer<M: AutodiffModule<B>, B: AutodiffBackend>: Optimizer<
     fn squares(&self, module: &M, grads: &GradientsParams, skip: Option<&HashSet<ParamId>>) -> f64 {
         total_squares::<B, M>(module, grads, skip)
     }
+
+    /// Leaves mixed precision's compute-dtype copy of each f32 parameter it steps in `copies`
+    /// (whenever they are on), made in the step's own pass: the fused AdamW does; the default
+    /// makes none, and mixed precision casts the parameters itself.
+    fn share_low_copies(&mut self, _copies: LowCopies) {}
 
     /// One step with every gradient multiplied by `factor` first (the guard's clipping over the
     /// loss scale; 1 for neither).
@@ -83,6 +89,10 @@ where
         factor: f64,
     ) -> M {
         kiln_kernels::FusedAdamW::step_scaled(self, lr, module, grads, factor as f32)
+    }
+
+    fn share_low_copies(&mut self, copies: LowCopies) {
+        kiln_kernels::FusedAdamW::share_low_copies(self, copies);
     }
 }
 
@@ -243,5 +253,9 @@ where
         factor: f64,
     ) -> M {
         self.inner.step_scaled(lr, module, grads, factor)
+    }
+
+    fn share_low_copies(&mut self, copies: LowCopies) {
+        self.inner.share_low_copies(copies);
     }
 }

@@ -20,6 +20,8 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::train::{TrainOutput, TrainStep};
 use serde::{Deserialize, Serialize};
 
+use kiln_kernels::LowCopies;
+
 use super::LossScale;
 use super::precision_cast::{grads_to_f32, low_precision_copy};
 use crate::model::{LowPrecisionStep, StepLoss};
@@ -97,6 +99,9 @@ pub struct MixedPrecision<B: Backend, Model: Module<B>> {
     /// Whether the step's gradients stay in the compute dtype (see [`Self::with_low_precision_grads`]).
     #[module(skip)]
     low_grads: bool,
+    /// The optimizer's copies of the parameters in the compute dtype (see [`Self::with_low_copies`]).
+    #[module(skip)]
+    copies: Option<LowCopies>,
     #[module(skip)]
     backend: std::marker::PhantomData<B>,
 }
@@ -109,6 +114,7 @@ impl<B: Backend, Model: Module<B>> MixedPrecision<B, Model> {
             precision,
             loss_scale: None,
             low_grads: false,
+            copies: None,
             backend: std::marker::PhantomData,
         }
     }
@@ -135,6 +141,17 @@ impl<B: Backend, Model: Module<B>> MixedPrecision<B, Model> {
         }
     }
 
+    /// This model, taking its compute-dtype parameters from `copies` where the optimizer left
+    /// one made from the parameter as it is (the fused AdamW writes them as it steps, when
+    /// `copies` is on), and casting only the others: no cast pass over the parameters in a step
+    /// that follows the optimizer's.
+    pub fn with_low_copies(self, copies: LowCopies) -> Self {
+        Self {
+            copies: Some(copies),
+            ..self
+        }
+    }
+
     /// The compute precision.
     pub fn precision(&self) -> Precision {
         self.precision
@@ -148,6 +165,7 @@ impl<B: Backend, Model: Module<B>> MixedPrecision<B, Model> {
             precision: self.precision,
             loss_scale: self.loss_scale.clone(),
             low_grads: self.low_grads,
+            copies: self.copies.clone(),
             backend: std::marker::PhantomData,
         }
     }
@@ -167,7 +185,8 @@ where
             return self.model.step(input);
         }
         let dtype = self.precision.dtype();
-        let low = low_precision_copy::<B, M>(&self.model, dtype);
+        let copies = self.copies.as_ref().filter(|c| c.is_on());
+        let low = low_precision_copy::<B, M>(&self.model, dtype, copies);
         let scale = self.loss_scale.as_ref().map(|s| s.value());
         let (grads, output) = low.grads_in(input, dtype, scale);
         let grads = if self.low_grads {

@@ -7,6 +7,9 @@
 //! ([`kiln_kernels::ops::cast_many`]): the low-precision parameters are leaves of the graph of
 //! their own, and their gradients, all of them at once, become the f32 parameters'. The values
 //! are the same as through autodiff's casts: a gradient cast from bf16 or f16 to f32 is exact.
+//!
+//! A parameter the fused AdamW stepped last and left a copy of ([`LowCopies`]) is not cast at
+//! all: its copy was rounded from the same f32 values in the step's own pass.
 
 use std::any::Any;
 use std::collections::{HashMap, HashSet};
@@ -16,30 +19,41 @@ use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{FloatDType, Tensor};
-use kiln_kernels::{KernelBackend, ops};
+use kiln_kernels::{KernelBackend, LowCopies, ops};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
 /// `model` with every float parameter cast to `dtype` (ids kept), each a leaf of the graph
 /// that requires a gradient where the parameter does: the copy's gradients are the model's, in
-/// `dtype` ([`grads_to_f32`] brings them back).
-pub(crate) fn low_precision_copy<B, M>(model: &M, dtype: FloatDType) -> M
+/// `dtype` ([`grads_to_f32`] brings them back). A parameter with a copy in `copies` made from
+/// it as it is takes that copy; the others are cast in one pass.
+pub(crate) fn low_precision_copy<B, M>(
+    model: &M,
+    dtype: FloatDType,
+    copies: Option<&LowCopies>,
+) -> M
 where
     B: AutodiffBackend<InnerBackend: KernelBackend>,
     M: AutodiffModule<B>,
 {
     let mut params = Params::<B> {
+        copies: copies.filter(|c| c.dtype() == dtype),
         seen: HashSet::new(),
         ids: Vec::new(),
         tensors: Vec::new(),
+        copied: HashMap::new(),
     };
     model.visit(&mut params);
-    let Some(device) = params.tensors.first().map(Tensor::device) else {
+    let mut low = params.copied;
+    if let Some(device) = params.tensors.first().map(Tensor::device) {
+        let cast = ops::cast_many(params.tensors, dtype, &device);
+        low.extend(params.ids.into_iter().zip(cast));
+    }
+    if low.is_empty() {
         return model.clone();
-    };
-    let low = ops::cast_many(params.tensors, dtype, &device);
+    }
     model.clone().map(&mut Leaves::<B> {
-        low: params.ids.into_iter().zip(low).collect(),
+        low,
         made: HashMap::new(),
     })
 }
@@ -71,17 +85,24 @@ where
     back.grads
 }
 
-/// Every float parameter, flattened, once per parameter, in visiting order.
-struct Params<B: AutodiffBackend> {
+/// Every float parameter once, in visiting order: its copy where `copies` holds one made from
+/// it, else flattened to be cast.
+struct Params<'a, B: AutodiffBackend> {
+    copies: Option<&'a LowCopies>,
     seen: HashSet<ParamId>,
     ids: Vec<ParamId>,
     tensors: Vec<Tensor<Inner<B>, 1>>,
+    copied: HashMap<ParamId, Tensor<Inner<B>, 1>>,
 }
 
-impl<B: AutodiffBackend> ModuleVisitor<B> for Params<B> {
+impl<B: AutodiffBackend<InnerBackend: KernelBackend>> ModuleVisitor<B> for Params<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         if self.seen.insert(param.id) {
             let tensor = param.val().inner();
+            if let Some(copy) = self.copies.and_then(|c| c.copy_of(param.id, &tensor)) {
+                self.copied.insert(param.id, copy);
+                return;
+            }
             let numel = tensor.shape().num_elements();
             self.ids.push(param.id);
             self.tensors.push(tensor.reshape([numel]));

@@ -10,7 +10,7 @@ use burn::module::AutodiffModule;
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig};
 use burn::tensor::backend::AutodiffBackend;
-use kiln_kernels::{FusedAdamW, FusedAdamWConfig, KernelBackend};
+use kiln_kernels::{FusedAdamW, FusedAdamWConfig, KernelBackend, LowCopies};
 
 use crate::optim::{
     GuardConfigError, GuardedOptimizer, LossScale, PerformanceConfig, PerformanceOptimizer,
@@ -42,6 +42,12 @@ pub trait OptimizerSpec<B: AutodiffBackend> {
     /// widen each value to f32 in their own kernels, which is exact: the same steps either way.
     fn reads_low_precision_grads(&self) -> bool {
         false
+    }
+
+    /// The compute-dtype copies the optimizers leave for mixed precision as they step (see
+    /// [`LowCopies`]), off until `fit` turns them on for a run of one rank.
+    fn low_copies(&self) -> Option<&LowCopies> {
+        None
     }
 }
 
@@ -78,6 +84,7 @@ pub struct PerformanceSpec<S> {
     inner: S,
     config: PerformanceConfig,
     loss_scale: Option<LossScale>,
+    low_copies: Option<LowCopies>,
 }
 
 impl<S> PerformanceSpec<S> {
@@ -92,10 +99,17 @@ impl<S> PerformanceSpec<S> {
             Precision::F16 => Some(LossScale::new(config.loss_scale)?),
             Precision::F32 | Precision::Bf16 => None,
         };
+        // bf16 and f16 train from a compute-dtype copy of the f32 parameters, which the fused
+        // AdamW can write as it steps.
+        let low_copies = match config.precision {
+            Precision::F32 => None,
+            low => Some(LowCopies::new(low.dtype())),
+        };
         Ok(Self {
             inner,
             config,
             loss_scale,
+            low_copies,
         })
     }
 
@@ -117,10 +131,14 @@ impl<B: AutodiffBackend, S: OptimizerSpec<B>> OptimizerSpec<B> for PerformanceSp
     fn init<M: AutodiffModule<B> + 'static>(&self) -> Self::Optimizer<M> {
         let optim = PerformanceOptimizer::new(self.inner.init::<M>(), self.config.clone())
             .expect("validated when the spec was made");
-        match &self.loss_scale {
+        let mut optim = match &self.loss_scale {
             Some(scale) => optim.with_loss_scale(scale.clone()),
             None => optim,
+        };
+        if let Some(copies) = &self.low_copies {
+            optim.share_low_copies(copies.clone());
         }
+        optim
     }
 
     fn precision(&self) -> Precision {
@@ -133,5 +151,9 @@ impl<B: AutodiffBackend, S: OptimizerSpec<B>> OptimizerSpec<B> for PerformanceSp
 
     fn reads_low_precision_grads(&self) -> bool {
         self.inner.reads_low_precision_grads()
+    }
+
+    fn low_copies(&self) -> Option<&LowCopies> {
+        self.low_copies.as_ref()
     }
 }

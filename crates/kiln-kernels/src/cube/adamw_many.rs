@@ -5,8 +5,12 @@
 //! A runtime binds a bounded number of buffers to one launch, so the tensors are stepped in
 //! chunks of as many as fit (`bindings`): one launch on CUDA for any model Kiln trains, a few
 //! on wgpu.
+//!
+//! Given a second layout and a dtype, the same pass also writes each updated parameter in that
+//! dtype into a flat buffer of its own: mixed precision's bf16 or f16 copy for the next step,
+//! rounded from the f32 value just written, as a cast of it would be.
 
-use burn::tensor::Shape;
+use burn::tensor::{DType, Shape};
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::{calculate_cube_count_elemwise, prelude::*};
@@ -16,7 +20,7 @@ use super::layout::{dense_input, dense_output};
 use crate::{AdamWStep, FlatLayout};
 
 /// Buffers every launch binds besides the chunk's parameters and gradients: `m`, `v` and the
-/// three outputs.
+/// three outputs (and the copy, when one is made).
 const FIXED_BINDINGS: usize = 5;
 
 /// The hyper-parameters of a step, as the kernel reads them.
@@ -33,6 +37,33 @@ struct Hyper {
     /// `1/(1 − β₂ᵗ)`.
     correction_2: f32,
     grad_scale: f32,
+}
+
+/// Steps element `j` of one parameter, whose moments lie at `at` of the flat buffers: writes
+/// the moments and the parameter, and returns the parameter as written.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn step_element<F: Float, G: Float>(
+    param: &Tensor<F>,
+    grad: &Tensor<G>,
+    j: usize,
+    m: &Tensor<F>,
+    v: &Tensor<F>,
+    at: usize,
+    param_out: &mut Tensor<F>,
+    m_out: &mut Tensor<F>,
+    v_out: &mut Tensor<F>,
+    hyper: &Hyper,
+) -> F {
+    let g = f32::cast_from(grad[j]) * hyper.grad_scale;
+    let m1 = hyper.beta_1 * f32::cast_from(m[at]) + (1.0f32 - hyper.beta_1) * g;
+    let v1 = hyper.beta_2 * f32::cast_from(v[at]) + (1.0f32 - hyper.beta_2) * g * g;
+    let update = m1 * hyper.correction_1 / (f32::sqrt(v1 * hyper.correction_2) + hyper.epsilon);
+    let stepped = F::cast_from(f32::cast_from(param[j]) * hyper.decay - hyper.lr * update);
+    param_out[at] = stepped;
+    m_out[at] = F::cast_from(m1);
+    v_out[at] = F::cast_from(v1);
+    stepped
 }
 
 #[cube(launch)]
@@ -65,19 +96,79 @@ fn adamw_many_kernel<F: Float, G: Float>(
         let len = param.len();
         if unit >= before && unit < before + len {
             let j = unit - before;
-            let at = segment + j;
-            let g = f32::cast_from(grads.index(i)[j]) * hyper.grad_scale;
-            let m1 = hyper.beta_1 * f32::cast_from(m[at]) + (1.0f32 - hyper.beta_1) * g;
-            let v1 = hyper.beta_2 * f32::cast_from(v[at]) + (1.0f32 - hyper.beta_2) * g * g;
-            let update =
-                m1 * hyper.correction_1 / (f32::sqrt(v1 * hyper.correction_2) + hyper.epsilon);
-            param_out[at] =
-                F::cast_from(f32::cast_from(param[j]) * hyper.decay - hyper.lr * update);
-            m_out[at] = F::cast_from(m1);
-            v_out[at] = F::cast_from(v1);
+            let grad = grads.index(i);
+            step_element::<F, G>(
+                param,
+                grad,
+                j,
+                m,
+                v,
+                segment + j,
+                param_out,
+                m_out,
+                v_out,
+                &hyper,
+            );
         }
         before += len;
         segment += len.div_ceil(align) * align;
+    }
+}
+
+/// [`adamw_many_kernel`], also writing each stepped parameter in `L` into `copy_out`, laid out
+/// with `copy_align`. A kernel of its own: a copy argument bound but unused would cost the plain
+/// step one binding of wgpu's 31, and a fourth launch for the AD model.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn adamw_many_copy_kernel<F: Float, G: Float, L: Float>(
+    params: &Sequence<Tensor<F>>,
+    grads: &Sequence<Tensor<G>>,
+    m: &Tensor<F>,
+    v: &Tensor<F>,
+    param_out: &mut Tensor<F>,
+    m_out: &mut Tensor<F>,
+    v_out: &mut Tensor<F>,
+    copy_out: &mut Tensor<L>,
+    hyper: Hyper,
+    first_segment: u32,
+    first_copy_segment: u32,
+    units: u32,
+    #[comptime] count: usize,
+    #[comptime] align: usize,
+    #[comptime] copy_align: usize,
+    #[define(F, G, L)] _dtypes: [StorageType; 3],
+) {
+    let unit = ABSOLUTE_POS;
+    if unit >= units as usize {
+        terminate!();
+    }
+    let mut before = 0usize;
+    let mut segment = first_segment as usize;
+    let mut copy_segment = first_copy_segment as usize;
+    #[unroll]
+    for i in 0..count {
+        let param = params.index(i);
+        let len = param.len();
+        if unit >= before && unit < before + len {
+            let j = unit - before;
+            let grad = grads.index(i);
+            let stepped = step_element::<F, G>(
+                param,
+                grad,
+                j,
+                m,
+                v,
+                segment + j,
+                param_out,
+                m_out,
+                v_out,
+                &hyper,
+            );
+            copy_out[copy_segment + j] = L::cast_from(stepped);
+        }
+        before += len;
+        segment += len.div_ceil(align) * align;
+        copy_segment += len.div_ceil(copy_align) * copy_align;
     }
 }
 
@@ -90,7 +181,8 @@ pub(crate) fn alignment<R: CubeRuntime>(
     (client.properties().memory.alignment as usize / dtype.size()).max(1)
 }
 
-/// See [`crate::KernelBackend::adamw_many`].
+/// See [`crate::KernelBackend::adamw_many`] and [`crate::KernelBackend::adamw_many_copy`]: the
+/// stepped parameters, the moments, and the copy in `copy`'s layout and dtype when asked.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn adamw_many<R: CubeRuntime>(
     params: Vec<CubeTensor<R>>,
@@ -100,12 +192,19 @@ pub(crate) fn adamw_many<R: CubeRuntime>(
     layout: &FlatLayout,
     step: &AdamWStep,
     grad_scale: f32,
-) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
+    copy: Option<(&FlatLayout, DType)>,
+) -> (
+    CubeTensor<R>,
+    CubeTensor<R>,
+    CubeTensor<R>,
+    Option<CubeTensor<R>>,
+) {
     let (m, v) = (dense_input(m), dense_input(v));
     let client = m.client.clone();
     let dtype = m.dtype;
     let total = Shape::new([layout.total()]);
     let outs = [0; 3].map(|_| dense_output(&m, total.clone(), dtype));
+    let copy_out = copy.map(|(l, d)| (l, dense_output(&m, Shape::new([l.total()]), d)));
     let hyper = || {
         HyperLaunch::new(
             step.lr,
@@ -119,7 +218,8 @@ pub(crate) fn adamw_many<R: CubeRuntime>(
         )
     };
     // A parameter and its gradient per tensor; the gradients of one launch share a dtype.
-    let per_launch = tensors_per_launch(&client, FIXED_BINDINGS, 2);
+    let fixed = FIXED_BINDINGS + usize::from(copy_out.is_some());
+    let per_launch = tensors_per_launch(&client, fixed, 2);
     let tensors: Vec<(CubeTensor<R>, CubeTensor<R>)> = params
         .into_iter()
         .map(dense_input)
@@ -131,35 +231,74 @@ pub(crate) fn adamw_many<R: CubeRuntime>(
         let count = chunk.len();
         if units > 0 {
             let grad_dtype = chunk[0].1.dtype;
-            let mut params = SequenceArg::new();
-            let mut grads = SequenceArg::new();
-            for (p, g) in chunk {
-                debug_assert_eq!(p.dtype, dtype);
-                params.push(p.into_tensor_arg());
-                grads.push(g.into_tensor_arg());
+            debug_assert!(chunk.iter().all(|(p, _)| p.dtype == dtype));
+            // Each kernel's sequences are typed by it: built in its own arm.
+            macro_rules! sequences {
+                () => {{
+                    let mut params = SequenceArg::new();
+                    let mut grads = SequenceArg::new();
+                    for (p, g) in chunk {
+                        params.push(p.into_tensor_arg());
+                        grads.push(g.into_tensor_arg());
+                    }
+                    (params, grads)
+                }};
             }
             let dim = CubeDim::new(&client, units);
-            adamw_many_kernel::launch::<R>(
-                &client,
-                calculate_cube_count_elemwise(&client, units, dim),
-                dim,
-                params,
-                grads,
-                m.clone().into_tensor_arg(),
-                v.clone().into_tensor_arg(),
-                outs[0].clone().into_tensor_arg(),
-                outs[1].clone().into_tensor_arg(),
-                outs[2].clone().into_tensor_arg(),
-                hyper(),
-                layout.offsets()[first] as u32,
-                units as u32,
-                count,
-                layout.align(),
-                [dtype.into(), grad_dtype.into()],
-            );
+            let count_cubes = calculate_cube_count_elemwise(&client, units, dim);
+            let (first_segment, units_u32) = (layout.offsets()[first] as u32, units as u32);
+            let (m_arg, v_arg) = (m.clone().into_tensor_arg(), v.clone().into_tensor_arg());
+            let [p_out, m_out, v_out] = outs.clone().map(|o| o.into_tensor_arg());
+            match &copy_out {
+                None => {
+                    let (params, grads) = sequences!();
+                    adamw_many_kernel::launch::<R>(
+                        &client,
+                        count_cubes,
+                        dim,
+                        params,
+                        grads,
+                        m_arg,
+                        v_arg,
+                        p_out,
+                        m_out,
+                        v_out,
+                        hyper(),
+                        first_segment,
+                        units_u32,
+                        count,
+                        layout.align(),
+                        [dtype.into(), grad_dtype.into()],
+                    )
+                }
+                Some((copy_layout, out)) => {
+                    let (params, grads) = sequences!();
+                    adamw_many_copy_kernel::launch::<R>(
+                        &client,
+                        count_cubes,
+                        dim,
+                        params,
+                        grads,
+                        m_arg,
+                        v_arg,
+                        p_out,
+                        m_out,
+                        v_out,
+                        out.clone().into_tensor_arg(),
+                        hyper(),
+                        first_segment,
+                        copy_layout.offsets()[first] as u32,
+                        units_u32,
+                        count,
+                        layout.align(),
+                        copy_layout.align(),
+                        [dtype.into(), grad_dtype.into(), out.dtype.into()],
+                    )
+                }
+            }
         }
         first += count;
     }
     let [p, m, v] = outs;
-    (p, m, v)
+    (p, m, v, copy_out.map(|(_, out)| out))
 }

@@ -556,6 +556,43 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
         (p, m, v)
     }
 
+    fn adamw_many_copy(
+        params: Vec<FloatTensor<Self>>,
+        grads: Vec<FloatTensor<Self>>,
+        m: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        layout: &FlatLayout,
+        step: &AdamWStep,
+        grad_scale: f32,
+        copy: (&FlatLayout, burn::tensor::FloatDType),
+    ) -> [FloatTensor<Self>; 4] {
+        let flat = (m.shape.clone(), m.dtype);
+        let low = (Shape::new([copy.0.total()]), copy.1.into());
+        let out = [flat.clone(), flat.clone(), flat, low];
+        let client = m.client.clone();
+        let count = params.len();
+        let (layout, step) = (layout.clone(), *step);
+        let (copy_layout, copy_dtype) = (copy.0.clone(), copy.1);
+        let inputs = params.into_iter().chain(grads).chain([m, v]).collect();
+        outputs(queue::<B, _>(
+            "kiln.adamw_many_copy",
+            &client,
+            inputs,
+            &out,
+            move |inputs| {
+                let mut inputs = inputs.into_iter().map(Prim::float);
+                let params = inputs.by_ref().take(count).collect();
+                let grads = inputs.by_ref().take(count).collect();
+                let (m, v) = (inputs.next(), inputs.next());
+                let (m, v) = m.zip(v).expect("the moments follow the tensors");
+                let copy = (&copy_layout, copy_dtype);
+                floats(B::adamw_many_copy(
+                    params, grads, m, v, &layout, &step, grad_scale, copy,
+                ))
+            },
+        ))
+    }
+
     fn cast_many(
         tensors: Vec<FloatTensor<Self>>,
         layout: &FlatLayout,
@@ -599,6 +636,10 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
                     .collect()
             },
         )
+    }
+
+    fn same_tensor(a: &FloatTensor<Self>, b: &FloatTensor<Self>) -> bool {
+        a.id == b.id
     }
 
     fn flat_alignment(device: &Self::Device, dtype: DType) -> usize {

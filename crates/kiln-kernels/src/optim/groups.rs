@@ -10,7 +10,7 @@ use burn::optim::{AdamWState, AdaptiveMomentumState};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Shape, Tensor};
 
-use super::FusedAdamWRecord;
+use super::{FusedAdamWRecord, LowCopies};
 use crate::{FlatLayout, KernelBackend};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
@@ -168,9 +168,12 @@ impl<B: AutodiffBackend<InnerBackend: KernelBackend>> ModuleVisitor<B> for Colle
     }
 }
 
-/// Puts each stepped parameter's new value (a view of the flat result) in place.
+/// Puts each stepped parameter's new value (a view of the flat result) in place, and leaves
+/// its compute-dtype copy (when the step made one) in `copies` against that very tensor.
 pub(super) struct Replace<B: AutodiffBackend> {
     pub(super) updated: HashMap<ParamId, Tensor<Inner<B>, 1>>,
+    pub(super) lows: HashMap<ParamId, Tensor<Inner<B>, 1>>,
+    pub(super) copies: Option<LowCopies>,
 }
 
 impl<B: AutodiffBackend> ModuleMapper<B> for Replace<B> {
@@ -178,7 +181,11 @@ impl<B: AutodiffBackend> ModuleMapper<B> for Replace<B> {
         let (id, tensor, mapper) = param.consume();
         let tensor = match self.updated.get(&id) {
             Some(flat) => {
-                let mut new = Tensor::from_inner(flat.clone().reshape(tensor.shape()));
+                let value = flat.clone().reshape(tensor.shape());
+                if let (Some(copies), Some(low)) = (&self.copies, self.lows.remove(&id)) {
+                    copies.keep(id, value.clone(), low);
+                }
+                let mut new = Tensor::from_inner(value);
                 if tensor.is_require_grad() {
                     new = new.require_grad();
                 }

@@ -10,6 +10,7 @@
 //! Its record is Burn's: a map from parameter to [`AdamWState`], so a checkpoint written with
 //! Burn's `AdamW` resumes with this optimizer and the other way round.
 
+mod copies;
 mod groups;
 mod record;
 mod rule;
@@ -22,12 +23,14 @@ use burn::module::AutodiffModule;
 use burn::optim::adaptor::GradAdaptor;
 use burn::optim::{GradientsParams, LearningRate, MultiGradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{DType, FloatDType};
 use hashbrown::HashMap as RecordMap;
 
+pub use self::copies::LowCopies;
 use self::groups::{Collect, Group, Item, Replace, matching, regroup};
 use self::record::record_of;
 pub use self::rule::{AdamWRule, FusedAdamWRecord};
-use crate::{AdamWStep, KernelBackend, ops};
+use crate::{AdamWStep, FlatLayout, KernelBackend, ops};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 
@@ -59,6 +62,7 @@ impl FusedAdamWConfig {
             config: self.clone(),
             groups: Vec::new(),
             pending: RecordMap::new(),
+            copies: None,
             module: PhantomData,
         }
     }
@@ -83,6 +87,8 @@ pub struct FusedAdamW<M, B: AutodiffBackend<InnerBackend: KernelBackend>> {
     groups: Vec<Group<Inner<B>>>,
     /// States loaded from a record and not stepped since.
     pending: FusedAdamWRecord<B>,
+    /// Where it leaves mixed precision's copies of the f32 parameters it steps, when on.
+    copies: Option<LowCopies>,
     module: PhantomData<M>,
 }
 
@@ -91,6 +97,18 @@ where
     B: AutodiffBackend<InnerBackend: KernelBackend>,
     M: AutodiffModule<B>,
 {
+    /// This optimizer, writing a compute-dtype copy of the f32 parameters it steps into
+    /// `copies` whenever they are on: mixed precision reads them instead of casting.
+    pub fn with_low_copies(mut self, copies: LowCopies) -> Self {
+        self.share_low_copies(copies);
+        self
+    }
+
+    /// [`Self::with_low_copies`] in place.
+    pub fn share_low_copies(&mut self, copies: LowCopies) {
+        self.copies = Some(copies);
+    }
+
     /// One step with every gradient multiplied by `grad_scale` first (the guard's clipping
     /// factor), inside the same launch.
     pub fn step_scaled(
@@ -127,24 +145,68 @@ where
         } else {
             regroup::<B>(last, &items)
         };
+        // Copies are of use only where the model can tell its parameter is still the tensor
+        // a copy was made from: a backend that does not see a tensor equal its own clone
+        // (the plain CubeCL backends, the CPU's) casts instead.
+        let tells = |items: &[Item<Inner<B>>]| {
+            items
+                .first()
+                .is_some_and(|i| ops::same_tensor(&i.param, &i.param.clone()))
+        };
+        let copies = self.copies.clone().filter(|c| c.is_on() && tells(&items));
         let mut items = items.into_iter();
         let mut updated = HashMap::new();
+        let mut lows = HashMap::new();
+        if let Some(copies) = &copies {
+            copies.clear();
+        }
         let mut stepped = Vec::with_capacity(groups.len());
         for group in groups {
             let members: Vec<Item<Inner<B>>> = items.by_ref().take(group.ids.len()).collect();
             let time = group.time + 1;
             let (params, grads): (Vec<_>, Vec<_>) =
                 members.into_iter().map(|i| (i.param, i.grad)).unzip();
-            let (flat, m, v) = ops::adamw_many(
-                params,
-                grads,
-                group.m,
-                group.v,
-                &group.layout,
-                &self.config.step(lr, time),
-                grad_scale,
-            )
-            .expect("the optimizer lays out what it steps");
+            let step = self.config.step(lr, time);
+            // Copies of f32 parameters only: a bf16 or f16 parameter is its own copy.
+            let copy = copies
+                .as_ref()
+                .filter(|c| group.m.dtype() == DType::F32 && c.dtype() != FloatDType::F32)
+                .map(|c| {
+                    let device = group.m.device();
+                    let align = Inner::<B>::flat_alignment(&device, c.dtype().into());
+                    (
+                        FlatLayout::new(group.layout.lens().to_vec(), align),
+                        c.dtype(),
+                    )
+                });
+            let (flat, m, v) = match &copy {
+                None => ops::adamw_many(
+                    params,
+                    grads,
+                    group.m,
+                    group.v,
+                    &group.layout,
+                    &step,
+                    grad_scale,
+                )
+                .expect("the optimizer lays out what it steps"),
+                Some((layout, dtype)) => {
+                    let [flat, m, v, low] = ops::adamw_many_copy(
+                        params,
+                        grads,
+                        group.m,
+                        group.v,
+                        &group.layout,
+                        &step,
+                        grad_scale,
+                        (layout, *dtype),
+                    )
+                    .expect("the optimizer lays out what it steps");
+                    let low = ops::flat_segments(low, layout);
+                    lows.extend(group.ids.iter().copied().zip(low));
+                    (flat, m, v)
+                }
+            };
             let views = ops::flat_segments(flat, &group.layout);
             updated.extend(group.ids.iter().copied().zip(views));
             stepped.push(Group {
@@ -155,7 +217,11 @@ where
             });
         }
         self.groups = stepped;
-        module.map(&mut Replace::<B> { updated })
+        module.map(&mut Replace::<B> {
+            updated,
+            lows,
+            copies,
+        })
     }
 }
 

@@ -1,0 +1,100 @@
+//! Mixed precision's compute-dtype copies of the parameters, written by the fused AdamW in the
+//! pass that steps them, so that the next step's forward needs no cast of every parameter.
+//!
+//! The optimizer and the model share one [`LowCopies`]: after each step it holds, per parameter,
+//! the f32 tensor the step put in the model and its bf16 or f16 copy. The model takes a copy
+//! only while its parameter is still that very tensor ([`crate::ops::same_tensor`]): a
+//! parameter loaded, broadcast or replaced in any other way since is cast as before. Backends
+//! that cannot tell two tensors apart (the CPU's) always cast.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use burn::module::ParamId;
+use burn::tensor::backend::Backend;
+use burn::tensor::{FloatDType, Tensor};
+
+use crate::{KernelBackend, ops};
+
+/// The copies the fused AdamW leaves for mixed precision; clones share them. See the
+/// [module docs](self).
+#[derive(Clone)]
+pub struct LowCopies {
+    dtype: FloatDType,
+    on: Arc<AtomicBool>,
+    /// Per parameter, `(f32 tensor as in the model, flat copy)` of some backend and rank.
+    copies: Arc<Mutex<HashMap<ParamId, Box<dyn Any + Send>>>>,
+}
+
+impl fmt::Debug for LowCopies {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LowCopies")
+            .field("dtype", &self.dtype)
+            .field("on", &self.is_on())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LowCopies {
+    /// Copies in `dtype`, off until [`Self::set_on`].
+    pub fn new(dtype: FloatDType) -> Self {
+        Self {
+            dtype,
+            on: Arc::new(AtomicBool::new(false)),
+            copies: Arc::default(),
+        }
+    }
+
+    /// The copies' dtype.
+    pub fn dtype(&self) -> FloatDType {
+        self.dtype
+    }
+
+    /// Whether the optimizer writes copies: only where one model reads them, one rank.
+    pub fn is_on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
+    /// Turns the copies on or off; off also forgets those held.
+    pub fn set_on(&self, on: bool) {
+        self.on.store(on, Ordering::Relaxed);
+        if !on {
+            self.lock().clear();
+        }
+    }
+
+    /// Forgets every copy: the optimizer is about to write the next step's.
+    pub(crate) fn clear(&self) {
+        self.lock().clear();
+    }
+
+    /// Keeps `copy` as parameter `id`'s, for as long as the parameter is `param`.
+    pub(crate) fn keep<B: Backend, const D: usize>(
+        &self,
+        id: ParamId,
+        param: Tensor<B, D>,
+        copy: Tensor<B, 1>,
+    ) {
+        self.lock().insert(id, Box::new((param, copy)));
+    }
+
+    /// Parameter `id`'s copy, flat, if the optimizer made it from `param` as it is now.
+    pub fn copy_of<B: KernelBackend, const D: usize>(
+        &self,
+        id: ParamId,
+        param: &Tensor<B, D>,
+    ) -> Option<Tensor<B, 1>> {
+        let copies = self.lock();
+        let (kept, copy) = copies
+            .get(&id)?
+            .downcast_ref::<(Tensor<B, D>, Tensor<B, 1>)>()?;
+        ops::same_tensor(kept, param).then(|| copy.clone())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<ParamId, Box<dyn Any + Send>>> {
+        self.copies.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
