@@ -163,6 +163,16 @@ fn check_step_reductions() {
         log.first().and_then(|l| l.cubes).unwrap_or(0) >= MIN_CUBES,
         "the mean of 30,720 losses: {log:?}"
     );
+    // The LLM's loss sums each sequence over its tokens: 8 sequences of 2,048.
+    let tokens = Tensor::<Ad, 2>::random([8, 2048], Distribution::Default, &device);
+    let log = launches_of::<Ad>(&device, || {
+        ops::column_sum(tokens.clone().transpose()).into_data();
+    });
+    assert!(
+        log.first().and_then(|l| l.cubes).unwrap_or(0) >= MIN_CUBES
+            && log.iter().all(|l| l.short_name() == "ColumnPartialsKernel"),
+        "8 sequences' sums over 2,048 tokens: {log:?}"
+    );
     let table = Tensor::<Ad, 1>::random([7680], Distribution::Default, &device).require_grad();
     let y = ops::broadcast_rows(table.clone(), 256);
     let log = launches_of::<Ad>(&device, || {

@@ -293,6 +293,22 @@ impl<B: KernelBackend> Backward<B, 1> for ReluBackward {
     }
 }
 
+/// A column sum's backward: the gradient of each column repeated down its `rows` rows (a view).
+#[derive(Debug)]
+struct ColumnSumBackward;
+
+impl<B: KernelBackend> Backward<B, 1> for ColumnSumBackward {
+    type State = usize;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node] = ops.parents;
+        let dy = grads.consume::<B>(&ops.node);
+        if let Some(node) = node {
+            grads.register::<B>(node.id, B::broadcast_rows(dy, ops.state));
+        }
+    }
+}
+
 /// A mean's backward: `1/n` of the gradient for every value, one scalar broadcast (a view).
 #[derive(Debug)]
 struct MeanBackward;
@@ -409,7 +425,17 @@ impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
     }
 
     fn column_sum(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        constant::<B, C>(B::column_sum(x.primitive))
+        let rows = x.primitive.shape()[0];
+        let nodes = [x.node.clone()];
+        let y = B::column_sum(x.primitive);
+        match ColumnSumBackward
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(rows, y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        }
     }
 
     fn mean(x: FloatTensor<Self>) -> FloatTensor<Self> {

@@ -67,7 +67,9 @@ pub trait KernelBackend: Backend {
         plain::linear_forward::<Self>(x, w, b, epilogue)
     }
 
-    /// `Σ over the rows of x [rows, cols]`: `[cols]`, a bias's gradient.
+    /// `Σ over the rows of x [rows, cols]`: `[cols]`, a bias's gradient; `x` may be any view
+    /// (a transposed one sums the rows of its original). Differentiable: its backward is
+    /// [`Self::broadcast_rows`].
     fn column_sum(x: FloatTensor<Self>) -> FloatTensor<Self> {
         unwrap(reference::linear::column_sum(wrap::<Self, 2>(x)))
     }

@@ -456,9 +456,17 @@ pub fn swiglu<B: KernelBackend, const D: usize>(
     Ok(wrap::<B, 1>(y).reshape(shape))
 }
 
+/// `Σ_r x[r, c]`: the column sums of `x [rows, cols]`, `[cols]`, in `x`'s dtype. On a GPU a
+/// large sum runs on many cubes in a fixed order, where Burn's `sum_dim` gives each output one
+/// unit without autotune; `x` is read as it lies, so the row sums of `t` are
+/// `column_sum(t.transpose())` at no copy. Differentiable.
+pub fn column_sum<B: KernelBackend>(x: Tensor<B, 2>) -> Tensor<B, 1> {
+    wrap(B::column_sum(unwrap(x)))
+}
+
 /// `v [cols]` repeated as `rows` rows: `[rows, cols]`, a view where the backend has one.
 /// Adding it to a `[rows, cols]` tensor is Burn's broadcast add, but its backward sums the
-/// gradient with Kiln's column sum (over the whole GPU) instead of Burn's `sum_dim`.
+/// gradient with [`column_sum`] (over the whole GPU) instead of Burn's `sum_dim`.
 pub fn broadcast_rows<B: KernelBackend>(v: Tensor<B, 1>, rows: usize) -> Tensor<B, 2> {
     wrap(B::broadcast_rows(unwrap(v), rows))
 }

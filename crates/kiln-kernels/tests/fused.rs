@@ -485,6 +485,26 @@ fn mean_and_broadcast_rows<B: AutodiffBackend + KernelBackend>(
     ]
 }
 
+/// Row sums as column sums of a transposed view (a sequence's loss over its tokens), over
+/// rows long enough that the GPU cuts them into chunks, against Burn's `sum_dim`.
+fn row_sums<B: AutodiffBackend + KernelBackend>(
+    fused: bool,
+    half: bool,
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
+    const SEQS: usize = 3;
+    const LEN: usize = 4099;
+    let x = tensor::<B, 2>(&values(SEQS * LEN, 1.0, 13, half), [SEQS, LEN], device).require_grad();
+    let weights = tensor::<B, 1>(&values(SEQS, 1.0, 14, half), [SEQS], device);
+    let sums = if fused {
+        ops::column_sum(x.clone().transpose())
+    } else {
+        x.clone().sum_dim(1).reshape([SEQS])
+    };
+    let grads = (sums.clone() * weights).sum().backward();
+    vec![to_vec(sums), to_vec(x.grad(&grads).unwrap())]
+}
+
 #[test]
 fn mean_and_broadcast_rows_match_burns() {
     check_everywhere!(
@@ -492,6 +512,7 @@ fn mean_and_broadcast_rows_match_burns() {
         mean_and_broadcast_rows,
         ["loss", "mean", "dlogits", "dlong", "dtable"]
     );
+    check_everywhere!("row sums", row_sums, ["sums", "dx"]);
 }
 
 #[test]

@@ -48,7 +48,7 @@ fn column_partials_kernel<F: Float, O: Float>(
     if col < cols {
         let mut r = first + lane;
         while r < end {
-            let mut v = f32::cast_from(a[r * a.stride(0) + col]);
+            let mut v = f32::cast_from(a[r * a.stride(0) + col * a.stride(1)]);
             if comptime!(product) {
                 v *= f32::cast_from(b[r * b.stride(0) + col]) * f32::cast_from(w[r]);
             }
@@ -114,13 +114,14 @@ impl Plan {
 }
 
 /// `scale·Σ_r a[r, c]` (or `scale·Σ_r a[r, c]·b[r, c]·w[r]` given `product = (b, w)`) as a
-/// `[cols]` tensor of `a`'s dtype, scaled in f32 before the cast; rows may be pitched.
+/// `[cols]` tensor of `a`'s dtype, scaled in f32 before the cast. `a` is read with its strides
+/// as they are: pitched rows, or a transposed view (a row sum of its original, such as a
+/// sequence's loss over its tokens) cost no copy.
 pub(crate) fn column_sum<R: CubeRuntime>(
     a: CubeTensor<R>,
     product: Option<(CubeTensor<R>, CubeTensor<R>)>,
     scale: f32,
 ) -> CubeTensor<R> {
-    let a = row_input(a);
     let [rows, cols] = a.meta.shape().dims::<2>();
     let dtype = a.dtype;
     let out = dense_output(&a, Shape::new([cols]), dtype);
@@ -163,6 +164,7 @@ pub(crate) fn column_sum<R: CubeRuntime>(
         launch(a, b, w, out.clone(), plan, rows, scale, with_product);
         return out;
     }
+    // Dense, so that the total reads its columns at stride 1.
     let partials = dense_output(&a, Shape::new([plan.chunks, cols]), DType::F32);
     launch(a, b, w, partials.clone(), plan, rows, 1.0, with_product);
     let total = Plan {

@@ -49,9 +49,10 @@ pub(super) fn per_sequence_losses<B: ShardedBackend>(
     let [b, s, v] = logits.dims();
     let rows = ops::cross_entropy(logits.reshape([b * s, v]), targets.reshape([b * s]))
         .unwrap_or_else(|e| panic!("{e}"));
-    let counts = mask.clone().sum_dim(1).clamp_min(1.0);
-    let per_sequence: Tensor<B, 2> = (rows.reshape([b, s]) * mask).sum_dim(1) / counts;
-    per_sequence.reshape([b])
+    // Row sums as column sums of the transposed view: over many cubes on a GPU, where Burn's
+    // `sum_dim` gives each sequence one unit (one cube for a batch of long sequences).
+    let counts = ops::column_sum(mask.clone().transpose()).clamp_min(1.0);
+    ops::column_sum((rows.reshape([b, s]) * mask).transpose()) / counts
 }
 
 impl<B> TrainStep for CausalLm<B>
