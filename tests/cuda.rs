@@ -152,3 +152,10 @@ fn ddp_replicas_that_clip_stay_bit_identical_on_one_gpu() {
         CUDA_TOLERANCE,
     );
 }
+
+/// The fused CUDA backend (what `kiln --backend cuda` trains on) steps f16 from the fused
+/// AdamW's copies of the parameters as from casts, bit for bit.
+#[test]
+fn fused_f16_steps_from_the_optimizer_s_copies_as_from_casts() {
+    f16_copies_train_as_casts::<Autodiff<kiln::kernels::backends::Cuda>>(CudaDevice::default());
+}

@@ -174,72 +174,7 @@ fn fused_pipeline_2_stages_matches_single_device() {
     pipeline_matches_single!(Fused, FUSED_TOLERANCE);
 }
 
-/// The parameters after `steps` steps of the MLP in f16 on one fused wgpu rank with the fused
-/// AdamW, mixed precision taking its f16 parameters from the optimizer's copies (`copies`) or
-/// casting them; and whether the last step found a copy for every parameter.
-fn f16_steps(copies: bool, steps: usize) -> (Vec<Vec<f32>>, bool) {
-    use burn::module::Module;
-    use kiln::core::optim::{MixedPrecision, Precision};
-    use kiln::core::strategy::{Single, SingleConfig, Strategy};
-    use kiln::kernels::{FusedAdamWConfig, LowCopies};
-    let device = WgpuDevice::default();
-    let case = mlp_case_on::<Fused>(2, 16, &device);
-    let shared = LowCopies::new(Precision::F16.dtype());
-    shared.set_on(copies);
-    let model = MixedPrecision::new(case.model.clone(), Precision::F16)
-        .with_low_precision_grads()
-        .with_low_copies(shared.clone());
-    let optim = FusedAdamWConfig::new()
-        .init::<Fused, _>()
-        .with_low_copies(shared.clone());
-    let config = SingleConfig {
-        threads_per_rank: Some(1),
-        ..SingleConfig::default()
-    };
-    let mut single = Single::new(model, optim, case.source(), device, config).unwrap();
-    for batch in batches(case.dataset.len(), 13, steps) {
-        single.step(&batch, LR).unwrap();
-    }
-    let model = single.model().unwrap();
-    let mut values = Vec::new();
-    let mut found = true;
-    model.model.visit(&mut Values {
-        values: &mut values,
-        copies: &shared,
-        found: &mut found,
-    });
-    (values, found)
-}
-
-/// Each float parameter's values, and whether `copies` holds a copy made from it.
-struct Values<'a> {
-    values: &'a mut Vec<Vec<f32>>,
-    copies: &'a kiln::kernels::LowCopies,
-    found: &'a mut bool,
-}
-
-impl burn::module::ModuleVisitor<Fused> for Values<'_> {
-    fn visit_float<const D: usize>(
-        &mut self,
-        param: &burn::module::Param<burn::tensor::Tensor<Fused, D>>,
-    ) {
-        let inner = param.val().inner();
-        *self.found &= self.copies.copy_of(param.id, &inner).is_some();
-        self.values.push(param.val().into_data().to_vec().unwrap());
-    }
-}
-
 #[test]
 fn fused_f16_steps_from_the_optimizer_s_copies_as_from_casts() {
-    let (cast, none) = f16_steps(false, 4);
-    let (copied, all) = f16_steps(true, 4);
-    assert!(!none, "copies were kept while off");
-    assert!(all, "a parameter had no copy after the step");
-    assert_eq!(cast.len(), copied.len());
-    for (i, (a, b)) in cast.iter().zip(&copied).enumerate() {
-        assert!(
-            a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
-            "parameter {i} differs"
-        );
-    }
+    f16_copies_train_as_casts::<Fused>(WgpuDevice::default());
 }

@@ -363,3 +363,80 @@ pub fn shared_device_matches_single<Ab: AutodiffBackend>(
         tolerance,
     );
 }
+
+/// The parameters after `steps` steps of the MLP in f16 on one rank of `Ab` with the fused
+/// AdamW, mixed precision taking its f16 parameters from the optimizer's copies (`copies`) or
+/// casting them; and whether the last step left a copy for every parameter.
+fn f16_steps<Ab>(copies: bool, steps: usize, device: &Ab::Device) -> (Vec<Vec<f32>>, bool)
+where
+    Ab: AutodiffBackend<InnerBackend: kiln::kernels::KernelBackend>
+        + kiln::core::tensor_parallel::TpBackend,
+{
+    use kiln::core::optim::{MixedPrecision, Precision};
+    use kiln::core::strategy::{Single, SingleConfig, Strategy};
+    use kiln::kernels::{FusedAdamWConfig, LowCopies};
+    let case = mlp_case_on::<Ab>(2, 16, device);
+    let shared = LowCopies::new(Precision::F16.dtype());
+    shared.set_on(copies);
+    let model = MixedPrecision::new(case.model.clone(), Precision::F16)
+        .with_low_precision_grads()
+        .with_low_copies(shared.clone());
+    let optim = FusedAdamWConfig::new()
+        .init::<Ab, _>()
+        .with_low_copies(shared.clone());
+    let config = SingleConfig {
+        threads_per_rank: Some(1),
+        ..SingleConfig::default()
+    };
+    let mut single = Single::new(model, optim, case.source(), device.clone(), config).unwrap();
+    for batch in batches(case.dataset.len(), 13, steps) {
+        single.step(&batch, LR).unwrap();
+    }
+    let mut found = Found::<Ab> {
+        values: Vec::new(),
+        copies: &shared,
+        all: true,
+        backend: std::marker::PhantomData,
+    };
+    single.model().unwrap().model.visit(&mut found);
+    (found.values, found.all)
+}
+
+/// Each float parameter's values, and whether `copies` holds a copy made from it.
+struct Found<'a, Ab> {
+    values: Vec<Vec<f32>>,
+    copies: &'a kiln::kernels::LowCopies,
+    all: bool,
+    backend: std::marker::PhantomData<Ab>,
+}
+
+impl<Ab: AutodiffBackend<InnerBackend: kiln::kernels::KernelBackend>> ModuleVisitor<Ab>
+    for Found<'_, Ab>
+{
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Ab, D>>) {
+        let inner = param.val().inner();
+        self.all &= self.copies.copy_of(param.id, &inner).is_some();
+        self.values.push(param.val().into_data().to_vec().unwrap());
+    }
+}
+
+/// On a backend that can tell tensors apart (fusion), f16 training from the fused AdamW's
+/// copies of the parameters equals training that casts them, bit for bit, and every parameter
+/// has its copy after a step; with the copies off, none is kept.
+pub fn f16_copies_train_as_casts<Ab>(device: Ab::Device)
+where
+    Ab: AutodiffBackend<InnerBackend: kiln::kernels::KernelBackend>
+        + kiln::core::tensor_parallel::TpBackend,
+{
+    let (cast, none) = f16_steps::<Ab>(false, 4, &device);
+    let (copied, all) = f16_steps::<Ab>(true, 4, &device);
+    assert!(!none, "copies were kept while off");
+    assert!(all, "a parameter had no copy after the step");
+    assert_eq!(cast.len(), copied.len());
+    for (i, (a, b)) in cast.iter().zip(&copied).enumerate() {
+        assert!(
+            a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "parameter {i} differs"
+        );
+    }
+}
