@@ -757,7 +757,7 @@ impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
     }
 
     fn adamw_many_copy(
-        params: Vec<FloatTensor<Self>>,
+        params: FloatTensor<Self>,
         grads: Vec<FloatTensor<Self>>,
         m: FloatTensor<Self>,
         v: FloatTensor<Self>,
@@ -766,10 +766,10 @@ impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
         grad_scale: f32,
         copy: (&FlatLayout, burn::tensor::FloatDType),
     ) -> [FloatTensor<Self>; 4] {
-        let inner = |ts: Vec<FloatTensor<Self>>| ts.into_iter().map(|t| t.primitive).collect();
+        let grads = grads.into_iter().map(|t| t.primitive).collect();
         B::adamw_many_copy(
-            inner(params),
-            inner(grads),
+            params.primitive,
+            grads,
             m.primitive,
             v.primitive,
             layout,

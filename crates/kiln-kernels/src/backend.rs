@@ -294,13 +294,14 @@ pub trait KernelBackend: Backend {
         (unwrap(p), unwrap(m), unwrap(v))
     }
 
-    /// [`Self::adamw_many`], and the stepped parameters also in `copy`'s dtype, side by side in
-    /// a flat buffer laid out by `copy`'s layout: `[params, m, v, copy]`. Mixed precision's
-    /// compute-dtype copy for the next step, made in the step's own pass on the GPU backends
-    /// (here, a cast after it).
+    /// [`Self::adamw_many`] of parameters that lie flat in `layout` (the previous step's
+    /// output, which the model's parameters are views of), and the stepped parameters also in
+    /// `copy`'s dtype, side by side in a flat buffer laid out by `copy`'s layout:
+    /// `[params, m, v, copy]`. Mixed precision's compute-dtype copy for the next step, made in
+    /// the step's own pass on the GPU backends (here, a cast after it).
     #[allow(clippy::too_many_arguments)]
     fn adamw_many_copy(
-        params: Vec<FloatTensor<Self>>,
+        params: FloatTensor<Self>,
         grads: Vec<FloatTensor<Self>>,
         m: FloatTensor<Self>,
         v: FloatTensor<Self>,
@@ -310,6 +311,7 @@ pub trait KernelBackend: Backend {
         copy: (&FlatLayout, burn::tensor::FloatDType),
     ) -> [FloatTensor<Self>; 4] {
         let device = Self::float_device(&m);
+        let params = Self::flat_segments(params, layout);
         let (p, m, v) = Self::adamw_many(params, grads, m, v, layout, step, grad_scale);
         let stepped = Self::flat_segments(p.clone(), layout);
         let low = Self::cast_many(stepped, copy.0, copy.1, &device);

@@ -600,14 +600,15 @@ pub fn flat_segments<B: KernelBackend>(
         .collect()
 }
 
-/// `[params, m, v, copy]`: [`adamw_many`], and the stepped parameters also in `copy`'s dtype,
-/// laid out by `copy`'s layout, written in the same pass on the GPU backends.
+/// `[params, m, v, copy]`: [`adamw_many`] of parameters that lie flat in `layout` (the
+/// previous step's output), and the stepped parameters also in `copy`'s dtype, laid out by
+/// `copy`'s layout, written in the same pass on the GPU backends.
 ///
 /// # Errors
-/// As [`adamw_many`].
+/// As [`adamw_many`], and when the flat parameters or the copy's layout do not fit `layout`.
 #[allow(clippy::too_many_arguments)]
 pub fn adamw_many_copy<B: KernelBackend>(
-    params: Vec<Tensor<B, 1>>,
+    params: Tensor<B, 1>,
     grads: Vec<Tensor<B, 1>>,
     m: Tensor<B, 1>,
     v: Tensor<B, 1>,
@@ -616,15 +617,22 @@ pub fn adamw_many_copy<B: KernelBackend>(
     grad_scale: f32,
     copy: (&FlatLayout, burn::tensor::FloatDType),
 ) -> Result<[Tensor<B, 1>; 4], KernelError> {
-    check_many(&params, &grads, &m, &v, layout)?;
+    const OP: &str = "adamw_many_copy";
     check(
-        "adamw_many_copy",
-        "the copy's segments",
-        layout.len(),
-        copy.0.len(),
+        OP,
+        "the flat parameters' length",
+        layout.total(),
+        params.dims()[0],
     )?;
+    check(OP, "the copy's segments", layout.len(), copy.0.len())?;
+    check(OP, "the number of gradients", layout.len(), grads.len())?;
+    for (grad, &len) in grads.iter().zip(layout.lens()) {
+        check(OP, "a gradient's length", len, grad.dims()[0])?;
+    }
+    check(OP, "m's length", layout.total(), m.dims()[0])?;
+    check(OP, "v's length", layout.total(), v.dims()[0])?;
     Ok(B::adamw_many_copy(
-        params.into_iter().map(unwrap).collect(),
+        unwrap(params),
         grads.into_iter().map(unwrap).collect(),
         unwrap(m),
         unwrap(v),

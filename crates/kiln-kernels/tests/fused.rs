@@ -929,3 +929,76 @@ fn cast_many_views_come_back_whole() {
     cast_round_trip::<Gpu16>(&gpu());
     cast_round_trip::<Fused16>(&gpu());
 }
+
+/// `adamw_many_copy` from flat parameters (odd lengths, so the copy's f16 layout pads
+/// differently from the f32 one) equals `adamw_many` from the parameters one by one, and its
+/// copy equals the stepped parameters cast to f16.
+fn adamw_copy_round<B: Backend + KernelBackend>(device: &B::Device) {
+    use burn::tensor::{DType, FloatDType};
+    use kiln_kernels::FlatLayout;
+    let lens = vec![5, 130, 64, 3];
+    let layout = FlatLayout::new(lens.clone(), B::flat_alignment(device, DType::F32));
+    let copy_layout = FlatLayout::new(lens.clone(), B::flat_alignment(device, DType::F16));
+    let seg = |seed: u64, scale: f32| -> Vec<Tensor<B, 1>> {
+        lens.iter()
+            .enumerate()
+            .map(|(i, &n)| tensor::<B, 1>(&values(n, scale, seed + i as u64, false), [n], device))
+            .collect()
+    };
+    let (params, grads) = (seg(30, 1.0), seg(40, 1.0));
+    let join = |parts: Vec<Tensor<B, 1>>| layout.join(parts, device, DType::F32);
+    let (m, v) = (join(seg(50, 0.1)), join(seg(60, 0.01)).abs());
+    let step = AdamWStep {
+        lr: 1e-2,
+        beta_1: 0.9,
+        beta_2: 0.99,
+        epsilon: 1e-5,
+        weight_decay: 0.1,
+        time: 2,
+    };
+    let (p1, m1, v1) = ops::adamw_many(
+        params.clone(),
+        grads.clone(),
+        m.clone(),
+        v.clone(),
+        &layout,
+        &step,
+        0.5,
+    )
+    .unwrap();
+    let [p2, m2, v2, copy] = ops::adamw_many_copy(
+        join(params),
+        grads,
+        m,
+        v,
+        &layout,
+        &step,
+        0.5,
+        (&copy_layout, FloatDType::F16),
+    )
+    .unwrap();
+    let stepped = ops::flat_segments(p1.clone(), &layout);
+    let copies = ops::flat_segments(copy, &copy_layout);
+    for (i, (p, c)) in stepped.into_iter().zip(copies).enumerate() {
+        let expected = to_vec(p.cast(FloatDType::F16).cast(FloatDType::F32));
+        assert_close(
+            &format!("copy {i}"),
+            &to_vec(c.cast(FloatDType::F32)),
+            &expected,
+            0.0,
+        );
+    }
+    for (name, a, b) in [("param", p1, p2), ("m", m1, m2), ("v", v1, v2)] {
+        let segments = |t| ops::flat_segments(t, &layout).into_iter().map(to_vec);
+        for (i, (x, y)) in segments(a).zip(segments(b)).enumerate() {
+            assert_close(&format!("{name} {i}"), &y, &x, 0.0);
+        }
+    }
+}
+
+#[test]
+fn adamw_with_a_copy_steps_as_without_and_copies_exactly() {
+    adamw_copy_round::<Cpu>(&Default::default());
+    adamw_copy_round::<Gpu32>(&gpu());
+    adamw_copy_round::<Fused32>(&gpu());
+}

@@ -220,13 +220,11 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> KernelBack
         step: &AdamWStep,
         grad_scale: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (p, m, v, _) =
-            adamw_many::adamw_many(params, grads, m, v, layout, step, grad_scale, None);
-        (p, m, v)
+        adamw_many::adamw_many(params, grads, m, v, layout, step, grad_scale)
     }
 
     fn adamw_many_copy(
-        params: Vec<FloatTensor<Self>>,
+        params: FloatTensor<Self>,
         grads: Vec<FloatTensor<Self>>,
         m: FloatTensor<Self>,
         v: FloatTensor<Self>,
@@ -235,10 +233,8 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> KernelBack
         grad_scale: f32,
         copy: (&FlatLayout, burn::tensor::FloatDType),
     ) -> [FloatTensor<Self>; 4] {
-        let copy = Some((copy.0, copy.1.into()));
-        let (p, m, v, c) =
-            adamw_many::adamw_many(params, grads, m, v, layout, step, grad_scale, copy);
-        [p, m, v, c.expect("a copy was asked for")]
+        let copy = (copy.0, copy.1.into());
+        adamw_many::adamw_many_copy(params, grads, m, v, layout, step, grad_scale, copy)
     }
 
     fn cast_many(

@@ -557,7 +557,7 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
     }
 
     fn adamw_many_copy(
-        params: Vec<FloatTensor<Self>>,
+        params: FloatTensor<Self>,
         grads: Vec<FloatTensor<Self>>,
         m: FloatTensor<Self>,
         v: FloatTensor<Self>,
@@ -570,10 +570,10 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
         let low = (Shape::new([copy.0.total()]), copy.1.into());
         let out = [flat.clone(), flat.clone(), flat, low];
         let client = m.client.clone();
-        let count = params.len();
+        let count = grads.len();
         let (layout, step) = (layout.clone(), *step);
         let (copy_layout, copy_dtype) = (copy.0.clone(), copy.1);
-        let inputs = params.into_iter().chain(grads).chain([m, v]).collect();
+        let inputs = [params].into_iter().chain(grads).chain([m, v]).collect();
         outputs(queue::<B, _>(
             "kiln.adamw_many_copy",
             &client,
@@ -581,10 +581,10 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
             &out,
             move |inputs| {
                 let mut inputs = inputs.into_iter().map(Prim::float);
-                let params = inputs.by_ref().take(count).collect();
+                let params = inputs.next().expect("the parameters come first");
                 let grads = inputs.by_ref().take(count).collect();
                 let (m, v) = (inputs.next(), inputs.next());
-                let (m, v) = m.zip(v).expect("the moments follow the tensors");
+                let (m, v) = m.zip(v).expect("the moments follow the gradients");
                 let copy = (&copy_layout, copy_dtype);
                 floats(B::adamw_many_copy(
                     params, grads, m, v, &layout, &step, grad_scale, copy,

@@ -19,13 +19,17 @@ use burn::tensor::{FloatDType, Tensor};
 
 use crate::{KernelBackend, ops};
 
+/// A parameter as a step put it in the model, and its copy if the step made one.
+type Kept<B, const D: usize> = (Tensor<B, D>, Option<Tensor<B, 1>>);
+
 /// The copies the fused AdamW leaves for mixed precision; clones share them. See the
 /// [module docs](self).
 #[derive(Clone)]
 pub struct LowCopies {
     dtype: FloatDType,
     on: Arc<AtomicBool>,
-    /// Per parameter, `(f32 tensor as in the model, flat copy)` of some backend and rank.
+    /// Per parameter, `(f32 tensor as the step put it in the model, its flat copy if the step
+    /// made one)`, of some backend.
     copies: Arc<Mutex<HashMap<ParamId, Box<dyn Any + Send>>>>,
 }
 
@@ -71,14 +75,28 @@ impl LowCopies {
         self.lock().clear();
     }
 
-    /// Keeps `copy` as parameter `id`'s, for as long as the parameter is `param`.
+    /// Keeps `param`, the tensor a step put in the model as parameter `id`, and its `copy` if
+    /// the step made one.
     pub(crate) fn keep<B: Backend, const D: usize>(
         &self,
         id: ParamId,
         param: Tensor<B, D>,
-        copy: Tensor<B, 1>,
+        copy: Option<Tensor<B, 1>>,
     ) {
         self.lock().insert(id, Box::new((param, copy)));
+    }
+
+    /// Whether parameter `id` is still `param`, the tensor the last step put in the model
+    /// (then it is a view of that step's flat output).
+    pub(crate) fn is_current<B: KernelBackend, const D: usize>(
+        &self,
+        id: ParamId,
+        param: &Tensor<B, D>,
+    ) -> bool {
+        self.lock()
+            .get(&id)
+            .and_then(|e| e.downcast_ref::<Kept<B, D>>())
+            .is_some_and(|(kept, _)| ops::same_tensor(kept, param))
     }
 
     /// Parameter `id`'s copy, flat, if the optimizer made it from `param` as it is now.
@@ -88,10 +106,12 @@ impl LowCopies {
         param: &Tensor<B, D>,
     ) -> Option<Tensor<B, 1>> {
         let copies = self.lock();
-        let (kept, copy) = copies
-            .get(&id)?
-            .downcast_ref::<(Tensor<B, D>, Tensor<B, 1>)>()?;
-        ops::same_tensor(kept, param).then(|| copy.clone())
+        let (kept, copy) = copies.get(&id)?.downcast_ref::<Kept<B, D>>()?;
+        if ops::same_tensor(kept, param) {
+            copy.clone()
+        } else {
+            None
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<ParamId, Box<dyn Any + Send>>> {

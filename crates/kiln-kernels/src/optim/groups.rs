@@ -26,6 +26,9 @@ pub(super) struct Group<B: Backend> {
     pub(super) v: Tensor<B, 1>,
     /// Steps taken.
     pub(super) time: usize,
+    /// The parameters as the last step wrote them, flat, when it kept them for the next step
+    /// to read in one binding (with mixed precision's copies on).
+    pub(super) last: Option<Tensor<B, 1>>,
 }
 
 /// A parameter with a gradient this step.
@@ -36,6 +39,9 @@ pub(super) struct Item<B: Backend> {
     pub(super) grad: Tensor<B, 1>,
     /// Moments and steps taken, from a loaded record.
     pub(super) loaded: Option<(Tensor<B, 1>, Tensor<B, 1>, usize)>,
+    /// Whether the parameter is still the tensor the last step put in the model (known only
+    /// with mixed precision's copies on).
+    pub(super) current: bool,
 }
 
 /// A parameter's first and second moments, flat, and the steps they have seen.
@@ -118,6 +124,7 @@ pub(super) fn regroup<B: AutodiffBackend<InnerBackend: KernelBackend>>(
             v: flat(|s| s.1.clone()),
             layout,
             time,
+            last: None,
         });
     }
     groups
@@ -127,6 +134,7 @@ pub(super) fn regroup<B: AutodiffBackend<InnerBackend: KernelBackend>>(
 pub(super) struct Collect<'a, B: AutodiffBackend<InnerBackend: KernelBackend>> {
     pub(super) grads: &'a mut GradAdaptor,
     pub(super) pending: &'a mut FusedAdamWRecord<B>,
+    pub(super) copies: Option<&'a LowCopies>,
     pub(super) seen: HashSet<ParamId>,
     pub(super) items: Vec<Item<Inner<B>>>,
 }
@@ -141,6 +149,7 @@ impl<B: AutodiffBackend<InnerBackend: KernelBackend>> ModuleVisitor<B> for Colle
             return;
         };
         let tensor = param.val().inner();
+        let current = self.copies.is_some_and(|c| c.is_current(param.id, &tensor));
         let shape = tensor.shape();
         let len = shape.num_elements();
         let device = tensor.device();
@@ -164,6 +173,7 @@ impl<B: AutodiffBackend<InnerBackend: KernelBackend>> ModuleVisitor<B> for Colle
             param: tensor.reshape([len]),
             grad: grad.to_device(&device).reshape([len]),
             loaded,
+            current,
         });
     }
 }
@@ -182,8 +192,8 @@ impl<B: AutodiffBackend> ModuleMapper<B> for Replace<B> {
         let tensor = match self.updated.get(&id) {
             Some(flat) => {
                 let value = flat.clone().reshape(tensor.shape());
-                if let (Some(copies), Some(low)) = (&self.copies, self.lows.remove(&id)) {
-                    copies.keep(id, value.clone(), low);
+                if let Some(copies) = &self.copies {
+                    copies.keep(id, value.clone(), self.lows.remove(&id));
                 }
                 let mut new = Tensor::from_inner(value);
                 if tensor.is_require_grad() {

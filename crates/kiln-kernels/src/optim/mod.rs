@@ -128,14 +128,24 @@ where
         mut grads: GradAdaptor,
         grad_scale: f32,
     ) -> M {
+        let on = self.copies.clone().filter(LowCopies::is_on);
         let mut collect = Collect::<B> {
             grads: &mut grads,
             pending: &mut self.pending,
+            copies: on.as_ref(),
             seen: HashSet::new(),
             items: Vec::new(),
         };
         module.visit(&mut collect);
         let items = collect.items;
+        // Copies are of use only where the model can tell its parameter is still the tensor a
+        // copy was made from: a backend that does not see a tensor equal its own clone (the
+        // plain CubeCL backends, the CPU's) casts instead.
+        let copies = on.filter(|_| {
+            items
+                .first()
+                .is_some_and(|i| ops::same_tensor(&i.param, &i.param.clone()))
+        });
         if items.is_empty() {
             return module;
         }
@@ -145,15 +155,6 @@ where
         } else {
             regroup::<B>(last, &items)
         };
-        // Copies are of use only where the model can tell its parameter is still the tensor
-        // a copy was made from: a backend that does not see a tensor equal its own clone
-        // (the plain CubeCL backends, the CPU's) casts instead.
-        let tells = |items: &[Item<Inner<B>>]| {
-            items
-                .first()
-                .is_some_and(|i| ops::same_tensor(&i.param, &i.param.clone()))
-        };
-        let copies = self.copies.clone().filter(|c| c.is_on() && tells(&items));
         let mut items = items.into_iter();
         let mut updated = HashMap::new();
         let mut lows = HashMap::new();
@@ -164,13 +165,18 @@ where
         for group in groups {
             let members: Vec<Item<Inner<B>>> = items.by_ref().take(group.ids.len()).collect();
             let time = group.time + 1;
+            let current = members.iter().all(|i| i.current);
             let (params, grads): (Vec<_>, Vec<_>) =
                 members.into_iter().map(|i| (i.param, i.grad)).unzip();
             let step = self.config.step(lr, time);
-            // Copies of f32 parameters only: a bf16 or f16 parameter is its own copy.
+            // Copies of f32 parameters only (a bf16 or f16 parameter is its own copy), made
+            // from the last step's flat output while the model's parameters are still its
+            // views: read in one binding, the copy's buffer costs wgpu no launch.
+            let last = group.last.clone().filter(|_| current);
             let copy = copies
                 .as_ref()
                 .filter(|c| group.m.dtype() == DType::F32 && c.dtype() != FloatDType::F32)
+                .filter(|_| last.is_some())
                 .map(|c| {
                     let device = group.m.device();
                     let align = Inner::<B>::flat_alignment(&device, c.dtype().into());
@@ -179,8 +185,8 @@ where
                         c.dtype(),
                     )
                 });
-            let (flat, m, v) = match &copy {
-                None => ops::adamw_many(
+            let (flat, m, v) = match (&copy, last) {
+                (None, _) | (_, None) => ops::adamw_many(
                     params,
                     grads,
                     group.m,
@@ -190,9 +196,9 @@ where
                     grad_scale,
                 )
                 .expect("the optimizer lays out what it steps"),
-                Some((layout, dtype)) => {
+                (Some((layout, dtype)), Some(last)) => {
                     let [flat, m, v, low] = ops::adamw_many_copy(
-                        params,
+                        last,
                         grads,
                         group.m,
                         group.v,
@@ -207,12 +213,13 @@ where
                     (flat, m, v)
                 }
             };
-            let views = ops::flat_segments(flat, &group.layout);
+            let views = ops::flat_segments(flat.clone(), &group.layout);
             updated.extend(group.ids.iter().copied().zip(views));
             stepped.push(Group {
                 m,
                 v,
                 time,
+                last: copies.is_some().then_some(flat),
                 ..group
             });
         }
