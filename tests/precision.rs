@@ -330,3 +330,12 @@ impl burn::module::ModuleVisitor<B> for Values<'_> {
         self.0.push(param.val().into_data().to_vec().unwrap());
     }
 }
+
+/// On the CPU too (Flex tells its tensors apart), f16 training from the copies (the fused
+/// AdamW's of the trained parameters, mixed precision's own of a frozen one) equals training
+/// that casts every parameter in every step.
+#[test]
+fn f16_from_copies_trains_as_from_casts_on_the_cpu() {
+    let _seeded = seeded();
+    f16_copies_train_as_casts::<B>(Default::default());
+}

@@ -364,8 +364,9 @@ pub fn shared_device_matches_single<Ab: AutodiffBackend>(
     );
 }
 
-/// The parameters after `steps` steps of the MLP in f16 on one rank of `Ab` with the fused
-/// AdamW, mixed precision taking its f16 parameters from the optimizer's copies (`copies`) or
+/// The parameters after `steps` steps of the MLP in f16 (its first parameter frozen, as a LoRA
+/// model's base is) on one rank of `Ab` with the fused AdamW, mixed precision taking its f16
+/// parameters from the copies (`copies`: the optimizer's, and its own of the frozen one) or
 /// casting them; and whether the last step left a copy for every parameter.
 fn f16_steps<Ab>(copies: bool, steps: usize, device: &Ab::Device) -> (Vec<Vec<f32>>, bool)
 where
@@ -378,7 +379,8 @@ where
     let case = mlp_case_on::<Ab>(2, 16, device);
     let shared = LowCopies::new(Precision::F16.dtype());
     shared.set_on(copies);
-    let model = MixedPrecision::new(case.model.clone(), Precision::F16)
+    let frozen = case.model.clone().map(&mut FreezeFirst(true));
+    let model = MixedPrecision::new(frozen, Precision::F16)
         .with_low_precision_grads()
         .with_low_copies(shared.clone());
     let optim = FusedAdamWConfig::new()
@@ -400,6 +402,19 @@ where
     };
     single.model().unwrap().model.visit(&mut found);
     (found.values, found.all)
+}
+
+/// Freezes the first float parameter it maps.
+struct FreezeFirst(bool);
+
+impl<B: Backend> burn::module::ModuleMapper<B> for FreezeFirst {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        if std::mem::take(&mut self.0) {
+            param.set_require_grad(false)
+        } else {
+            param
+        }
+    }
 }
 
 /// Each float parameter's values, and whether `copies` holds a copy made from it.

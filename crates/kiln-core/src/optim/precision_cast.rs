@@ -41,12 +41,21 @@ where
         seen: HashSet::new(),
         ids: Vec::new(),
         tensors: Vec::new(),
+        frozen: Vec::new(),
         copied: HashMap::new(),
     };
     model.visit(&mut params);
     let mut low = params.copied;
     if let Some(device) = params.tensors.first().map(Tensor::device) {
         let cast = ops::cast_many(params.tensors, dtype, &device);
+        // A frozen parameter (a LoRA model's base) never changes: its copy serves every later
+        // step while the parameter is the same tensor, instead of a cast of the whole base in
+        // each. The optimizer writes the trained ones' copies itself.
+        for (frozen, copy) in params.frozen.into_iter().zip(&cast) {
+            if let (Some(copies), Some(keep)) = (params.copies, frozen) {
+                keep(copies, copy.clone());
+            }
+        }
         low.extend(params.ids.into_iter().zip(cast));
     }
     if low.is_empty() {
@@ -85,13 +94,17 @@ where
     back.grads
 }
 
+/// What keeps a frozen parameter's copy in the copies, once it is made.
+type KeepCopy<B> = Box<dyn FnOnce(&LowCopies, Tensor<Inner<B>, 1>)>;
+
 /// Every float parameter once, in visiting order: its copy where `copies` holds one made from
-/// it, else flattened to be cast.
+/// it, else flattened to be cast (and, for a frozen one, how to keep its copy).
 struct Params<'a, B: AutodiffBackend> {
     copies: Option<&'a LowCopies>,
     seen: HashSet<ParamId>,
     ids: Vec<ParamId>,
     tensors: Vec<Tensor<Inner<B>, 1>>,
+    frozen: Vec<Option<KeepCopy<B>>>,
     copied: HashMap<ParamId, Tensor<Inner<B>, 1>>,
 }
 
@@ -104,7 +117,14 @@ impl<B: AutodiffBackend<InnerBackend: KernelBackend>> ModuleVisitor<B> for Param
                 return;
             }
             let numel = tensor.shape().num_elements();
-            self.ids.push(param.id);
+            let id = param.id;
+            let frozen = !param.val().is_require_grad();
+            self.frozen.push(frozen.then(|| {
+                let kept = tensor.clone();
+                Box::new(move |copies: &LowCopies, copy| copies.keep(id, kept, Some(copy)))
+                    as KeepCopy<B>
+            }));
+            self.ids.push(id);
             self.tensors.push(tensor.reshape([numel]));
         }
     }

@@ -126,6 +126,15 @@ fn product(lhs: &FlexTensor, rhs: &FlexTensor) -> Option<(Vec<f32>, [usize; 2])>
 }
 
 impl KernelBackend for Flex {
+    /// One buffer (the same `Arc`), laid out and typed alike. Sound while the caller holds a
+    /// clone: Flex writes in place only into a buffer nothing else holds, and a held buffer's
+    /// address is never reused.
+    fn same_tensor(a: &FloatTensor<Self>, b: &FloatTensor<Self>) -> bool {
+        std::sync::Arc::ptr_eq(&a.data_arc(), &b.data_arc())
+            && a.layout() == b.layout()
+            && a.dtype() == b.dtype()
+    }
+
     fn matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
         match product(&lhs, &rhs) {
             Some((y, shape)) => tensor(y, shape),

@@ -70,14 +70,10 @@ impl LowCopies {
         }
     }
 
-    /// Forgets every copy: the optimizer is about to write the next step's.
-    pub(crate) fn clear(&self) {
-        self.lock().clear();
-    }
-
-    /// Keeps `param`, the tensor a step put in the model as parameter `id`, and its `copy` if
-    /// the step made one.
-    pub(crate) fn keep<B: Backend, const D: usize>(
+    /// Keeps `param`, the tensor a step put in the model as parameter `id` (or a frozen
+    /// parameter as it is), and its `copy` if one was made: the copy serves while the parameter
+    /// is that tensor.
+    pub fn keep<B: Backend, const D: usize>(
         &self,
         id: ParamId,
         param: Tensor<B, D>,

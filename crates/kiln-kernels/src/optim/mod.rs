@@ -158,9 +158,6 @@ where
         let mut items = items.into_iter();
         let mut updated = HashMap::new();
         let mut lows = HashMap::new();
-        if let Some(copies) = &copies {
-            copies.clear();
-        }
         let mut stepped = Vec::with_capacity(groups.len());
         for group in groups {
             let members: Vec<Item<Inner<B>>> = items.by_ref().take(group.ids.len()).collect();
