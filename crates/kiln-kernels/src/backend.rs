@@ -336,7 +336,7 @@ pub trait KernelBackend: Backend {
 
     /// Whether `a` and `b` are one tensor (made once, then cloned), where the backend can tell;
     /// `false` where it cannot. A cache keyed by a tensor checks with it that it still holds
-    /// what it stored: fusion compares its tensor ids, autodiff its inner tensors.
+    /// what it stored: fusion compares its tensor ids, Flex its buffers, autodiff its inner tensors.
     fn same_tensor(_a: &FloatTensor<Self>, _b: &FloatTensor<Self>) -> bool {
         false
     }

@@ -2,10 +2,11 @@
 //! pass that steps them, so that the next step's forward needs no cast of every parameter.
 //!
 //! The optimizer and the model share one [`LowCopies`]: after each step it holds, per parameter,
-//! the f32 tensor the step put in the model and its bf16 or f16 copy. The model takes a copy
+//! the f32 tensor the step put in the model and its bf16 or f16 copy; mixed precision adds the
+//! copies of frozen parameters, which serve every step after the first. The model takes a copy
 //! only while its parameter is still that very tensor ([`crate::ops::same_tensor`]): a
 //! parameter loaded, broadcast or replaced in any other way since is cast as before. Backends
-//! that cannot tell two tensors apart (the CPU's) always cast.
+//! that cannot tell two tensors apart (the plain CubeCL backends) always cast.
 
 use std::any::Any;
 use std::collections::HashMap;

@@ -140,7 +140,7 @@ where
         let items = collect.items;
         // Copies are of use only where the model can tell its parameter is still the tensor a
         // copy was made from: a backend that does not see a tensor equal its own clone (the
-        // plain CubeCL backends, the CPU's) casts instead.
+        // plain CubeCL backends) casts instead.
         let copies = on.filter(|_| {
             items
                 .first()
