@@ -352,7 +352,8 @@ where
             wrapped = wrapped.with_low_precision_grads();
         }
         // The optimizer's copies of the parameters: written only where this one model reads them.
-        if let Some(copies) = run.optim.low_copies() {
+        let copies = run.optim.low_copies().cloned();
+        if let Some(copies) = &copies {
             copies.set_on(alone);
             wrapped = wrapped.with_low_copies(copies.clone());
         }
@@ -371,7 +372,13 @@ where
             hooks: &mut unwrapped,
             backend,
         };
-        let (trained, record) = fit_as_is(run, devices, wrapped, data)?;
+        let fitted = fit_as_is(run, devices, wrapped, data);
+        // The copies (a compute-dtype copy of the whole model, a LoRA base's included) are
+        // let go with the run, not kept for as long as the optimizer's spec lives.
+        if let Some(copies) = copies {
+            copies.set_on(false);
+        }
+        let (trained, record) = fitted?;
         Ok((trained.model, record))
     }
 }
