@@ -1,7 +1,9 @@
 //! Batches onto a device as dense row-major tensors.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{BasicOps, FloatDType, Shape, Tensor, TensorData, TensorKind};
+use burn::tensor::{
+    BasicOps, FloatDType, Shape, Tensor, TensorCreationOptions, TensorData, TensorKind,
+};
 
 /// `data` on `device` as a dense row-major tensor of `D` dimensions.
 ///
@@ -15,12 +17,7 @@ where
     B: Backend,
     K: TensorKind<B> + BasicOps<B>,
 {
-    let shape = data.shape.clone();
-    let flat = TensorData {
-        shape: Shape::new([shape.num_elements()]),
-        ..data
-    };
-    Tensor::<B, 1, K>::from_data(flat, device).reshape(shape)
+    upload_flat(data, device)
 }
 
 /// Float `data` on `device` as a dense row-major tensor of `dtype` (see [`dense_tensor`]),
@@ -30,12 +27,24 @@ pub fn dense_float_tensor<B: Backend, const D: usize>(
     device: &B::Device,
     dtype: FloatDType,
 ) -> Tensor<B, D> {
+    upload_flat(data, (device, dtype.into()))
+}
+
+/// `data` uploaded as one dimension with `options`, then reshaped to its shape (a view).
+fn upload_flat<B, const D: usize, K>(
+    data: TensorData,
+    options: impl Into<TensorCreationOptions<B>>,
+) -> Tensor<B, D, K>
+where
+    B: Backend,
+    K: TensorKind<B> + BasicOps<B>,
+{
     let shape = data.shape.clone();
     let flat = TensorData {
         shape: Shape::new([shape.num_elements()]),
         ..data
     };
-    Tensor::<B, 1>::from_data(flat, (device, dtype.into())).reshape(shape)
+    Tensor::<B, 1, K>::from_data(flat, options).reshape(shape)
 }
 
 #[cfg(test)]

@@ -39,21 +39,27 @@ fn cols_of(shape: &Shape) -> Shape {
     Shape::new([shape[shape.num_dims() - 1]])
 }
 
+/// The inner backend's `kernel` of one float tensor, giving one float tensor of `shape` in the
+/// input's dtype, queued as the custom op `name`.
+fn one_float<B: FusionBackend>(
+    name: &'static str,
+    x: FloatTensor<Fusion<B>>,
+    shape: Shape,
+    kernel: fn(FloatTensor<B>) -> FloatTensor<B>,
+) -> FloatTensor<Fusion<B>> {
+    let out = [(shape, x.dtype)];
+    let client = x.client.clone();
+    let [y] = outputs(queue::<B, _>(name, &client, vec![x], &out, move |inputs| {
+        let [x] = take(inputs);
+        floats([kernel(x.float())])
+    }));
+    y
+}
+
 impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
     fn dense_float(t: FloatTensor<Self>) -> FloatTensor<Self> {
-        let out = [(t.shape.clone(), t.dtype)];
-        let client = t.client.clone();
-        let [t] = outputs(queue::<B, _>(
-            "kiln.dense",
-            &client,
-            vec![t],
-            &out,
-            |inputs| {
-                let [t] = take(inputs);
-                vec![Prim::Float(B::dense_float(t.float()))]
-            },
-        ));
-        t
+        let shape = t.shape.clone();
+        one_float::<B>("kiln.dense", t, shape, B::dense_float)
     }
 
     fn dense_int(t: IntTensor<Self>) -> IntTensor<Self> {
@@ -73,19 +79,8 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
     }
 
     fn column_sum(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        let out = [(cols_of(&x.shape), x.dtype)];
-        let client = x.client.clone();
-        let [sum] = outputs(queue::<B, _>(
-            "kiln.column_sum",
-            &client,
-            vec![x],
-            &out,
-            |inputs| {
-                let [x] = take(inputs);
-                floats([B::column_sum(x.float())])
-            },
-        ));
-        sum
+        let shape = cols_of(&x.shape);
+        one_float::<B>("kiln.column_sum", x, shape, B::column_sum)
     }
 
     fn weight_grad(x: FloatTensor<Self>, dy: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -94,19 +89,7 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
     }
 
     fn mean(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        let out = [(Shape::new([1]), x.dtype)];
-        let client = x.client.clone();
-        let [mean] = outputs(queue::<B, _>(
-            "kiln.mean",
-            &client,
-            vec![x],
-            &out,
-            |inputs| {
-                let [x] = take(inputs);
-                floats([B::mean(x.float())])
-            },
-        ));
-        mean
+        one_float::<B>("kiln.mean", x, Shape::new([1]), B::mean)
     }
 
     fn qlora_forward(
@@ -415,19 +398,8 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
     }
 
     fn relu_forward(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        let out = [(x.shape.clone(), x.dtype)];
-        let client = x.client.clone();
-        let [y] = outputs(queue::<B, _>(
-            "kiln.relu",
-            &client,
-            vec![x],
-            &out,
-            |inputs| {
-                let [x] = take(inputs);
-                floats([B::relu_forward(x.float())])
-            },
-        ));
-        y
+        let shape = x.shape.clone();
+        one_float::<B>("kiln.relu", x, shape, B::relu_forward)
     }
 
     fn relu_backward(dy: FloatTensor<Self>, y: FloatTensor<Self>) -> FloatTensor<Self> {
