@@ -165,13 +165,18 @@ impl<B: KernelBackend> Backward<B, 3> for QLoraBackward {
         let [node_x, node_t, node_b] = ops.parents;
         let dy = grads.consume::<B>(&ops.node);
         let (weight, t, b, scale) = ops.state;
+        // A scale of 1 (PEFT's default `alpha = rank`) multiplies by nothing: no launch.
+        let scaled = |g: FloatTensor<B>| match scale == 1.0 {
+            true => g,
+            false => B::float_mul_scalar(g, scale.into()),
+        };
         if let Some(node) = node_t {
             let dt = B::matmul(dy.clone(), B::float_transpose(b));
-            grads.register::<B>(node.id, B::float_mul_scalar(dt, scale.into()));
+            grads.register::<B>(node.id, scaled(dt));
         }
         if let Some(node) = node_b {
             let db = B::weight_grad(t, dy.clone());
-            grads.register::<B>(node.id, B::float_mul_scalar(db, scale.into()));
+            grads.register::<B>(node.id, scaled(db));
         }
         if let Some(node) = node_x {
             grads.register::<B>(node.id, B::qlora_input_grad(dy, weight));

@@ -85,10 +85,17 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> KernelBack
         if x.meta.shape()[0] < qlora::DENSE_ROWS {
             return qlora::qlora_matmul(x, weight(w), Some((t, b, scale)), false);
         }
-        // Training batches: the decoded weight through Burn's (tensor-core) matmul.
+        // Training batches: the decoded weight through Burn's (tensor-core) matmul, and the
+        // adapter's term added in its own product's epilogue, the scale on the `[rank, out]`
+        // factor (four launches where a scaled product and an add took five).
         let deq = qlora::dequantize(weight(w), x.dtype);
-        let low = Self::float_mul_scalar(Self::float_matmul(t, b), scale.into());
-        Self::float_add(Self::float_matmul(x, deq), low)
+        let base = Self::float_matmul(x, deq);
+        let b = if scale == 1.0 {
+            b
+        } else {
+            Self::float_mul_scalar(b, scale.into())
+        };
+        Self::linear_forward(t, b, None, Epilogue::Residual(base))
     }
 
     fn qlora_input_grad(dy: FloatTensor<Self>, w: QuantizedPrimitive<Self>) -> FloatTensor<Self> {
