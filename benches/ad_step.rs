@@ -20,6 +20,13 @@
 //! step of `Single` on wgpu (lavapipe on a machine without a GPU), which are the same on every
 //! CubeCL runtime, CUDA included (`kiln_bench::launches`).
 //!
+//! ```text
+//! cargo bench --bench ad_step --features wgpu -- launches --llm [--batch N]
+//! ```
+//! counts the users' LoRA and QLoRA fine-tuning step instead (`kiln_bench::llm_step`: a small
+//! LLaMA, rank 8 on all seven projections, `N` sequences of 16 tokens, default 2): launches per
+//! decoder layer and per step, and host synchronisations, in f32 and f16, plain and fused.
+//!
 //! With `--features cuda` the same runners also run on `CudaDevice::default()` (names ending in
 //! `cuda`): the step in f32, bf16 and f16, each timed between two device synchronisations. This is
 //! the bench `benches/peer/ad_step.py --device cuda` stands beside.
@@ -198,6 +205,46 @@ fn count_launches(config: &AdConfig, steps: usize) {
     }
 }
 
+/// Launches per decoder layer and per step, and host synchronisations per step, of the LoRA and
+/// QLoRA fine-tuning step at `batch` sequences, in f32 and f16 (lavapipe has no bf16), on the
+/// plain CubeCL backend and under Burn's fusion.
+#[cfg(feature = "wgpu")]
+fn count_llm_launches(batch: usize) {
+    use burn::backend::wgpu::{CubeBackend, WgpuRuntime};
+    use kiln_bench::llm_step::{LlmStep, SEQ_LEN, per_layer};
+    type Plain = Autodiff<CubeBackend<WgpuRuntime, f32, i32, u32>>;
+    type Fused = Autodiff<burn_fusion::Fusion<CubeBackend<WgpuRuntime, f32, i32, u32>>>;
+    println!(
+        "LLM step: batch {batch} x {SEQ_LEN} tokens, rank-8 adapters on all seven projections"
+    );
+    for four_bit in [false, true] {
+        for precision in [Precision::F32, Precision::F16] {
+            for (backend, fused) in [("wgpu", false), ("wgpu, fused", true)] {
+                let step = LlmStep {
+                    four_bit,
+                    precision,
+                    batch,
+                };
+                let device = Default::default();
+                let counts = if fused {
+                    per_layer::<Fused>(step, &device)
+                } else {
+                    per_layer::<Plain>(step, &device)
+                }
+                .expect("the counted model writes and loads");
+                println!(
+                    "kiln {} {precision:?}, {backend}: {} launches per decoder layer; a two-layer \
+                     step {} launches and {} host synchronisations",
+                    if four_bit { "QLoRA" } else { "LoRA" },
+                    counts.per_layer,
+                    counts.step.launches,
+                    counts.step.host_syncs
+                );
+            }
+        }
+    }
+}
+
 /// The launches of one step grouped by kernel: how many, and the fewest and most cubes.
 #[cfg(feature = "wgpu")]
 fn print_by_kernel(log: &[kiln_bench::launches::Launch]) {
@@ -232,11 +279,22 @@ fn main() {
         raw.drain(at..at + 2);
         n
     });
+    let llm = raw
+        .iter()
+        .position(|a| a == "--llm")
+        .map(|at| raw.remove(at));
     let mut args = raw.into_iter().peekable();
     let counting = args.peek().is_some_and(|a| a == "launches");
     if counting {
         args.next();
         kiln_bench::launches::install().expect("the bench installs the only subscriber");
+    }
+    if counting && llm.is_some() {
+        #[cfg(feature = "wgpu")]
+        count_llm_launches(batch.unwrap_or(kiln_bench::llm_step::BATCH));
+        #[cfg(not(feature = "wgpu"))]
+        println!("counting launches needs wgpu: cargo bench --bench ad_step --features wgpu");
+        return;
     }
     let steps: usize = args.next().map_or(20, |s| s.parse().expect("STEPS"));
     let rounds: usize = args.next().map_or(5, |s| s.parse().expect("ROUNDS"));
