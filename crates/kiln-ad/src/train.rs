@@ -197,7 +197,7 @@ pub fn train<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
     let mut hooks = SaveHooks::<B, _>::new(on_step, saver.as_mut());
     let (model, record) = fit(plan, &training, devices, model, &optim, source, &mut hooks)?;
     let saved = match saver.as_mut() {
-        Some(saver) => saver.save_end::<B, _>(&record, model.clone())?,
+        Some(saver) => record.save_end::<B, _>(saver, model.clone())?,
         None => None,
     };
     let every = (t.steps / 100).max(1);

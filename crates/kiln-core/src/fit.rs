@@ -171,6 +171,25 @@ pub struct FitRecord {
 }
 
 impl FitRecord {
+    /// Saves the end of the run through `saver`: its last step and `model`, unless its last
+    /// periodic save already was that step or the record kept no optimizer state. Returns the
+    /// folder of the run's last save, if any.
+    ///
+    /// # Errors
+    /// As [`Saver::save`].
+    pub fn save_end<B: Backend, M: Module<B>>(
+        &self,
+        saver: &mut Saver,
+        model: M,
+    ) -> Result<Option<std::path::PathBuf>, CheckpointError> {
+        if let Some(optimizer) = &self.optimizer
+            && self.saved_step != Some(self.last_step)
+        {
+            saver.save::<B, M>(self.last_step, model, optimizer)?;
+        }
+        Ok(saver.last().map(|(_, dir)| dir.clone()))
+    }
+
     /// Mean loss of the last `n` steps (fewer when the run was shorter); NaN without steps.
     pub fn tail_loss(&self, n: usize) -> f64 {
         let tail = &self.losses[self.losses.len().saturating_sub(n)..];

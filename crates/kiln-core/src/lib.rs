@@ -44,6 +44,7 @@ pub mod output;
 pub mod params;
 pub mod plan;
 pub mod stages;
+pub mod stats;
 pub mod strategy;
 pub mod tensor_parallel;
 pub mod world;

@@ -17,8 +17,9 @@ use kiln_core::data::DataSource;
 use kiln_core::model::ParallelModel;
 use kiln_core::optim::PerformanceConfig;
 use kiln_core::plan::cost::{Candidate, Layout, StepTime, memory, step_time};
-use kiln_core::plan::measure::{Budget, TimedSteps, median, spread, time_steps};
+use kiln_core::plan::measure::{Budget, TimedSteps, time_steps};
 use kiln_core::plan::{Plan, PlanRequest, Planner};
+use kiln_core::stats::{median, spread};
 use kiln_core::strategy::{PerformanceSpec, StrategyConfigs};
 use kiln_nn::tensor_parallel::ShardedBackend;
 

@@ -533,7 +533,7 @@ impl Job for FinetuneJob<'_> {
                 .map_err(|e| crate::outputs::refuse("--svg", path, e))?;
         }
         let saved = match saver.as_mut() {
-            Some(saver) => saver.save_end::<B, LoraAdapters<B>>(&record, trained.adapters())?,
+            Some(saver) => record.save_end::<B, LoraAdapters<B>>(saver, trained.adapters())?,
             None => None,
         };
         let trained = trained.valid();

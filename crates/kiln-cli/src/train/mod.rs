@@ -292,7 +292,7 @@ where
     let (trained, record) = fit(plan, &training, devices, model, &spec, data, &mut hooks)?;
     bar.finish_and_clear();
     let saved = match saver.as_mut() {
-        Some(saver) => saver.save_end::<B, M>(&record, trained.clone())?,
+        Some(saver) => record.save_end::<B, M>(saver, trained.clone())?,
         None => None,
     };
     if record.stopped {

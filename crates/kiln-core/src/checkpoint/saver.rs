@@ -7,7 +7,6 @@ use burn::module::Module;
 use burn::tensor::backend::Backend;
 
 use super::{CheckpointError, CheckpointFolder, RunInfo};
-use crate::fit::FitRecord;
 use crate::optim::OptimizerState;
 
 /// Saves the steps of one run into its [`CheckpointFolder`], each with the same job files
@@ -81,25 +80,6 @@ impl Saver {
         tracing::info!("saved step {step} to {}", dir.display());
         self.last = Some((step, dir.clone()));
         Ok(dir)
-    }
-
-    /// Saves the end of a run ([`fit`](crate::fit::fit)'s record and model): its last step,
-    /// unless its last periodic save already was that step or the record kept no optimizer
-    /// state. Returns the folder of the run's last save, if any.
-    ///
-    /// # Errors
-    /// As [`Self::save`].
-    pub fn save_end<B: Backend, M: Module<B>>(
-        &mut self,
-        record: &FitRecord,
-        model: M,
-    ) -> Result<Option<PathBuf>, CheckpointError> {
-        if let Some(optimizer) = &record.optimizer
-            && record.saved_step != Some(record.last_step)
-        {
-            self.save::<B, M>(record.last_step, model, optimizer)?;
-        }
-        Ok(self.last.as_ref().map(|(_, dir)| dir.clone()))
     }
 
     /// The last step saved, and where.

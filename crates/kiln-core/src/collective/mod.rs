@@ -19,6 +19,7 @@
 
 mod error;
 mod in_process;
+mod link;
 mod mesh;
 #[cfg(feature = "mpi")]
 pub mod mpi;
@@ -29,6 +30,7 @@ use burn::tensor::{Tensor, backend::Backend};
 
 pub use error::CollectiveError;
 pub use in_process::InProcess;
+pub use link::Link;
 pub use mesh::{ConnectError, MeshCollectives};
 
 /// How an all-reduce combines the ranks' tensors.

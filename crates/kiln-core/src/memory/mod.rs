@@ -22,7 +22,7 @@ pub use counted::{COUNTED_FROM, Counted, SWITCH};
 use counted::{RANKS, SWITCHED, THREAD_SLOT};
 
 /// Slots for ranks, plus one for untagged threads: as many as one process may drive.
-const SLOTS: usize = crate::plan::Plan::MAX_RANKS + 1;
+const SLOTS: usize = crate::world::MAX_LOCAL_RANKS + 1;
 
 /// Bytes allocated and not yet freed: now, and at their most since the peak last restarted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

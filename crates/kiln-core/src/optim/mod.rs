@@ -31,6 +31,7 @@ mod report;
 mod scaler;
 mod schedule;
 mod state;
+pub(crate) mod step;
 
 pub use config::{GuardConfigError, NanPolicy, PerformanceConfig};
 pub use guard::{Guard, GuardReport};

@@ -11,9 +11,8 @@ use kiln_kernels::LowCopies;
 
 use super::guard::{Guard, GuardReport};
 use super::inspect::{scale_grads, total_squares};
+use super::step::{Findings, StepError, Sync, guarded_step};
 use super::{GuardConfigError, LossScale, NonFinite, PerformanceConfig};
-use crate::strategy::RankError;
-use crate::strategy::step::{Findings, Sync, guarded_step};
 
 /// An optimizer that Kiln's strategies can step: any Burn optimizer, with or without guards.
 ///
@@ -192,7 +191,7 @@ impl<O> PerformanceOptimizer<O> {
                 stepped.model,
                 stepped.guard.expect("a PerformanceOptimizer has a guard"),
             )),
-            Err(RankError::NonFinite(report)) => Err(report),
+            Err(StepError::NonFinite(report)) => Err(report),
             Err(other) => unreachable!("one device runs no collective: {other}"),
         }
     }

@@ -42,7 +42,7 @@ impl Planner {
 
     /// The same planner, its ranks linked as `link` says within and between machines (the
     /// collective a launched run's ranks meet through).
-    pub fn linked(mut self, link: super::measure::Link) -> Self {
+    pub fn linked(mut self, link: crate::collective::Link) -> Self {
         self.cluster.intra_latency = link.latency;
         self.cluster.inter_latency = link.latency;
         self.cluster.intra_bandwidth = link.bandwidth;

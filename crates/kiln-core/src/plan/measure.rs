@@ -11,9 +11,10 @@ use burn::tensor::{Tensor, TensorData};
 
 use super::cost::{Cluster, FitError, Measured, Timing, Workload};
 use super::{Plan, PlanRequest, Planner};
-use crate::collective::{Collective, CollectiveError, InProcess, ReduceOp};
+use crate::collective::{Collective, CollectiveError, InProcess, Link, ReduceOp};
 use crate::data::{DataSource, EpochSampler};
 use crate::model::ParallelModel;
+use crate::stats::{WARMUP, median, spread};
 use crate::strategy::{
     ConfigError, OptimizerSpec, RankStats, StrategyConfigs, StrategyError, StrategyKind, build,
 };
@@ -43,10 +44,6 @@ const LR: f64 = 1e-3;
 /// Rounds [`calibrate`] times its points in.
 const ROUNDS: usize = 2;
 
-/// Steps a timing runs before it starts the clock: fresh threads start with cold allocator
-/// arenas and caches.
-pub const WARMUP: usize = 2;
-
 /// What [`time_steps`] measured.
 #[derive(Debug, Clone)]
 pub struct TimedSteps {
@@ -66,37 +63,6 @@ impl TimedSteps {
     pub fn spread(&self) -> f64 {
         spread(&self.steps)
     }
-}
-
-/// `values` in increasing order.
-fn sorted(values: &[f64]) -> Vec<f64> {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted
-}
-
-/// The median of sorted `values` (0 for none).
-fn median_of_sorted(sorted: &[f64]) -> f64 {
-    match sorted.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => sorted[n / 2],
-        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
-    }
-}
-
-/// The median of `values` (0 for none).
-pub fn median(values: &[f64]) -> f64 {
-    median_of_sorted(&sorted(values))
-}
-
-/// The interquartile range of `values` over their median (0 for fewer than four).
-pub fn spread(values: &[f64]) -> f64 {
-    let sorted = sorted(values);
-    let n = sorted.len();
-    if n < 4 {
-        return 0.0;
-    }
-    (sorted[3 * n / 4] - sorted[n / 4]) / median_of_sorted(&sorted).max(f64::MIN_POSITIVE)
 }
 
 /// How many steps a timing takes.
@@ -380,31 +346,6 @@ pub(super) fn cannot_cut(error: &StrategyError) -> bool {
                 | ConfigError::Shard(_),
         )
     )
-}
-
-/// A link between ranks: what a collective costs before any byte moves, and its bytes per
-/// second.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Link {
-    /// Seconds.
-    pub latency: f64,
-    /// Bytes per second.
-    pub bandwidth: f64,
-}
-
-impl Link {
-    /// The link of a probe: `latency`, and the bandwidth that moved `bytes` in the time a
-    /// collective of them took (`large` seconds) beyond one of a few values (`small`). Where
-    /// the two are too close for the probe's noise (a fast link), the extra time is taken as
-    /// a tenth of the large call's, so that the bandwidth stays a finite number (one a plan's
-    /// JSON can hold) and high.
-    pub fn probed(latency: f64, small: f64, large: f64, bytes: f64) -> Self {
-        let extra = (large - small).max(0.1 * large).max(f64::MIN_POSITIVE);
-        Self {
-            latency,
-            bandwidth: (bytes / extra).min(f64::MAX),
-        }
-    }
 }
 
 /// The in-process collective between two ranks on `device`, `calls` timed each way after a
@@ -722,15 +663,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn median_and_spread_read_sorted_values() {
-        assert_eq!(median(&[3.0, 1.0, 2.0, 10.0]), 2.5);
-        assert_eq!(median(&[]), 0.0);
-        // Quartiles 2 and 4 around a median of 2.5.
-        assert!((spread(&[4.0, 1.0, 3.0, 2.0]) - 0.8).abs() < 1e-12);
-        assert_eq!(spread(&[1.0, 2.0, 3.0]), 0.0);
-    }
-
-    #[test]
     fn calibration_points_separate_the_three_costs() {
         for batch in [8, 9, 64, 96, 1000] {
             let points = calibration_points(batch);
@@ -746,21 +678,5 @@ mod tests {
                 assert!(samples.is_multiple_of(micro_batches) && samples >= micro_batches);
             }
         }
-    }
-
-    #[test]
-    fn a_probed_link_is_finite_however_close_its_timings() {
-        let bytes = 4.0 * (1 << 20) as f64;
-        let link = Link::probed(1e-5, 1e-5, 1e-3 + 1e-5, bytes);
-        assert!((link.bandwidth - bytes / 1e-3).abs() < 1e-3 * link.bandwidth);
-        // A large call timed no slower than the small one (noise): a tenth of its time.
-        for (small, large) in [(2e-3, 1e-3), (1e-3, 1e-3), (0.0, 0.0)] {
-            let link = Link::probed(small, small, large, bytes);
-            assert!(
-                link.bandwidth.is_finite() && link.bandwidth > 0.0,
-                "{link:?}"
-            );
-        }
-        assert!((Link::probed(0.0, 2e-3, 1e-3, bytes).bandwidth - bytes / 1e-4).abs() < 1.0);
     }
 }

@@ -20,8 +20,9 @@ use crate::model::ParallelModel;
 use crate::strategy::{OptimizerSpec, StrategyConfigs, StrategyError};
 use crate::tensor_parallel::TpBackend;
 
-/// The most shards a block is measured over: more ranks than a small machine has cores only
-/// take turns, and the activations a shard holds change little beyond.
+/// The most shards a block is measured over, for its time ([`super::measure::calibrate_ranks`])
+/// and its memory: more ranks than a small machine has cores only take turns, and the
+/// activations a shard holds change little beyond.
 pub const MOST_SHARDS: usize = 4;
 
 /// `planner`'s workload fitted to the peak bytes of one rank of each cut of `model` on

@@ -93,9 +93,6 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The most ranks one process drives: each is a thread with its own device handle.
-    pub const MAX_RANKS: usize = 1024;
-
     /// Resolves and checks `request`: the concrete strategy (and why), the degrees and the
     /// mesh, and the settings with the degrees written in (the pipeline's `stages` is `pp`).
     ///
@@ -181,7 +178,7 @@ impl Plan {
         let ranks = [dp, pp, tp]
             .iter()
             .try_fold(1usize, |n, &d| n.checked_mul(d))
-            .filter(|&n| n <= Self::MAX_RANKS)
+            .filter(|&n| n <= crate::world::MAX_LOCAL_RANKS)
             .ok_or_else(|| ConfigError::TooManyRanks {
                 ranks: format!("dp {dp} × pp {pp} × tp {tp}"),
             })?;

@@ -14,12 +14,12 @@ use burn::train::TrainStep;
 
 use super::handover::sync_device;
 use super::micro_batch::{LocalGradients, local_gradients};
-use super::step::{Findings, Sync, guarded_step};
 use super::threads::{RankPool, rank_pool};
 use super::{ConfigError, RankError, RankFailure, RankStats, StepOutput, Strategy, StrategyError};
 use crate::data::{DataSource, ShardPolicy};
 use crate::grads::add_weighted;
 use crate::model::TrainModel;
+use crate::optim::step::{Findings, Sync, guarded_step};
 use crate::optim::{GuardedOptimizer, OptimizerState, StateLayout, decode, encode, total_squares};
 
 /// Configuration of [`DataParallel`].
@@ -242,6 +242,7 @@ where
             };
             let findings = Findings::Given(codes);
             let result = guarded_step(optim, model, grads, findings, sync, lr, step)
+                .map_err(RankError::from)
                 .and_then(|stepped| sync_device::<B>(main).map(|()| stepped));
             let optim_time = result.as_ref().map_or(Duration::ZERO, |s| s.compute);
             (

@@ -5,6 +5,7 @@ use std::fmt;
 use super::StrategyKind;
 use crate::collective::CollectiveError;
 use crate::data::DataError;
+use crate::optim::step::StepError;
 use crate::optim::{NonFinite, StateError};
 
 /// A strategy configuration that cannot work.
@@ -151,7 +152,7 @@ pub enum ConfigError {
     #[error(
         "the mesh ({ranks}) is more than the {} ranks one process drives; lower --dp, \
          --stages, --tp or --world",
-        crate::plan::Plan::MAX_RANKS
+        crate::world::MAX_LOCAL_RANKS
     )]
     TooManyRanks {
         /// The degrees, described.
@@ -318,6 +319,15 @@ pub enum RankError {
     /// The rank did not report in time after another rank failed.
     #[error("did not report within {0:?} after another rank failed")]
     Silent(std::time::Duration),
+}
+
+impl From<StepError> for RankError {
+    fn from(error: StepError) -> Self {
+        match error {
+            StepError::Collective(e) => Self::Collective(e),
+            StepError::NonFinite(report) => Self::NonFinite(report),
+        }
+    }
 }
 
 impl RankError {

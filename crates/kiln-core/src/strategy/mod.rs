@@ -23,7 +23,6 @@ mod optimizer;
 mod pipeline;
 mod ranks;
 mod single;
-pub(crate) mod step;
 mod tensor;
 mod threads;
 

@@ -14,6 +14,10 @@ mod mesh;
 pub use launcher::{EnvLookup, Launcher, ProcessInfo};
 pub use mesh::{Axis, Mesh, MeshError};
 
+/// The most ranks one process drives: each is a thread with its own device handle. The counted
+/// allocator keeps a slot per rank ([`crate::memory`]), and a plan of more is refused.
+pub const MAX_LOCAL_RANKS: usize = 1024;
+
 /// Error building a [`World`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WorldError {

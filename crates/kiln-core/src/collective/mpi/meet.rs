@@ -10,7 +10,8 @@ use super::MpiError;
 use super::connect::{first_other, launched_runtime};
 use super::group::{Combine, ProcessGroup};
 use super::runtime::Failure;
-use crate::plan::measure::{Link, WARMUP, median};
+use crate::collective::Link;
+use crate::stats::{WARMUP, median};
 use crate::world::ProcessInfo;
 
 /// What every process says first: that it is here to plan.

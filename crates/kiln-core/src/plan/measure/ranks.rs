@@ -7,6 +7,7 @@ use super::{Budget, MeasureError, beside, cannot_cut, longer, time_steps, timing
 use crate::data::DataSource;
 use crate::model::ParallelModel;
 use crate::plan::cost::{Layout, Measured, TP_CALLS_PER_BLOCK, step_time};
+use crate::plan::memory_fit::MOST_SHARDS;
 use crate::plan::{Plan, PlanRequest, Planner};
 use crate::strategy::{OptimizerSpec, StrategyConfigs, StrategyError, StrategyKind};
 use crate::tensor_parallel::TpBackend;
@@ -18,9 +19,6 @@ pub const TIMED_RANKS: usize = MOST_SHARDS;
 
 /// The replicas [`calibrate_ranks`] crowds two cores' worth with: one more.
 const CROWDED_REPLICAS: usize = 3;
-
-/// The most shards [`calibrate_ranks`] times the unsplit share over.
-const MOST_SHARDS: usize = 4;
 
 /// Times `model`'s step over two ranks of `devices` (one intra-op thread each, the machine's
 /// other `others` cores running copies of a rank's step beside them) as Ddp, as two
@@ -264,8 +262,9 @@ fn fit_share(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collective::Link;
     use crate::plan::cost::{Precision, Timing, Workload};
-    use crate::plan::measure::{Link, cpu_planner};
+    use crate::plan::measure::cpu_planner;
 
     /// The tiny transformer as planned on `cores` cores, its step fitted to three timings.
     fn tiny_planner(cores: usize) -> Planner {

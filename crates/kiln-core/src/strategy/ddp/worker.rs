@@ -11,6 +11,7 @@ use crate::collective::MeshCollectives;
 use crate::data::DataSource;
 use crate::grads::{BucketPlan, ParamSelection, broadcast_parameters};
 use crate::model::TrainModel;
+use crate::optim::step::{Findings, Split, Sync, guarded_step};
 use crate::optim::{GuardedOptimizer, decode, encode, tensor_bytes};
 use crate::params::{fingerprints, floats_to_hashes, hashes_to_floats, param_bytes, signature};
 use crate::strategy::agree::{Fact, agree, dtype_fact};
@@ -19,7 +20,6 @@ use crate::strategy::handover::sync_device;
 use crate::strategy::launch::ShardPlace;
 use crate::strategy::micro_batch::local_gradients;
 use crate::strategy::ranks::{RankDone, RankWork, Shard};
-use crate::strategy::step::{Findings, Split, Sync, guarded_step};
 use crate::strategy::{RankError, RankStats};
 use crate::world::Mesh;
 

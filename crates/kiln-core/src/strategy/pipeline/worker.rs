@@ -20,6 +20,7 @@ use crate::collective::MeshCollectives;
 use crate::data::{DataSource, split_even};
 use crate::grads::{BucketPlan, ParamSelection, add_weighted};
 use crate::model::PipelineModel;
+use crate::optim::step::{Findings, Split, Sync, guarded_step};
 use crate::optim::{GuardedOptimizer, decode, encode, tensor_bytes};
 use crate::params::param_bytes;
 use crate::stages::{Activation, recv_activation, send_activation};
@@ -28,7 +29,6 @@ use crate::strategy::exchange::{self, Share, encode_module};
 use crate::strategy::handover::sync_device;
 use crate::strategy::launch::ShardPlace;
 use crate::strategy::ranks::{RankDone, RankWork, Shard};
-use crate::strategy::step::{Findings, Split, Sync, guarded_step};
 use crate::strategy::{RankError, RankStats};
 use crate::world::Mesh;
 

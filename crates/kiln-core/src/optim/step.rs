@@ -19,12 +19,23 @@ use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
-use super::RankError;
-use crate::collective::{Collective, ReduceOp};
+use crate::collective::{Collective, CollectiveError, ReduceOp};
 use crate::grads::{BucketPlan, all_reduce_gradients};
 use crate::optim::{Guard, GuardReport, GuardedOptimizer, Local, NonFinite, Settled, param_path};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
+
+/// What stops a guarded step: a collective that failed, or a value that was not finite under a
+/// guard whose policy is to halt (every rank returns the same report).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub(crate) enum StepError {
+    /// The gradients' or the guard's all-reduce failed.
+    #[error(transparent)]
+    Collective(#[from] CollectiveError),
+    /// A loss or gradient was NaN or infinite.
+    #[error(transparent)]
+    NonFinite(#[from] NonFinite),
+}
 
 /// How a rank's gradients become the step's gradients.
 pub(crate) struct Sync<'a, B: AutodiffBackend> {
@@ -92,7 +103,7 @@ pub(crate) fn guarded_step<B, M, O>(
     sync: Sync<'_, B>,
     lr: f64,
     step: u64,
-) -> Result<Stepped<M>, RankError>
+) -> Result<Stepped<M>, StepError>
 where
     B: AutodiffBackend,
     M: AutodiffModule<B>,
@@ -200,7 +211,7 @@ fn settle_split<B: AutodiffBackend, M: AutodiffModule<B>>(
     device: &B::Device,
     step: u64,
     squares: impl FnOnce(&GradientsParams, Option<&HashSet<ParamId>>) -> f64,
-) -> Result<(Settled, Duration), RankError> {
+) -> Result<(Settled, Duration), StepError> {
     let squares = if summed {
         let skip = (!counts_replicated(&split)).then_some(split.replicated);
         squares(&grads, skip)
@@ -249,7 +260,7 @@ fn settle_split<B: AutodiffBackend, M: AutodiffModule<B>>(
             if split.shards > 1 {
                 report.shard = report.rank.map(|r| shards[r] as usize);
             }
-            RankError::from(report)
+            StepError::from(report)
         })?;
     Ok((settled, spent))
 }
