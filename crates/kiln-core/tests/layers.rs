@@ -1,0 +1,225 @@
+//! kiln-core's modules stand in layers: each may name only the modules below it. This test
+//! reads every `crate::` path in `src/` (in `use` lines and inline, `crate::{a, b::c}` groups
+//! included) and fails on one that names a module above its own.
+//!
+//! The order, from the bottom:
+//!
+//! ```text
+//! cuda, output, stats      device facts, a step's output, statistics: no Kiln imports
+//! world, memory            World, Mesh, launcher environment, the counted allocator
+//! collective               Collective, in-process and MPI, the link a probe measures
+//! data, params, grads, stages, tensor_parallel
+//! model                    the contracts a model implements
+//! optim                    guards, precision, optimizer state, the guarded step
+//! plan                     strategy kinds and settings, a request resolved into a Plan
+//! strategy                 the strategies and their rank runtime
+//! checkpoint               folders, manifests, saving and opening
+//! fit, learner             the training loop, burn-train's Learner
+//! ```
+//!
+//! [`KNOWN_UPWARD`] lists the upward imports that are still there, each with what it names. The
+//! test fails when a new one appears, and when a listed one is gone (so that the list only
+//! shrinks). `super::` paths stay inside their module and are not read.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// kiln-core's top-level modules, lowest first. A module may name only those before it.
+const ORDER: &[&str] = &[
+    "cuda",
+    "output",
+    "stats",
+    "world",
+    "memory",
+    "collective",
+    "data",
+    "params",
+    "grads",
+    "stages",
+    "tensor_parallel",
+    "model",
+    "optim",
+    "plan",
+    "strategy",
+    "checkpoint",
+    "fit",
+    "learner",
+];
+
+/// Upward imports not yet moved: `(file under src/, the module it names)`.
+const KNOWN_UPWARD: &[(&str, &str)] = &[
+    // The model contracts name the loop and the strategies they are trained by.
+    ("model/parallel.rs", "fit"),
+    ("model/parallel.rs", "plan"),
+    ("model/parallel.rs", "strategy"),
+    // The plan resolves strategy kinds and settings that the strategies own, and the planner
+    // inside it builds and times strategies.
+    ("plan/auto.rs", "strategy"),
+    ("plan/cost/search.rs", "strategy"),
+    ("plan/cost/tests.rs", "strategy"),
+    ("plan/measure.rs", "strategy"),
+    ("plan/measure/ranks.rs", "strategy"),
+    ("plan/memory_fit.rs", "strategy"),
+    ("plan/mod.rs", "strategy"),
+    // The guards check their settings against a strategy kind and a plan.
+    ("optim/config.rs", "plan"),
+    ("optim/config.rs", "strategy"),
+    // A strategy's error wraps a checkpoint's.
+    ("strategy/error.rs", "checkpoint"),
+];
+
+/// The top-level module a file under `src/` belongs to (`plan` for `plan/measure/ranks.rs`).
+fn module_of(file: &str) -> &str {
+    let first = file.split('/').next().unwrap_or(file);
+    first.strip_suffix(".rs").unwrap_or(first)
+}
+
+/// The top-level modules `src` names through `crate::`, with the line of each.
+fn named_modules(src: &str) -> Vec<(usize, String)> {
+    let mut named = Vec::new();
+    for (number, line) in src.lines().enumerate() {
+        let code = line.split("//").next().unwrap_or("");
+        let mut rest = code;
+        while let Some(at) = rest.find("crate::") {
+            rest = &rest[at + "crate::".len()..];
+            if let Some(group) = rest.strip_prefix('{') {
+                named.extend(
+                    group_heads(group, src, number)
+                        .into_iter()
+                        .map(|m| (number, m)),
+                );
+            } else {
+                named.push((number, ident(rest).to_string()));
+            }
+        }
+    }
+    named
+}
+
+/// The leading identifier of `s`.
+fn ident(s: &str) -> &str {
+    let end = s
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(s.len());
+    &s[..end]
+}
+
+/// The first identifier of each top-level item of a `crate::{..}` group that starts at `group`
+/// (on line `number` of `src`; a group may span lines).
+fn group_heads(group: &str, src: &str, number: usize) -> Vec<String> {
+    // The group's text up to its closing brace, over as many lines as it takes.
+    let mut text = String::from(group);
+    for line in src.lines().skip(number + 1) {
+        if text.matches('{').count() < text.matches('}').count() {
+            break;
+        }
+        text.push('\n');
+        text.push_str(line.split("//").next().unwrap_or(""));
+    }
+    let mut heads = Vec::new();
+    let (mut depth, mut expecting) = (0usize, true);
+    for (i, c) in text.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => break,
+            '}' => depth -= 1,
+            ',' if depth == 0 => expecting = true,
+            c if expecting && depth == 0 && (c.is_alphabetic() || c == '_') => {
+                heads.push(ident(&text[i..]).to_string());
+                expecting = false;
+            }
+            _ => {}
+        }
+    }
+    heads
+}
+
+fn rust_files(dir: &Path, root: &Path, out: &mut Vec<(String, String)>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .expect("src/ reads")
+        .map(|e| e.expect("a directory entry").path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            rust_files(&path, root, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let name = path
+                .strip_prefix(root)
+                .expect("under src/")
+                .to_string_lossy()
+                .replace('\\', "/");
+            out.push((name, std::fs::read_to_string(&path).expect("a source file")));
+        }
+    }
+}
+
+#[test]
+fn every_module_names_only_the_layers_below_it() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&root, &root, &mut files);
+    let rank = |m: &str| ORDER.iter().position(|&o| o == m);
+
+    let mut upward = BTreeSet::new();
+    let mut unplaced = BTreeSet::new();
+    for (file, src) in &files {
+        if file == "lib.rs" {
+            continue;
+        }
+        let own = module_of(file);
+        let Some(own_rank) = rank(own) else {
+            unplaced.insert(own.to_string());
+            continue;
+        };
+        for (line, named) in named_modules(src) {
+            match rank(&named) {
+                Some(r) if r > own_rank => {
+                    upward.insert((file.clone(), named, line + 1));
+                }
+                // `crate::` followed by an item of lib.rs (a re-export) or a macro path.
+                _ => {}
+            }
+        }
+    }
+    assert!(
+        unplaced.is_empty(),
+        "modules missing from ORDER in tests/layers.rs (place each in its layer): {unplaced:?}"
+    );
+
+    let found: BTreeSet<(&str, &str)> = upward
+        .iter()
+        .map(|(f, m, _)| (f.as_str(), m.as_str()))
+        .collect();
+    let new: Vec<String> = upward
+        .iter()
+        .filter(|(f, m, _)| !KNOWN_UPWARD.contains(&(f.as_str(), m.as_str())))
+        .map(|(f, m, line)| format!("src/{f}:{line} names `crate::{m}`"))
+        .collect();
+    assert!(
+        new.is_empty(),
+        "imports that run up the layers (the order is ORDER in tests/layers.rs; name a module \
+         below, or move the item down):\n{}",
+        new.join("\n")
+    );
+    let gone: Vec<_> = KNOWN_UPWARD
+        .iter()
+        .filter(|known| !found.contains(*known))
+        .collect();
+    assert!(
+        gone.is_empty(),
+        "these upward imports are gone: take them out of KNOWN_UPWARD in tests/layers.rs: \
+         {gone:?}"
+    );
+}
+
+#[test]
+fn the_reader_finds_paths_in_groups_and_inline() {
+    let src = "use crate::{plan::Plan, world::{Mesh, World}};\n\
+               use crate::{\n    collective::Link,\n    optim,\n};\n\
+               let n = crate::memory::SLOTS; // crate::fit in a comment\n";
+    let names: Vec<String> = named_modules(src).into_iter().map(|(_, m)| m).collect();
+    assert_eq!(names, ["plan", "world", "collective", "optim", "memory"]);
+    assert_eq!(module_of("plan/measure/ranks.rs"), "plan");
+    assert_eq!(module_of("params.rs"), "params");
+}
