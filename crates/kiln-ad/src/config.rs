@@ -137,7 +137,8 @@ impl AdConfig {
             ..self.plan_request()
         })
         .map_err(kiln_core::StrategyError::from)?;
-        self.optimizer.check_plan(&plan)?;
+        plan.check_precision(self.optimizer.precision)
+            .map_err(kiln_core::StrategyError::from)?;
         Ok(plan)
     }
 

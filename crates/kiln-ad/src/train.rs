@@ -160,7 +160,8 @@ pub fn train<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
     on_step: &mut dyn FnMut(usize, f64),
 ) -> Result<(AdTransformer<B>, TrainSummary), AdError> {
     config.validate()?;
-    config.optimizer.check_plan(plan)?;
+    plan.check_precision(config.optimizer.precision)
+        .map_err(kiln_core::StrategyError::from)?;
     let t = &config.train;
     let device = devices
         .first()

@@ -55,15 +55,10 @@ const KNOWN_UPWARD: &[(&str, &str)] = &[
     // The plan resolves strategy kinds and settings that the strategies own, and the planner
     // inside it builds and times strategies.
     ("plan/auto.rs", "strategy"),
-    ("plan/cost/search.rs", "strategy"),
-    ("plan/cost/tests.rs", "strategy"),
     ("plan/measure.rs", "strategy"),
     ("plan/measure/ranks.rs", "strategy"),
     ("plan/memory_fit.rs", "strategy"),
     ("plan/mod.rs", "strategy"),
-    // The guards check their settings against a strategy kind and a plan.
-    ("optim/config.rs", "plan"),
-    ("optim/config.rs", "strategy"),
     // A strategy's error wraps a checkpoint's.
     ("strategy/error.rs", "checkpoint"),
 ];

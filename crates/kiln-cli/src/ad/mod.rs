@@ -260,7 +260,7 @@ impl TrainArgs {
             ..c.plan_request()
         };
         let plan = Plan::resolve(request.clone())?;
-        c.optimizer.check_plan(&plan)?;
+        plan.check_precision(c.optimizer.precision)?;
         let plan = launched.plan(plan, &c)?;
         Ok((c, plan, request))
     }
@@ -301,7 +301,8 @@ impl Planning {
             ..self.request.clone()
         })
         .map_err(StrategyError::from)?;
-        config.optimizer.check_plan(&plan)?;
+        plan.check_precision(config.optimizer.precision)
+            .map_err(StrategyError::from)?;
         Ok(self
             .launched
             .plan(plan, config)

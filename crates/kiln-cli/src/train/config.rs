@@ -284,7 +284,7 @@ impl TrainConfig {
                 ..request
             })?;
         }
-        self.optimizer.check_plan(&plan)?;
+        plan.check_precision(self.optimizer.precision)?;
         // Every process's own devices may differ; the rest of the config may not.
         let shared = Self {
             devices: None,

@@ -4,7 +4,6 @@
 use serde::{Deserialize, Serialize};
 
 use super::{LossScaleConfig, Precision};
-use crate::strategy::StrategyKind;
 
 /// What to do when a loss or gradient is not finite (NaN or ±Inf).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -115,24 +114,6 @@ impl PerformanceConfig {
         self
     }
 
-    /// Checks that these settings can run as `plan` says: bf16 and f16 do not run with
-    /// pipeline stages yet (under `pipeline`, or `tensor` with stages), whose stages are not
-    /// wrapped. A whole model and a tensor-parallel shard are.
-    ///
-    /// # Errors
-    /// [`GuardConfigError::PrecisionUnsupported`].
-    pub fn check_plan(&self, plan: &crate::plan::Plan) -> Result<(), GuardConfigError> {
-        let staged = plan.mesh().degree(crate::world::Mesh::PP) > 1
-            || plan.strategy() == StrategyKind::Pipeline;
-        if self.precision != Precision::F32 && staged {
-            return Err(GuardConfigError::PrecisionUnsupported {
-                precision: self.precision,
-                strategy: plan.strategy(),
-            });
-        }
-        Ok(())
-    }
-
     /// Checks that the settings can work.
     ///
     /// # Errors
@@ -150,18 +131,6 @@ impl PerformanceConfig {
 /// A [`PerformanceConfig`] that cannot work.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum GuardConfigError {
-    /// Mixed precision asked of a strategy that splits the model.
-    #[error(
-        "precision {precision} does not run under {strategy} with pipeline stages yet \
-         (MixedPrecision wraps a whole model's or a tensor-parallel shard's step, not a \
-         pipeline stage's); use single, data_parallel, ddp or tensor without stages, or f32"
-    )]
-    PrecisionUnsupported {
-        /// The precision asked for.
-        precision: Precision,
-        /// The strategy.
-        strategy: StrategyKind,
-    },
     /// A loss-scale setting that cannot work.
     #[error("loss scale: {what}, got {value}")]
     LossScale {

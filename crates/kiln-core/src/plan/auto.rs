@@ -1,10 +1,11 @@
 //! `auto`'s choice: the cost model's fastest layout that fits the run's ranks, when the run
 //! describes its model and devices ([`Planner`]); a full replica per rank when it does not.
 
+use super::StrategyKind;
 use super::cost::{Candidate, Cluster, Fixed, Layout, PlanError, Workload, search_within};
 use crate::optim::{Precision, StateLayout};
 use crate::strategy::ConfigError;
-use crate::strategy::{AutoConfig, Schedule, StrategyConfigs, StrategyKind};
+use crate::strategy::{AutoConfig, Schedule, StrategyConfigs};
 
 /// What `auto` plans with: the model's step and the devices the ranks run on (their count is
 /// the plan's, set when it resolves).
@@ -118,7 +119,7 @@ impl Fixed {
     }
 
     /// What Kiln's `precision` can run: f32 any layout; bf16 and f16 no pipeline stages yet
-    /// ([`PerformanceConfig::check_plan`](crate::optim::PerformanceConfig::check_plan) refuses them).
+    /// ([`Plan::check_precision`](super::Plan::check_precision) refuses them).
     pub fn of_precision(precision: Precision) -> Self {
         Self {
             pp: (precision != Precision::F32).then_some(1),

@@ -10,13 +10,13 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 
 use super::cost::{Cluster, FitError, Measured, Timing, Workload};
-use super::{Plan, PlanRequest, Planner};
+use super::{Plan, PlanRequest, Planner, StrategyKind};
 use crate::collective::{Collective, CollectiveError, InProcess, Link, ReduceOp};
 use crate::data::{DataSource, EpochSampler};
 use crate::model::ParallelModel;
 use crate::stats::{WARMUP, median, spread};
 use crate::strategy::{
-    ConfigError, OptimizerSpec, RankStats, StrategyConfigs, StrategyError, StrategyKind, build,
+    ConfigError, OptimizerSpec, RankStats, StrategyConfigs, StrategyError, build,
 };
 use crate::tensor_parallel::TpBackend;
 

@@ -10,17 +10,19 @@
 
 mod auto;
 pub mod cost;
+mod kind;
 pub mod measure;
 pub mod memory_fit;
 
 use std::fmt;
 
-use crate::optim::StateLayout;
+use crate::optim::{Precision, StateLayout};
 use crate::plan::cost::Fixed;
-use crate::strategy::{ConfigError, StrategyConfigs, StrategyKind};
+use crate::strategy::{ConfigError, StrategyConfigs};
 use crate::world::{Mesh, ProcessInfo};
 
 pub use auto::Planner;
+pub use kind::StrategyKind;
 
 /// What a run asks for, before it is resolved.
 #[derive(Debug, Clone)]
@@ -93,6 +95,23 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Checks that `precision` can run as this plan says: bf16 and f16 do not run with
+    /// pipeline stages yet (under `pipeline`, or `tensor` with stages), whose stages are not
+    /// wrapped. A whole model and a tensor-parallel shard are.
+    ///
+    /// # Errors
+    /// [`ConfigError::PrecisionUnsupported`].
+    pub fn check_precision(&self, precision: Precision) -> Result<(), ConfigError> {
+        let staged = self.mesh().degree(Mesh::PP) > 1 || self.strategy() == StrategyKind::Pipeline;
+        if precision != Precision::F32 && staged {
+            return Err(ConfigError::PrecisionUnsupported {
+                precision,
+                strategy: self.strategy(),
+            });
+        }
+        Ok(())
+    }
+
     /// Resolves and checks `request`: the concrete strategy (and why), the degrees and the
     /// mesh, and the settings with the degrees written in (the pipeline's `stages` is `pp`).
     ///

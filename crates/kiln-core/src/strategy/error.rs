@@ -6,7 +6,7 @@ use super::StrategyKind;
 use crate::collective::CollectiveError;
 use crate::data::DataError;
 use crate::optim::step::StepError;
-use crate::optim::{NonFinite, StateError};
+use crate::optim::{NonFinite, Precision, StateError};
 
 /// A strategy configuration that cannot work.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -14,6 +14,18 @@ pub enum ConfigError {
     /// `auto`'s planner found no layout of the ranks that fits the model.
     #[error("auto: {0}")]
     Unplannable(#[from] crate::plan::cost::PlanError),
+    /// Mixed precision asked of a strategy that splits the model.
+    #[error(
+        "precision {precision} does not run under {strategy} with pipeline stages yet \
+         (MixedPrecision wraps a whole model's or a tensor-parallel shard's step, not a \
+         pipeline stage's); use single, data_parallel, ddp or tensor without stages, or f32"
+    )]
+    PrecisionUnsupported {
+        /// The precision asked for.
+        precision: Precision,
+        /// The strategy.
+        strategy: StrategyKind,
+    },
     /// `auto`'s degrees, as the user set them, against what the run fixes.
     #[error(
         "auto: [parallel.auto] (or its flags) fixes {user}, against {run} ({because}); drop \

@@ -31,12 +31,12 @@ use std::time::Duration;
 use burn::tensor::backend::AutodiffBackend;
 use burn::train::TrainStep;
 
+pub use crate::plan::StrategyKind;
 pub use auto::AutoConfig;
 pub use build::{StrategyConfigs, build};
 pub use data_parallel::{DataParallel, DataParallelConfig};
 pub use ddp::{Ddp, DdpConfig};
 pub use error::{ConfigError, RankError, RankFailure, StrategyError};
-pub use kind::StrategyKind;
 pub use optimizer::{OptimizerSpec, PerformanceSpec};
 pub use pipeline::{Action, Pipeline, PipelineConfig, Schedule, peak_live};
 pub use single::{Single, SingleConfig};

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use super::estimate::{Layout, Memory, StepTime, memory, step_time};
 use super::{Cluster, Workload};
-use crate::strategy::StrategyKind;
+use crate::plan::StrategyKind;
 
 /// Step times closer than this share are the same to the model, whose error is larger: the
 /// simpler layout of the two is chosen (a measured cluster may widen it:

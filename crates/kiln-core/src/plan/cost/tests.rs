@@ -1,7 +1,7 @@
 //! The planner's decisions on described hardware.
 
 use super::*;
-use crate::strategy::StrategyKind;
+use crate::plan::StrategyKind;
 
 /// The transformer the planner's tests on a measured machine use: 4 blocks of width 64, 4
 /// heads, an FFN of 256, 16 tokens of a 16-symbol vocabulary.

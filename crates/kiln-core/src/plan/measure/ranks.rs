@@ -6,10 +6,11 @@
 use super::{Budget, MeasureError, beside, cannot_cut, longer, time_steps, timing_plan};
 use crate::data::DataSource;
 use crate::model::ParallelModel;
+use crate::plan::StrategyKind;
 use crate::plan::cost::{Layout, Measured, TP_CALLS_PER_BLOCK, step_time};
 use crate::plan::memory_fit::MOST_SHARDS;
 use crate::plan::{Plan, PlanRequest, Planner};
-use crate::strategy::{OptimizerSpec, StrategyConfigs, StrategyError, StrategyKind};
+use crate::strategy::{OptimizerSpec, StrategyConfigs, StrategyError};
 use crate::tensor_parallel::TpBackend;
 use burn::tensor::backend::AutodiffBackend;
 
