@@ -119,3 +119,13 @@ pub enum AdError {
         reason: String,
     },
 }
+
+impl From<kiln_core::fit::FitError> for AdError {
+    /// The loop's error as the variant of what failed: the strategy, or a checkpoint.
+    fn from(e: kiln_core::fit::FitError) -> Self {
+        match e {
+            kiln_core::fit::FitError::Strategy(e) => Self::Strategy(e),
+            kiln_core::fit::FitError::Checkpoint(e) => Self::Checkpoint(*e),
+        }
+    }
+}

@@ -144,6 +144,36 @@ pub struct Resume {
     pub optimizer: OptimizerState,
 }
 
+/// What stops a [`fit`]: the strategy (a plan the model cannot run, a failed rank, a halting
+/// guard) or a checkpoint that could not be saved.
+#[derive(Debug, thiserror::Error)]
+pub enum FitError {
+    /// The strategy's error.
+    #[error(transparent)]
+    Strategy(#[from] StrategyError),
+    /// A checkpoint could not be saved during training (boxed: it is rare, and large).
+    #[error(transparent)]
+    Checkpoint(Box<CheckpointError>),
+}
+
+impl From<CheckpointError> for FitError {
+    fn from(e: CheckpointError) -> Self {
+        Self::Checkpoint(Box::new(e))
+    }
+}
+
+impl From<ConfigError> for FitError {
+    fn from(e: ConfigError) -> Self {
+        Self::Strategy(e.into())
+    }
+}
+
+impl From<crate::data::DataError> for FitError {
+    fn from(e: crate::data::DataError) -> Self {
+        Self::Strategy(e.into())
+    }
+}
+
 /// What a [`fit`] did.
 #[derive(Debug, Clone)]
 pub struct FitRecord {
@@ -218,7 +248,7 @@ pub fn fit<B, M, S, I>(
     optim: &S,
     data: DataSource<B, I, M::Input>,
     hooks: &mut dyn FitHooks<M>,
-) -> Result<(M, FitRecord), StrategyError>
+) -> Result<(M, FitRecord), FitError>
 where
     B: AutodiffBackend + TpBackend,
     M: ParallelModel<B>,
@@ -254,7 +284,7 @@ fn fit_as_is<B, M, S, I>(
     devices: Vec<B::Device>,
     model: M,
     data: DataSource<B, I, M::Input>,
-) -> Result<(M, FitRecord), StrategyError>
+) -> Result<(M, FitRecord), FitError>
 where
     B: AutodiffBackend + TpBackend,
     M: ParallelModel<B>,
@@ -357,7 +387,7 @@ where
         devices: Vec<B::Device>,
         model: M,
         data: DataSource<B, I, M::Input>,
-    ) -> Result<(M, FitRecord), StrategyError> {
+    ) -> Result<(M, FitRecord), FitError> {
         let mut wrapped = MixedPrecision::new(model, run.optim.precision());
         if let Some(scale) = run.optim.loss_scale() {
             wrapped = wrapped.with_loss_scale(scale.clone());
@@ -413,7 +443,7 @@ where
         _: Vec<B::Device>,
         _: M,
         _: DataSource<B, I, M::Input>,
-    ) -> Result<(M, FitRecord), StrategyError> {
+    ) -> Result<(M, FitRecord), FitError> {
         Err(ConfigError::Unsupported {
             strategy: format!("precision {}", run.optim.precision()),
             contract: "LowPrecisionStep",

@@ -59,8 +59,6 @@ const KNOWN_UPWARD: &[(&str, &str)] = &[
     ("plan/measure/ranks.rs", "strategy"),
     ("plan/memory_fit.rs", "strategy"),
     ("plan/mod.rs", "strategy"),
-    // A strategy's error wraps a checkpoint's.
-    ("strategy/error.rs", "checkpoint"),
 ];
 
 /// The top-level module a file under `src/` belongs to (`plan` for `plan/measure/ranks.rs`).

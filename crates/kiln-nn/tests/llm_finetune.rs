@@ -10,7 +10,7 @@ use burn::optim::AdamWConfig;
 use burn::optim::GradientsParams;
 use burn::train::TrainStep;
 use kiln_core::data::DataSource;
-use kiln_core::fit::{Training, fit};
+use kiln_core::fit::{FitError, Training, fit};
 use kiln_core::optim::{MixedPrecision, PerformanceConfig, Precision};
 use kiln_core::params::checksum;
 use kiln_core::plan::{Plan, PlanRequest};
@@ -71,7 +71,7 @@ fn train(
     strategy: StrategyKind,
     world: usize,
     steps: usize,
-) -> Result<(CausalLm<B>, Vec<f64>), StrategyError> {
+) -> Result<(CausalLm<B>, Vec<f64>), FitError> {
     train_in(start, strategy, world, steps, Precision::F32)
 }
 
@@ -82,7 +82,7 @@ fn train_in(
     world: usize,
     steps: usize,
     precision: Precision,
-) -> Result<(CausalLm<B>, Vec<f64>), StrategyError> {
+) -> Result<(CausalLm<B>, Vec<f64>), FitError> {
     train_on(chat_items(), start, strategy, world, steps, precision)
 }
 
@@ -94,7 +94,7 @@ fn train_on(
     world: usize,
     steps: usize,
     precision: Precision,
-) -> Result<(CausalLm<B>, Vec<f64>), StrategyError> {
+) -> Result<(CausalLm<B>, Vec<f64>), FitError> {
     let data = DataSource::new(InMemDataset::new(items), LmBatcher::new(24));
     let mut configs = StrategyConfigs::default();
     configs.set_threads_per_rank(1);
@@ -342,7 +342,10 @@ fn a_pipeline_refuses_to_split_a_trainable_tied_embedding() {
     assert!(
         matches!(
             error,
-            StrategyError::Config(ConfigError::SplitRefused { stages: 2, .. })
+            FitError::Strategy(StrategyError::Config(ConfigError::SplitRefused {
+                stages: 2,
+                ..
+            }))
         ),
         "{error}"
     );

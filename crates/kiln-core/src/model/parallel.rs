@@ -18,7 +18,7 @@ use burn::tensor::backend::AutodiffBackend;
 
 use super::TrainModel;
 use crate::data::DataSource;
-use crate::fit::{FitRecord, Run};
+use crate::fit::{FitError, FitRecord, Run};
 use crate::plan::Plan;
 use crate::strategy::launch::Launch;
 use crate::strategy::{Engine, OptimizerSpec, Strategy, StrategyError};
@@ -96,5 +96,5 @@ pub trait PrecisionSupport<B: AutodiffBackend + TpBackend, M: TrainModel<B>>:
         devices: Vec<B::Device>,
         model: M,
         data: DataSource<B, I, M::Input>,
-    ) -> Result<(M, FitRecord), StrategyError>;
+    ) -> Result<(M, FitRecord), FitError>;
 }

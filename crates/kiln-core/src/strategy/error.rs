@@ -380,9 +380,6 @@ pub enum StrategyError {
     /// An optimizer state that does not fit this strategy.
     #[error(transparent)]
     State(#[from] StateError),
-    /// A checkpoint could not be saved during training (boxed: it is rare, and large).
-    #[error(transparent)]
-    Checkpoint(Box<crate::checkpoint::CheckpointError>),
     /// One or more ranks failed; `culprit` is the rank whose failure caused the others.
     #[error("rank {culprit} failed; {}", list(failures))]
     Failed {
@@ -504,10 +501,4 @@ pub(super) fn check_shared_settings(
         check_threads(threads)?;
     }
     Ok(())
-}
-
-impl From<crate::checkpoint::CheckpointError> for StrategyError {
-    fn from(e: crate::checkpoint::CheckpointError) -> Self {
-        StrategyError::Checkpoint(Box::new(e))
-    }
 }
