@@ -5,7 +5,7 @@ use burn::module::Module;
 use burn::tensor::backend::AutodiffBackend;
 use kiln_core::plan::Planner;
 use kiln_core::plan::cost::Workload;
-use kiln_core::plan::measure;
+use kiln_core::planner::measure;
 use kiln_nn::models::TransformerConfig;
 use kiln_nn::tensor_parallel::ShardedBackend;
 

@@ -43,6 +43,7 @@ pub mod optim;
 pub mod output;
 pub mod params;
 pub mod plan;
+pub mod planner;
 pub mod stages;
 pub mod stats;
 pub mod strategy;

@@ -14,7 +14,7 @@ use kiln_core::model::ParallelModel;
 use kiln_core::optim::{GuardConfigError, PerformanceConfig};
 use kiln_core::plan::Planner;
 use kiln_core::plan::cost::Workload;
-use kiln_core::plan::measure::{self, MeasureError};
+use kiln_core::planner::measure::{self, MeasureError};
 use kiln_core::strategy::PerformanceSpec;
 use kiln_nn::tensor_parallel::ShardedBackend;
 

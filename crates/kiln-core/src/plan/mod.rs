@@ -11,8 +11,6 @@
 mod auto;
 pub mod cost;
 mod kind;
-pub mod measure;
-pub mod memory_fit;
 
 use std::fmt;
 
@@ -22,6 +20,7 @@ use crate::strategy::{ConfigError, StrategyConfigs};
 use crate::world::{Mesh, ProcessInfo};
 
 pub use auto::Planner;
+pub(crate) use auto::layout_configs;
 pub use kind::StrategyKind;
 
 /// What a run asks for, before it is resolved.

@@ -11,12 +11,11 @@
 
 use burn::tensor::backend::AutodiffBackend;
 
-use super::auto::layout_configs;
-use super::cost::{Layout, memory, strategy};
 use super::measure::{Budget, MeasureError, cannot_cut, time_steps};
-use super::{Plan, PlanRequest, Planner};
 use crate::data::DataSource;
 use crate::model::ParallelModel;
+use crate::plan::cost::{Layout, memory, strategy};
+use crate::plan::{Plan, PlanRequest, Planner, layout_configs};
 use crate::strategy::{OptimizerSpec, StrategyConfigs, StrategyError};
 use crate::tensor_parallel::TpBackend;
 

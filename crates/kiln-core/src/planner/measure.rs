@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 
-use super::cost::{Cluster, FitError, Measured, Timing, Workload};
-use super::{Plan, PlanRequest, Planner, StrategyKind};
 use crate::collective::{Collective, CollectiveError, InProcess, Link, ReduceOp};
 use crate::data::{DataSource, EpochSampler};
 use crate::model::ParallelModel;
+use crate::plan::cost::{Cluster, FitError, Measured, Timing, Workload};
+use crate::plan::{Plan, PlanRequest, Planner, StrategyKind};
 use crate::stats::{WARMUP, median, spread};
 use crate::strategy::{
     ConfigError, OptimizerSpec, RankStats, StrategyConfigs, StrategyError, build,

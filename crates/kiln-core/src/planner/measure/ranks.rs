@@ -8,8 +8,8 @@ use crate::data::DataSource;
 use crate::model::ParallelModel;
 use crate::plan::StrategyKind;
 use crate::plan::cost::{Layout, Measured, TP_CALLS_PER_BLOCK, step_time};
-use crate::plan::memory_fit::MOST_SHARDS;
 use crate::plan::{Plan, PlanRequest, Planner};
+use crate::planner::memory_fit::MOST_SHARDS;
 use crate::strategy::{OptimizerSpec, StrategyConfigs, StrategyError};
 use crate::tensor_parallel::TpBackend;
 use burn::tensor::backend::AutodiffBackend;
@@ -265,7 +265,7 @@ mod tests {
     use super::*;
     use crate::collective::Link;
     use crate::plan::cost::{Precision, Timing, Workload};
-    use crate::plan::measure::cpu_planner;
+    use crate::planner::measure::cpu_planner;
 
     /// The tiny transformer as planned on `cores` cores, its step fitted to three timings.
     fn tiny_planner(cores: usize) -> Planner {
