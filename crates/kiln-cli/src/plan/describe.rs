@@ -1,8 +1,7 @@
 //! The workload and the cluster `kiln plan`'s flags describe.
 
-use kiln_core::plan::cost::{
-    Cluster, PRESETS, Precision, Preset, TransformerShape, Workload, parse_bytes,
-};
+use kiln_core::optim::Precision;
+use kiln_core::plan::cost::{Cluster, PRESETS, Preset, TransformerShape, Workload, parse_bytes};
 use kiln_nn::llm::LlmConfig;
 
 use super::PlanArgs;

@@ -17,7 +17,8 @@ pub use machine::planner;
 
 use std::path::PathBuf;
 
-use kiln_core::plan::cost::{Cluster, Precision, Workload, search};
+use kiln_core::optim::Precision;
+use kiln_core::plan::cost::{Cluster, Workload, search};
 
 use crate::train::{ModelKind, TrainConfig};
 

@@ -39,6 +39,38 @@ pub enum Precision {
     F16,
 }
 
+/// What a precision keeps per value and per parameter, as the planner's cost model counts it.
+impl Precision {
+    /// Bytes of a stored weight: the copy the forward reads.
+    pub fn weight_bytes(self) -> f64 {
+        match self {
+            Precision::F32 => 4.0,
+            Precision::Bf16 | Precision::F16 => 2.0,
+        }
+    }
+
+    /// Bytes of an activation (and of a gradient of one).
+    pub fn activation_bytes(self) -> f64 {
+        self.weight_bytes()
+    }
+
+    /// Bytes of a weight's gradient: the weights' own precision (low-precision gradients,
+    /// whose f32 master copy is the optimizer's).
+    pub fn gradient_bytes(self) -> f64 {
+        self.weight_bytes()
+    }
+
+    /// Bytes per trainable parameter besides its weight: its gradient, AdamW's two f32
+    /// moments, and an f32 master copy in a low precision (16 bytes a parameter in all, either
+    /// way).
+    pub fn trainable_extra_bytes(self) -> f64 {
+        match self {
+            Precision::F32 => 4.0 + 8.0,
+            Precision::Bf16 | Precision::F16 => 2.0 + 8.0 + 4.0,
+        }
+    }
+}
+
 impl Precision {
     /// Every precision, in the order help texts list them.
     pub const ALL: [Precision; 3] = [Precision::F32, Precision::Bf16, Precision::F16];

@@ -330,7 +330,7 @@ mod tests {
     /// update as a small model on a CPU has them.
     fn planner(memory: u64) -> Planner {
         let shape = crate::plan::cost::tests::tiny_transformer();
-        let workload = Workload::transformer(&shape, crate::plan::cost::Precision::F32, 64);
+        let workload = Workload::transformer(&shape, crate::optim::Precision::F32, 64);
         let cluster = Cluster {
             devices: 2,
             per_node: 2,

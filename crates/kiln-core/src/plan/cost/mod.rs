@@ -17,7 +17,7 @@ pub(crate) use search::strategy;
 pub use search::{
     CLOSE, Candidate, Fixed, PlanError, Planned, USABLE_MEMORY, search, search_within,
 };
-pub use workload::{Precision, TransformerShape, Workload};
+pub use workload::{TransformerShape, Workload};
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -1,6 +1,7 @@
 //! The planner's decisions on described hardware.
 
 use super::*;
+use crate::optim::Precision;
 use crate::plan::StrategyKind;
 
 /// The transformer the planner's tests on a measured machine use: 4 blocks of width 64, 4

@@ -3,45 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Bytes a training step keeps per parameter, and per value it computes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    /// Everything in f32.
-    F32,
-    /// Weights, activations and gradients in bf16, with f32 master weights and moments.
-    Bf16,
-}
-
-impl Precision {
-    /// Bytes of a stored weight: the copy the forward reads.
-    pub fn weight_bytes(self) -> f64 {
-        match self {
-            Precision::F32 => 4.0,
-            Precision::Bf16 => 2.0,
-        }
-    }
-
-    /// Bytes of an activation (and of a gradient of one).
-    pub fn activation_bytes(self) -> f64 {
-        self.weight_bytes()
-    }
-
-    /// Bytes of a weight's gradient: the weights' own precision (bf16 gradients under bf16,
-    /// whose f32 master copy is the optimizer's).
-    pub fn gradient_bytes(self) -> f64 {
-        self.weight_bytes()
-    }
-
-    /// Bytes per trainable parameter besides its weight: its gradient, AdamW's two f32
-    /// moments, and an f32 master copy under bf16 (16 bytes a parameter in all, either way).
-    pub fn trainable_extra_bytes(self) -> f64 {
-        match self {
-            Precision::F32 => 4.0 + 8.0,
-            Precision::Bf16 => 2.0 + 8.0 + 4.0,
-        }
-    }
-}
+use crate::optim::Precision;
 
 /// A transformer by its shape, as a Hugging Face `config.json` gives it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -264,7 +264,8 @@ fn fit_share(
 mod tests {
     use super::*;
     use crate::collective::Link;
-    use crate::plan::cost::{Precision, Timing, Workload};
+    use crate::optim::Precision;
+    use crate::plan::cost::{Timing, Workload};
     use crate::planner::measure::cpu_planner;
 
     /// The tiny transformer as planned on `cores` cores, its step fitted to three timings.
