@@ -11,7 +11,8 @@
 //! data, params, grads, stages, tensor_parallel
 //! model                    the contracts a model implements
 //! optim                    guards, precision, optimizer state, the guarded step
-//! plan                     strategy kinds and settings, a request resolved into a Plan
+//! plan                     strategy kinds and settings (`*Config`, `ConfigError`), a request
+//!                          resolved into a Plan, auto's choice and the cost model
 //! strategy                 the strategies and their rank runtime
 //! checkpoint               folders, manifests, saving and opening
 //! fit, learner             the training loop, burn-train's Learner
@@ -53,10 +54,6 @@ const KNOWN_UPWARD: &[(&str, &str)] = &[
     ("model/parallel.rs", "fit"),
     ("model/parallel.rs", "plan"),
     ("model/parallel.rs", "strategy"),
-    // The plan resolves settings (`StrategyConfigs`, the `*Config`s, `ConfigError`) that the
-    // strategies still own.
-    ("plan/auto.rs", "strategy"),
-    ("plan/mod.rs", "strategy"),
 ];
 
 /// The top-level module a file under `src/` belongs to (`plan` for `plan/measure/ranks.rs`).

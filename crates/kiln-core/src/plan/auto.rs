@@ -3,9 +3,8 @@
 
 use super::StrategyKind;
 use super::cost::{Candidate, Cluster, Fixed, Layout, PlanError, Workload, search_within};
+use super::{AutoConfig, ConfigError, Schedule, StrategyConfigs};
 use crate::optim::{Precision, StateLayout};
-use crate::strategy::ConfigError;
-use crate::strategy::{AutoConfig, Schedule, StrategyConfigs};
 
 /// What `auto` plans with: the model's step and the devices the ranks run on (their count is
 /// the plan's, set when it resolves).
@@ -362,10 +361,7 @@ mod tests {
         }
     }
 
-    fn resolve(
-        planner: Planner,
-        world: Option<usize>,
-    ) -> Result<Plan, crate::strategy::ConfigError> {
+    fn resolve(planner: Planner, world: Option<usize>) -> Result<Plan, ConfigError> {
         Plan::resolve(PlanRequest {
             world,
             cpu_cores: Some(2),
@@ -449,7 +445,7 @@ mod tests {
         world: usize,
         configs: StrategyConfigs,
         fixed: Option<(Fixed, String)>,
-    ) -> Result<Plan, crate::strategy::ConfigError> {
+    ) -> Result<Plan, ConfigError> {
         Plan::resolve(PlanRequest {
             world: Some(world),
             configs,

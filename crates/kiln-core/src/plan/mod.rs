@@ -9,6 +9,7 @@
 //! `tensor`: `dp × pp × tp`), and the world is their product.
 
 mod auto;
+mod config;
 pub mod cost;
 mod kind;
 
@@ -16,11 +17,15 @@ use std::fmt;
 
 use crate::optim::{Precision, StateLayout};
 use crate::plan::cost::Fixed;
-use crate::strategy::{ConfigError, StrategyConfigs};
 use crate::world::{Mesh, ProcessInfo};
 
 pub use auto::Planner;
 pub(crate) use auto::layout_configs;
+pub(crate) use config::check_threads;
+pub use config::{
+    AutoConfig, ConfigError, DataParallelConfig, DdpConfig, MAX_THREADS_PER_RANK, MAX_TIMEOUT_S,
+    PipelineConfig, Schedule, SingleConfig, StrategyConfigs, TensorConfig,
+};
 pub use kind::StrategyKind;
 
 /// What a run asks for, before it is resolved.

@@ -21,25 +21,7 @@ use crate::grads::add_weighted;
 use crate::model::TrainModel;
 use crate::optim::step::{Findings, Sync, guarded_step};
 use crate::optim::{GuardedOptimizer, OptimizerState, StateLayout, decode, encode, total_squares};
-
-/// Configuration of [`DataParallel`].
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct DataParallelConfig {
-    /// Micro-batches per device and global batch (1 means no accumulation).
-    pub grad_accumulation: usize,
-    /// Intra-op threads per device; `None` shares the cores evenly.
-    pub threads_per_rank: Option<usize>,
-}
-
-impl Default for DataParallelConfig {
-    fn default() -> Self {
-        Self {
-            grad_accumulation: 1,
-            threads_per_rank: None,
-        }
-    }
-}
+use crate::plan::DataParallelConfig;
 
 /// A device's gradients and output items, and the guard's finding code for them.
 type DeviceResult<M> = (LocalGradients<<M as TrainStep>::Output>, Option<f32>);

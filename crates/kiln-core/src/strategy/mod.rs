@@ -8,7 +8,6 @@
 //! batches (the equivalence tests in `tests/`).
 
 mod agree;
-mod auto;
 mod build;
 mod data_parallel;
 mod ddp;
@@ -31,16 +30,19 @@ use std::time::Duration;
 use burn::tensor::backend::AutodiffBackend;
 use burn::train::TrainStep;
 
-pub use crate::plan::StrategyKind;
-pub use auto::AutoConfig;
-pub use build::{StrategyConfigs, build};
-pub use data_parallel::{DataParallel, DataParallelConfig};
-pub use ddp::{Ddp, DdpConfig};
-pub use error::{ConfigError, RankError, RankFailure, StrategyError};
+// The settings each strategy runs with are the plan's vocabulary; their paths here stay.
+pub use crate::plan::{
+    AutoConfig, ConfigError, DataParallelConfig, DdpConfig, PipelineConfig, Schedule, SingleConfig,
+    StrategyConfigs, StrategyKind, TensorConfig,
+};
+pub use build::build;
+pub use data_parallel::DataParallel;
+pub use ddp::Ddp;
+pub use error::{RankError, RankFailure, StrategyError};
 pub use optimizer::{OptimizerSpec, PerformanceSpec};
-pub use pipeline::{Action, Pipeline, PipelineConfig, Schedule, peak_live};
-pub use single::{Single, SingleConfig};
-pub use tensor::{Tensor, TensorConfig};
+pub use pipeline::{Action, Pipeline, peak_live};
+pub use single::Single;
+pub use tensor::Tensor;
 
 use crate::collective::CollectiveCounters;
 use crate::model::TrainModel;

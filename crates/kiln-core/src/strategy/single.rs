@@ -6,6 +6,7 @@
 //! every other strategy is compared with, and what `auto` picks for one rank.
 
 use crate::optim::{GuardedOptimizer, OptimizerState};
+use crate::plan::SingleConfig;
 use burn::tensor::backend::AutodiffBackend;
 use burn::train::TrainStep;
 
@@ -13,25 +14,6 @@ use super::{Ddp, DdpConfig, RankStats, StepOutput, Strategy, StrategyError};
 use crate::World;
 use crate::data::DataSource;
 use crate::model::TrainModel;
-
-/// Configuration of [`Single`].
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct SingleConfig {
-    /// Micro-batches per global batch (1 means no accumulation).
-    pub grad_accumulation: usize,
-    /// Intra-op threads of its one rank; `None` uses every core.
-    pub threads_per_rank: Option<usize>,
-}
-
-impl Default for SingleConfig {
-    fn default() -> Self {
-        Self {
-            grad_accumulation: 1,
-            threads_per_rank: None,
-        }
-    }
-}
 
 /// Training on one device: the reference every other strategy must match.
 ///

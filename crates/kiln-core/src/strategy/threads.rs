@@ -81,7 +81,7 @@ pub(crate) fn rank_pool(
 ) -> Result<RankPool, ConfigError> {
     let threads = match threads {
         Some(n) => {
-            super::error::check_threads(n)?;
+            crate::plan::check_threads(n)?;
             n
         }
         None => {

@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
-use super::DdpConfig;
 use crate::collective::MeshCollectives;
 use crate::data::DataSource;
 use crate::grads::{BucketPlan, ParamSelection, broadcast_parameters};
@@ -14,6 +13,7 @@ use crate::model::TrainModel;
 use crate::optim::step::{Findings, Split, Sync, guarded_step};
 use crate::optim::{GuardedOptimizer, decode, encode, tensor_bytes};
 use crate::params::{fingerprints, floats_to_hashes, hashes_to_floats, param_bytes, signature};
+use crate::plan::DdpConfig;
 use crate::strategy::agree::{Fact, agree, dtype_fact};
 use crate::strategy::exchange::{self, Share, encode_module};
 use crate::strategy::handover::sync_device;

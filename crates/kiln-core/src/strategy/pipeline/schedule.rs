@@ -6,7 +6,7 @@
 //! runs micro-batch `j`'s forward after the previous stage's and its backward after the next
 //! stage's is free of deadlock; both schedules here are.
 
-use std::fmt;
+use crate::plan::Schedule;
 
 /// One unit of a stage's work: the forward or the backward of a micro-batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,51 +17,7 @@ pub enum Action {
     Backward(usize),
 }
 
-/// How a stage orders its micro-batches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-pub enum Schedule {
-    /// Every forward, then every backward: simple, holds all `m` micro-batches' activations.
-    #[serde(rename = "gpipe")]
-    GPipe,
-    /// One forward, one backward: after a warm-up of `p − 1 − s` forwards, stage `s`
-    /// alternates, so it holds at most `p − s` micro-batches' activations (at most `p`).
-    #[default]
-    #[serde(rename = "1f1b")]
-    OneFOneB,
-}
-
-impl fmt::Display for Schedule {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for Schedule {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        Self::ALL
-            .into_iter()
-            .find(|schedule| schedule.name() == s)
-            .ok_or_else(|| format!("unknown schedule {s:?}; use gpipe or 1f1b"))
-    }
-}
-
 impl Schedule {
-    /// Every schedule.
-    pub const ALL: [Schedule; 2] = [Schedule::GPipe, Schedule::OneFOneB];
-
-    /// Their names, as [`Schedule::ALL`] lists them.
-    pub const ALL_NAMES: [&'static str; 2] = [Self::ALL[0].name(), Self::ALL[1].name()];
-
-    /// The name configs and command lines use.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Schedule::GPipe => "gpipe",
-            Schedule::OneFOneB => "1f1b",
-        }
-    }
-
     /// The actions of stage `stage` of `stages` over `micro_batches` micro-batches.
     pub fn actions(self, stage: usize, stages: usize, micro_batches: usize) -> Vec<Action> {
         let m = micro_batches;

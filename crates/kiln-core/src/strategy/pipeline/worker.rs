@@ -14,7 +14,6 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor};
 
-use super::PipelineConfig;
 use super::schedule::Action;
 use crate::collective::MeshCollectives;
 use crate::data::{DataSource, split_even};
@@ -23,6 +22,7 @@ use crate::model::PipelineModel;
 use crate::optim::step::{Findings, Split, Sync, guarded_step};
 use crate::optim::{GuardedOptimizer, decode, encode, tensor_bytes};
 use crate::params::param_bytes;
+use crate::plan::PipelineConfig;
 use crate::stages::{Activation, recv_activation, send_activation};
 use crate::strategy::agree::{Fact, agree};
 use crate::strategy::exchange::{self, Share, encode_module};
