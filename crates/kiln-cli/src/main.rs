@@ -17,6 +17,8 @@ mod optimizer_args;
 mod outputs;
 mod parallel_args;
 mod plan;
+mod planning;
+mod run_config;
 mod signals;
 mod train;
 

@@ -251,8 +251,11 @@ impl TrainArgs {
         launched.check(c.train.strategy)?;
         // A run resumes on the layout it saved; a precision may rule stages out.
         let resume = self.resume_path();
-        let fixed =
-            crate::plan::auto_fixed(c.train.strategy, resume.as_deref(), c.optimizer.precision)?;
+        let fixed = crate::planning::auto_fixed(
+            c.train.strategy,
+            resume.as_deref(),
+            c.optimizer.precision,
+        )?;
         let request = PlanRequest {
             dp,
             cpu_cores: launched.cores(self.backend.cpu_cores()),
@@ -281,7 +284,7 @@ impl Planning {
         let planner = match self.launched.processes() {
             1 => measure()?,
             #[cfg(feature = "mpi")]
-            _ => crate::plan::plan_together(
+            _ => crate::planning::plan_together(
                 &self.launched,
                 config.parallel.ddp.collective_timeout_s,
                 // The measurement's own error, without the advice the others add.

@@ -24,7 +24,7 @@ use kiln_core::strategy::{PerformanceSpec, StrategyConfigs};
 use kiln_nn::tensor_parallel::ShardedBackend;
 
 use crate::backend::{BackendKind, Job, Placement, dispatch};
-use crate::train::{ModelJob, ModelKind, TrainConfig, adamw, with_builtin};
+use crate::run_config::{ModelJob, ModelKind, TrainConfig, adamw, with_builtin};
 
 /// Options of `kiln bench plan`; the lists are comma-separated.
 #[derive(clap::Args, Debug)]
@@ -95,7 +95,7 @@ pub fn run(args: PlanBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         config.validate()?;
         let mut rows: Vec<Measuring> = Vec::new();
         for round in 0..args.rounds {
-            let planner = crate::plan::planner(&config)?;
+            let planner = crate::planning::planner(&config)?;
             report.calibrations.push(Calibration {
                 model: model.name().into(),
                 round: round + 1,

@@ -9,7 +9,7 @@ use kiln_nn::llm::{DataFormat, Packing, TrainOn};
 use super::config::{FinetuneConfig, FinetuneConfigError, MergedDtype};
 use crate::checkpoint_args::CheckpointArgs;
 use crate::launched::Launched;
-use crate::train::RunArgs;
+use crate::run_config::RunArgs;
 
 /// Flags of `kiln finetune`; each overrides the same field of `--config`.
 #[derive(clap::Args, Debug)]
@@ -265,12 +265,15 @@ impl FinetuneArgs {
         self.checkpoint.apply(&mut c.checkpoint);
         c.validate()?;
         // The planner builds and measures Kiln's own models, not a pretrained one.
-        let plan = c
-            .train
-            .plan(dp, launched, crate::train::AutoPlan::Replicas)?;
+        let plan = crate::planning::plan(
+            &c.train,
+            dp,
+            launched,
+            crate::run_config::AutoPlan::Replicas,
+        )?;
         c.train
             .placement(&plan)
-            .map_err(crate::train::ConfigError::from)?;
+            .map_err(crate::run_config::ConfigError::from)?;
         let checkpoints = Checkpoints {
             save: self.save,
             args: self.checkpoint,

@@ -10,7 +10,7 @@ use kiln_nn::llm::{
 use kiln_nn::lora::QuantConfig;
 
 use crate::config_file;
-use crate::train::{ConfigError, TrainConfig};
+use crate::run_config::{ConfigError, TrainConfig};
 
 /// The adapters' settings (`[lora]`).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]

@@ -4,23 +4,14 @@
 //! model ([`kiln_core::plan::cost`]) estimates, best first, and why the first was chosen.
 
 mod describe;
-mod fixed;
-#[cfg(feature = "mpi")]
-mod launched;
-mod machine;
 mod table;
-
-pub use fixed::auto_fixed;
-#[cfg(feature = "mpi")]
-pub use launched::{launched_planner, plan_together};
-pub use machine::planner;
 
 use std::path::PathBuf;
 
 use kiln_core::optim::Precision;
 use kiln_core::plan::cost::{Cluster, Workload, search};
 
-use crate::train::{ModelKind, TrainConfig};
+use crate::run_config::{ModelKind, TrainConfig};
 
 /// `kiln plan`'s flags.
 #[derive(clap::Args, Debug)]
@@ -196,7 +187,7 @@ fn measured(
         ..TrainConfig::default()
     };
     config.validate()?;
-    let planner = planner(&config)?;
+    let planner = crate::planning::planner(&config)?;
     let cores = planner.cluster.devices;
     let devices = args.devices.unwrap_or(cores);
     if devices == 0 {

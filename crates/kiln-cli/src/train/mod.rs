@@ -1,9 +1,6 @@
 //! `kiln train`: a built-in model on built-in synthetic data, through any strategy.
 
-mod builtin;
-mod config;
 mod report;
-mod run_args;
 
 use std::path::PathBuf;
 
@@ -18,14 +15,12 @@ use kiln_core::plan::Plan;
 use kiln_core::strategy::{PerformanceSpec, StepOutput};
 use kiln_nn::tensor_parallel::ShardedBackend;
 
-pub(crate) use builtin::{ModelJob, adamw, with_builtin, workload as builtin_workload};
-pub use config::{AutoPlan, ConfigError, ModelKind, TrainConfig};
 use report::TrainReport;
-pub use run_args::RunArgs;
 
 use crate::backend::{Job, dispatch};
 use crate::checkpoint_args::{CheckpointArgs, RunCheckpoints};
 use crate::launched::Launched;
+use crate::run_config::{AutoPlan, ModelJob, ModelKind, RunArgs, TrainConfig, with_builtin};
 use crate::signals::{Interrupted, Saved, Signals};
 
 /// Flags of `kiln train`; each overrides the same field of `--config`.
@@ -92,7 +87,7 @@ impl TrainArgs {
         if let Some(checkpoint) = &opened {
             c.check_resumed(checkpoint)?;
         }
-        let plan = c.plan(dp, launched, AutoPlan::Measured { resume })?;
+        let plan = crate::planning::plan(&c, dp, launched, AutoPlan::Measured { resume })?;
         c.placement(&plan)?;
         // What the run writes, the first process writes alone.
         let main = launched.is_main();
@@ -198,7 +193,7 @@ fn train_on_devices<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBa
 ) -> Result<TrainReport, Box<dyn std::error::Error>> {
     let config = job.config;
     let device = devices[0].clone();
-    builtin::with_builtin::<B, _>(config, &device, Train { job, devices })
+    with_builtin::<B, _>(config, &device, Train { job, devices })
 }
 
 /// Training, as a job on whichever built-in model the config names.
@@ -207,7 +202,7 @@ struct Train<'a, B: AutodiffBackend> {
     devices: Vec<B::Device>,
 }
 
-impl<B> builtin::ModelJob<B> for Train<'_, B>
+impl<B> ModelJob<B> for Train<'_, B>
 where
     B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend,
 {
@@ -257,7 +252,10 @@ where
         Some(folder) => {
             let run = RunInfo::of(plan, "adamw", config.optimizer.precision);
             let text = toml::to_string_pretty(config)?;
-            Some(Saver::new(folder, kind, run).with_file(config::CONFIG_FILE, text.into_bytes()))
+            Some(
+                Saver::new(folder, kind, run)
+                    .with_file(crate::run_config::CONFIG_FILE, text.into_bytes()),
+            )
         }
         None => None,
     };

@@ -19,7 +19,7 @@ use kiln_core::strategy::PerformanceSpec;
 use kiln_nn::tensor_parallel::ShardedBackend;
 
 use crate::backend::{BackendKind, Job, Placement, dispatch};
-use crate::train::{ModelJob, TrainConfig, adamw, builtin_workload, with_builtin};
+use crate::run_config::{ModelJob, TrainConfig, adamw, builtin_workload, with_builtin};
 
 /// Why this machine could not be measured.
 #[derive(Debug, thiserror::Error)]
@@ -180,7 +180,7 @@ mod tests {
     use kiln_core::strategy::StrategyKind;
 
     use super::*;
-    use crate::train::ModelKind;
+    use crate::run_config::ModelKind;
 
     type B = Autodiff<Flex>;
 

@@ -15,7 +15,7 @@ use kiln_core::plan::Planner;
 
 use super::machine::{MachineError, planner};
 use crate::launched::Launched;
-use crate::train::TrainConfig;
+use crate::run_config::TrainConfig;
 
 /// All-reduces timed at each size of the link probe.
 const PROBE_CALLS: usize = 20;

@@ -1,8 +1,8 @@
-//! kiln-core's modules stand in layers: each may name only the modules below it. This test
-//! reads every `crate::` path in `src/` (in `use` lines and inline, `crate::{a, b::c}` groups
-//! included) and fails on one that names a module above its own.
+//! kiln-core's and kiln-cli's modules stand in layers: each may name only the modules below
+//! it. This test reads every `crate::` path in each crate's `src/` (in `use` lines and inline,
+//! `crate::{a, b::c}` groups included) and fails on one that names a module above its own.
 //!
-//! The order, from the bottom:
+//! kiln-core's order, from the bottom ([`CORE`]):
 //!
 //! ```text
 //! cuda, output, stats      device facts, a step's output, statistics: no Kiln imports
@@ -18,7 +18,13 @@
 //! fit, learner             the training loop, burn-train's Learner
 //! ```
 //!
-//! [`KNOWN_UPWARD`] lists the upward imports that are still there, each with what it names. The
+//! kiln-cli's ([`CLI`]): the shared pieces (names, outputs, signals, the allocator, the Hub
+//! cache, config files, backends, a launched run's environment, the flag groups), then the run
+//! configuration every subcommand shares (`run_config`), the auto-planning service
+//! (`planning`), and the subcommands, of which only `export` uses another (`finetune`'s model
+//! loading).
+//!
+//! [`CORE_UPWARD`] lists the upward imports that are still there, each with what it names. The
 //! test fails when a new one appears, and when a listed one is gone (so that the list only
 //! shrinks). `super::` paths stay inside their module and are not read.
 
@@ -26,7 +32,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 /// kiln-core's top-level modules, lowest first. A module may name only those before it.
-const ORDER: &[&str] = &[
+const CORE: &[&str] = &[
     "cuda",
     "output",
     "stats",
@@ -48,8 +54,33 @@ const ORDER: &[&str] = &[
     "planner",
 ];
 
-/// Upward imports not yet moved: `(file under src/, the module it names)`.
-const KNOWN_UPWARD: &[(&str, &str)] = &[
+/// kiln-cli's top-level modules, lowest first.
+const CLI: &[&str] = &[
+    "names",
+    "outputs",
+    "signals",
+    "allocator",
+    "hub",
+    "config_file",
+    "backend",
+    "launched",
+    "checkpoint_args",
+    "optimizer_args",
+    "parallel_args",
+    "run_config",
+    "planning",
+    "generate",
+    "finetune",
+    "export",
+    "train",
+    "ad",
+    "plan",
+    "bench",
+    "launch",
+];
+
+/// kiln-core's upward imports not yet moved: `(file under src/, the module it names)`.
+const CORE_UPWARD: &[(&str, &str)] = &[
     // The model contracts name the loop and the strategies they are trained by.
     ("model/parallel.rs", "fit"),
     ("model/parallel.rs", "plan"),
@@ -142,17 +173,18 @@ fn rust_files(dir: &Path, root: &Path, out: &mut Vec<(String, String)>) {
     }
 }
 
-#[test]
-fn every_module_names_only_the_layers_below_it() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// Checks the crate whose sources are in `src` (relative to the workspace) against `order`,
+/// allowing the `known` upward imports and no other.
+fn check_layers(src: &str, root_file: &str, order: &[&str], known: &[(&str, &str)]) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(src);
     let mut files = Vec::new();
     rust_files(&root, &root, &mut files);
-    let rank = |m: &str| ORDER.iter().position(|&o| o == m);
+    let rank = |m: &str| order.iter().position(|&o| o == m);
 
     let mut upward = BTreeSet::new();
     let mut unplaced = BTreeSet::new();
-    for (file, src) in &files {
-        if file == "lib.rs" {
+    for (file, text) in &files {
+        if file == root_file {
             continue;
         }
         let own = module_of(file);
@@ -160,19 +192,20 @@ fn every_module_names_only_the_layers_below_it() {
             unplaced.insert(own.to_string());
             continue;
         };
-        for (line, named) in named_modules(src) {
+        for (line, named) in named_modules(text) {
             match rank(&named) {
                 Some(r) if r > own_rank => {
                     upward.insert((file.clone(), named, line + 1));
                 }
-                // `crate::` followed by an item of lib.rs (a re-export) or a macro path.
+                // `crate::` followed by an item of the crate root (a re-export) or a macro.
                 _ => {}
             }
         }
     }
     assert!(
         unplaced.is_empty(),
-        "modules missing from ORDER in tests/layers.rs (place each in its layer): {unplaced:?}"
+        "{src}: modules missing from its order in tests/layers.rs (place each in its layer): \
+         {unplaced:?}"
     );
 
     let found: BTreeSet<(&str, &str)> = upward
@@ -181,24 +214,33 @@ fn every_module_names_only_the_layers_below_it() {
         .collect();
     let new: Vec<String> = upward
         .iter()
-        .filter(|(f, m, _)| !KNOWN_UPWARD.contains(&(f.as_str(), m.as_str())))
-        .map(|(f, m, line)| format!("src/{f}:{line} names `crate::{m}`"))
+        .filter(|(f, m, _)| !known.contains(&(f.as_str(), m.as_str())))
+        .map(|(f, m, line)| format!("{src}/{f}:{line} names `crate::{m}`"))
         .collect();
     assert!(
         new.is_empty(),
-        "imports that run up the layers (the order is ORDER in tests/layers.rs; name a module \
-         below, or move the item down):\n{}",
+        "imports that run up the layers (the order is in tests/layers.rs; name a module below, \
+         or move the item down):\n{}",
         new.join("\n")
     );
-    let gone: Vec<_> = KNOWN_UPWARD
+    let gone: Vec<_> = known
         .iter()
         .filter(|known| !found.contains(*known))
         .collect();
     assert!(
         gone.is_empty(),
-        "these upward imports are gone: take them out of KNOWN_UPWARD in tests/layers.rs: \
-         {gone:?}"
+        "{src}: these upward imports are gone: take them out of tests/layers.rs: {gone:?}"
     );
+}
+
+#[test]
+fn every_kiln_core_module_names_only_the_layers_below_it() {
+    check_layers("crates/kiln-core/src", "lib.rs", CORE, CORE_UPWARD);
+}
+
+#[test]
+fn every_kiln_cli_module_names_only_the_layers_below_it() {
+    check_layers("crates/kiln-cli/src", "main.rs", CLI, &[]);
 }
 
 #[test]

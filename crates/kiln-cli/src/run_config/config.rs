@@ -4,13 +4,12 @@ use std::path::Path;
 
 use kiln_core::checkpoint::{Checkpoint, CheckpointConfig, config_differences};
 use kiln_core::optim::{GuardConfigError, LrDecay, LrSchedule, PerformanceConfig, ScheduleError};
-use kiln_core::plan::{Plan, PlanRequest};
+use kiln_core::plan::Plan;
 use kiln_core::strategy::{StrategyConfigs, StrategyKind};
 use kiln_kernels::FusedAdamWConfig;
 
 use crate::backend::{BackendKind, DeviceError, Placement};
 use crate::config_file::{self, ConfigFileError};
-use crate::launched::Launched;
 
 /// A built-in model.
 #[derive(
@@ -227,71 +226,6 @@ impl TrainConfig {
 
     /// The most samples the synthetic data sets hold.
     pub const MAX_SAMPLES: usize = 1 << 22;
-
-    /// The run's plan: the strategy, its ranks and mesh, resolved from this config, the
-    /// replicas `dp` named on the command line, and the machine's cores when the ranks share
-    /// the CPU, `auto` laid out as `auto` says; spread over the processes of `launched`,
-    /// which check at start-up that they run this same config; checked with the optimizer's
-    /// settings.
-    ///
-    /// # Errors
-    /// What the plan refuses, or a precision the strategy cannot run.
-    pub fn plan(
-        &self,
-        dp: Option<usize>,
-        launched: &Launched,
-        auto: AutoPlan<'_>,
-    ) -> Result<Plan, ConfigError> {
-        launched.check(self.strategy)?;
-        let resume = match auto {
-            AutoPlan::Measured { resume } => resume,
-            AutoPlan::Replicas => None,
-        };
-        // A run resumes on the layout it saved; a precision may rule stages out.
-        let fixed = crate::plan::auto_fixed(self.strategy, resume, self.optimizer.precision)?;
-        let request = PlanRequest {
-            strategy: self.strategy,
-            world: launched.world(self.world, self.devices.as_ref().map(Vec::len)),
-            dp,
-            configs: self.parallel.clone(),
-            global_batch: self.batch,
-            cpu_cores: launched.cores(self.backend.cpu_cores()),
-            planner: None,
-            fixed,
-        };
-        // Checked first as it stands (the ranks, the batch), before `auto` spends a second
-        // measuring the model.
-        let mut plan = Plan::resolve(request.clone())?;
-        // `auto` plans with the model measured here, when there is more than one rank to lay
-        // out: the processes of a launched run with the first one's measurement.
-        let measurable = (self.backend.is_cpu() || self.backend == BackendKind::Cuda)
-            && (launched.processes() == 1 || cfg!(feature = "mpi"));
-        if let AutoPlan::Measured { .. } = auto
-            && self.strategy == StrategyKind::Auto
-            && plan.world_size() > 1
-            && measurable
-        {
-            let planner = match launched.processes() {
-                1 => crate::plan::planner(self),
-                #[cfg(feature = "mpi")]
-                _ => crate::plan::launched_planner(self, launched),
-                #[cfg(not(feature = "mpi"))]
-                _ => unreachable!("a launched run is measured with MPI only"),
-            }
-            .map_err(|e| ConfigError::Measure(e.to_string()))?;
-            plan = Plan::resolve(PlanRequest {
-                planner: Some(planner),
-                ..request
-            })?;
-        }
-        plan.check_precision(self.optimizer.precision)?;
-        // Every process's own devices may differ; the rest of the config may not.
-        let shared = Self {
-            devices: None,
-            ..self.clone()
-        };
-        Ok(launched.plan(plan, &shared)?)
-    }
 
     /// Where this process's ranks of `plan` run.
     ///
