@@ -120,8 +120,7 @@ pub fn time<B: Backend>(device: &B::Device, timing: Timing, mut f: impl FnMut())
         sync();
         samples.push(t.elapsed().as_secs_f64());
     }
-    samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
+    kiln_core::stats::median(&samples)
 }
 
 struct Bench<'a, B: Backend> {

@@ -33,8 +33,8 @@ impl RoundTiming {
     }
 }
 
-/// The round whose error is the median of `rounds`' (the upper of the two middle ones for an
-/// even count, as [`Summary`](crate::stats::Summary)'s); `None` for no rounds.
+/// The round whose error is the median of `rounds`' (a round, so the upper of the two middle
+/// ones for an even count); `None` for no rounds.
 pub fn median_round(rounds: &[RoundTiming]) -> Option<usize> {
     let mut order: Vec<usize> = (0..rounds.len()).collect();
     order.sort_by(|&a, &b| rounds[a].error().total_cmp(&rounds[b].error()));
@@ -446,8 +446,8 @@ mod tests {
 
     #[test]
     fn the_summary_judges_auto_s_choice_by_each_candidate_s_speed_over_the_rounds() {
-        // Auto chose dp2 in both rounds, and dp2 is 10 % slower than dp1 over them (the
-        // medians of their rounds' timings, 1.1 and 1.0).
+        // Auto chose dp2 in both rounds, and dp2 is 11 % slower than dp1 over them (the
+        // medians of their rounds' timings, 1.05 and 0.95).
         // dp2's errors are +5 % and +25 %, dp1's +10 % in both.
         let mut rows = vec![
             row(
@@ -478,7 +478,7 @@ mod tests {
         );
         assert!(
             table.contains(
-                "auto chooses ddp dp2 pp1 tp1, 1×8 (in 2 of 2 round(s)): 10 % behind the measured \
+                "auto chooses ddp dp2 pp1 tp1, 1×8 (in 2 of 2 round(s)): 11 % behind the measured \
                  fastest (pipeline dp1 pp2 tp1, 1×8)"
             ),
             "{table}"

@@ -1,11 +1,12 @@
-//! The few statistics a benchmark on a noisy machine needs.
+//! The few statistics a benchmark on a noisy machine needs (the median is kiln-core's, as the
+//! planner's timings read it).
 
 use serde::{Deserialize, Serialize};
 
 /// Median, minimum and maximum of repeated measurements.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
-    /// The middle value (the upper one of the two middle values for an even count).
+    /// The middle value (the mean of the two middle values for an even count).
     pub median: f64,
     /// The smallest value.
     pub min: f64,
@@ -19,9 +20,9 @@ impl Summary {
         let mut sorted = values.to_vec();
         sorted.sort_by(f64::total_cmp);
         Some(Self {
-            median: *sorted.get(sorted.len() / 2)?,
             min: *sorted.first()?,
             max: *sorted.last()?,
+            median: kiln_core::stats::median(&sorted),
         })
     }
 }
@@ -39,7 +40,7 @@ mod tests {
     #[test]
     fn summary_and_rotation() {
         let s = Summary::of(&[3.0, 1.0, 2.0, 10.0]).unwrap();
-        assert_eq!((s.median, s.min, s.max), (3.0, 1.0, 10.0));
+        assert_eq!((s.median, s.min, s.max), (2.5, 1.0, 10.0));
         assert_eq!(Summary::of(&[]), None);
         assert_eq!(rotation(3, 1).collect::<Vec<_>>(), vec![1, 2, 0]);
         assert_eq!(rotation(3, 3).collect::<Vec<_>>(), vec![0, 1, 2]);
