@@ -5,7 +5,7 @@ use burn::module::Module;
 use burn::tensor::backend::AutodiffBackend;
 use kiln_core::plan::Planner;
 use kiln_core::plan::cost::Workload;
-use kiln_core::planner::measure;
+use kiln_core::planner;
 use kiln_nn::models::TransformerConfig;
 use kiln_nn::tensor_parallel::ShardedBackend;
 
@@ -42,7 +42,7 @@ pub fn workload(config: &AdConfig, global_batch: usize) -> Workload {
 
 /// This machine's `cores` as devices for `config`'s model on `data`: the step timed on one
 /// core (beside copies on the others, and alone), the in-process collective probed, and the
-/// step over two to four ranks of `devices` ([`measure::TIMED_RANKS`]) for what several
+/// step over two to four ranks of `devices` ([`planner::TIMED_RANKS`]) for what several
 /// ranks cost beyond their parts. About a second.
 ///
 /// # Errors
@@ -62,7 +62,7 @@ where
     let (source, optim) = (window_source::<B>(config, data)?, optimizer(config)?);
     let work = workload(config, config.train.batch);
     debug_assert_eq!(work.params as usize, model.num_params());
-    Ok(measure::planner(
+    Ok(planner::planner(
         work,
         devices,
         &model,

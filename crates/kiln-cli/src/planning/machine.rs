@@ -14,7 +14,7 @@ use kiln_core::model::ParallelModel;
 use kiln_core::optim::{GuardConfigError, PerformanceConfig};
 use kiln_core::plan::Planner;
 use kiln_core::plan::cost::Workload;
-use kiln_core::planner::measure::{self, MeasureError};
+use kiln_core::planner::{self, MeasureError};
 use kiln_core::strategy::PerformanceSpec;
 use kiln_nn::tensor_parallel::ShardedBackend;
 
@@ -74,7 +74,7 @@ pub fn planner(config: &TrainConfig) -> Result<Planner, MachineError> {
             // the crowding over three, the shards over four).
             (
                 Machine::Cores(cores),
-                Placement::new(measure::TIMED_RANKS, None),
+                Placement::new(planner::TIMED_RANKS, None),
             )
         }
         // The run's GPUs: one rank each (those listed, or as many as the world).
@@ -156,7 +156,7 @@ where
         Ok(match self.machine {
             // On the CPU, one core runs the timed rank and the others copies beside it.
             Machine::Cores(cores) => {
-                measure::planner(workload, devices, &model, optim, &data, batch, cores, seed)?
+                planner::planner(workload, devices, &model, optim, &data, batch, cores, seed)?
             }
             Machine::Devices => {
                 // The smallest device bounds what a rank may hold.
@@ -166,7 +166,7 @@ where
                     .min()
                     .flatten()
                     .ok_or(MachineError::NoMemory(self.backend))?;
-                measure::device_planner(
+                planner::device_planner(
                     workload, devices, memory, &model, optim, &data, batch, seed,
                 )?
             }
@@ -202,7 +202,7 @@ mod tests {
         {
             // Two ranks on the one device: still one device to plan for.
             let devices = [self.device, self.device];
-            measure::device_planner(
+            planner::device_planner(
                 self.workload,
                 &devices,
                 self.memory,

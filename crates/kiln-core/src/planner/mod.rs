@@ -1,7 +1,14 @@
 //! The planner `auto` plans with, measured on this machine: a model's step timed on its
-//! devices and fitted to the cost model ([`measure`]), the collectives' link probed, and the
-//! model's memory fitted over shards and stages ([`memory_fit`]). It builds and steps real
+//! devices and fitted to the cost model ([`measure`]), the collectives' link probed
+//! ([`probe_links`]), and the model's memory fitted over shards and stages ([`memory_fit`]),
+//! built into planners ([`planner`], [`device_planner`], [`cpu_planner`]). It builds and steps real
 //! strategies, so it stands above them; the plan it feeds ([`crate::plan`]) stands below.
 
+mod construct;
 pub mod measure;
 pub mod memory_fit;
+mod probe;
+
+pub use construct::{cpu_planner, device_planner, planner};
+pub use measure::{MeasureError, TIMED_RANKS};
+pub use probe::probe_links;

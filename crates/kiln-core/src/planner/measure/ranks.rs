@@ -266,7 +266,7 @@ mod tests {
     use crate::collective::Link;
     use crate::optim::Precision;
     use crate::plan::cost::{Timing, Workload};
-    use crate::planner::measure::cpu_planner;
+    use crate::planner::cpu_planner;
 
     /// The tiny transformer as planned on `cores` cores, its step fitted to three timings.
     fn tiny_planner(cores: usize) -> Planner {
