@@ -23,7 +23,7 @@ pub(crate) const OLDEST_FORMAT: u32 = 1;
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Manifest {
-    /// The manifest format ([`FORMAT`] when written).
+    /// The manifest format (this version's when written).
     pub format: u32,
     /// The Kiln version that wrote it.
     pub kiln_version: String,

@@ -14,7 +14,7 @@
 //! small.
 //!
 //! Implementations: [`InProcess`] (ranks are threads of one process, any backend) and, with
-//! the `mpi` feature, [`mpi::Mpi`] (ranks in several processes, through MPI).
+//! the `mpi` feature, `mpi::Mpi` (ranks in several processes, through MPI).
 //! [`MeshCollectives`] gives a rank its group along each axis of a [`crate::world::Mesh`].
 
 mod error;

@@ -163,8 +163,9 @@ impl<B: Backend, Model: Module<B>> MixedPrecision<B, Model> {
 
     /// This model, returning its gradients in the compute dtype (bf16 or f16) under the f32
     /// parameters' ids, without the pass that casts them to f32. Only for an optimizer that
-    /// reads them as they are ([`OptimizerSpec::reads_low_precision_grads`]
-    /// (crate::strategy::OptimizerSpec::reads_low_precision_grads)) on a strategy where nothing
+    /// reads them as they are
+    /// ([`OptimizerSpec::reads_low_precision_grads`](crate::strategy::OptimizerSpec::reads_low_precision_grads))
+    /// on a strategy where nothing
     /// else does: no collective, no accumulation (`fit` decides).
     pub fn with_low_precision_grads(self) -> Self {
         Self {
