@@ -159,6 +159,24 @@ pub fn linear_residual<B: KernelBackend, const D: usize>(
     linear_with(x, w, b, Epilogue::Residual(r))
 }
 
+/// `y + t·(scale·b)`: a low-rank adapter's term `t [.., r]·b [r, n]` added to its base's
+/// output `y [.., n]` in the adapter product's own pass ([`linear_residual`]), the scale on the
+/// `[r, n]` factor rather than on the `[.., n]` product, and no multiply at all for a scale of
+/// 1 (PEFT's default `alpha = rank`). PEFT's `y + (t·b)·scale` took two more passes over the
+/// output forward and one backward; the two agree to the bit for a power-of-two scale.
+///
+/// # Errors
+/// [`KernelError`] when the shapes do not agree.
+pub fn add_low_rank<B: KernelBackend, const D: usize>(
+    y: Tensor<B, D>,
+    t: Tensor<B, D>,
+    b: Tensor<B, 2>,
+    scale: f32,
+) -> Result<Tensor<B, D>, KernelError> {
+    let b = if scale == 1.0 { b } else { b.mul_scalar(scale) };
+    linear_residual(t, b, None, y)
+}
+
 /// `relu(x·w (+ b))`: [`linear`] with ReLU applied in the same pass over the output (a
 /// feed-forward's first layer). Its backward is [`relu`]'s, then [`linear`]'s.
 ///

@@ -27,7 +27,7 @@ use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
 use burn::tensor::{DType, Shape, TensorData};
 
 use crate::Epilogue;
-use crate::backend::{KernelBackend, plain};
+use crate::backend::{KernelBackend, plain, unwrap, wrap};
 use crate::quant::QuantizedPrimitive;
 
 /// The tensor in one contiguous f32 buffer (a copy only when it is a strided view), or
@@ -171,9 +171,9 @@ impl KernelBackend for Flex {
         let Some(deq) = f32.then(|| qlora::dequantize_nk(&weight)).flatten() else {
             return plain::qlora_forward::<Self>(x, weight, t, b, scale);
         };
-        let base = Self::matmul(x, Self::float_transpose(deq));
-        let low_rank = Self::float_mul_scalar(Self::matmul(t, b), scale.into());
-        Self::float_add(base, low_rank)
+        let base = wrap::<Self, 2>(Self::matmul(x, Self::float_transpose(deq)));
+        let low_rank = crate::ops::add_low_rank(base, wrap(t), wrap(b), scale);
+        unwrap(low_rank.expect("the adapter's factors chain: rank → out"))
     }
 
     fn qlora_input_grad(

@@ -24,7 +24,7 @@ use burn_cubecl::{CubeBackend, CubeRuntime, FloatElement, IntElement};
 
 pub use qlora::DENSE_ROWS as QLORA_DENSE_ROWS;
 
-use crate::backend::KernelBackend;
+use crate::backend::{KernelBackend, unwrap, wrap};
 use crate::quant::QuantizedPrimitive;
 use crate::{AdamWStep, Epilogue, FlatLayout};
 
@@ -86,16 +86,12 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> KernelBack
             return qlora::qlora_matmul(x, weight(w), Some((t, b, scale)), false);
         }
         // Training batches: the decoded weight through Burn's (tensor-core) matmul, and the
-        // adapter's term added in its own product's epilogue, the scale on the `[rank, out]`
-        // factor (four launches where a scaled product and an add took five).
+        // adapter's term in its own product's epilogue (four launches where a scaled product
+        // and an add took five).
         let deq = qlora::dequantize(weight(w), x.dtype);
-        let base = Self::float_matmul(x, deq);
-        let b = if scale == 1.0 {
-            b
-        } else {
-            Self::float_mul_scalar(b, scale.into())
-        };
-        Self::linear_forward(t, b, None, Epilogue::Residual(base))
+        let base = wrap::<Self, 2>(Self::float_matmul(x, deq));
+        let low_rank = crate::ops::add_low_rank(base, wrap(t), wrap(b), scale);
+        unwrap(low_rank.expect("the adapter's factors chain: rank → out"))
     }
 
     fn qlora_input_grad(dy: FloatTensor<Self>, w: QuantizedPrimitive<Self>) -> FloatTensor<Self> {

@@ -147,7 +147,8 @@ impl<B: ShardedBackend> Proj<B> {
             // Kiln's linear: the frozen weight gets no gradient, and the input's is one matmul.
             let y = crate::layers::linear_rows(linear, u);
             return match t {
-                Some(t) => self.add_adapter(y, t, b()),
+                Some(t) => ops::add_low_rank(y, t, b(), self.scale)
+                    .expect("the adapter's factors chain: rank → out"),
                 None => y,
             };
         }
@@ -165,20 +166,6 @@ impl<B: ShardedBackend> Proj<B> {
             Some(bias) => y + bias.val().unsqueeze::<3>(),
             None => y,
         }
-    }
-
-    /// `y + t·(scale·B)`: the adapter's term added in its product's own pass over the output
-    /// (Kiln's linear with a residual), with the scale on the `[rank, out]` factor rather
-    /// than on the `[rows, out]` product. PEFT's `y + (t·B)·scale` took two more passes over
-    /// the output forward and one more backward, 3 % of the CPU step; the two orders agree
-    /// to the bit when the scale is a power of two (PEFT's default `alpha = rank` gives 1).
-    fn add_adapter(&self, y: Tensor<B, 3>, t: Tensor<B, 3>, b: Tensor<B, 2>) -> Tensor<B, 3> {
-        let b = if self.scale == 1.0 {
-            b
-        } else {
-            b.mul_scalar(self.scale)
-        };
-        ops::linear_residual(t, b, None, y).expect("the adapter's factors chain: rank → out")
     }
 
     /// Folds the adapter into a full-precision base (`W + scale·A·B`) and drops it: a 4-bit
