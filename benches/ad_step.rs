@@ -165,6 +165,18 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
+/// wgpu's plain CubeCL backend (lavapipe on a machine without a GPU), under autodiff.
+#[cfg(feature = "wgpu")]
+type Plain =
+    Autodiff<burn::backend::wgpu::CubeBackend<burn::backend::wgpu::WgpuRuntime, f32, i32, u32>>;
+/// The same under Burn's fusion: what `kiln --backend wgpu` trains on.
+#[cfg(feature = "wgpu")]
+type Fused = Autodiff<
+    burn_fusion::Fusion<
+        burn::backend::wgpu::CubeBackend<burn::backend::wgpu::WgpuRuntime, f32, i32, u32>,
+    >,
+>;
+
 /// Launches and host synchronisations of each of `steps` steps (after 2 warm-up steps) of
 /// `Single` on wgpu (the plain CubeCL backend, then under Burn's fusion), plain, with the guards,
 /// and in f16 (lavapipe has no bf16; its casts and launches are f16's): the fewest and most per
@@ -172,10 +184,7 @@ fn median(mut xs: Vec<f64>) -> f64 {
 /// (`KILN_LAUNCH_SEQUENCE=1` lists them in order).
 #[cfg(feature = "wgpu")]
 fn count_launches(config: &AdConfig, steps: usize) {
-    use burn::backend::wgpu::{CubeBackend, WgpuRuntime};
     use kiln_bench::ad_step::{Variant, count};
-    type Plain = Autodiff<CubeBackend<WgpuRuntime, f32, i32, u32>>;
-    type Fused = Autodiff<burn_fusion::Fusion<CubeBackend<WgpuRuntime, f32, i32, u32>>>;
     let variants = [
         Variant::Single,
         Variant::Guarded,
@@ -210,10 +219,7 @@ fn count_launches(config: &AdConfig, steps: usize) {
 /// plain CubeCL backend and under Burn's fusion.
 #[cfg(feature = "wgpu")]
 fn count_llm_launches(batch: usize) {
-    use burn::backend::wgpu::{CubeBackend, WgpuRuntime};
     use kiln_bench::llm_step::{LlmStep, SEQ_LEN, per_layer};
-    type Plain = Autodiff<CubeBackend<WgpuRuntime, f32, i32, u32>>;
-    type Fused = Autodiff<burn_fusion::Fusion<CubeBackend<WgpuRuntime, f32, i32, u32>>>;
     println!(
         "LLM step: batch {batch} x {SEQ_LEN} tokens, rank-8 adapters on all seven projections"
     );
@@ -282,14 +288,15 @@ fn main() {
     let llm = raw
         .iter()
         .position(|a| a == "--llm")
-        .map(|at| raw.remove(at));
+        .map(|at| raw.remove(at))
+        .is_some();
     let mut args = raw.into_iter().peekable();
     let counting = args.peek().is_some_and(|a| a == "launches");
     if counting {
         args.next();
         kiln_bench::launches::install().expect("the bench installs the only subscriber");
     }
-    if counting && llm.is_some() {
+    if counting && llm {
         #[cfg(feature = "wgpu")]
         count_llm_launches(batch.unwrap_or(kiln_bench::llm_step::BATCH));
         #[cfg(not(feature = "wgpu"))]
