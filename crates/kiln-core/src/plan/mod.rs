@@ -23,8 +23,8 @@ pub use auto::Planner;
 pub(crate) use auto::layout_configs;
 pub(crate) use config::check_threads;
 pub use config::{
-    AutoConfig, ConfigError, DataParallelConfig, DdpConfig, MAX_THREADS_PER_RANK, MAX_TIMEOUT_S,
-    PipelineConfig, Schedule, SingleConfig, StrategyConfigs, TensorConfig,
+    AutoConfig, ConfigError, DataParallelConfig, DdpConfig, PipelineConfig, Schedule, SingleConfig,
+    StrategyConfigs, TensorConfig,
 };
 pub use kind::StrategyKind;
 
