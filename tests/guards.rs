@@ -23,7 +23,7 @@ use kiln::core::model::{ParallelModel, TrainModel};
 use kiln::core::optim::{NanPolicy, NonFinite, NonFiniteValue, PerformanceConfig};
 use kiln::core::strategy::{
     PerformanceSpec, RankError, StepOutput, Strategy, StrategyConfigs, StrategyError, StrategyKind,
-    build,
+    StrategyModel, build,
 };
 
 const STEPS: usize = 3;
@@ -121,7 +121,7 @@ fn train<M, I, Bt>(
     batches: &[Vec<usize>],
 ) -> (M, Vec<StepOutput>)
 where
-    M: ParallelModel<B>,
+    M: StrategyModel<B>,
     I: Clone + Send + Sync + 'static,
     Bt: Batcher<B, I, M::Input> + Clone + 'static,
 {
@@ -151,7 +151,7 @@ fn check_clipped<M, I, Bt>(
     world: usize,
     stages: usize,
 ) where
-    M: ParallelModel<B>,
+    M: StrategyModel<B>,
     I: Clone + Send + Sync + 'static,
     Bt: Batcher<B, I, M::Input> + Clone + 'static,
 {

@@ -80,12 +80,7 @@ const CLI: &[&str] = &[
 ];
 
 /// kiln-core's upward imports not yet moved: `(file under src/, the module it names)`.
-const CORE_UPWARD: &[(&str, &str)] = &[
-    // The model contracts name the loop and the strategies they are trained by.
-    ("model/parallel.rs", "fit"),
-    ("model/parallel.rs", "plan"),
-    ("model/parallel.rs", "strategy"),
-];
+const CORE_UPWARD: &[(&str, &str)] = &[];
 
 /// The top-level module a file under `src/` belongs to (`plan` for `plan/measure/ranks.rs`).
 fn module_of(file: &str) -> &str {

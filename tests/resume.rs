@@ -12,8 +12,8 @@ use burn::data::dataloader::batcher::Batcher;
 use burn::optim::AdamWConfig;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 use common::*;
-use kiln::core::model::ParallelModel;
 use kiln::core::optim::{OptimizerState, PerformanceConfig, StateError};
+use kiln::core::strategy::StrategyModel;
 use kiln::core::strategy::{
     PerformanceSpec, RankError, StrategyConfigs, StrategyError, StrategyKind, build,
 };
@@ -66,7 +66,7 @@ fn train<M, I, Bt>(
     save_to: Option<&Path>,
 ) -> M
 where
-    M: ParallelModel<B>,
+    M: StrategyModel<B>,
     I: Clone + Send + Sync + 'static,
     Bt: Batcher<B, I, M::Input> + Clone + 'static,
 {
@@ -110,7 +110,7 @@ fn check_resume<M, I, Bt>(
     (resume_kind, resume_world): (StrategyKind, usize),
     bit_exact: bool,
 ) where
-    M: ParallelModel<B>,
+    M: StrategyModel<B>,
     I: Clone + Send + Sync + 'static,
     Bt: Batcher<B, I, M::Input> + Clone + 'static,
 {
@@ -241,7 +241,7 @@ fn a_ddp_checkpoint_resumes_in_single_and_back() {
 /// A Ddp over two ranks for `case`'s model.
 fn ddp_of<M, I, Bt>(case: &Case<M, I, Bt>) -> Box<dyn kiln::core::strategy::Strategy<B, M>>
 where
-    M: ParallelModel<B>,
+    M: StrategyModel<B>,
     I: Clone + Send + Sync + 'static,
     Bt: Batcher<B, I, M::Input> + Clone + 'static,
 {

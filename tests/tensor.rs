@@ -20,7 +20,8 @@ use kiln::core::model::TensorParallelModel;
 use kiln::core::optim::PerformanceConfig;
 use kiln::core::params::param_bytes;
 use kiln::core::strategy::{
-    PerformanceSpec, Schedule, Strategy, StrategyConfigs, StrategyKind, Tensor as Tp, build,
+    PerformanceSpec, Schedule, Strategy, StrategyConfigs, StrategyKind, StrategyModel,
+    Tensor as Tp, build,
 };
 use kiln::core::tensor_parallel::TpGroup;
 use kiln::nn::lora::{LoraConfig, LoraKind, QuantConfig};
@@ -88,7 +89,7 @@ fn train<M, I, Bt>(
     clip: Option<f64>,
 ) -> (M, Vec<M::Sharded>, Vec<kiln::core::strategy::RankStats>)
 where
-    M: TensorParallelModel<B>,
+    M: TensorParallelModel<B, Sharded: StrategyModel<B>>,
     I: Clone + Send + Sync + 'static,
     Bt: Batcher<B, I, M::Input> + Clone + 'static,
 {
@@ -171,7 +172,7 @@ fn replicated_agree<M: Module<B>, S: Module<B>>(whole: &M, shards: &[S], what: &
 /// bytes.
 fn check<M, I, Bt>(name: &str, case: &Case<M, I, Bt>, shapes: &[Shape])
 where
-    M: TensorParallelModel<B>,
+    M: TensorParallelModel<B, Sharded: StrategyModel<B>>,
     I: Clone + Send + Sync + 'static,
     Bt: Batcher<B, I, M::Input> + Clone + 'static,
 {

@@ -59,6 +59,7 @@ pub use world::{World, WorldError};
 pub mod prelude {
     pub use crate::collective::{Collective, InProcess, ReduceOp};
     pub use crate::data::{DataSource, EpochSampler, Remainder, ShardPolicy};
+    pub use crate::fit::FitModel;
     pub use crate::model::{
         ParallelModel, PipelineModel, StepLoss, Supported, TensorParallelModel, TrainModel,
         Unsupported,
@@ -67,7 +68,7 @@ pub mod prelude {
     pub use crate::strategy::{
         DataParallel, DataParallelConfig, Ddp, DdpConfig, Pipeline, PipelineConfig, Schedule,
         Single, SingleConfig, StepOutput, Strategy, StrategyConfigs, StrategyError, StrategyKind,
-        Tensor, TensorConfig,
+        StrategyModel, Tensor, TensorConfig,
     };
     pub use crate::tensor_parallel::{TpBackend, TpGroup};
     pub use crate::world::Mesh;

@@ -12,8 +12,8 @@ use kiln_ad::env::DarkRoomConfig;
 use kiln_ad::model::AdModelConfig;
 use kiln_ad::source::{QLearningConfig, learning_histories};
 use kiln_core::data::{DataSource, EpochSampler};
-use kiln_core::model::ParallelModel;
 use kiln_core::plan::Plan;
+use kiln_core::strategy::StrategyModel;
 use kiln_core::strategy::{RankStats, StrategyError, build};
 use kiln_nn::lora::{LoraConfig, LoraKind, QuantConfig};
 use kiln_nn::models::{LoraTransformerConfig, MlpConfig, TransformerConfig};
@@ -131,7 +131,7 @@ impl<B: AutodiffBackend + ShardedBackend> RoundOf<'_, B> {
     /// The round itself, for any model.
     fn train<M, D, I, Bt>(self, model: M, dataset: D, batcher: Bt) -> Result<Round, StrategyError>
     where
-        M: ParallelModel<B>,
+        M: StrategyModel<B>,
         D: Dataset<I> + 'static,
         I: Clone + Send + Sync + 'static,
         Bt: Batcher<B, I, M::Input> + Clone + Send + Sync + 'static,

@@ -14,7 +14,7 @@ use kiln_bench::plan::{
 };
 use kiln_bench::stats::rotation;
 use kiln_core::data::DataSource;
-use kiln_core::model::ParallelModel;
+use kiln_core::fit::FitModel;
 use kiln_core::optim::PerformanceConfig;
 use kiln_core::plan::cost::{Candidate, Layout, StepTime, memory, step_time};
 use kiln_core::plan::{Plan, PlanRequest, Planner};
@@ -313,7 +313,7 @@ where
 
     fn run<M, I>(self, model: M, data: DataSource<B, I, M::Input>) -> Self::Output
     where
-        M: ParallelModel<B>,
+        M: FitModel<B>,
         I: Send + Sync + Clone + 'static,
     {
         let mut base = StrategyConfigs::default();

@@ -10,7 +10,7 @@
 
 use burn::tensor::backend::AutodiffBackend;
 use kiln_core::data::DataSource;
-use kiln_core::model::ParallelModel;
+use kiln_core::fit::FitModel;
 use kiln_core::optim::{GuardConfigError, PerformanceConfig};
 use kiln_core::plan::Planner;
 use kiln_core::plan::cost::Workload;
@@ -148,7 +148,7 @@ where
 
     fn run<M, I>(self, model: M, data: DataSource<B, I, M::Input>) -> Self::Output
     where
-        M: ParallelModel<B>,
+        M: FitModel<B>,
         I: Send + Sync + Clone + 'static,
     {
         let optim = &PerformanceSpec::new(adamw(), self.performance)?;
@@ -197,7 +197,7 @@ mod tests {
 
         fn run<M, I>(self, model: M, data: DataSource<B, I, M::Input>) -> Self::Output
         where
-            M: ParallelModel<B>,
+            M: FitModel<B>,
             I: Send + Sync + Clone + 'static,
         {
             // Two ranks on the one device: still one device to plan for.

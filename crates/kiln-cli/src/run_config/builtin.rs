@@ -3,7 +3,7 @@
 
 use burn::tensor::backend::AutodiffBackend;
 use kiln_core::data::DataSource;
-use kiln_core::model::ParallelModel;
+use kiln_core::fit::FitModel;
 use kiln_core::plan::cost::Workload;
 use kiln_kernels::FusedAdamWConfig;
 use kiln_nn::models::{MlpConfig, TransformerConfig};
@@ -30,7 +30,7 @@ pub(crate) trait ModelJob<B: AutodiffBackend + ShardedBackend> {
     /// Runs on `model` and `data`.
     fn run<M, I>(self, model: M, data: DataSource<B, I, M::Input>) -> Self::Output
     where
-        M: ParallelModel<B>,
+        M: FitModel<B>,
         I: Send + Sync + Clone + 'static;
 }
 

@@ -8,8 +8,8 @@ use burn::tensor::backend::AutodiffBackend;
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_core::checkpoint::{Checkpoint, RunInfo, Saver};
 use kiln_core::data::DataSource;
+use kiln_core::fit::FitModel;
 use kiln_core::fit::{Resume, SaveHooks, Training, fit};
-use kiln_core::model::ParallelModel;
 use kiln_core::params::checksum;
 use kiln_core::plan::Plan;
 use kiln_core::strategy::{PerformanceSpec, StepOutput};
@@ -210,7 +210,7 @@ where
 
     fn run<M, I>(self, model: M, data: DataSource<B, I, M::Input>) -> Self::Output
     where
-        M: ParallelModel<B>,
+        M: FitModel<B>,
         I: Send + Sync + Clone + 'static,
     {
         train_model(self.job, self.devices, model, data)
@@ -225,7 +225,7 @@ fn train_model<B, M, I>(
 ) -> Result<TrainReport, Box<dyn std::error::Error>>
 where
     B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend,
-    M: ParallelModel<B>,
+    M: FitModel<B>,
     I: Send + 'static,
 {
     let TrainJob {

@@ -8,7 +8,9 @@
 //! - [`LowPrecisionStep`]: how it computes its step in bf16 or f16, for mixed precision.
 //! - [`ParallelModel`]: which of those it has, so that one builder
 //!   ([`crate::strategy::build`]) and one loop ([`crate::fit::fit`]) take any model and refuse,
-//!   in one line, a plan the model cannot run.
+//!   in one line, a plan the model cannot run. What a capability does lives with them
+//!   ([`crate::strategy::StrategyModel`], [`crate::fit::FitModel`]); this layer only checks a
+//!   declaration against the contracts.
 //!
 //! Nothing here depends on Kiln's own models or strategies: implement these for yours.
 
@@ -24,7 +26,8 @@ use burn::train::TrainStep;
 
 pub use loss::StepLoss;
 pub use parallel::{
-    ParallelModel, PipelineSupport, PrecisionSupport, Supported, TensorSupport, Unsupported,
+    ParallelModel, PipelineCapability, PrecisionCapability, Supported, TensorCapability,
+    Unsupported,
 };
 pub use pipeline::{PipelineModel, even_ranges};
 pub use precision::{LowPrecisionStep, backward_scaled};

@@ -13,15 +13,16 @@
 //!     type LowPrecision = Supported;  // it implements LowPrecisionStep
 //! }
 //! ```
+//!
+//! This layer only checks a declaration against the contracts. What each capability *does* is
+//! defined where it is used, above: the strategies launch a pipeline or shard a model
+//! ([`crate::strategy::StrategyModel`]), and the loop trains in bf16 or f16
+//! ([`crate::fit::FitModel`]). Both are implemented for every model whose declaration holds,
+//! so a model implements `ParallelModel` and nothing else.
 
 use burn::tensor::backend::AutodiffBackend;
 
-use super::TrainModel;
-use crate::data::DataSource;
-use crate::fit::{FitError, FitRecord, Run};
-use crate::plan::Plan;
-use crate::strategy::launch::Launch;
-use crate::strategy::{Engine, OptimizerSpec, Strategy, StrategyError};
+use super::{LowPrecisionStep, PipelineModel, TensorParallelModel, TrainModel};
 use crate::tensor_parallel::TpBackend;
 
 /// A capability the model has: the compiler checks that it implements the contract.
@@ -32,7 +33,7 @@ pub struct Supported;
 #[derive(Debug, Clone, Copy)]
 pub struct Unsupported;
 
-pub(crate) mod sealed {
+mod sealed {
     /// Only [`Supported`](super::Supported) and [`Unsupported`](super::Unsupported) are
     /// capabilities.
     pub trait Sealed {}
@@ -42,59 +43,45 @@ pub(crate) mod sealed {
 
 /// The parallel contracts a model has. See the [module docs](self).
 pub trait ParallelModel<B: AutodiffBackend + TpBackend>: TrainModel<B> {
-    /// [`Supported`] when the model implements
-    /// [`PipelineModel`](super::PipelineModel): `pipeline`, and stages under `tensor`.
-    type Pipeline: PipelineSupport<B, Self>;
-    /// [`Supported`] when it implements
-    /// [`TensorParallelModel`](super::TensorParallelModel): `tensor`.
-    type Tensor: TensorSupport<B, Self>;
-    /// [`Supported`] when it implements [`LowPrecisionStep`](super::LowPrecisionStep):
-    /// `precision = "bf16"` and `"f16"`.
-    type LowPrecision: PrecisionSupport<B, Self>;
+    /// [`Supported`] when the model implements [`PipelineModel`]: `pipeline`, and stages
+    /// under `tensor`.
+    type Pipeline: PipelineCapability<B, Self>;
+    /// [`Supported`] when it implements [`TensorParallelModel`]: `tensor`.
+    type Tensor: TensorCapability<B, Self>;
+    /// [`Supported`] when it implements [`LowPrecisionStep`]: `precision = "bf16"` and
+    /// `"f16"`.
+    type LowPrecision: PrecisionCapability<B, Self>;
 }
 
-/// How a capability builds a pipeline (see [`ParallelModel::Pipeline`]). Only Kiln calls it.
-#[allow(private_interfaces)]
-pub trait PipelineSupport<B: AutodiffBackend + TpBackend, M: TrainModel<B>>:
+/// [`ParallelModel::Pipeline`]: [`Supported`] only for a [`PipelineModel`].
+pub trait PipelineCapability<B: AutodiffBackend + TpBackend, M: TrainModel<B>>:
     sealed::Sealed
 {
-    /// The pipeline over the ranks of `launch`, each with its stage of its model.
-    #[doc(hidden)]
-    fn launch<S: OptimizerSpec<B>, I: Send + 'static>(
-        launch: Launch<B, M>,
-        optim: &S,
-        data: DataSource<B, I, M::Input>,
-        config: crate::strategy::PipelineConfig,
-        name: &str,
-    ) -> Result<Box<dyn Engine<B, M>>, StrategyError>;
 }
 
-/// How a capability builds tensor parallelism (see [`ParallelModel::Tensor`]). Only Kiln
-/// calls it.
-pub trait TensorSupport<B: AutodiffBackend + TpBackend, M: TrainModel<B>>: sealed::Sealed {
-    /// `tensor` over `devices` as `plan` says.
-    #[doc(hidden)]
-    fn tensor<S: OptimizerSpec<B>, I: Send + 'static>(
-        plan: &Plan,
-        devices: Vec<B::Device>,
-        model: M,
-        optim: &S,
-        data: DataSource<B, I, M::Input>,
-    ) -> Result<Box<dyn Strategy<B, M>>, StrategyError>;
-}
+impl<B: AutodiffBackend + TpBackend, M: PipelineModel<B>> PipelineCapability<B, M> for Supported {}
+impl<B: AutodiffBackend + TpBackend, M: TrainModel<B>> PipelineCapability<B, M> for Unsupported {}
 
-/// How a capability trains in bf16 or f16 (see [`ParallelModel::LowPrecision`]). Only Kiln
-/// calls it.
-#[allow(private_interfaces)]
-pub trait PrecisionSupport<B: AutodiffBackend + TpBackend, M: TrainModel<B>>:
+/// [`ParallelModel::Tensor`]: [`Supported`] only for a [`TensorParallelModel`].
+pub trait TensorCapability<B: AutodiffBackend + TpBackend, M: TrainModel<B>>:
     sealed::Sealed
 {
-    /// Runs `run` with `model` wrapped in mixed precision; returns it unwrapped.
-    #[doc(hidden)]
-    fn fit_low<S: OptimizerSpec<B>, I: Send + 'static>(
-        run: Run<'_, '_, B, S, M>,
-        devices: Vec<B::Device>,
-        model: M,
-        data: DataSource<B, I, M::Input>,
-    ) -> Result<(M, FitRecord), FitError>;
 }
+
+impl<B: AutodiffBackend + TpBackend, M: TensorParallelModel<B>> TensorCapability<B, M>
+    for Supported
+{
+}
+impl<B: AutodiffBackend + TpBackend, M: TrainModel<B>> TensorCapability<B, M> for Unsupported {}
+
+/// [`ParallelModel::LowPrecision`]: [`Supported`] only for a [`LowPrecisionStep`] model.
+pub trait PrecisionCapability<B: AutodiffBackend + TpBackend, M: TrainModel<B>>:
+    sealed::Sealed
+{
+}
+
+impl<B: AutodiffBackend + TpBackend, M: TrainModel<B> + LowPrecisionStep<B>>
+    PrecisionCapability<B, M> for Supported
+{
+}
+impl<B: AutodiffBackend + TpBackend, M: TrainModel<B>> PrecisionCapability<B, M> for Unsupported {}

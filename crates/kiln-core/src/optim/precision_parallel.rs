@@ -9,7 +9,7 @@ use kiln_kernels::KernelBackend;
 
 use super::MixedPrecision;
 use crate::model::{
-    LowPrecisionStep, ParallelModel, ShardError, TensorParallelModel, TensorSupport, TrainModel,
+    LowPrecisionStep, ParallelModel, ShardError, TensorCapability, TensorParallelModel, TrainModel,
     Unsupported,
 };
 use crate::tensor_parallel::{TpBackend, TpGroup};
@@ -23,7 +23,7 @@ where
     B: AutodiffBackend<InnerBackend: KernelBackend> + TpBackend,
     M: TrainModel<B> + LowPrecisionStep<B> + ModuleDisplay + ParallelModel<B>,
     <M as AutodiffModule<B>>::InnerModule: ModuleDisplay,
-    M::Tensor: TensorSupport<B, Self>,
+    M::Tensor: TensorCapability<B, Self>,
 {
     type Pipeline = Unsupported;
     type Tensor = M::Tensor;
@@ -37,7 +37,7 @@ where
     <M as AutodiffModule<B>>::InnerModule: ModuleDisplay,
     M::Sharded: LowPrecisionStep<B> + ModuleDisplay,
     <M::Sharded as AutodiffModule<B>>::InnerModule: ModuleDisplay,
-    <M::Sharded as ParallelModel<B>>::Tensor: TensorSupport<B, MixedPrecision<B, M::Sharded>>,
+    <M::Sharded as ParallelModel<B>>::Tensor: TensorCapability<B, MixedPrecision<B, M::Sharded>>,
 {
     type Sharded = MixedPrecision<B, M::Sharded>;
 

@@ -9,11 +9,11 @@ use super::measure::{Budget, MeasureError, calibrate, calibrate_ranks, time_step
 use super::probe::probe_links;
 use crate::collective::Link;
 use crate::data::DataSource;
-use crate::model::ParallelModel;
 use crate::plan::cost::{Cluster, Measured, Workload};
 use crate::plan::{Planner, StrategyKind};
 use crate::stats::WARMUP;
 use crate::strategy::OptimizerSpec;
+use crate::strategy::StrategyModel;
 use crate::tensor_parallel::TpBackend;
 
 /// Steps [`planner`] times at each calibration point: at least 5 and a fifth of a second, at
@@ -60,7 +60,7 @@ pub fn planner<B, M, S, I>(
 ) -> Result<Planner, MeasureError>
 where
     B: AutodiffBackend + TpBackend,
-    M: ParallelModel<B>,
+    M: StrategyModel<B>,
     S: OptimizerSpec<B> + Sync,
     I: Send + 'static,
 {
@@ -113,7 +113,7 @@ pub fn device_planner<B, M, S, I>(
 ) -> Result<Planner, MeasureError>
 where
     B: AutodiffBackend + TpBackend,
-    M: ParallelModel<B>,
+    M: StrategyModel<B>,
     S: OptimizerSpec<B> + Sync,
     I: Send + 'static,
 {

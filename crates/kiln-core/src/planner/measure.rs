@@ -9,10 +9,10 @@ use burn::tensor::backend::AutodiffBackend;
 
 use crate::collective::CollectiveError;
 use crate::data::{DataSource, EpochSampler};
-use crate::model::ParallelModel;
 use crate::plan::cost::{FitError, Measured, Timing};
 use crate::plan::{Plan, PlanRequest, StrategyKind};
 use crate::stats::{median, spread};
+use crate::strategy::StrategyModel;
 use crate::strategy::{
     ConfigError, OptimizerSpec, RankStats, StrategyConfigs, StrategyError, build,
 };
@@ -117,7 +117,7 @@ pub fn time_steps<B, M, S, I>(
 ) -> Result<TimedSteps, StrategyError>
 where
     B: AutodiffBackend + TpBackend,
-    M: ParallelModel<B>,
+    M: StrategyModel<B>,
     S: OptimizerSpec<B>,
     I: Send + 'static,
 {
@@ -261,7 +261,7 @@ pub fn calibrate<B, M, S, I>(
 ) -> Result<Measured, MeasureError>
 where
     B: AutodiffBackend + TpBackend,
-    M: ParallelModel<B>,
+    M: StrategyModel<B>,
     S: OptimizerSpec<B> + Sync,
     I: Send + 'static,
 {

@@ -13,9 +13,9 @@ use burn::tensor::backend::AutodiffBackend;
 
 use super::measure::{Budget, MeasureError, cannot_cut, time_steps};
 use crate::data::DataSource;
-use crate::model::ParallelModel;
 use crate::plan::cost::{Layout, memory, strategy};
 use crate::plan::{Plan, PlanRequest, Planner, layout_configs};
+use crate::strategy::StrategyModel;
 use crate::strategy::{OptimizerSpec, StrategyConfigs, StrategyError};
 use crate::tensor_parallel::TpBackend;
 
@@ -43,7 +43,7 @@ pub fn fit_memory<B, M, S, I>(
 ) -> Result<Planner, MeasureError>
 where
     B: AutodiffBackend + TpBackend,
-    M: ParallelModel<B>,
+    M: StrategyModel<B>,
     S: OptimizerSpec<B>,
     I: Send + 'static,
 {
@@ -106,7 +106,7 @@ fn peak_of<B, M, S, I>(
 ) -> Result<Option<f64>, MeasureError>
 where
     B: AutodiffBackend + TpBackend,
-    M: ParallelModel<B>,
+    M: StrategyModel<B>,
     S: OptimizerSpec<B>,
     I: Send + 'static,
 {

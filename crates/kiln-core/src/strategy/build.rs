@@ -3,16 +3,12 @@
 
 use burn::tensor::backend::AutodiffBackend;
 
+use super::capability::{PipelineSupport, StrategyModel, TensorSupport};
 use super::launch::{Launch, check_processes};
 use super::{
-    ConfigError, DataParallel, Ddp, Engine, OptimizerSpec, Pipeline, PipelineConfig, Single,
-    Strategy, StrategyError, StrategyKind, Tensor,
+    ConfigError, DataParallel, Ddp, OptimizerSpec, Single, Strategy, StrategyError, StrategyKind,
 };
 use crate::data::DataSource;
-use crate::model::{
-    ParallelModel, PipelineModel, PipelineSupport, Supported, TensorParallelModel, TensorSupport,
-    TrainModel, Unsupported,
-};
 use crate::plan::Plan;
 use crate::tensor_parallel::TpBackend;
 use crate::world::World;
@@ -20,7 +16,8 @@ use crate::world::World;
 /// Builds the strategy `plan` names over `devices` (one per rank of the plan) for `model`,
 /// with an optimizer from `optim` for whatever module each rank steps. A strategy the model
 /// cannot run (`pipeline` without the stage contract, `tensor` without the sharding
-/// contract) is refused in one line, from the model's [`ParallelModel`] declaration.
+/// contract) is refused in one line, from the model's
+/// [`ParallelModel`](crate::model::ParallelModel) declaration.
 ///
 /// # Errors
 /// [`ConfigError::NoDevices`] when `devices` do not match the plan's ranks, and what the
@@ -34,7 +31,7 @@ pub fn build<B, M, S, I>(
 ) -> Result<Box<dyn Strategy<B, M>>, StrategyError>
 where
     B: AutodiffBackend + TpBackend,
-    M: ParallelModel<B>,
+    M: StrategyModel<B>,
     S: OptimizerSpec<B>,
     I: Send + 'static,
 {
@@ -84,104 +81,11 @@ where
 }
 
 /// A world of this process's `devices` among the plan's processes, arranged as its mesh.
-fn world_on<D: Clone>(devices: Vec<D>, plan: &Plan) -> Result<World<D>, ConfigError> {
+pub(super) fn world_on<D: Clone>(devices: Vec<D>, plan: &Plan) -> Result<World<D>, ConfigError> {
     let world = World::new(plan.process().clone(), devices)
         .and_then(|w| w.with_mesh(plan.mesh().clone()))
         .map_err(|_| ConfigError::NoDevices)?;
     Ok(plan.facts().iter().fold(world, |w, (name, value)| {
         w.agreeing_on(name.clone(), value.clone())
     }))
-}
-
-#[allow(private_interfaces)]
-impl<B, M> PipelineSupport<B, M> for Supported
-where
-    B: AutodiffBackend + TpBackend,
-    M: PipelineModel<B>,
-{
-    fn launch<S: OptimizerSpec<B>, I: Send + 'static>(
-        launch: Launch<B, M>,
-        optim: &S,
-        data: DataSource<B, I, M::Input>,
-        config: PipelineConfig,
-        name: &str,
-    ) -> Result<Box<dyn Engine<B, M>>, StrategyError> {
-        let optim = optim.init::<M::Stage>();
-        Ok(Box::new(Pipeline::launch(
-            launch, optim, data, config, name,
-        )?))
-    }
-}
-
-#[allow(private_interfaces)]
-impl<B, M> PipelineSupport<B, M> for Unsupported
-where
-    B: AutodiffBackend + TpBackend,
-    M: TrainModel<B>,
-{
-    fn launch<S: OptimizerSpec<B>, I: Send + 'static>(
-        launch: Launch<B, M>,
-        _: &S,
-        _: DataSource<B, I, M::Input>,
-        _: PipelineConfig,
-        _: &str,
-    ) -> Result<Box<dyn Engine<B, M>>, StrategyError> {
-        let strategy = if launch.shards.is_some() {
-            "tensor with stages (its shards split into pipeline stages)"
-        } else {
-            "pipeline"
-        };
-        Err(ConfigError::Unsupported {
-            strategy: strategy.to_string(),
-            contract: "PipelineModel",
-            capability: "Pipeline",
-        }
-        .into())
-    }
-}
-
-impl<B, M> TensorSupport<B, M> for Supported
-where
-    B: AutodiffBackend + TpBackend,
-    M: TensorParallelModel<B>,
-{
-    fn tensor<S: OptimizerSpec<B>, I: Send + 'static>(
-        plan: &Plan,
-        devices: Vec<B::Device>,
-        model: M,
-        optim: &S,
-        data: DataSource<B, I, M::Input>,
-    ) -> Result<Box<dyn Strategy<B, M>>, StrategyError> {
-        let world = world_on(devices, plan)?;
-        let configs = plan.configs();
-        Ok(Box::new(Tensor::new(
-            &world,
-            model,
-            optim,
-            data,
-            configs.tensor.clone(),
-            &configs.pipeline,
-        )?))
-    }
-}
-
-impl<B, M> TensorSupport<B, M> for Unsupported
-where
-    B: AutodiffBackend + TpBackend,
-    M: TrainModel<B>,
-{
-    fn tensor<S: OptimizerSpec<B>, I: Send + 'static>(
-        _: &Plan,
-        _: Vec<B::Device>,
-        _: M,
-        _: &S,
-        _: DataSource<B, I, M::Input>,
-    ) -> Result<Box<dyn Strategy<B, M>>, StrategyError> {
-        Err(ConfigError::Unsupported {
-            strategy: "tensor".to_string(),
-            contract: "TensorParallelModel",
-            capability: "Tensor",
-        }
-        .into())
-    }
 }

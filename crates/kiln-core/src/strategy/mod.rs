@@ -9,6 +9,7 @@
 
 mod agree;
 mod build;
+mod capability;
 mod data_parallel;
 mod ddp;
 mod error;
@@ -36,6 +37,7 @@ pub use crate::plan::{
     StrategyConfigs, StrategyKind, TensorConfig,
 };
 pub use build::build;
+pub use capability::{PipelineSupport, StrategyModel, TensorSupport};
 pub use data_parallel::DataParallel;
 pub use ddp::Ddp;
 pub use error::{RankError, RankFailure, StrategyError};

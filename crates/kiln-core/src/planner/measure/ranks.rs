@@ -5,11 +5,11 @@
 
 use super::{Budget, MeasureError, beside, cannot_cut, longer, time_steps, timing_plan};
 use crate::data::DataSource;
-use crate::model::ParallelModel;
 use crate::plan::StrategyKind;
 use crate::plan::cost::{Layout, Measured, TP_CALLS_PER_BLOCK, step_time};
 use crate::plan::{Plan, PlanRequest, Planner};
 use crate::planner::memory_fit::MOST_SHARDS;
+use crate::strategy::StrategyModel;
 use crate::strategy::{OptimizerSpec, StrategyConfigs, StrategyError};
 use crate::tensor_parallel::TpBackend;
 use burn::tensor::backend::AutodiffBackend;
@@ -57,7 +57,7 @@ pub fn calibrate_ranks<B, M, S, I>(
 ) -> Result<Planner, MeasureError>
 where
     B: AutodiffBackend + TpBackend,
-    M: ParallelModel<B>,
+    M: StrategyModel<B>,
     S: OptimizerSpec<B> + Sync,
     I: Send + 'static,
 {

@@ -24,6 +24,7 @@ use std::marker::PhantomData;
 use burn::tensor::backend::AutodiffBackend;
 use burn::train::TrainStep;
 
+use super::capability::PipelineSupport;
 use super::launch::materialise;
 use super::{
     ConfigError, Engine, OptimizerSpec, PipelineConfig, RankStats, StepOutput, Strategy,
@@ -31,7 +32,7 @@ use super::{
 };
 use crate::World;
 use crate::data::DataSource;
-use crate::model::{ParallelModel, PipelineSupport, TensorParallelModel};
+use crate::model::{ParallelModel, TensorParallelModel};
 use crate::optim::OptimizerState;
 use crate::plan::TensorConfig;
 use crate::tensor_parallel::{TpBackend, disconnect};
@@ -74,6 +75,7 @@ where
     where
         S: OptimizerSpec<B>,
         I: Send + 'static,
+        M::Sharded: ParallelModel<B, Pipeline: PipelineSupport<B, M::Sharded>>,
     {
         config.validate()?;
         let mesh = config.mesh(world.world_size())?;

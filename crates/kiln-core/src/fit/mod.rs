@@ -4,25 +4,24 @@
 //! `kiln train`, the Algorithm Distillation job and the strategy benchmark all train through
 //! [`fit`]; what they print and save around it is theirs.
 
+mod precision;
+
 use std::marker::PhantomData;
 use std::time::Instant;
 
-use burn::module::{AutodiffModule, Module, ModuleDisplay};
+use burn::module::Module;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::backend::Backend;
-use burn::train::TrainStep;
 
 use crate::checkpoint::{CheckpointError, Saver};
 use crate::data::{DataSource, EpochSampler};
-use crate::model::{
-    LowPrecisionStep, ParallelModel, PrecisionSupport, Supported, TrainModel, Unsupported,
-};
-use crate::optim::{MixedPrecision, OptimizerState, Precision};
+use crate::optim::{OptimizerState, Precision};
 use crate::plan::Plan;
 use crate::strategy::{
-    ConfigError, OptimizerSpec, RankReport, StepOutput, StrategyError, StrategyKind, build,
+    ConfigError, OptimizerSpec, RankReport, StepOutput, StrategyError, StrategyModel, build,
 };
 use crate::tensor_parallel::TpBackend;
+pub use precision::{FitModel, PrecisionSupport};
 
 /// How long and how to train: everything of a run but its [`Plan`].
 pub struct Training<'a> {
@@ -238,7 +237,7 @@ impl FitRecord {
 /// [`Training::save_every`] steps; returns the trained whole model.
 ///
 /// # Errors
-/// A plan the model cannot run (refused from its [`ParallelModel`] declaration), a global
+/// A plan the model cannot run (refused from its [`ParallelModel`](crate::model::ParallelModel) declaration), a global
 /// batch the data cannot fill, or what the strategy reports.
 pub fn fit<B, M, S, I>(
     plan: &Plan,
@@ -251,7 +250,7 @@ pub fn fit<B, M, S, I>(
 ) -> Result<(M, FitRecord), FitError>
 where
     B: AutodiffBackend + TpBackend,
-    M: ParallelModel<B>,
+    M: FitModel<B>,
     S: OptimizerSpec<B>,
     I: Send + 'static,
 {
@@ -271,15 +270,15 @@ where
 
 /// A run's plan, schedule, optimizer and hooks, as [`fit`] hands them on.
 pub(crate) struct Run<'a, 'b, B, S, M> {
-    plan: &'a Plan,
-    training: &'a Training<'a>,
-    optim: &'a S,
-    hooks: &'b mut dyn FitHooks<M>,
-    backend: PhantomData<B>,
+    pub(super) plan: &'a Plan,
+    pub(super) training: &'a Training<'a>,
+    pub(super) optim: &'a S,
+    pub(super) hooks: &'b mut dyn FitHooks<M>,
+    pub(super) backend: PhantomData<B>,
 }
 
 /// [`fit`] of `model` as it is, in f32.
-fn fit_as_is<B, M, S, I>(
+pub(super) fn fit_as_is<B, M, S, I>(
     run: Run<'_, '_, B, S, M>,
     devices: Vec<B::Device>,
     model: M,
@@ -287,7 +286,7 @@ fn fit_as_is<B, M, S, I>(
 ) -> Result<(M, FitRecord), FitError>
 where
     B: AutodiffBackend + TpBackend,
-    M: ParallelModel<B>,
+    M: StrategyModel<B>,
     S: OptimizerSpec<B>,
     I: Send + 'static,
 {
@@ -372,106 +371,4 @@ where
         ..record
     };
     Ok((strategy.model()?, record))
-}
-
-#[allow(private_interfaces)]
-impl<B, M> PrecisionSupport<B, M> for Supported
-where
-    B: AutodiffBackend + TpBackend,
-    M: TrainModel<B> + LowPrecisionStep<B> + ModuleDisplay,
-    <M as AutodiffModule<B>>::InnerModule: ModuleDisplay,
-    MixedPrecision<B, M>: ParallelModel<B> + TrainStep<Input = M::Input, Output = M::Output>,
-{
-    fn fit_low<S: OptimizerSpec<B>, I: Send + 'static>(
-        run: Run<'_, '_, B, S, M>,
-        devices: Vec<B::Device>,
-        model: M,
-        data: DataSource<B, I, M::Input>,
-    ) -> Result<(M, FitRecord), FitError> {
-        let mut wrapped = MixedPrecision::new(model, run.optim.precision());
-        if let Some(scale) = run.optim.loss_scale() {
-            wrapped = wrapped.with_loss_scale(scale.clone());
-        }
-        // One rank, one micro-batch: the optimizer is the gradients' only reader.
-        let alone = run.plan.strategy() == StrategyKind::Single
-            && run.plan.world_size() == 1
-            && run.plan.grad_accumulation() == 1;
-        if alone && run.optim.reads_low_precision_grads() {
-            tracing::debug!("mixed precision hands the optimizer its gradients uncast");
-            wrapped = wrapped.with_low_precision_grads();
-        }
-        // The optimizer's copies of the parameters: written only where this one model reads them.
-        let copies = run.optim.low_copies().cloned();
-        if let Some(copies) = &copies {
-            copies.set_on(alone);
-            wrapped = wrapped.with_low_copies(copies.clone());
-        }
-        let Run {
-            plan,
-            training,
-            optim,
-            hooks,
-            backend,
-        } = run;
-        let mut unwrapped = Unwrapped(hooks);
-        let run = Run {
-            plan,
-            training,
-            optim,
-            hooks: &mut unwrapped,
-            backend,
-        };
-        let fitted = fit_as_is(run, devices, wrapped, data);
-        // The copies (a compute-dtype copy of the whole model, a LoRA base's included) are
-        // let go with the run, not kept for as long as the optimizer's spec lives.
-        if let Some(copies) = copies {
-            copies.set_on(false);
-        }
-        let (trained, record) = fitted?;
-        Ok((trained.model, record))
-    }
-}
-
-#[allow(private_interfaces)]
-impl<B, M> PrecisionSupport<B, M> for Unsupported
-where
-    B: AutodiffBackend + TpBackend,
-    M: TrainModel<B>,
-{
-    fn fit_low<S: OptimizerSpec<B>, I: Send + 'static>(
-        run: Run<'_, '_, B, S, M>,
-        _: Vec<B::Device>,
-        _: M,
-        _: DataSource<B, I, M::Input>,
-    ) -> Result<(M, FitRecord), FitError> {
-        Err(ConfigError::Unsupported {
-            strategy: format!("precision {}", run.optim.precision()),
-            contract: "LowPrecisionStep",
-            capability: "LowPrecision",
-        }
-        .into())
-    }
-}
-
-/// The hooks of a model, called with that model wrapped in [`MixedPrecision`]: a save gets
-/// the f32 model inside, as a run in f32 would have saved it.
-struct Unwrapped<'h, M>(&'h mut dyn FitHooks<M>);
-
-impl<B: AutodiffBackend, M: TrainModel<B>> FitHooks<MixedPrecision<B, M>> for Unwrapped<'_, M> {
-    fn step(&mut self, step: usize, out: &StepOutput) {
-        self.0.step(step, out);
-    }
-
-    fn save(
-        &mut self,
-        step: usize,
-        model: MixedPrecision<B, M>,
-        optimizer: &OptimizerState,
-    ) -> Result<(), CheckpointError> {
-        self.0.save(step, model.model, optimizer)
-    }
-
-    fn eval(&mut self, step: usize, model: MixedPrecision<B, M>) {
-        self.0.eval(step, model.model);
-    }
 }
