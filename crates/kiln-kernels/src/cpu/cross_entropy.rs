@@ -1,20 +1,39 @@
 //! Softmax cross-entropy per row of `[rows, classes]` logits, forward and backward, in one
-//! pass per row (Burn's loss makes a log-softmax tensor, a one-hot mask and a gather).
+//! pass per row (Burn's loss makes a log-softmax tensor, a one-hot mask and a gather). Rows
+//! are split over the caller's Rayon pool.
+
+use rayon::prelude::*;
 
 use super::simd::{Kernel, exp, sum_map, vectorized};
+
+/// Rows per task: about as many elements as the other element-wise kernels' tasks, and at
+/// least one row.
+fn rows_per_task(classes: usize) -> usize {
+    ((1 << 14) / classes.max(1)).max(1)
+}
 
 /// `(loss, lse)` per row: `lse = log Σ exp(logits)`, `loss = lse − logits[target]`.
 /// Targets have been checked to lie in `0..classes`.
 pub(crate) fn forward(logits: &[f32], targets: &[usize], classes: usize) -> (Vec<f32>, Vec<f32>) {
     let mut loss = vec![0.0; targets.len()];
     let mut lse = vec![0.0; targets.len()];
-    vectorized(Forward {
-        logits,
-        targets,
-        classes,
-        loss: &mut loss,
-        lse: &mut lse,
-    });
+    let rows = rows_per_task(classes);
+    loss.par_chunks_mut(rows)
+        .zip(lse.par_chunks_mut(rows))
+        .zip(
+            logits
+                .par_chunks(rows * classes)
+                .zip(targets.par_chunks(rows)),
+        )
+        .for_each(|((loss, lse), (logits, targets))| {
+            vectorized(Forward {
+                logits,
+                targets,
+                classes,
+                loss,
+                lse,
+            })
+        });
     (loss, lse)
 }
 
@@ -49,14 +68,25 @@ pub(crate) fn backward(
     classes: usize,
 ) -> Vec<f32> {
     let mut dlogits = vec![0.0; logits.len()];
-    vectorized(Backward {
-        dloss,
-        logits,
-        targets,
-        lse,
-        classes,
-        dlogits: &mut dlogits,
-    });
+    let rows = rows_per_task(classes);
+    dlogits
+        .par_chunks_mut(rows * classes)
+        .zip(logits.par_chunks(rows * classes))
+        .zip(
+            targets
+                .par_chunks(rows)
+                .zip(lse.par_chunks(rows).zip(dloss.par_chunks(rows))),
+        )
+        .for_each(|((dlogits, logits), (targets, (lse, dloss)))| {
+            vectorized(Backward {
+                dloss,
+                logits,
+                targets,
+                lse,
+                classes,
+                dlogits,
+            })
+        });
     dlogits
 }
 

@@ -13,6 +13,7 @@
 use burn::backend::flex::FlexTensor;
 use burn::tensor::DType;
 use gemm::Parallelism;
+use rayon::prelude::*;
 
 /// Products of at least this many multiply-adds split over the caller's Rayon pool, as Burn's
 /// own CPU matmul does; smaller ones stay on the calling thread.
@@ -240,16 +241,20 @@ fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
         src.len()
     );
     let mut out = Vec::with_capacity(len);
-    let dst = &mut out.spare_capacity_mut()[..len];
-    for i0 in (0..rows).step_by(TILE) {
-        for j0 in (0..cols).step_by(TILE) {
-            for j in j0..(j0 + TILE).min(cols) {
-                for i in i0..(i0 + TILE).min(rows) {
-                    dst[j * rows + i].write(src[i * cols + j]);
+    // A task per 16 destination rows (16 source columns), over the caller's Rayon pool.
+    out.spare_capacity_mut()[..len]
+        .par_chunks_mut((TILE * rows).max(1))
+        .enumerate()
+        .for_each(|(tile, dst)| {
+            let j0 = tile * TILE;
+            for i0 in (0..rows).step_by(TILE) {
+                for j in j0..(j0 + TILE).min(cols) {
+                    for i in i0..(i0 + TILE).min(rows) {
+                        dst[(j - j0) * rows + i].write(src[i * cols + j]);
+                    }
                 }
             }
-        }
-    }
+        });
     // SAFETY: the tiles cover every `(i, j)` of the matrix once, so each of the `len`
     // elements was written above.
     unsafe { out.set_len(len) };

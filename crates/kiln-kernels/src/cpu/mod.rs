@@ -2,14 +2,15 @@
 //! attention, softmax cross-entropy, rotary embeddings and SwiGLU as vectorised loops over
 //! slices, QLoRA's 4-bit weight decoded in one pass, the linear layers' products through gemm
 //! into buffers written once (their epilogue in one pass after), and their implementation of
-//! [`KernelBackend`] for Burn's Flex backend. Each takes f32 tensors; other dtypes (bf16, f16
-//! under mixed precision) take the plain-Burn path. The other kernels (RMSNorm's gain gradient,
-//! AdamW, the norm) keep theirs.
+//! [`KernelBackend`] for Burn's Flex backend, and AdamW over every parameter in one pass. Each
+//! takes f32 tensors; other dtypes (bf16, f16 under mixed precision) take the plain-Burn path.
+//! The other kernels (RMSNorm's gain gradient, the norm) keep theirs.
 //!
-//! Rayon splits attention by sequence, inside whatever pool the caller runs in (a Ddp rank's
-//! pool has one thread, so it runs inline there); the other kernels are too small per call
-//! to gain from threads at these sizes.
+//! Rayon splits the work (attention by sequence, the element-wise kernels by chunk, the
+//! cross-entropy by rows) inside whatever pool the caller runs in: a Ddp rank's pool has one
+//! thread, so it runs inline there.
 
+mod adamw;
 mod attention;
 mod cross_entropy;
 mod layer_norm;
@@ -26,9 +27,9 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
 use burn::tensor::{DType, Shape, TensorData};
 
-use crate::Epilogue;
 use crate::backend::{KernelBackend, plain, unwrap, wrap};
 use crate::quant::QuantizedPrimitive;
+use crate::{AdamWStep, Epilogue, FlatLayout};
 
 /// The tensor in one contiguous f32 buffer (a copy only when it is a strided view), or
 /// `None` for another dtype.
@@ -126,6 +127,57 @@ fn product(lhs: &FlexTensor, rhs: &FlexTensor) -> Option<(Vec<f32>, [usize; 2])>
 }
 
 impl KernelBackend for Flex {
+    /// One pass over every element (the reference takes about fourteen, each with its own
+    /// temporary) when the parameters, gradients and moments are f32.
+    fn adamw_many(
+        params: Vec<FloatTensor<Self>>,
+        grads: Vec<FloatTensor<Self>>,
+        m: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        layout: &FlatLayout,
+        step: &AdamWStep,
+        grad_scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let f32s = |ts: &[FlexTensor]| ts.iter().map(contiguous_f32).collect::<Option<Vec<_>>>();
+        let (Some(ps), Some(gs), Some(mc), Some(vc)) = (
+            f32s(&params),
+            f32s(&grads),
+            contiguous_f32(&m),
+            contiguous_f32(&v),
+        ) else {
+            let (p, m, v) = crate::reference::adamw::step_many::<Self>(
+                params.into_iter().map(wrap).collect(),
+                grads.into_iter().map(wrap).collect(),
+                wrap(m),
+                wrap(v),
+                layout,
+                step,
+                grad_scale,
+            );
+            return (unwrap(p), unwrap(m), unwrap(v));
+        };
+        let segments: Vec<_> = ps
+            .iter()
+            .zip(&gs)
+            .enumerate()
+            .map(|(i, (p, g))| adamw::Segment {
+                param: values(p),
+                grad: values(g),
+                range: layout.segment(i),
+            })
+            .collect();
+        let total = layout.total();
+        let [p, m, v] = adamw::step_many(
+            &segments,
+            values(&mc),
+            values(&vc),
+            layout,
+            step,
+            grad_scale,
+        );
+        (tensor(p, [total]), tensor(m, [total]), tensor(v, [total]))
+    }
+
     /// One buffer (the same `Arc`), laid out and typed alike. Sound while the caller holds a
     /// clone: Flex writes in place only into a buffer nothing else holds, and a held buffer's
     /// address is never reused.
