@@ -7,7 +7,9 @@ use burn::module::{AutodiffModule, ModuleDisplay};
 use burn::tensor::backend::AutodiffBackend;
 use burn::train::TrainStep;
 
-use super::{FitError, FitHooks, FitRecord, Run, fit_as_is};
+use super::hooks::FitHooks;
+use super::record::{FitError, FitRecord};
+use super::run::{Run, fit_as_is};
 use crate::checkpoint::CheckpointError;
 use crate::data::DataSource;
 use crate::model::{LowPrecisionStep, ParallelModel, Supported, TrainModel, Unsupported};

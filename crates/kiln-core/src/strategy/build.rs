@@ -4,14 +4,13 @@
 use burn::tensor::backend::AutodiffBackend;
 
 use super::capability::{PipelineSupport, StrategyModel, TensorSupport};
-use super::launch::{Launch, check_processes};
+use super::launch::{Launch, check_processes, world_on};
 use super::{
     ConfigError, DataParallel, Ddp, OptimizerSpec, Single, Strategy, StrategyError, StrategyKind,
 };
 use crate::data::DataSource;
 use crate::plan::Plan;
 use crate::tensor_parallel::TpBackend;
-use crate::world::World;
 
 /// Builds the strategy `plan` names over `devices` (one per rank of the plan) for `model`,
 /// with an optimizer from `optim` for whatever module each rank steps. A strategy the model
@@ -78,14 +77,4 @@ where
             <M::Tensor as TensorSupport<B, M>>::tensor(plan, devices, model, optim, data)?
         }
     })
-}
-
-/// A world of this process's `devices` among the plan's processes, arranged as its mesh.
-pub(super) fn world_on<D: Clone>(devices: Vec<D>, plan: &Plan) -> Result<World<D>, ConfigError> {
-    let world = World::new(plan.process().clone(), devices)
-        .and_then(|w| w.with_mesh(plan.mesh().clone()))
-        .map_err(|_| ConfigError::NoDevices)?;
-    Ok(plan.facts().iter().fold(world, |w, (name, value)| {
-        w.agreeing_on(name.clone(), value.clone())
-    }))
 }

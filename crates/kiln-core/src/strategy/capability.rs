@@ -8,8 +8,7 @@
 
 use burn::tensor::backend::AutodiffBackend;
 
-use super::build::world_on;
-use super::launch::Launch;
+use super::launch::{Launch, world_on};
 use super::{
     ConfigError, Engine, OptimizerSpec, Pipeline, PipelineConfig, Strategy, StrategyError, Tensor,
 };

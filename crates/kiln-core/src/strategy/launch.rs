@@ -16,6 +16,7 @@ use super::handover::sync_device;
 use super::{ConfigError, RankFailure, StrategyError, StrategyKind};
 use crate::World;
 use crate::collective::MeshCollectives;
+use crate::plan::Plan;
 use crate::tensor_parallel::GroupHandle;
 use crate::world::Mesh;
 
@@ -155,6 +156,16 @@ impl<B: AutodiffBackend, M: Module<B> + Clone> Launch<B, M> {
             templates: vec![model],
         })
     }
+}
+
+/// A world of this process's `devices` among the plan's processes, arranged as its mesh.
+pub(super) fn world_on<D: Clone>(devices: Vec<D>, plan: &Plan) -> Result<World<D>, ConfigError> {
+    let world = World::new(plan.process().clone(), devices)
+        .and_then(|w| w.with_mesh(plan.mesh().clone()))
+        .map_err(|_| ConfigError::NoDevices)?;
+    Ok(plan.facts().iter().fold(world, |w, (name, value)| {
+        w.agreeing_on(name.clone(), value.clone())
+    }))
 }
 
 /// The facts of `world` every rank must share: its layout and what its program added.
