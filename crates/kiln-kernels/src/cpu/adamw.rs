@@ -6,6 +6,7 @@
 //! Each element takes the reference's operations in the reference's order, without fused
 //! multiply-adds, so the result is the same to the bit (the unit test holds it to that).
 
+use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use rayon::prelude::*;
@@ -34,11 +35,15 @@ pub(crate) fn step_many(
     grad_scale: f32,
 ) -> [Vec<f32>; 3] {
     let total = layout.total();
-    let (mut p_out, mut m_out, mut v_out) = (vec![0.0; total], vec![0.0; total], vec![0.0; total]);
     let constants = Constants::of(h, grad_scale);
-    // Disjoint segments of the three outputs, one task list over all of them.
+    let mut outs: [Vec<f32>; 3] = std::array::from_fn(|_| Vec::with_capacity(total));
+    let [p_out, m_out, v_out] = outs
+        .each_mut()
+        .map(|o| &mut o.spare_capacity_mut()[..total]);
+    // Disjoint segments of the three outputs, one task list over all of them; the padding
+    // between segments is written zero here, the segments by the tasks.
     let mut tasks = Vec::new();
-    let (mut p_rest, mut m_rest, mut v_rest) = (&mut p_out[..], &mut m_out[..], &mut v_out[..]);
+    let (mut p_rest, mut m_rest, mut v_rest) = (p_out, m_out, v_out);
     let mut at = 0;
     for s in segments {
         assert!(
@@ -49,10 +54,13 @@ pub(crate) fn step_many(
             s.range.len()
         );
         let skip = s.range.start - at;
-        let (_, p) = p_rest.split_at_mut(skip);
-        let (_, mm) = m_rest.split_at_mut(skip);
-        let (_, vv) = v_rest.split_at_mut(skip);
-        let len = s.range.len();
+        let (len, zero) = (s.range.len(), MaybeUninit::new(0.0));
+        let (pad, p) = p_rest.split_at_mut(skip);
+        pad.fill(zero);
+        let (pad, mm) = m_rest.split_at_mut(skip);
+        pad.fill(zero);
+        let (pad, vv) = v_rest.split_at_mut(skip);
+        pad.fill(zero);
         let (p, p_next) = p.split_at_mut(len);
         let (mm, m_next) = mm.split_at_mut(len);
         let (vv, v_next) = vv.split_at_mut(len);
@@ -78,8 +86,17 @@ pub(crate) fn step_many(
             });
         }
     }
+    for tail in [p_rest, m_rest, v_rest] {
+        tail.fill(MaybeUninit::new(0.0));
+    }
     tasks.into_par_iter().for_each(vectorized);
-    [p_out, m_out, v_out]
+    // SAFETY: every element of the three buffers lies in a segment, whose task wrote it in
+    // full (its parameter, gradient and moments have the segment's length), or in padding,
+    // written zero above.
+    for out in &mut outs {
+        unsafe { out.set_len(total) };
+    }
+    outs
 }
 
 /// The step's scalars, each computed as the reference computes it (in f32).
@@ -119,9 +136,9 @@ struct Elements<'a> {
     grad: &'a [f32],
     m: &'a [f32],
     v: &'a [f32],
-    p_out: &'a mut [f32],
-    m_out: &'a mut [f32],
-    v_out: &'a mut [f32],
+    p_out: &'a mut [MaybeUninit<f32>],
+    m_out: &'a mut [MaybeUninit<f32>],
+    v_out: &'a mut [MaybeUninit<f32>],
     c: Constants,
 }
 
@@ -146,9 +163,9 @@ impl Kernel for Elements<'_> {
             let m = m * c.beta_1 + g * c.one_minus_beta_1;
             let v = v * c.beta_2 + (g * g) * c.one_minus_beta_2;
             let update = (m * c.bias_correction_1) / ((v * c.bias_correction_2).sqrt() + c.epsilon);
-            *p_out = p * c.decay - update * c.lr;
-            *m_out = m;
-            *v_out = v;
+            p_out.write(p * c.decay - update * c.lr);
+            m_out.write(m);
+            v_out.write(v);
         }
     }
 }

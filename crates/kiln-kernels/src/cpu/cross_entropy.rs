@@ -2,8 +2,11 @@
 //! pass per row (Burn's loss makes a log-softmax tensor, a one-hot mask and a gather). Rows
 //! are split over the caller's Rayon pool.
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
+use super::buffer::written;
 use super::simd::{Kernel, exp, sum_map, vectorized};
 
 /// Rows per task: about as many elements as the other element-wise kernels' tasks, and at
@@ -67,27 +70,39 @@ pub(crate) fn backward(
     lse: &[f32],
     classes: usize,
 ) -> Vec<f32> {
-    let mut dlogits = vec![0.0; logits.len()];
+    let n = targets.len();
+    assert!(
+        logits.len() == n * classes && lse.len() == n && dloss.len() == n,
+        "the cross-entropy's backward of {} logits, {} targets, {} sums and {} gradients",
+        logits.len(),
+        n,
+        lse.len(),
+        dloss.len()
+    );
     let rows = rows_per_task(classes);
-    dlogits
-        .par_chunks_mut(rows * classes)
-        .zip(logits.par_chunks(rows * classes))
-        .zip(
-            targets
-                .par_chunks(rows)
-                .zip(lse.par_chunks(rows).zip(dloss.par_chunks(rows))),
-        )
-        .for_each(|((dlogits, logits), (targets, (lse, dloss)))| {
-            vectorized(Backward {
-                dloss,
-                logits,
-                targets,
-                lse,
-                classes,
-                dlogits,
-            })
-        });
-    dlogits
+    // SAFETY: the tasks' rows cover the buffer, and each writes every element of its rows.
+    unsafe {
+        written(logits.len(), |dlogits| {
+            dlogits
+                .par_chunks_mut(rows * classes)
+                .zip(logits.par_chunks(rows * classes))
+                .zip(
+                    targets
+                        .par_chunks(rows)
+                        .zip(lse.par_chunks(rows).zip(dloss.par_chunks(rows))),
+                )
+                .for_each(|((dlogits, logits), (targets, (lse, dloss)))| {
+                    vectorized(Backward {
+                        dloss,
+                        logits,
+                        targets,
+                        lse,
+                        classes,
+                        dlogits,
+                    })
+                })
+        })
+    }
 }
 
 struct Backward<'a> {
@@ -96,7 +111,7 @@ struct Backward<'a> {
     targets: &'a [usize],
     lse: &'a [f32],
     classes: usize,
-    dlogits: &'a mut [f32],
+    dlogits: &'a mut [MaybeUninit<f32>],
 }
 
 impl Kernel for Backward<'_> {
@@ -110,9 +125,10 @@ impl Kernel for Backward<'_> {
             .zip(self.targets);
         for (((out, row), &t), (&lse, &g)) in rows.zip(self.lse.iter().zip(self.dloss)) {
             for (o, &z) in out.iter_mut().zip(row) {
-                *o = exp(z - lse) * g;
+                o.write(exp(z - lse) * g);
             }
-            out[t] -= g;
+            // The target's term `p·g − g`, rounded as the one-hot difference was.
+            out[t].write(exp(row[t] - lse) * g - g);
         }
     }
 }

@@ -12,6 +12,7 @@
 
 mod adamw;
 mod attention;
+mod buffer;
 mod cross_entropy;
 mod layer_norm;
 mod linear;

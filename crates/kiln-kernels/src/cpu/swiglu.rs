@@ -3,8 +3,11 @@
 //! (the sigmoid's negation, exponential, sum and reciprocal, and two products) and calls the
 //! library's `expf` per element.
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
+use super::buffer::written;
 use super::simd::{Kernel, exp, vectorized};
 
 /// Elements per task: large enough that a task outweighs its scheduling, small enough that
@@ -19,37 +22,54 @@ fn sigmoid(a: f32) -> f32 {
 
 /// `silu(gate)·up`.
 pub(crate) fn forward(gate: &[f32], up: &[f32]) -> Vec<f32> {
-    let mut y = vec![0.0f32; gate.len()];
-    y.par_chunks_mut(CHUNK)
-        .zip(gate.par_chunks(CHUNK).zip(up.par_chunks(CHUNK)))
-        .for_each(|(y, (gate, up))| vectorized(Forward { gate, up, y }));
-    y
+    assert_eq!(gate.len(), up.len(), "SwiGLU of unequal halves");
+    // SAFETY: the chunks cover the buffer, and each element of a chunk is written.
+    unsafe {
+        written(gate.len(), |y| {
+            y.par_chunks_mut(CHUNK)
+                .zip(gate.par_chunks(CHUNK).zip(up.par_chunks(CHUNK)))
+                .for_each(|(y, (gate, up))| vectorized(Forward { gate, up, y }))
+        })
+    }
 }
 
 /// `(d gate, d up)` with `silu'(a) = σ(a)·(1 + a·(1 − σ(a)))`.
 pub(crate) fn backward(dy: &[f32], gate: &[f32], up: &[f32]) -> (Vec<f32>, Vec<f32>) {
-    let (mut dgate, mut dup) = (vec![0.0f32; gate.len()], vec![0.0f32; gate.len()]);
-    dgate
-        .par_chunks_mut(CHUNK)
-        .zip(dup.par_chunks_mut(CHUNK))
-        .zip(dy.par_chunks(CHUNK))
-        .zip(gate.par_chunks(CHUNK).zip(up.par_chunks(CHUNK)))
-        .for_each(|(((dgate, dup), dy), (gate, up))| {
-            vectorized(Backward {
-                dy,
-                gate,
-                up,
-                dgate,
-                dup,
-            })
-        });
+    let n = gate.len();
+    assert!(
+        dy.len() == n && up.len() == n,
+        "SwiGLU's backward of unequal inputs"
+    );
+    let mut dup = Vec::with_capacity(n);
+    // SAFETY: the chunks cover both buffers, and each element of a chunk is written; `dup`'s
+    // length is set only after `written` returns, so a panic leaves it empty.
+    let dgate = unsafe {
+        written(n, |dgate| {
+            dgate
+                .par_chunks_mut(CHUNK)
+                .zip(dup.spare_capacity_mut()[..n].par_chunks_mut(CHUNK))
+                .zip(dy.par_chunks(CHUNK))
+                .zip(gate.par_chunks(CHUNK).zip(up.par_chunks(CHUNK)))
+                .for_each(|(((dgate, dup), dy), (gate, up))| {
+                    vectorized(Backward {
+                        dy,
+                        gate,
+                        up,
+                        dgate,
+                        dup,
+                    })
+                })
+        })
+    };
+    // SAFETY: written in full above, chunk for chunk with `dgate`.
+    unsafe { dup.set_len(n) };
     (dgate, dup)
 }
 
 struct Forward<'a> {
     gate: &'a [f32],
     up: &'a [f32],
-    y: &'a mut [f32],
+    y: &'a mut [MaybeUninit<f32>],
 }
 
 impl Kernel for Forward<'_> {
@@ -58,7 +78,7 @@ impl Kernel for Forward<'_> {
     #[inline(always)]
     fn run(self) {
         for ((y, &a), &u) in self.y.iter_mut().zip(self.gate).zip(self.up) {
-            *y = a * sigmoid(a) * u;
+            y.write(a * sigmoid(a) * u);
         }
     }
 }
@@ -67,8 +87,8 @@ struct Backward<'a> {
     dy: &'a [f32],
     gate: &'a [f32],
     up: &'a [f32],
-    dgate: &'a mut [f32],
-    dup: &'a mut [f32],
+    dgate: &'a mut [MaybeUninit<f32>],
+    dup: &'a mut [MaybeUninit<f32>],
 }
 
 impl Kernel for Backward<'_> {
@@ -80,8 +100,8 @@ impl Kernel for Backward<'_> {
         let inputs = self.dy.iter().zip(self.gate).zip(self.up);
         for ((dgate, dup), ((&dy, &a), &u)) in outputs.zip(inputs) {
             let s = sigmoid(a);
-            *dgate = dy * u * (s * (1.0 + a * (1.0 - s)));
-            *dup = dy * (a * s);
+            dgate.write(dy * u * (s * (1.0 + a * (1.0 - s))));
+            dup.write(dy * (a * s));
         }
     }
 }
