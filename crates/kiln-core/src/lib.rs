@@ -30,7 +30,6 @@
 //! ```
 
 pub mod checkpoint;
-pub mod collective;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod data;
@@ -45,10 +44,11 @@ pub mod params;
 pub mod plan;
 pub mod planner;
 pub mod stages;
-pub mod stats;
 pub mod strategy;
 pub mod tensor_parallel;
-pub mod world;
+
+// The layer below, a crate of its own: who takes part, how ranks talk, timing statistics.
+pub use kiln_collective::{collective, stats, world};
 
 pub use collective::{Collective, CollectiveError, ReduceOp};
 pub use model::TrainModel;

@@ -15,7 +15,7 @@ pub use launcher::{EnvLookup, Launcher, ProcessInfo};
 pub use mesh::{Axis, Mesh, MeshError};
 
 /// The most ranks one process drives: each is a thread with its own device handle. The counted
-/// allocator keeps a slot per rank ([`crate::memory`]), and a plan of more is refused.
+/// allocator keeps a slot per rank (`kiln_core::memory`), and a plan of more is refused.
 pub const MAX_LOCAL_RANKS: usize = 1024;
 
 /// Error building a [`World`].
@@ -73,7 +73,7 @@ pub enum WorldError {
 ///
 /// # Example
 /// ```
-/// use kiln_core::World;
+/// use kiln_collective::World;
 /// // Four ranks as threads of this process, all on the one CPU device.
 /// let world = World::local(vec![(); 4]).unwrap();
 /// assert_eq!(world.world_size(), 4);
@@ -123,7 +123,7 @@ impl<D: Clone> World<D> {
     ///
     /// # Example
     /// ```
-    /// use kiln_core::world::{Mesh, World};
+    /// use kiln_collective::world::{Mesh, World};
     /// let world = World::local(vec![(); 4])
     ///     .unwrap()
     ///     .with_mesh(Mesh::new(&[("dp", 2), ("pp", 2)]).unwrap())

@@ -45,7 +45,7 @@ mod round;
 /// use std::time::Duration;
 /// use burn::backend::Flex;
 /// use burn::tensor::Tensor;
-/// use kiln_core::collective::{Collective, InProcess, ReduceOp};
+/// use kiln_collective::collective::{Collective, InProcess, ReduceOp};
 ///
 /// let handles = InProcess::<Flex>::group(2, Duration::from_secs(10));
 /// let sums: Vec<f32> = std::thread::scope(|s| {
