@@ -282,16 +282,7 @@ pub trait KernelBackend: Backend {
         step: &AdamWStep,
         grad_scale: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (p, m, v) = reference::adamw::step_many::<Self>(
-            params.into_iter().map(wrap).collect(),
-            grads.into_iter().map(wrap).collect(),
-            wrap(m),
-            wrap(v),
-            layout,
-            step,
-            grad_scale,
-        );
-        (unwrap(p), unwrap(m), unwrap(v))
+        plain::adamw_many::<Self>(params, grads, m, v, layout, step, grad_scale)
     }
 
     /// [`Self::adamw_many`] of parameters that lie flat in `layout` (the previous step's
@@ -372,6 +363,29 @@ pub trait KernelBackend: Backend {
 /// own kernels falls back to for inputs they do not take (e.g. a dtype).
 pub(crate) mod plain {
     use super::*;
+
+    /// [`KernelBackend::adamw_many`] through the reference's composition of Burn ops.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn adamw_many<B: Backend>(
+        params: Vec<FloatTensor<B>>,
+        grads: Vec<FloatTensor<B>>,
+        m: FloatTensor<B>,
+        v: FloatTensor<B>,
+        layout: &FlatLayout,
+        step: &AdamWStep,
+        grad_scale: f32,
+    ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+        let (p, m, v) = reference::adamw::step_many::<B>(
+            params.into_iter().map(wrap).collect(),
+            grads.into_iter().map(wrap).collect(),
+            wrap(m),
+            wrap(v),
+            layout,
+            step,
+            grad_scale,
+        );
+        (unwrap(p), unwrap(m), unwrap(v))
+    }
 
     pub(crate) fn linear_forward<B: Backend>(
         x: FloatTensor<B>,

@@ -146,16 +146,7 @@ impl KernelBackend for Flex {
             contiguous_f32(&m),
             contiguous_f32(&v),
         ) else {
-            let (p, m, v) = crate::reference::adamw::step_many::<Self>(
-                params.into_iter().map(wrap).collect(),
-                grads.into_iter().map(wrap).collect(),
-                wrap(m),
-                wrap(v),
-                layout,
-                step,
-                grad_scale,
-            );
-            return (unwrap(p), unwrap(m), unwrap(v));
+            return plain::adamw_many::<Self>(params, grads, m, v, layout, step, grad_scale);
         };
         let segments: Vec<_> = ps
             .iter()
