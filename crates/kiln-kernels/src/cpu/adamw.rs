@@ -7,96 +7,96 @@
 //! multiply-adds, so the result is the same to the bit (the unit test holds it to that).
 
 use std::mem::MaybeUninit;
-use std::ops::Range;
 
 use rayon::prelude::*;
 
+use super::TASK_ELEMENTS;
 use super::simd::{Kernel, vectorized};
 use crate::{AdamWStep, FlatLayout};
 
-/// Elements per task (as the other element-wise kernels).
-const CHUNK: usize = 1 << 14;
-
-/// One parameter's segment: its values, its gradient and where its moments lie.
-pub(crate) struct Segment<'a> {
-    pub param: &'a [f32],
-    pub grad: &'a [f32],
-    pub range: Range<usize>,
-}
-
-/// `(params, m, v)` after one step, flat in `layout` (padding zero), from the flat moments
-/// `m`, `v` and every parameter's segment (gradients multiplied by `grad_scale` first).
+/// `(params, m, v)` after one step, flat in `layout` (padding zero), from every parameter's
+/// values and gradient (the gradients multiplied by `grad_scale` first) and the flat moments
+/// `m`, `v`.
 pub(crate) fn step_many(
-    segments: &[Segment<'_>],
+    params: &[&[f32]],
+    grads: &[&[f32]],
     m: &[f32],
     v: &[f32],
     layout: &FlatLayout,
     h: &AdamWStep,
     grad_scale: f32,
 ) -> [Vec<f32>; 3] {
+    let lens = layout.lens();
+    assert!(
+        params.len() == lens.len()
+            && grads.len() == lens.len()
+            && params
+                .iter()
+                .chain(grads)
+                .zip(lens.iter().chain(lens))
+                .all(|(x, &n)| x.len() == n),
+        "{} parameters and {} gradients for a layout of {} segments",
+        params.len(),
+        grads.len(),
+        lens.len()
+    );
     let total = layout.total();
-    let constants = Constants::of(h, grad_scale);
+    let c = Constants::of(h, grad_scale);
     let mut outs: [Vec<f32>; 3] = std::array::from_fn(|_| Vec::with_capacity(total));
     let [p_out, m_out, v_out] = outs
         .each_mut()
-        .map(|o| &mut o.spare_capacity_mut()[..total]);
-    // Disjoint segments of the three outputs, one task list over all of them; the padding
-    // between segments is written zero here, the segments by the tasks.
+        .map(|o| segments(&mut o.spare_capacity_mut()[..total], layout));
+    // One task list over every segment's chunks.
     let mut tasks = Vec::new();
-    let (mut p_rest, mut m_rest, mut v_rest) = (p_out, m_out, v_out);
-    let mut at = 0;
-    for s in segments {
-        assert!(
-            s.param.len() == s.range.len() && s.grad.len() == s.range.len(),
-            "a parameter of {} and a gradient of {} elements for a segment of {}",
-            s.param.len(),
-            s.grad.len(),
-            s.range.len()
-        );
-        let skip = s.range.start - at;
-        let (len, zero) = (s.range.len(), MaybeUninit::new(0.0));
-        let (pad, p) = p_rest.split_at_mut(skip);
-        pad.fill(zero);
-        let (pad, mm) = m_rest.split_at_mut(skip);
-        pad.fill(zero);
-        let (pad, vv) = v_rest.split_at_mut(skip);
-        pad.fill(zero);
-        let (p, p_next) = p.split_at_mut(len);
-        let (mm, m_next) = mm.split_at_mut(len);
-        let (vv, v_next) = vv.split_at_mut(len);
-        (p_rest, m_rest, v_rest) = (p_next, m_next, v_next);
-        at = s.range.end;
-        let (m_in, v_in) = (&m[s.range.clone()], &v[s.range.clone()]);
-        let outs = p
-            .chunks_mut(CHUNK)
-            .zip(mm.chunks_mut(CHUNK))
-            .zip(vv.chunks_mut(CHUNK));
-        let ins = s.param.chunks(CHUNK).zip(s.grad.chunks(CHUNK));
-        let moments = m_in.chunks(CHUNK).zip(v_in.chunks(CHUNK));
-        for (((p, mm), vv), ((param, grad), (m, v))) in outs.zip(ins.zip(moments)) {
+    let outs_by_segment = p_out.into_iter().zip(m_out).zip(v_out);
+    for (i, ((p_out, m_out), v_out)) in outs_by_segment.enumerate() {
+        let range = layout.segment(i);
+        let (m, v) = (&m[range.clone()], &v[range]);
+        let outs = p_out
+            .chunks_mut(TASK_ELEMENTS)
+            .zip(m_out.chunks_mut(TASK_ELEMENTS))
+            .zip(v_out.chunks_mut(TASK_ELEMENTS));
+        let ins = params[i]
+            .chunks(TASK_ELEMENTS)
+            .zip(grads[i].chunks(TASK_ELEMENTS))
+            .zip(m.chunks(TASK_ELEMENTS).zip(v.chunks(TASK_ELEMENTS)));
+        for (((p_out, m_out), v_out), ((param, grad), (m, v))) in outs.zip(ins) {
             tasks.push(Elements {
                 param,
                 grad,
                 m,
                 v,
-                p_out: p,
-                m_out: mm,
-                v_out: vv,
-                c: constants,
+                p_out,
+                m_out,
+                v_out,
+                c,
             });
         }
     }
-    for tail in [p_rest, m_rest, v_rest] {
-        tail.fill(MaybeUninit::new(0.0));
-    }
     tasks.into_par_iter().for_each(vectorized);
-    // SAFETY: every element of the three buffers lies in a segment, whose task wrote it in
-    // full (its parameter, gradient and moments have the segment's length), or in padding,
-    // written zero above.
+    // SAFETY: every element of the three buffers lies in a segment, whose tasks wrote it in
+    // full (its parameter, gradient and moments have the segment's length, asserted above),
+    // or in padding, written zero by `segments`.
     for out in &mut outs {
         unsafe { out.set_len(total) };
     }
     outs
+}
+
+/// The segments of `layout` in `out`, in order, the padding after each written zero.
+fn segments<'a>(
+    mut out: &'a mut [MaybeUninit<f32>],
+    layout: &FlatLayout,
+) -> Vec<&'a mut [MaybeUninit<f32>]> {
+    let mut parts = Vec::with_capacity(layout.lens().len());
+    for (i, &len) in layout.lens().iter().enumerate() {
+        let (segment, rest) = out.split_at_mut(len);
+        let (padding, rest) = rest.split_at_mut(layout.padding(i));
+        padding.fill(MaybeUninit::new(0.0));
+        parts.push(segment);
+        out = rest;
+    }
+    parts
 }
 
 /// The step's scalars, each computed as the reference computes it (in f32).
@@ -183,7 +183,7 @@ mod tests {
     /// without a gradient scale.
     #[test]
     fn equals_the_reference_bit_for_bit() {
-        let lens = vec![5, 0, CHUNK + 37, 64];
+        let lens = vec![5, 0, TASK_ELEMENTS + 37, 64];
         let layout = FlatLayout::new(lens.clone(), 16);
         let wave = |n: usize, phase: f32| -> Vec<f32> {
             (0..n)
@@ -195,12 +195,8 @@ mod tests {
         let mut m = wave(layout.total(), 2.3);
         let mut v: Vec<f32> = wave(layout.total(), 0.9).iter().map(|x| x * x).collect();
         for i in 0..lens.len() {
-            let pad = layout.segment(i).end
-                ..layout
-                    .offsets()
-                    .get(i + 1)
-                    .copied()
-                    .unwrap_or(layout.total());
+            let end = layout.segment(i).end;
+            let pad = end..end + layout.padding(i);
             m[pad.clone()].fill(0.0);
             v[pad].fill(0.0);
         }
@@ -213,14 +209,12 @@ mod tests {
             time: 3,
         };
         for grad_scale in [1.0, 0.25] {
-            let segments: Vec<Segment<'_>> = (0..lens.len())
-                .map(|i| Segment {
-                    param: &params[i],
-                    grad: &grads[i],
-                    range: layout.segment(i),
-                })
-                .collect();
-            let ours = step_many(&segments, &m, &v, &layout, &h, grad_scale);
+            let (ps, gs): (Vec<&[f32]>, Vec<&[f32]>) = params
+                .iter()
+                .zip(&grads)
+                .map(|(p, g)| (p.as_slice(), g.as_slice()))
+                .unzip();
+            let ours = step_many(&ps, &gs, &m, &v, &layout, &h, grad_scale);
             let device = Default::default();
             let flat = |x: &[f32]| Tensor::<Flex, 1>::from_data(TensorData::from(x), &device);
             let (p, mm, vv) = reference::adamw::step_many::<Flex>(

@@ -6,13 +6,13 @@ use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
+use super::TASK_ELEMENTS;
 use super::buffer::written;
 use super::simd::{Kernel, exp, sum_map, vectorized};
 
-/// Rows per task: about as many elements as the other element-wise kernels' tasks, and at
-/// least one row.
+/// Rows per task: about [`TASK_ELEMENTS`] logits, and at least one row.
 fn rows_per_task(classes: usize) -> usize {
-    ((1 << 14) / classes.max(1)).max(1)
+    (TASK_ELEMENTS / classes.max(1)).max(1)
 }
 
 /// `(loss, lse)` per row: `lse = log Σ exp(logits)`, `loss = lse − logits[target]`.

@@ -32,6 +32,11 @@ use crate::backend::{KernelBackend, plain, unwrap, wrap};
 use crate::quant::QuantizedPrimitive;
 use crate::{AdamWStep, Epilogue, FlatLayout};
 
+/// Elements per Rayon task of the element-wise kernels (SwiGLU, AdamW, the cross-entropy's
+/// rows): large enough that a task outweighs its scheduling, small enough that a step's
+/// elements split over a rank's threads.
+const TASK_ELEMENTS: usize = 1 << 14;
+
 /// The tensor in one contiguous f32 buffer (a copy only when it is a strided view), or
 /// `None` for another dtype.
 fn contiguous_f32(t: &FlexTensor) -> Option<FlexTensor> {
@@ -148,25 +153,11 @@ impl KernelBackend for Flex {
         ) else {
             return plain::adamw_many::<Self>(params, grads, m, v, layout, step, grad_scale);
         };
-        let segments: Vec<_> = ps
-            .iter()
-            .zip(&gs)
-            .enumerate()
-            .map(|(i, (p, g))| adamw::Segment {
-                param: values(p),
-                grad: values(g),
-                range: layout.segment(i),
-            })
-            .collect();
+        let ps: Vec<&[f32]> = ps.iter().map(values).collect();
+        let gs: Vec<&[f32]> = gs.iter().map(values).collect();
         let total = layout.total();
-        let [p, m, v] = adamw::step_many(
-            &segments,
-            values(&mc),
-            values(&vc),
-            layout,
-            step,
-            grad_scale,
-        );
+        let [p, m, v] =
+            adamw::step_many(&ps, &gs, values(&mc), values(&vc), layout, step, grad_scale);
         (tensor(p, [total]), tensor(m, [total]), tensor(v, [total]))
     }
 

@@ -7,12 +7,9 @@ use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
+use super::TASK_ELEMENTS;
 use super::buffer::written;
 use super::simd::{Kernel, exp, vectorized};
-
-/// Elements per task: large enough that a task outweighs its scheduling, small enough that
-/// the rows of a step split over a rank's threads.
-const CHUNK: usize = 1 << 14;
 
 /// `σ(a) = 1 / (1 + e^(−a))`.
 #[inline(always)]
@@ -26,8 +23,11 @@ pub(crate) fn forward(gate: &[f32], up: &[f32]) -> Vec<f32> {
     // SAFETY: the chunks cover the buffer, and each element of a chunk is written.
     unsafe {
         written(gate.len(), |y| {
-            y.par_chunks_mut(CHUNK)
-                .zip(gate.par_chunks(CHUNK).zip(up.par_chunks(CHUNK)))
+            y.par_chunks_mut(TASK_ELEMENTS)
+                .zip(
+                    gate.par_chunks(TASK_ELEMENTS)
+                        .zip(up.par_chunks(TASK_ELEMENTS)),
+                )
                 .for_each(|(y, (gate, up))| vectorized(Forward { gate, up, y }))
         })
     }
@@ -46,10 +46,13 @@ pub(crate) fn backward(dy: &[f32], gate: &[f32], up: &[f32]) -> (Vec<f32>, Vec<f
     let dgate = unsafe {
         written(n, |dgate| {
             dgate
-                .par_chunks_mut(CHUNK)
-                .zip(dup.spare_capacity_mut()[..n].par_chunks_mut(CHUNK))
-                .zip(dy.par_chunks(CHUNK))
-                .zip(gate.par_chunks(CHUNK).zip(up.par_chunks(CHUNK)))
+                .par_chunks_mut(TASK_ELEMENTS)
+                .zip(dup.spare_capacity_mut()[..n].par_chunks_mut(TASK_ELEMENTS))
+                .zip(dy.par_chunks(TASK_ELEMENTS))
+                .zip(
+                    gate.par_chunks(TASK_ELEMENTS)
+                        .zip(up.par_chunks(TASK_ELEMENTS)),
+                )
                 .for_each(|(((dgate, dup), dy), (gate, up))| {
                     vectorized(Backward {
                         dy,
