@@ -80,6 +80,11 @@ def main():
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.device == "cuda":
+        # Burn's f32 matmul on CUDA runs on the tensor cores in TF32; PyTorch's does so only
+        # when asked. The same arithmetic on both sides (benches/peer/ad_step.py does the same).
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
 
     from peft import LoraConfig, get_peft_model
 

@@ -22,6 +22,7 @@ pub mod kernels;
 pub mod launches;
 pub mod llm;
 pub mod llm_step;
+pub mod matmul;
 pub mod memory;
 pub mod plan;
 pub mod stats;

@@ -74,7 +74,7 @@ pub fn run(args: KernelArgs) -> Result<(), Box<dyn std::error::Error>> {
     "kernel benchmarks need a CubeCL backend (--backend wgpu or cuda); {0} runs the plain-Burn \
      reference, which is what the kernels are measured against"
 )]
-pub struct NotCubecl(BackendKind);
+pub struct NotCubecl(pub BackendKind);
 
 // Without the `wgpu` and `cuda` features every arm is an error and the sizes go unused.
 #[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(unused_variables))]

@@ -3,6 +3,7 @@
 
 mod kernels;
 mod llm;
+mod matmul;
 mod plan;
 mod strategies;
 
@@ -21,6 +22,9 @@ pub enum BenchCommand {
     /// measure the host memory of loading it in f32 and in 4 bits, and time LoRA / QLoRA
     /// fine-tuning through strategies side by side, on the CPU.
     Llm(Box<llm::LlmArgs>),
+    /// Time cubek's matmul strategies (the candidates of Burn's autotune) at Kiln's own
+    /// products, next to Burn's default, on a CubeCL backend: what a rule by shape could gain.
+    Matmul(matmul::MatmulArgs),
     /// Measure this machine as `auto` does, then train and time every candidate layout the
     /// planner estimates for the built-in models at several world sizes: predicted step time
     /// and memory next to measured, the rank correlation, and whether `auto`'s choice was the
@@ -34,6 +38,7 @@ pub fn run(command: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
         BenchCommand::Kernels(args) => kernels::run(args),
         BenchCommand::Strategies(args) => strategies::run(args),
         BenchCommand::Llm(args) => llm::run(*args),
+        BenchCommand::Matmul(args) => matmul::run(args),
         BenchCommand::Plan(args) => plan::run(args),
     }
 }

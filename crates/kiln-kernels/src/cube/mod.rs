@@ -13,6 +13,7 @@ mod grad_norm;
 mod layer_norm;
 mod layout;
 mod linear;
+pub mod matmul;
 mod qlora;
 mod reduce;
 mod rms_norm;

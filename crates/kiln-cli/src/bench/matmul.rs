@@ -1,0 +1,109 @@
+//! `kiln bench matmul`: cubek's matmul strategies at Kiln's products, next to Burn's default.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use kiln_bench::kernels::Timing;
+use kiln_bench::matmul::{Product, Row, best, products};
+
+use super::kernels::{Dtype, NotCubecl};
+use crate::backend::{BackendKind, BackendMissing};
+
+/// Options of `kiln bench matmul`.
+#[derive(Args, Debug)]
+pub struct MatmulArgs {
+    /// A CubeCL backend: wgpu (any Vulkan / Metal / DX12 device, lavapipe on a CPU) or cuda.
+    #[arg(long, default_value = "wgpu")]
+    backend: BackendKind,
+    /// Float type of both operands and the output.
+    #[arg(long, value_enum, default_value = "f32")]
+    dtype: Dtype,
+    /// Only the products whose name contains one of these (comma-separated), e.g. `llm,ad`.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Time each strategy for at least this many milliseconds (and 5 calls).
+    #[arg(long, default_value_t = 50)]
+    min_ms: u64,
+    /// Also write every row as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// Runs `kiln bench matmul`.
+pub fn run(args: MatmulArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let _claim = crate::outputs::check_files(&[("--json", args.json.as_deref())])?;
+    let products: Vec<Product> = products()
+        .into_iter()
+        .filter(|p| args.only.is_empty() || args.only.iter().any(|o| p.name.contains(o.as_str())))
+        .collect();
+    let timing = Timing {
+        warmup: 1,
+        min_time: Duration::from_millis(args.min_ms),
+        ..Timing::default()
+    };
+    let rows = sweep(args.backend, args.dtype, &products, timing)?;
+    println!("\nfastest per product (speed-up over Burn's default):");
+    for row in best(&rows) {
+        println!("{}", row.line());
+    }
+    if let Some(path) = args.json {
+        let json = serde_json::json!({
+            "backend": args.backend.to_string(),
+            "dtype": format!("{:?}", args.dtype).to_lowercase(),
+            "rows": rows,
+        });
+        crate::outputs::write(
+            "--json",
+            &path,
+            serde_json::to_string_pretty(&json)?.as_bytes(),
+        )?;
+    }
+    Ok(())
+}
+
+// Without the `wgpu` and `cuda` features every arm is an error.
+#[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(unused_variables))]
+fn sweep(
+    backend: BackendKind,
+    dtype: Dtype,
+    products: &[Product],
+    timing: Timing,
+) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    use {burn::tensor::f16, kiln_bench::matmul::sweep};
+    let print = |row: &Row| println!("{}", row.line());
+    match (backend, dtype) {
+        (BackendKind::Flex | BackendKind::Ndarray, _) => Err(NotCubecl(backend).into()),
+        #[cfg(feature = "wgpu")]
+        (BackendKind::Wgpu, Dtype::F32) => Ok(sweep::<burn::backend::Wgpu<f32>>(
+            &Default::default(),
+            products,
+            timing,
+            print,
+        )),
+        #[cfg(feature = "wgpu")]
+        (BackendKind::Wgpu, Dtype::F16) => Ok(sweep::<burn::backend::Wgpu<f16>>(
+            &Default::default(),
+            products,
+            timing,
+            print,
+        )),
+        #[cfg(feature = "cuda")]
+        (BackendKind::Cuda, Dtype::F32) => Ok(sweep::<burn::backend::Cuda<f32>>(
+            &burn::backend::cuda::CudaDevice::new(0),
+            products,
+            timing,
+            print,
+        )),
+        #[cfg(feature = "cuda")]
+        (BackendKind::Cuda, Dtype::F16) => Ok(sweep::<burn::backend::Cuda<f16>>(
+            &burn::backend::cuda::CudaDevice::new(0),
+            products,
+            timing,
+            print,
+        )),
+        #[allow(unreachable_patterns)]
+        (backend, _) => Err(BackendMissing(backend).into()),
+    }
+}
