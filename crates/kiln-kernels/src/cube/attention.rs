@@ -3,8 +3,9 @@
 //! keeps them), the output accumulated in registers, and one log-sum-exp saved per query. The
 //! scores are never written to memory. The backward is one launch: the first units compute a
 //! query's `dq`, the rest a key's `dk` and `dv`, each recomputing the probabilities from the
-//! saved log-sum-exp. `d_head` is a compile-time constant, so the per-row vectors live in
-//! registers.
+//! saved log-sum-exp. `d_head` is a compile-time constant, so each unit's own rows live in
+//! registers, and the rows a unit loops over are the same for every lane of a warp at each
+//! step (one broadcast load, not 32 rows).
 //!
 //! Layouts: `q [batch, q_len, heads·d_head]`, `k`, `v [batch, kv_len, kv_heads·d_head]` with
 //! `q_len ≤ kv_len` (the queries are the last positions: query `i` sees keys
@@ -25,22 +26,6 @@ use cubecl::prelude::*;
 
 use super::elementwise::grid;
 use super::layout::{dense_input, dense_output};
-
-#[cube]
-fn dot<F: Float>(
-    a: &Tensor<F>,
-    a_base: usize,
-    b: &Tensor<F>,
-    b_base: usize,
-    #[comptime] d_head: usize,
-) -> f32 {
-    let mut s = 0.0f32;
-    #[unroll]
-    for c in 0..d_head {
-        s += f32::cast_from(a[a_base + c]) * f32::cast_from(b[b_base + c]);
-    }
-    s
-}
 
 /// The first key query `i` of sequence `b` sees: its start clamped to its own position `last`,
 /// or 0 without starts.
@@ -164,19 +149,36 @@ fn attention_backward_kernel<F: Float, I: Int>(
         acc[c] = 0.0;
     }
     if idx < queries {
-        // dq_i = scale·Σ_j p_ij·(dout_i·v_j − D_i)·k_j, D_i = dout_i·out_i.
+        // dq_i = scale·Σ_j p_ij·(dout_i·v_j − D_i)·k_j, D_i = dout_i·out_i. The unit's own rows
+        // (q_i, pre-scaled, and dout_i) live in registers: read from memory at every key, each
+        // lane of a warp would read a row of its own (32 rows per load), where the keys' rows
+        // are the same for every lane (one row per load, broadcast).
         let i = idx % q_len;
         let h = (idx / q_len) % heads;
         let b = idx / (q_len * heads);
         let q_base = (b * q_len + i) * width + h * d_head;
-        let delta = dot(dout, q_base, out, q_base, d_head);
+        let mut qs = Array::<f32>::new(d_head);
+        let mut dos = Array::<f32>::new(d_head);
+        let mut delta = 0.0f32;
+        #[unroll]
+        for c in 0..d_head {
+            qs[c] = f32::cast_from(q[q_base + c]) * scale;
+            dos[c] = f32::cast_from(dout[q_base + c]);
+            delta += dos[c] * f32::cast_from(out[q_base + c]);
+        }
         let l = f32::cast_from(lse[idx]);
         let kv_head = (h / group) * d_head;
         let first = first_key(starts, b, i, i + offset, packed);
         for j in first..i + offset + 1 {
             let k_base = (b * kv_len + j) * kv_width + kv_head;
-            let p = f32::exp(scale * dot(q, q_base, k, k_base, d_head) - l);
-            let ds = p * (dot(dout, q_base, v, k_base, d_head) - delta);
+            let mut s = 0.0f32;
+            let mut dp = 0.0f32;
+            #[unroll]
+            for c in 0..d_head {
+                s += qs[c] * f32::cast_from(k[k_base + c]);
+                dp += dos[c] * f32::cast_from(v[k_base + c]);
+            }
+            let ds = f32::exp(s - l) * (dp - delta);
             #[unroll]
             for c in 0..d_head {
                 acc[c] += ds * f32::cast_from(k[k_base + c]);
@@ -189,18 +191,29 @@ fn attention_backward_kernel<F: Float, I: Int>(
     } else {
         // dv_j = Σ_i p_ij·dout_i and dk_j = scale·Σ_i p_ij·(dout_i·v_j − D_i)·q_i over the
         // queries that see key j (i + offset ≥ j, and a start at or before j), of every query
-        // head sharing the key's head.
+        // head sharing the key's head. The key's rows live in registers, and the lanes of a
+        // warp (consecutive keys) walk the queries in step from the lowest key's first query,
+        // each skipping those it does not see: every query row is then one broadcast load for
+        // the warp, where lanes starting at their own first query read 32 rows per load (which
+        // made this branch 13 ms of a 231 ms LLM step on an H200, 2026-11-30).
         let key = idx - queries;
         let j = key % kv_len;
         let g_head = (key / kv_len) % kv_heads;
         let b = key / (kv_len * kv_heads);
         let k_base = (b * kv_len + j) * kv_width + g_head * d_head;
+        let mut ks = Array::<f32>::new(d_head);
+        let mut vs = Array::<f32>::new(d_head);
         let mut acc_v = Array::<f32>::new(d_head);
         #[unroll]
         for c in 0..d_head {
+            ks[c] = f32::cast_from(k[k_base + c]) * scale;
+            vs[c] = f32::cast_from(v[k_base + c]);
             acc_v[c] = 0.0;
         }
         let first = usize::max(j, offset) - offset;
+        // The warp's lowest key in this key's sequence and head (a warp is 32 aligned units).
+        let lowest = j - usize::min(idx % 32, j);
+        let start = usize::max(lowest, offset) - offset;
         // The queries past the key's example: with starts, the first whose start lies after j.
         let mut end = q_len;
         if comptime!(packed) {
@@ -214,17 +227,27 @@ fn attention_backward_kernel<F: Float, I: Int>(
             }
         }
         for h in g_head * group..(g_head + 1) * group {
-            for i in first..end {
-                let q_base = (b * q_len + i) * width + h * d_head;
-                let l = f32::cast_from(lse[(b * heads + h) * q_len + i]);
-                let p = f32::exp(scale * dot(q, q_base, k, k_base, d_head) - l);
-                let delta = dot(dout, q_base, out, q_base, d_head);
-                let ds = p * (dot(dout, q_base, v, k_base, d_head) - delta);
-                #[unroll]
-                for c in 0..d_head {
-                    let g = f32::cast_from(dout[q_base + c]);
-                    acc_v[c] += p * g;
-                    acc[c] += ds * f32::cast_from(q[q_base + c]);
+            for i in start..end {
+                if i >= first {
+                    let q_base = (b * q_len + i) * width + h * d_head;
+                    let l = f32::cast_from(lse[(b * heads + h) * q_len + i]);
+                    let mut s = 0.0f32;
+                    let mut dp = 0.0f32;
+                    let mut delta = 0.0f32;
+                    #[unroll]
+                    for c in 0..d_head {
+                        let g = f32::cast_from(dout[q_base + c]);
+                        s += ks[c] * f32::cast_from(q[q_base + c]);
+                        dp += g * vs[c];
+                        delta += g * f32::cast_from(out[q_base + c]);
+                    }
+                    let p = f32::exp(s - l);
+                    let ds = p * (dp - delta);
+                    #[unroll]
+                    for c in 0..d_head {
+                        acc_v[c] += p * f32::cast_from(dout[q_base + c]);
+                        acc[c] += ds * f32::cast_from(q[q_base + c]);
+                    }
                 }
             }
         }
