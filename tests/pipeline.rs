@@ -1,7 +1,7 @@
 //! Pipeline equivalence: `k` steps of `Pipeline` give the parameters of `k` steps of plain
 //! single-device training on the same global batches, within 1e-5 relative, for p = 2, 3, 4
 //! stages, m = 1, 4, 7 micro-batches (7 does not divide the batch), both schedules, gradient
-//! accumulation, `dp × pp` and recomputation, for the MLP, the transformer, the AD model and the QLoRA
+//! accumulation, `dp × pp`, recomputation and uneven stages (1 + 3, 3 + 1, 1 + 2 + 1 blocks), for the MLP, the transformer, the AD model and the QLoRA
 //! transformer. The model it returns is the ordinary whole model, which loads
 //! into `Single`. 1F1B holds at most p micro-batches' activations per stage, GPipe all m.
 
@@ -121,6 +121,38 @@ where
         assert_eq!(stats.len(), 4);
         let what = format!("{name} {schedule} dp × pp = 2 × 2");
         assert_equivalent(&model, &expected, &case.model, &what);
+        // Uneven stages, and uneven stages on a dp × pp mesh. Each first stage holds more
+        // parameters than the even split's exactly when it holds more blocks (the blocks of
+        // these models are alike), which shows the boundaries were the ones asked for.
+        let first_stage_bytes = |config: PipelineConfig, ranks| {
+            let (model, stats) = train(case, &batches, world(ranks), config);
+            (
+                model,
+                stats.iter().find(|s| s.rank == 0).unwrap().param_bytes,
+            )
+        };
+        for (blocks, ranks) in [
+            (vec![1, 3], 2),
+            (vec![3, 1], 2),
+            (vec![1, 2, 1], 3),
+            (vec![1, 3], 4),
+        ] {
+            let stages = blocks.len();
+            let uneven = PipelineConfig {
+                stage_blocks: Some(blocks.clone()),
+                ..config(stages, 4, schedule)
+            };
+            let (model, bytes) = first_stage_bytes(uneven, ranks);
+            let what = format!("{name} {schedule} stages of {blocks:?} blocks on {ranks} ranks");
+            assert_equivalent(&model, &expected, &case.model, &what);
+            let (_, even_bytes) = first_stage_bytes(config(stages, 4, schedule), stages);
+            let even_first = 4usize.div_ceil(stages);
+            assert_eq!(
+                bytes.cmp(&even_bytes),
+                blocks[0].cmp(&even_first),
+                "{what}: the first stage holds {bytes} bytes, the even split's {even_bytes}"
+            );
+        }
     }
 }
 
@@ -256,6 +288,25 @@ fn impossible_pipelines_are_one_line_errors() {
     assert!(
         make(world(3), config(2, 2, Schedule::GPipe))
             .starts_with("a pipeline of 2 stages needs a world of dp × 2 ranks"),
+    );
+    let blocks = |stage_blocks: Vec<usize>, stages| PipelineConfig {
+        stage_blocks: Some(stage_blocks),
+        ..config(stages, 2, Schedule::GPipe)
+    };
+    assert_eq!(
+        make(world(2), blocks(vec![1, 2], 2)),
+        "stage_blocks [1, 2] add up to 3 blocks but the model has 2; the counts must cover every \
+         block once"
+    );
+    assert_eq!(
+        make(world(2), blocks(vec![0, 2], 2)),
+        "stage_blocks gives stage 0 no blocks ([0, 2]); every stage needs at least one (use fewer \
+         stages instead)"
+    );
+    assert_eq!(
+        make(world(2), blocks(vec![2], 2)),
+        "stage_blocks lists 1 stages ([2]) but the pipeline has 2; give one count of blocks per \
+         stage, first to last, or set stages to 1"
     );
     let mut pipeline = Pipeline::new(
         &world(2),

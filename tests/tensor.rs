@@ -41,6 +41,8 @@ struct Shape {
     accumulation: usize,
     /// The schedule of the stages (with `pp > 1`).
     schedule: Schedule,
+    /// Blocks of each stage (with `pp > 1`); `None` for an even split.
+    stage_blocks: Option<&'static [usize]>,
 }
 
 const fn tp(tp: usize) -> Shape {
@@ -50,6 +52,7 @@ const fn tp(tp: usize) -> Shape {
         tp,
         accumulation: 1,
         schedule: Schedule::OneFOneB,
+        stage_blocks: None,
     }
 }
 
@@ -68,6 +71,7 @@ impl Shape {
         configs.tensor.check_replicas_every = (self.pp == 1).then_some(1);
         configs.pipeline.micro_batches = 2;
         configs.pipeline.schedule = self.schedule;
+        configs.pipeline.stage_blocks = self.stage_blocks.map(<[usize]>::to_vec);
         configs
     }
 }
@@ -269,6 +273,30 @@ fn lora_case(
 #[test]
 fn the_lora_transformer_shards_like_single_device_training() {
     check("lora", &lora_case(LoraKind::Lora, 32, 2), &SHAPES[..4]);
+}
+
+/// Stages of unequal blocks under `tensor`, as under `pipeline`.
+#[test]
+fn the_lora_transformer_shards_into_uneven_stages() {
+    let uneven = |blocks| Shape {
+        pp: 2,
+        stage_blocks: Some(blocks),
+        ..tp(2)
+    };
+    let shapes = [uneven(&[1, 2]), uneven(&[2, 1])];
+    let case = lora_case(LoraKind::Lora, 32, 3);
+    check("lora", &case, &shapes);
+    // The boundaries are the ones asked for: rank 0 (stage 0) holds more with two blocks.
+    let batches = batches(case.dataset.len(), BATCH, 1);
+    let first_stage = |shape| {
+        let (_, _, stats) = train(&case, &batches, shape, None);
+        stats.iter().find(|s| s.rank == 0).unwrap().param_bytes
+    };
+    let (one, two) = (first_stage(shapes[0]), first_stage(shapes[1]));
+    assert!(
+        one < two,
+        "stage 0 of 1 block {one} bytes, of 2 blocks {two}"
+    );
 }
 
 /// A 4-bit base shards along whole blocks: rows of 64 per shard need widths of 64 × tp.

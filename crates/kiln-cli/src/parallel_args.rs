@@ -8,8 +8,8 @@ use kiln_core::strategy::{Schedule, StrategyConfigs, StrategyKind};
 
 use crate::names::schedule_parser;
 
-/// `--dp`, `--stages`, `--tp`, `--micro-batches`, `--schedule`, `--recompute`,
-/// `--bucket-cap-mb`.
+/// `--dp`, `--stages`, `--stage-blocks`, `--tp`, `--micro-batches`, `--schedule`,
+/// `--recompute`, `--bucket-cap-mb`.
 #[derive(clap::Args, Debug)]
 pub struct ParallelArgs {
     /// Data-parallel replicas: with `pipeline` and `tensor` the world becomes
@@ -21,6 +21,10 @@ pub struct ParallelArgs {
     /// planner's choice for auto].
     #[arg(long)]
     stages: Option<usize>,
+    /// Blocks of each pipeline stage, first to last, e.g. `--stage-blocks 10,14` (adding up to
+    /// the model's blocks; their number is the stages) [default: as even as the blocks allow].
+    #[arg(long, value_delimiter = ',', value_name = "N,N,..")]
+    stage_blocks: Option<Vec<usize>>,
     /// Tensor-parallel shards of every sharded layer (with `--strategy tensor`; under `auto`,
     /// the shards every layout it considers keeps) [default: 2 for tensor, the planner's
     /// choice for auto].
@@ -99,6 +103,16 @@ impl ParallelArgs {
                 Auto => configs.auto.tp = Some(tp),
                 _ => return Err(refuse("--tp", "tensor and auto")),
             }
+        }
+        if let Some(blocks) = &self.stage_blocks {
+            // The counts also say how many stages there are, unless --stages does.
+            match strategy {
+                Pipeline if self.stages.is_none() => configs.pipeline.stages = blocks.len(),
+                Tensor if self.stages.is_none() => configs.tensor.stages = blocks.len(),
+                Pipeline | Tensor => {}
+                _ => return Err(refuse("--stage-blocks", "pipeline and tensor")),
+            }
+            configs.pipeline.stage_blocks = Some(blocks.clone());
         }
         if strategy == Auto {
             if self.schedule.is_some() {

@@ -229,6 +229,43 @@ pub enum ConfigError {
         /// The model's blocks.
         blocks: usize,
     },
+    /// `stage_blocks` naming another number of stages than `stages`.
+    #[error(
+        "stage_blocks lists {given} stages ({blocks:?}) but the pipeline has {stages}; give one \
+         count of blocks per stage, first to last, or set stages to {given}"
+    )]
+    StageBlocksCount {
+        /// Stages `stage_blocks` lists.
+        given: usize,
+        /// Its counts.
+        blocks: Vec<usize>,
+        /// Stages asked for.
+        stages: usize,
+    },
+    /// A stage of no blocks in `stage_blocks`.
+    #[error(
+        "stage_blocks gives stage {stage} no blocks ({blocks:?}); every stage needs at least one \
+         (use fewer stages instead)"
+    )]
+    EmptyStage {
+        /// The empty stage, from 0.
+        stage: usize,
+        /// The counts given.
+        blocks: Vec<usize>,
+    },
+    /// `stage_blocks` that do not add up to the model's blocks.
+    #[error(
+        "stage_blocks {blocks:?} add up to {sum} blocks but the model has {model_blocks}; the \
+         counts must cover every block once"
+    )]
+    StageBlocksSum {
+        /// The counts given.
+        blocks: Vec<usize>,
+        /// Their sum.
+        sum: u128,
+        /// The model's blocks.
+        model_blocks: usize,
+    },
     /// A split the model cannot train exactly ([`PipelineModel::check_split`]).
     ///
     /// [`PipelineModel::check_split`]: crate::model::PipelineModel::check_split

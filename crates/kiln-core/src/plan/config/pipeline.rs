@@ -1,10 +1,12 @@
 //! The settings of `pipeline`, and the schedules it orders micro-batches by.
 
 use std::fmt;
+use std::ops::Range;
 use std::time::Duration;
 
 use super::ConfigError;
 use crate::data::ShardPolicy;
+use crate::model::even_ranges;
 use crate::world::Mesh;
 
 /// Configuration of [`Pipeline`](crate::strategy::Pipeline).
@@ -13,6 +15,10 @@ use crate::world::Mesh;
 pub struct PipelineConfig {
     /// Pipeline stages `p`: the world is `dp × p` ranks. At most the model's blocks.
     pub stages: usize,
+    /// Blocks of each stage, first to last, adding up to the model's blocks; `None` cuts them
+    /// as evenly as they go, the longer stages first. Uneven stages make room on a first stage
+    /// that also holds the embeddings, or a last one that holds the head and the loss.
+    pub stage_blocks: Option<Vec<usize>>,
     /// Micro-batches `m` per flush; each replica's shard is cut into this many.
     pub micro_batches: usize,
     /// The order of forwards and backwards.
@@ -37,6 +43,7 @@ impl Default for PipelineConfig {
     fn default() -> Self {
         Self {
             stages: 2,
+            stage_blocks: None,
             micro_batches: 4,
             schedule: Schedule::OneFOneB,
             grad_accumulation: 1,
@@ -57,12 +64,55 @@ impl PipelineConfig {
         if self.micro_batches == 0 {
             return Err(ConfigError::ZeroMicroBatches);
         }
+        if let Some(blocks) = &self.stage_blocks {
+            if blocks.len() != self.stages {
+                return Err(ConfigError::StageBlocksCount {
+                    given: blocks.len(),
+                    blocks: blocks.clone(),
+                    stages: self.stages,
+                });
+            }
+            if let Some(stage) = blocks.iter().position(|&b| b == 0) {
+                return Err(ConfigError::EmptyStage {
+                    stage,
+                    blocks: blocks.clone(),
+                });
+            }
+        }
         super::error::check_shared_settings(
             self.grad_accumulation,
             self.bucket_cap_mb,
             self.collective_timeout_s,
             self.threads_per_rank,
         )
+    }
+
+    /// The blocks of each stage of a model of `blocks` blocks: `stage_blocks` where given,
+    /// otherwise [`even_ranges`].
+    ///
+    /// # Errors
+    /// [`ConfigError::StageBlocksSum`] when `stage_blocks` do not add up to `blocks`.
+    pub fn ranges(&self, blocks: usize) -> Result<Vec<Range<usize>>, ConfigError> {
+        let Some(counts) = &self.stage_blocks else {
+            return Ok(even_ranges(blocks, self.stages));
+        };
+        // Summed wide: counts from a command line can overflow a usize.
+        let sum: u128 = counts.iter().map(|&n| n as u128).sum();
+        if sum != blocks as u128 {
+            return Err(ConfigError::StageBlocksSum {
+                blocks: counts.clone(),
+                sum,
+                model_blocks: blocks,
+            });
+        }
+        let mut start = 0;
+        Ok(counts
+            .iter()
+            .map(|&n| {
+                start += n;
+                start - n..start
+            })
+            .collect())
     }
 
     pub(crate) fn timeout(&self) -> Duration {

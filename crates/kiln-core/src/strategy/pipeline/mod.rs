@@ -43,7 +43,7 @@ use super::ranks::{RankThreads, Shard, step_output};
 use super::{ConfigError, RankStats, StepOutput, Strategy, StrategyError, StrategyKind};
 use crate::World;
 use crate::data::DataSource;
-use crate::model::{PipelineModel, even_ranges};
+use crate::model::PipelineModel;
 use crate::optim::{GuardedOptimizer, OptimizerState, StateLayout};
 use crate::plan::PipelineConfig;
 use crate::stages::assemble;
@@ -124,7 +124,7 @@ impl<B: AutodiffBackend, M: PipelineModel<B>> Pipeline<B, M> {
         let device = ranks[0].device.clone();
         let blocks = ranks[0].model.num_blocks();
         check_blocks(&ranks[0].model, config.stages)?;
-        let ranges = even_ranges(blocks, config.stages);
+        let ranges = config.ranges(blocks)?;
         // What every rank checks at start-up that the others hold too: the whole model's
         // layout (each rank then holds only its stage), the dtype, the settings.
         facts.push((
