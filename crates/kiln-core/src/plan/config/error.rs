@@ -231,13 +231,13 @@ pub enum ConfigError {
     },
     /// `stage_blocks` naming another number of stages than `stages`.
     #[error(
-        "stage_blocks lists {given} stages ({blocks:?}) but the pipeline has {stages}; give one \
-         count of blocks per stage, first to last, or set stages to {given}"
+        "stage_blocks lists {} stages ({blocks:?}) but the pipeline has {stages}; give one count \
+         of blocks per stage, first to last, or set stages to {}",
+        .blocks.len(),
+        .blocks.len()
     )]
     StageBlocksCount {
-        /// Stages `stage_blocks` lists.
-        given: usize,
-        /// Its counts.
+        /// The counts given.
         blocks: Vec<usize>,
         /// Stages asked for.
         stages: usize,
@@ -255,14 +255,13 @@ pub enum ConfigError {
     },
     /// `stage_blocks` that do not add up to the model's blocks.
     #[error(
-        "stage_blocks {blocks:?} add up to {sum} blocks but the model has {model_blocks}; the \
-         counts must cover every block once"
+        "stage_blocks {blocks:?} add up to {} blocks but the model has {model_blocks}; the \
+         counts must cover every block once",
+        .blocks.iter().map(|&n| n as u128).sum::<u128>()
     )]
     StageBlocksSum {
         /// The counts given.
         blocks: Vec<usize>,
-        /// Their sum.
-        sum: u128,
         /// The model's blocks.
         model_blocks: usize,
     },

@@ -67,7 +67,6 @@ impl PipelineConfig {
         if let Some(blocks) = &self.stage_blocks {
             if blocks.len() != self.stages {
                 return Err(ConfigError::StageBlocksCount {
-                    given: blocks.len(),
                     blocks: blocks.clone(),
                     stages: self.stages,
                 });
@@ -101,7 +100,6 @@ impl PipelineConfig {
         if sum != blocks as u128 {
             return Err(ConfigError::StageBlocksSum {
                 blocks: counts.clone(),
-                sum,
                 model_blocks: blocks,
             });
         }
