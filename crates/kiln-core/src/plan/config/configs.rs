@@ -82,6 +82,11 @@ impl StrategyConfigs {
                 // Ddp's first: under `auto` its accumulation is the micro-batches too, and a
                 // zero there is named as the flag or setting that gave it.
                 self.ddp.validate()?;
+                if let Some(blocks) = &self.pipeline.stage_blocks {
+                    return Err(ConfigError::StageBlocksUnderAuto {
+                        blocks: blocks.clone(),
+                    });
+                }
                 self.auto.validate()
             }
             StrategyKind::Pipeline => self.pipeline.validate(),

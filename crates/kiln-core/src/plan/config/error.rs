@@ -265,6 +265,15 @@ pub enum ConfigError {
         /// The model's blocks.
         model_blocks: usize,
     },
+    /// `stage_blocks` given to `auto`, which plans its own stages.
+    #[error(
+        "stage_blocks {blocks:?} is set, but auto plans its own stages (as even as the blocks \
+         allow); remove it, or choose pipeline or tensor to keep these boundaries"
+    )]
+    StageBlocksUnderAuto {
+        /// The counts given.
+        blocks: Vec<usize>,
+    },
     /// A split the model cannot train exactly ([`PipelineModel::check_split`]).
     ///
     /// [`PipelineModel::check_split`]: crate::model::PipelineModel::check_split
