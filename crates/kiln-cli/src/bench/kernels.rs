@@ -3,19 +3,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 use kiln_bench::kernels::{Measurement, Sizes, Timing};
+use kiln_kernels::KernelBackend;
+use kiln_kernels::cube::matmul::MatmulStrategies;
 
-use crate::backend::{BackendKind, BackendMissing};
-
-/// The float type the kernels run in.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum Dtype {
-    /// 32-bit floats.
-    F32,
-    /// 16-bit floats (f32 accumulation inside the kernels).
-    F16,
-}
+use super::cubecl::{CubeJob, Dtype, dispatch};
+use crate::backend::BackendKind;
 
 /// Options of `kiln bench kernels`.
 #[derive(Args, Debug)]
@@ -50,7 +44,14 @@ pub fn run(args: KernelArgs) -> Result<(), Box<dyn std::error::Error>> {
         min_time: Duration::from_millis(args.min_ms),
         ..Timing::default()
     };
-    let results = measure(args.backend, args.dtype, &sizes, timing)?;
+    let results = dispatch(
+        args.backend,
+        args.dtype,
+        Kernels {
+            sizes: &sizes,
+            timing,
+        },
+    )?;
     print!("{}", kiln_bench::kernels::table(&results));
     if let Some(path) = args.json {
         let json = serde_json::json!({
@@ -68,51 +69,17 @@ pub fn run(args: KernelArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Kernels run only on CubeCL backends.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "kernel benchmarks need a CubeCL backend (--backend wgpu or cuda); {0} runs the plain-Burn \
-     reference, which is what the kernels are measured against"
-)]
-pub struct NotCubecl(pub BackendKind);
-
-// Without the `wgpu` and `cuda` features every arm is an error and the sizes go unused.
-#[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(unused_variables))]
-fn measure(
-    backend: BackendKind,
-    dtype: Dtype,
-    sizes: &Sizes,
+/// The kernel benchmark at `sizes`.
+#[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
+struct Kernels<'a> {
+    sizes: &'a Sizes,
     timing: Timing,
-) -> Result<Vec<Measurement>, Box<dyn std::error::Error>> {
-    #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    use {burn::tensor::f16, kiln_bench::kernels::run};
-    match (backend, dtype) {
-        (BackendKind::Flex | BackendKind::Ndarray, _) => Err(NotCubecl(backend).into()),
-        #[cfg(feature = "wgpu")]
-        (BackendKind::Wgpu, Dtype::F32) => Ok(run::<burn::backend::Wgpu<f32>>(
-            &Default::default(),
-            sizes,
-            timing,
-        )),
-        #[cfg(feature = "wgpu")]
-        (BackendKind::Wgpu, Dtype::F16) => Ok(run::<burn::backend::Wgpu<f16>>(
-            &Default::default(),
-            sizes,
-            timing,
-        )),
-        #[cfg(feature = "cuda")]
-        (BackendKind::Cuda, Dtype::F32) => Ok(run::<burn::backend::Cuda<f32>>(
-            &burn::backend::cuda::CudaDevice::new(0),
-            sizes,
-            timing,
-        )),
-        #[cfg(feature = "cuda")]
-        (BackendKind::Cuda, Dtype::F16) => Ok(run::<burn::backend::Cuda<f16>>(
-            &burn::backend::cuda::CudaDevice::new(0),
-            sizes,
-            timing,
-        )),
-        #[allow(unreachable_patterns)]
-        (backend, _) => Err(BackendMissing(backend).into()),
+}
+
+impl CubeJob for Kernels<'_> {
+    type Output = Vec<Measurement>;
+
+    fn run<B: KernelBackend + MatmulStrategies>(self, device: &B::Device) -> Self::Output {
+        kiln_bench::kernels::run::<B>(device, self.sizes, self.timing)
     }
 }

@@ -5,10 +5,12 @@ use std::time::Duration;
 
 use clap::Args;
 use kiln_bench::kernels::Timing;
-use kiln_bench::matmul::{Product, Row, best, products};
+use kiln_bench::matmul::{Product, Row, best, products, sweep};
+use kiln_kernels::KernelBackend;
+use kiln_kernels::cube::matmul::MatmulStrategies;
 
-use super::kernels::{Dtype, NotCubecl};
-use crate::backend::{BackendKind, BackendMissing};
+use super::cubecl::{CubeJob, Dtype, dispatch};
+use crate::backend::BackendKind;
 
 /// Options of `kiln bench matmul`.
 #[derive(Args, Debug)]
@@ -42,7 +44,14 @@ pub fn run(args: MatmulArgs) -> Result<(), Box<dyn std::error::Error>> {
         min_time: Duration::from_millis(args.min_ms),
         ..Timing::default()
     };
-    let rows = sweep(args.backend, args.dtype, &products, timing)?;
+    let rows = dispatch(
+        args.backend,
+        args.dtype,
+        Sweep {
+            products: &products,
+            timing,
+        },
+    )?;
     println!("\nfastest per product (speed-up over Burn's default):");
     for row in best(&rows) {
         println!("{}", row.line());
@@ -62,48 +71,19 @@ pub fn run(args: MatmulArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-// Without the `wgpu` and `cuda` features every arm is an error.
-#[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(unused_variables))]
-fn sweep(
-    backend: BackendKind,
-    dtype: Dtype,
-    products: &[Product],
+/// The sweep over `products`, each row printed as it is measured.
+#[cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
+struct Sweep<'a> {
+    products: &'a [Product],
     timing: Timing,
-) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
-    #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    use {burn::tensor::f16, kiln_bench::matmul::sweep};
-    let print = |row: &Row| println!("{}", row.line());
-    match (backend, dtype) {
-        (BackendKind::Flex | BackendKind::Ndarray, _) => Err(NotCubecl(backend).into()),
-        #[cfg(feature = "wgpu")]
-        (BackendKind::Wgpu, Dtype::F32) => Ok(sweep::<burn::backend::Wgpu<f32>>(
-            &Default::default(),
-            products,
-            timing,
-            print,
-        )),
-        #[cfg(feature = "wgpu")]
-        (BackendKind::Wgpu, Dtype::F16) => Ok(sweep::<burn::backend::Wgpu<f16>>(
-            &Default::default(),
-            products,
-            timing,
-            print,
-        )),
-        #[cfg(feature = "cuda")]
-        (BackendKind::Cuda, Dtype::F32) => Ok(sweep::<burn::backend::Cuda<f32>>(
-            &burn::backend::cuda::CudaDevice::new(0),
-            products,
-            timing,
-            print,
-        )),
-        #[cfg(feature = "cuda")]
-        (BackendKind::Cuda, Dtype::F16) => Ok(sweep::<burn::backend::Cuda<f16>>(
-            &burn::backend::cuda::CudaDevice::new(0),
-            products,
-            timing,
-            print,
-        )),
-        #[allow(unreachable_patterns)]
-        (backend, _) => Err(BackendMissing(backend).into()),
+}
+
+impl CubeJob for Sweep<'_> {
+    type Output = Vec<Row>;
+
+    fn run<B: KernelBackend + MatmulStrategies>(self, device: &B::Device) -> Self::Output {
+        sweep::<B>(device, self.products, self.timing, |row| {
+            println!("{}", row.line())
+        })
     }
 }

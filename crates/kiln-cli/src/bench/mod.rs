@@ -1,6 +1,7 @@
 //! `kiln bench`: benchmarks that need a binary rather than `cargo bench` (GPU machines have no
 //! cargo). The measuring lives in the kiln-bench crate; this is the command line.
 
+mod cubecl;
 mod kernels;
 mod llm;
 mod matmul;
