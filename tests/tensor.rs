@@ -173,8 +173,8 @@ fn replicated_agree<M: Module<B>, S: Module<B>>(whole: &M, shards: &[S], what: &
 
 /// Every shape of `Tensor` against single-device training on `case`, and what a trained
 /// sharding must keep: replicated parameters equal on the shards, each rank its share of the
-/// bytes.
-fn check<M, I, Bt>(name: &str, case: &Case<M, I, Bt>, shapes: &[Shape])
+/// bytes. Returns each shape's rank 0's parameter bytes.
+fn check<M, I, Bt>(name: &str, case: &Case<M, I, Bt>, shapes: &[Shape]) -> Vec<u64>
 where
     M: TensorParallelModel<B, Sharded: StrategyModel<B>>,
     I: Clone + Send + Sync + 'static,
@@ -183,6 +183,7 @@ where
     let batches = batches(case.dataset.len(), BATCH, STEPS);
     let expected = reference(case, &batches);
     let whole_bytes = param_bytes::<B, M>(&case.model).params;
+    let mut first_rank_bytes = Vec::new();
     for &shape in shapes {
         let what = format!("{name} {shape:?}");
         let (model, shards, stats) = train(case, &batches, shape, None);
@@ -204,7 +205,9 @@ where
                 assert!(s.shard_traffic.calls > 0, "{what}: rank {}", s.rank);
             }
         }
+        first_rank_bytes.push(stats.iter().find(|s| s.rank == 0).unwrap().param_bytes);
     }
+    first_rank_bytes
 }
 
 const SHAPES: [Shape; 5] = [
@@ -284,15 +287,9 @@ fn the_lora_transformer_shards_into_uneven_stages() {
         ..tp(2)
     };
     let shapes = [uneven(&[1, 2]), uneven(&[2, 1])];
-    let case = lora_case(LoraKind::Lora, 32, 3);
-    check("lora", &case, &shapes);
+    let bytes = check("lora", &lora_case(LoraKind::Lora, 32, 3), &shapes);
     // The boundaries are the ones asked for: rank 0 (stage 0) holds more with two blocks.
-    let batches = batches(case.dataset.len(), BATCH, 1);
-    let first_stage = |shape| {
-        let (_, _, stats) = train(&case, &batches, shape, None);
-        stats.iter().find(|s| s.rank == 0).unwrap().param_bytes
-    };
-    let (one, two) = (first_stage(shapes[0]), first_stage(shapes[1]));
+    let (one, two) = (bytes[0], bytes[1]);
     assert!(
         one < two,
         "stage 0 of 1 block {one} bytes, of 2 blocks {two}"

@@ -12,24 +12,11 @@ timings over rotated operands), and prints one line per product:
 
 import argparse
 import json
-import statistics
 
 import torch
 
-
-def time_ms(f, iters=50, warmup=5):
-    for _ in range(warmup):
-        f()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        f()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end))
-    return statistics.median(samples)
+# The same CUDA-event median as the kernel peer's (this script's folder is on sys.path).
+from kernels import median_ms
 
 
 def operand(rows, cols, transposed, dtype):
@@ -57,7 +44,7 @@ def main():
         # Four operand sets rotated, so that repeated products do not all hit the L2.
         sets = [(operand(m, k, lhs_t, dtype), operand(k, n, rhs_t, dtype)) for _ in range(4)]
         it = iter(range(1 << 30))
-        cublas = time_ms(lambda: torch.matmul(*sets[next(it) % 4]))
+        cublas = median_ms(lambda: torch.matmul(*sets[next(it) % 4]), 50, warmup=5)
         ran = [r for r in p["rows"] if r["seconds"] is not None]
         default = next((r for r in ran if r["strategy"] == "matmul_auto"), None)
         best = min(ran, key=lambda r: r["seconds"]) if ran else None

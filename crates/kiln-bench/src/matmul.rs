@@ -4,7 +4,7 @@
 //! at start-up, is read off these rows on a GPU. Used by `kiln bench matmul`.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Tensor, TensorPrimitive};
@@ -219,28 +219,24 @@ pub fn sweep<B: MatmulStrategies>(
 /// host synchronisation after each (microseconds on a GPU) would drown the small ones. Each
 /// sample queues enough calls to last about a millisecond, by a first synchronised timing.
 fn time_queued<B: Backend>(device: &B::Device, timing: Timing, mut f: impl FnMut()) -> f64 {
-    let one = time::<B>(
-        device,
-        Timing {
-            min_iters: 1,
-            min_time: Duration::ZERO,
-            ..timing
-        },
-        &mut f,
-    );
+    let once = Timing {
+        min_iters: 1,
+        min_time: Duration::ZERO,
+        ..timing
+    };
+    let one = time::<B>(device, once, &mut f);
     let queued = (1e-3 / one.max(1e-7)).clamp(1.0, 256.0) as usize;
-    let sync = || B::sync(device).expect("device synchronisation");
-    let mut samples = Vec::new();
-    let start = Instant::now();
-    while samples.len() < timing.min_iters || start.elapsed() < timing.min_time {
-        let t = Instant::now();
+    // Warm already: every sample from the first is timed.
+    let samples = Timing {
+        warmup: 0,
+        ..timing
+    };
+    let batch = time::<B>(device, samples, || {
         for _ in 0..queued {
             f();
         }
-        sync();
-        samples.push(t.elapsed().as_secs_f64() / queued as f64);
-    }
-    kiln_core::stats::median(&samples)
+    });
+    batch / queued as f64
 }
 
 fn relative_error(out: &[f32], reference: &[f32]) -> f64 {

@@ -1,6 +1,8 @@
 //! The plain CubeCL backends `kiln bench kernels` and `kiln bench matmul` run on, picked by
 //! `--backend` and `--dtype`: one dispatch for both.
 
+use std::path::Path;
+
 use clap::ValueEnum;
 use kiln_kernels::KernelBackend;
 use kiln_kernels::cube::matmul::MatmulStrategies;
@@ -14,6 +16,32 @@ pub enum Dtype {
     F32,
     /// 16-bit floats (f32 accumulation inside the kernels).
     F16,
+}
+
+/// Writes `fields` (a JSON object) to `path`, the flag `--json`, headed by the run's backend
+/// and dtype: the report of a run on `backend` in `dtype`, which the peer scripts read.
+///
+/// # Errors
+/// When `path` cannot be written.
+pub fn write_json(
+    path: &Path,
+    backend: BackendKind,
+    dtype: Dtype,
+    fields: serde_json::Value,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut json = serde_json::json!({
+        "backend": backend.to_string(),
+        "dtype": format!("{dtype:?}").to_lowercase(),
+    });
+    if let (Some(json), serde_json::Value::Object(fields)) = (json.as_object_mut(), fields) {
+        json.extend(fields);
+    }
+    crate::outputs::write(
+        "--json",
+        path,
+        serde_json::to_string_pretty(&json)?.as_bytes(),
+    )?;
+    Ok(())
 }
 
 /// Kernels run only on CubeCL backends.

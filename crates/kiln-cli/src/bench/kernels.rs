@@ -8,7 +8,7 @@ use kiln_bench::kernels::{Measurement, Sizes, Timing};
 use kiln_kernels::KernelBackend;
 use kiln_kernels::cube::matmul::MatmulStrategies;
 
-use super::cubecl::{CubeJob, Dtype, dispatch};
+use super::cubecl::{CubeJob, Dtype, dispatch, write_json};
 use crate::backend::BackendKind;
 
 /// Options of `kiln bench kernels`.
@@ -54,17 +54,8 @@ pub fn run(args: KernelArgs) -> Result<(), Box<dyn std::error::Error>> {
     )?;
     print!("{}", kiln_bench::kernels::table(&results));
     if let Some(path) = args.json {
-        let json = serde_json::json!({
-            "backend": args.backend.to_string(),
-            "dtype": format!("{:?}", args.dtype).to_lowercase(),
-            "sizes": sizes,
-            "results": results,
-        });
-        crate::outputs::write(
-            "--json",
-            &path,
-            serde_json::to_string_pretty(&json)?.as_bytes(),
-        )?;
+        let fields = serde_json::json!({ "sizes": sizes, "results": results });
+        write_json(&path, args.backend, args.dtype, fields)?;
     }
     Ok(())
 }

@@ -9,7 +9,7 @@ use kiln_bench::matmul::{Product, Row, best, products, sweep};
 use kiln_kernels::KernelBackend;
 use kiln_kernels::cube::matmul::MatmulStrategies;
 
-use super::cubecl::{CubeJob, Dtype, dispatch};
+use super::cubecl::{CubeJob, Dtype, dispatch, write_json};
 use crate::backend::BackendKind;
 
 /// Options of `kiln bench matmul`.
@@ -57,15 +57,11 @@ pub fn run(args: MatmulArgs) -> Result<(), Box<dyn std::error::Error>> {
         println!("{}", row.line());
     }
     if let Some(path) = args.json {
-        let json = serde_json::json!({
-            "backend": args.backend.to_string(),
-            "dtype": format!("{:?}", args.dtype).to_lowercase(),
-            "rows": rows,
-        });
-        crate::outputs::write(
-            "--json",
+        write_json(
             &path,
-            serde_json::to_string_pretty(&json)?.as_bytes(),
+            args.backend,
+            args.dtype,
+            serde_json::json!({ "rows": rows }),
         )?;
     }
     Ok(())
