@@ -107,6 +107,32 @@ impl<'a> View<'a> {
         self.cols
     }
 
+    /// Its rows `rows`, a view into the same elements.
+    ///
+    /// # Panics
+    /// When the range reaches past its rows.
+    pub(super) fn row_block(self, rows: std::ops::Range<usize>) -> Self {
+        assert!(rows.end <= self.rows, "rows {rows:?} of {}", self.rows);
+        Self {
+            data: &self.data[(rows.start * self.rs).min(self.data.len())..],
+            rows: rows.len(),
+            ..self
+        }
+    }
+
+    /// Its columns `cols`, a view into the same elements.
+    ///
+    /// # Panics
+    /// When the range reaches past its columns.
+    pub(super) fn columns(self, cols: std::ops::Range<usize>) -> Self {
+        assert!(cols.end <= self.cols, "columns {cols:?} of {}", self.cols);
+        Self {
+            data: &self.data[(cols.start * self.cs).min(self.data.len())..],
+            cols: cols.len(),
+            ..self
+        }
+    }
+
     /// The transpose: the same elements, strides swapped.
     pub(super) fn t(self) -> Self {
         Self {
@@ -171,32 +197,27 @@ pub(super) fn matmul(dst: ViewMut<'_>, lhs: View<'_>, rhs: View<'_>, scale: f32,
             rhs,
             scale,
             accumulate,
-            Parallelism::None,
         );
     }
 }
 
 /// `lhs·rhs` (`m × k` by `k × n`) as a new row-major `m × n` buffer, split over the caller's
-/// Rayon pool when it is large.
+/// Rayon pool when it is large ([`split_gemm`]).
 ///
 /// # Panics
 /// When the shapes do not chain.
 pub(super) fn product(lhs: View<'_>, rhs: View<'_>) -> Vec<f32> {
-    let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
+    let (m, n) = (lhs.rows, rhs.cols);
     let len = m * n;
-    let parallelism = if m.saturating_mul(k).saturating_mul(n) >= PARALLEL_WORK {
-        Parallelism::Rayon(0)
-    } else {
-        Parallelism::None
-    };
     let column_major = column_major_is_cheaper(&lhs, &rhs);
     let mut out = Vec::with_capacity(len);
     let strides = if column_major { [1, m] } else { [n, 1] };
     // SAFETY: the buffer holds `m × n` elements at `strides` and is the caller's
     // alone. Without `accumulate`, gemm writes every element of the destination without
-    // reading it (with `k = 0` it stores zeros), so all `len` are initialised when it returns.
+    // reading it (with `k = 0` it stores zeros), and the parts cover every element once, so all
+    // `len` are initialised when it returns.
     unsafe {
-        gemm_into(out.as_mut_ptr(), strides, lhs, rhs, 1.0, false, parallelism);
+        split_gemm(out.as_mut_ptr(), strides, lhs, rhs);
         out.set_len(len);
     }
     if column_major {
@@ -204,6 +225,71 @@ pub(super) fn product(lhs: View<'_>, rhs: View<'_>) -> Vec<f32> {
         transpose(&out, n, m)
     } else {
         out
+    }
+}
+
+/// Parts of a split product start at multiples of this many rows or columns: whole 64-byte
+/// lines of a row-major output, and whole micro-tiles of gemm's AVX-512 kernels.
+const PART_ALIGN: usize = 64;
+
+/// `dst = lhs·rhs`, cut into one part per thread of the caller's Rayon pool when it has at
+/// least [`PARALLEL_WORK`] multiply-adds, each part one single-threaded gemm.
+///
+/// The cut runs along the output's columns when the right operand is the larger (a weight
+/// against a few hundred tokens), else along its rows, so each thread packs its own share of
+/// the large operand and all of the small one. gemm's own threading packs the operand its
+/// threads share on the calling thread while the others wait, and wakes them for every block:
+/// on two cores the LoRA step's calling thread did 1.7× the other's packing, and the other
+/// was idle a quarter of the step.
+///
+/// # Safety
+/// As [`gemm_into`]'s, without `accumulate`.
+unsafe fn split_gemm(dst: *mut f32, strides: [usize; 2], lhs: View<'_>, rhs: View<'_>) {
+    let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
+    let threads = if m.saturating_mul(k).saturating_mul(n) >= PARALLEL_WORK {
+        rayon::current_num_threads()
+    } else {
+        1
+    };
+    let by_columns = n >= m;
+    let extent = if by_columns { n } else { m };
+    let part = extent.div_ceil(threads.max(1)).next_multiple_of(PART_ALIGN);
+    if threads <= 1 || part >= extent {
+        // SAFETY: the caller's contract.
+        unsafe { gemm_into(dst, strides, lhs, rhs, 1.0, false) };
+        return;
+    }
+    let dst = Output(dst);
+    (0..extent.div_ceil(part)).into_par_iter().for_each(|i| {
+        let range = i * part..((i + 1) * part).min(extent);
+        let (lhs, rhs, offset) = if by_columns {
+            (lhs, rhs.columns(range.clone()), range.start * strides[1])
+        } else {
+            (lhs.row_block(range.clone()), rhs, range.start * strides[0])
+        };
+        // SAFETY: part `i` is the block of `dst` at rows (or columns) `range`, which no other
+        // part writes; it lies inside `dst` by the caller's contract.
+        unsafe { gemm_into(dst.at(offset), strides, lhs, rhs, 1.0, false) };
+    });
+}
+
+/// A product's output, shared by the tasks that write its disjoint parts.
+#[derive(Clone, Copy)]
+struct Output(*mut f32);
+
+// SAFETY: the tasks of one product write disjoint elements through it (see `split_gemm`), and
+// the buffer outlives them: `into_par_iter().for_each` returns when every task is done.
+unsafe impl Send for Output {}
+unsafe impl Sync for Output {}
+
+impl Output {
+    /// The element `offset` places past the output's first.
+    ///
+    /// # Safety
+    /// `offset` lies inside the output.
+    unsafe fn at(self, offset: usize) -> *mut f32 {
+        // SAFETY: the caller's contract.
+        unsafe { self.0.add(offset) }
     }
 }
 
@@ -281,7 +367,6 @@ unsafe fn gemm_into(
     rhs: View<'_>,
     scale: f32,
     accumulate: bool,
-    parallelism: Parallelism,
 ) {
     let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
     assert!(rhs.rows == k, "matmul of {m}×{k} by {}×{n}", rhs.rows);
@@ -311,7 +396,8 @@ unsafe fn gemm_into(
             false,
             false,
             false,
-            parallelism,
+            // One thread: `split_gemm` splits large products itself.
+            Parallelism::None,
         );
     }
 }
@@ -376,6 +462,56 @@ mod tests {
             &lhs,
             &View::rows(&w, n, 0..k, 0..n)
         ));
+    }
+
+    /// Products large enough to split over a pool of three threads: by the output's columns
+    /// into a row-major and a column-major destination, and by its rows, each cut at a size
+    /// that leaves a short last part. Every element against the definition, in f64.
+    #[test]
+    fn split_products_cover_every_element_once() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .expect("a pool");
+        let cases = [
+            // (m, k, n, right operand transposed): the cut, and the destination's layout.
+            (40, 160, 200, false), // columns, row-major
+            (40, 160, 200, true),  // columns, column-major (few rows by a transposed weight)
+            (200, 160, 40, false), // rows, row-major
+        ];
+        for (m, k, n, transposed) in cases {
+            assert!(m * k * n >= PARALLEL_WORK);
+            let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.91).cos()).collect();
+            let lhs = View::rows(&a, k, 0..m, 0..k);
+            // `b` read as `k × n`: row-major, or the transpose of an `n × k` weight.
+            let rhs = if transposed {
+                View::rows(&b, k, 0..n, 0..k).t()
+            } else {
+                View::rows(&b, n, 0..k, 0..n)
+            };
+            let b_at = |kk: usize, j: usize| {
+                if transposed {
+                    b[j * k + kk]
+                } else {
+                    b[kk * n + j]
+                }
+            };
+            assert_eq!(column_major_is_cheaper(&lhs, &rhs), transposed);
+            let out = pool.install(|| product(lhs, rhs));
+            for i in 0..m {
+                for j in 0..n {
+                    let expected: f64 = (0..k)
+                        .map(|kk| f64::from(a[i * k + kk]) * f64::from(b_at(kk, j)))
+                        .sum();
+                    let got = f64::from(out[i * n + j]);
+                    assert!(
+                        (got - expected).abs() < 1e-3,
+                        "{m}×{k}×{n} (transposed {transposed}) at ({i}, {j}): {got} against {expected}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

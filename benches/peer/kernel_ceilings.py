@@ -11,7 +11,10 @@ Times come from CUDA events around each call, after a warm-up, as the median of 
 inputs are random normals (never zeros) and every output is checked finite. The last lines,
 `peer <name> <ms> <GB/s> <TFLOP/s>`, are for scripts.
 
-    python3 benches/peer/kernels.py [--dtype f16|bf16|f32] [--reps 200]
+    python3 benches/peer/kernel_ceilings.py [--dtype f16|bf16|f32] [--reps 200]
+
+(Not `kernels.py`: a script's folder comes first on `sys.path`, so that name shadowed Hugging
+Face's `kernels` package, which bitsandbytes imports for its CPU 4-bit matmul, in every peer here.)
 """
 
 import argparse
