@@ -1,7 +1,12 @@
 //! The linear layer's epilogue on the CPU: `epilogue(y + b)` in one pass over the product,
 //! in place, with the arithmetic in the order of Burn's composite (`(y + b) + r`, then ReLU),
-//! so that the result is the composite's to the bit.
+//! so that the result is the composite's to the bit. Rows split over the caller's Rayon pool:
+//! on one thread of two, the LoRA step's seven residual epilogues a layer were the largest
+//! piece of work the other thread waited for.
 
+use rayon::prelude::*;
+
+use super::TASK_ELEMENTS;
 use super::simd::{Kernel, vectorized};
 use crate::Epilogue;
 
@@ -22,7 +27,18 @@ pub(super) fn epilogue(y: &mut [f32], n: usize, b: Option<&[f32]>, epilogue: Epi
             y.len()
         );
     }
-    vectorized(Pass { y, n, b, epilogue });
+    if n == 0 {
+        return;
+    }
+    // Whole rows per task, so that each task's bias lines up with its rows.
+    let rows = (TASK_ELEMENTS / n).max(1);
+    y.par_chunks_mut(rows * n)
+        .enumerate()
+        .for_each(|(task, y)| {
+            let start = task * rows * n;
+            let epilogue = epilogue.clone().map(|r| &r[start..start + y.len()]);
+            vectorized(Pass { y, n, b, epilogue });
+        });
 }
 
 struct Pass<'a> {
@@ -87,5 +103,24 @@ mod tests {
         let mut y = y0.clone();
         epilogue(&mut y, 3, None, Epilogue::None);
         assert_eq!(y, y0);
+    }
+
+    /// Rows over several tasks with a short last one: each task's residual and bias line up
+    /// with its own rows.
+    #[test]
+    fn rows_split_over_tasks_keep_their_residual_and_bias() {
+        let (rows, n) = (130, 300);
+        assert!(rows * n > 2 * TASK_ELEMENTS && (rows * n) % ((TASK_ELEMENTS / n) * n) != 0);
+        let y0: Vec<f32> = (0..rows * n).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..n).map(|j| j as f32 * 0.01).collect();
+        let r: Vec<f32> = (0..rows * n).map(|i| (i as f32 * 0.91).cos()).collect();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .expect("a pool");
+        let mut y = y0.clone();
+        pool.install(|| epilogue(&mut y, n, Some(&b), Epilogue::Residual(&r)));
+        let want: Vec<f32> = (0..rows * n).map(|i| (y0[i] + b[i % n]) + r[i]).collect();
+        assert_eq!(y, want);
     }
 }
