@@ -21,6 +21,10 @@
 //! fit, learner             the training loop, burn-train's Learner
 //! ```
 //!
+//! Above kiln-core stands the crate kiln-planner, the measuring planner: it builds and times
+//! real strategies, and the build keeps kiln-core from naming it. Its own order is
+//! [`PLANNER`].
+//!
 //! kiln-cli's ([`CLI`]): the shared pieces (names, outputs, signals, the allocator, the Hub
 //! cache, config files, backends, a launched run's environment, the flag groups), then the run
 //! configuration every subcommand shares (`run_config`), the auto-planning service
@@ -29,7 +33,8 @@
 //!
 //! [`CORE_UPWARD`] lists the upward imports that are still there, each with what it names. The
 //! test fails when a new one appears, and when a listed one is gone (so that the list only
-//! shrinks). `super::` paths stay inside their module and are not read.
+//! shrinks). `super::` paths are read where they name the crate root: in a top-level file (or a
+//! folder's `mod.rs`) outside its test module; deeper, they stay inside their module.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -51,8 +56,11 @@ const CORE: &[&str] = &[
     "checkpoint",
     "fit",
     "learner",
-    "planner",
 ];
+
+/// kiln-planner's top-level modules, lowest first: the timing harness, then the memory fit and
+/// the link probe that time steps with it, then the planners built from all three.
+const PLANNER: &[&str] = &["measure", "memory_fit", "probe", "construct"];
 
 /// kiln-collective's top-level modules, lowest first.
 const COLLECTIVE: &[&str] = &["stats", "world", "collective"];
@@ -91,26 +99,43 @@ fn module_of(file: &str) -> &str {
     first.strip_suffix(".rs").unwrap_or(first)
 }
 
-/// The top-level modules `src` names through `crate::`, with the line of each.
-fn named_modules(src: &str) -> Vec<(usize, String)> {
+/// The top-level modules `src` names through `crate::`, with the line of each. In a file of the
+/// crate's top level (`probe.rs`, or a folder's `mod.rs`), `super::` names the crate root too,
+/// up to its test module, whose `super::` is the file itself.
+fn named_modules(src: &str, top_level: bool) -> Vec<(usize, String)> {
+    let tests_start = src
+        .find("#[cfg(test)]")
+        .map_or(usize::MAX, |at| src[..at].lines().count());
     let mut named = Vec::new();
     for (number, line) in src.lines().enumerate() {
         let code = line.split("//").next().unwrap_or("");
-        let mut rest = code;
-        while let Some(at) = rest.find("crate::") {
-            rest = &rest[at + "crate::".len()..];
-            if let Some(group) = rest.strip_prefix('{') {
-                named.extend(
-                    group_heads(group, src, number)
-                        .into_iter()
-                        .map(|m| (number, m)),
-                );
-            } else {
-                named.push((number, ident(rest).to_string()));
+        let roots: &[&str] = if top_level && number < tests_start {
+            &["crate::", "super::"]
+        } else {
+            &["crate::"]
+        };
+        for root in roots {
+            let mut rest = code;
+            while let Some(at) = rest.find(root) {
+                rest = &rest[at + root.len()..];
+                if let Some(group) = rest.strip_prefix('{') {
+                    named.extend(
+                        group_heads(group, src, number)
+                            .into_iter()
+                            .map(|m| (number, m)),
+                    );
+                } else {
+                    named.push((number, ident(rest).to_string()));
+                }
             }
         }
     }
     named
+}
+
+/// Whether `file` (under `src/`) is at the crate's top level, where `super::` is the root.
+fn top_level(file: &str) -> bool {
+    !file.contains('/') || file.matches('/').count() == 1 && file.ends_with("/mod.rs")
 }
 
 /// The leading identifier of `s`.
@@ -190,7 +215,7 @@ fn check_layers(src: &str, root_file: &str, order: &[&str], known: &[(&str, &str
             unplaced.insert(own.to_string());
             continue;
         };
-        for (line, named) in named_modules(text) {
+        for (line, named) in named_modules(text, top_level(file)) {
             match rank(&named) {
                 Some(r) if r > own_rank => {
                     upward.insert((file.clone(), named, line + 1));
@@ -242,6 +267,11 @@ fn every_kiln_collective_module_names_only_the_layers_below_it() {
 }
 
 #[test]
+fn every_kiln_planner_module_names_only_the_layers_below_it() {
+    check_layers("crates/kiln-planner/src", "lib.rs", PLANNER, &[]);
+}
+
+#[test]
 fn every_kiln_cli_module_names_only_the_layers_below_it() {
     check_layers("crates/kiln-cli/src", "main.rs", CLI, &[]);
 }
@@ -251,8 +281,20 @@ fn the_reader_finds_paths_in_groups_and_inline() {
     let src = "use crate::{plan::Plan, world::{Mesh, World}};\n\
                use crate::{\n    collective::Link,\n    optim,\n};\n\
                let n = crate::memory::SLOTS; // crate::fit in a comment\n";
-    let names: Vec<String> = named_modules(src).into_iter().map(|(_, m)| m).collect();
+    let names: Vec<String> = named_modules(src, false)
+        .into_iter()
+        .map(|(_, m)| m)
+        .collect();
     assert_eq!(names, ["plan", "world", "collective", "optim", "memory"]);
+    // A top-level file's `super::` is the crate root, but not in its test module.
+    let top = "use super::measure::MeasureError;\n#[cfg(test)]\nmod tests { use super::probe; }\n";
+    let names: Vec<String> = named_modules(top, true)
+        .into_iter()
+        .map(|(_, m)| m)
+        .collect();
+    assert_eq!(names, ["measure"]);
+    assert!(top_level("probe.rs") && top_level("strategy/mod.rs"));
+    assert!(!top_level("plan/cost/mod.rs") && !top_level("measure/ranks.rs"));
     assert_eq!(module_of("plan/measure/ranks.rs"), "plan");
     assert_eq!(module_of("params.rs"), "params");
 }

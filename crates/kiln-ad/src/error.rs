@@ -77,7 +77,7 @@ pub enum AdError {
     Strategy(#[from] kiln_core::StrategyError),
     /// `auto` could not measure this machine with the model.
     #[error("auto measures the model before it plans: {0}; name a strategy to skip it")]
-    Measure(#[from] kiln_core::planner::measure::MeasureError),
+    Measure(#[from] kiln_planner::measure::MeasureError),
     /// The processes of a launched run could not plan together (their link, or the first
     /// process's measurement).
     #[error("auto could not plan the run: {0}; name a strategy to skip planning")]

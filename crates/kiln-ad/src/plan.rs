@@ -5,9 +5,9 @@ use burn::module::Module;
 use burn::tensor::backend::AutodiffBackend;
 use kiln_core::plan::Planner;
 use kiln_core::plan::cost::Workload;
-use kiln_core::planner;
 use kiln_nn::models::TransformerConfig;
 use kiln_nn::tensor_parallel::ShardedBackend;
+use kiln_planner as planner;
 
 use crate::config::AdConfig;
 use crate::dataset::feature_width;

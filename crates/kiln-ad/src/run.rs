@@ -166,7 +166,7 @@ pub fn run<B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend>(
         Some(auto) if plan.world_size() > 1 => {
             // The ranks' devices the calibration times over: a launched process may hold one
             // (`auto` measures CPU backends, whose ranks share the one device).
-            let ranks = vec![devices[0].clone(); kiln_core::planner::measure::TIMED_RANKS];
+            let ranks = vec![devices[0].clone(); kiln_planner::TIMED_RANKS];
             let measure = || crate::plan::planner::<B>(config, &data, &ranks, auto.cores);
             planned = (auto.resolve)(&measure)?;
             &planned

@@ -42,7 +42,6 @@ pub mod optim;
 pub mod output;
 pub mod params;
 pub mod plan;
-pub mod planner;
 pub mod stages;
 pub mod strategy;
 pub mod tensor_parallel;

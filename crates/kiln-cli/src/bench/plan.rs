@@ -18,10 +18,10 @@ use kiln_core::fit::FitModel;
 use kiln_core::optim::PerformanceConfig;
 use kiln_core::plan::cost::{Candidate, Layout, StepTime, memory, step_time};
 use kiln_core::plan::{Plan, PlanRequest, Planner};
-use kiln_core::planner::measure::{Budget, TimedSteps, time_steps};
 use kiln_core::stats::{median, spread};
 use kiln_core::strategy::{PerformanceSpec, StrategyConfigs};
 use kiln_nn::tensor_parallel::ShardedBackend;
+use kiln_planner::measure::{Budget, TimedSteps, time_steps};
 
 use crate::backend::{BackendKind, Job, Placement, dispatch};
 use crate::run_config::{ModelJob, ModelKind, TrainConfig, adamw, with_builtin};

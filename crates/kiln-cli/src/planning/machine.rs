@@ -14,9 +14,9 @@ use kiln_core::fit::FitModel;
 use kiln_core::optim::{GuardConfigError, PerformanceConfig};
 use kiln_core::plan::Planner;
 use kiln_core::plan::cost::Workload;
-use kiln_core::planner::{self, MeasureError};
 use kiln_core::strategy::PerformanceSpec;
 use kiln_nn::tensor_parallel::ShardedBackend;
+use kiln_planner::{self as planner, MeasureError};
 
 use crate::backend::{BackendKind, Job, Placement, dispatch};
 use crate::run_config::{ModelJob, TrainConfig, adamw, builtin_workload, with_builtin};

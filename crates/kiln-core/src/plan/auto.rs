@@ -143,7 +143,7 @@ impl Candidate {
 
 /// `configs` with `layout` written in for `strategy` (see [`Candidate::configs`]): what runs a
 /// layout, for the planner's choice and for the layouts it measures.
-pub(crate) fn layout_configs(
+pub fn layout_configs(
     strategy: StrategyKind,
     layout: &Layout,
     configs: &StrategyConfigs,

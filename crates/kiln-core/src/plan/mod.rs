@@ -20,7 +20,7 @@ use crate::plan::cost::Fixed;
 use crate::world::{Mesh, ProcessInfo};
 
 pub use auto::Planner;
-pub(crate) use auto::layout_configs;
+pub use auto::layout_configs;
 pub(crate) use config::check_threads;
 pub use config::{
     AutoConfig, ConfigError, DataParallelConfig, DdpConfig, PipelineConfig, Schedule, SingleConfig,

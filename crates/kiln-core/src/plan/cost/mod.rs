@@ -13,7 +13,7 @@ mod workload;
 pub use cluster::{Cluster, DEFAULT_EFFICIENCY, PRESETS, Preset, parse_bytes};
 pub use estimate::{Layout, Memory, StepTime, TP_CALLS_PER_BLOCK, memory, step_time};
 pub use measured::{FitError, Measured, Timing};
-pub(crate) use search::strategy;
+pub use search::strategy;
 pub use search::{
     CLOSE, Candidate, Fixed, PlanError, Planned, USABLE_MEMORY, search, search_within,
 };

@@ -188,7 +188,7 @@ fn divisors(n: usize) -> impl Iterator<Item = usize> {
 const MOST_DEVICES: usize = 1 << 20;
 
 /// The strategy that runs `layout` on `devices`.
-pub(crate) fn strategy(layout: &Layout, devices: usize) -> StrategyKind {
+pub fn strategy(layout: &Layout, devices: usize) -> StrategyKind {
     match (layout.pp, layout.tp) {
         _ if devices == 1 => StrategyKind::Single,
         (1, 1) => StrategyKind::Ddp,

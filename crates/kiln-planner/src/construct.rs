@@ -7,14 +7,14 @@ use burn::tensor::backend::AutodiffBackend;
 
 use super::measure::{Budget, MeasureError, calibrate, calibrate_ranks, time_steps, timing_plan};
 use super::probe::probe_links;
-use crate::collective::Link;
-use crate::data::DataSource;
-use crate::plan::cost::{Cluster, Measured, Workload};
-use crate::plan::{Planner, StrategyKind};
-use crate::stats::WARMUP;
-use crate::strategy::OptimizerSpec;
-use crate::strategy::StrategyModel;
-use crate::tensor_parallel::TpBackend;
+use kiln_core::collective::Link;
+use kiln_core::data::DataSource;
+use kiln_core::plan::cost::{Cluster, Measured, Workload};
+use kiln_core::plan::{Planner, StrategyKind};
+use kiln_core::stats::WARMUP;
+use kiln_core::strategy::OptimizerSpec;
+use kiln_core::strategy::StrategyModel;
+use kiln_core::tensor_parallel::TpBackend;
 
 /// Steps [`planner`] times at each calibration point: at least 5 and a fifth of a second, at
 /// most 1000.

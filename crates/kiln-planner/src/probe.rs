@@ -6,8 +6,8 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 
 use super::measure::MeasureError;
-use crate::collective::{Collective, CollectiveError, InProcess, Link, ReduceOp};
-use crate::stats::{WARMUP, median};
+use kiln_core::collective::{Collective, CollectiveError, InProcess, Link, ReduceOp};
+use kiln_core::stats::{WARMUP, median};
 
 /// The in-process collective between two ranks on `device`, `calls` timed each way after a
 /// warm-up:

@@ -3,16 +3,17 @@
 //! ranks taking turns on too few cores), each fitted as what makes the cost model's
 //! prediction of a timed step the time it took.
 
-use super::{Budget, MeasureError, beside, cannot_cut, longer, time_steps, timing_plan};
-use crate::data::DataSource;
-use crate::plan::StrategyKind;
-use crate::plan::cost::{Layout, Measured, TP_CALLS_PER_BLOCK, step_time};
-use crate::plan::{Plan, PlanRequest, Planner};
-use crate::planner::memory_fit::MOST_SHARDS;
-use crate::strategy::StrategyModel;
-use crate::strategy::{OptimizerSpec, StrategyConfigs, StrategyError};
-use crate::tensor_parallel::TpBackend;
+use super::{
+    Budget, MOST_SHARDS, MeasureError, beside, cannot_cut, longer, time_steps, timing_plan,
+};
 use burn::tensor::backend::AutodiffBackend;
+use kiln_core::data::DataSource;
+use kiln_core::plan::StrategyKind;
+use kiln_core::plan::cost::{Layout, Measured, TP_CALLS_PER_BLOCK, step_time};
+use kiln_core::plan::{Plan, PlanRequest, Planner};
+use kiln_core::strategy::StrategyModel;
+use kiln_core::strategy::{OptimizerSpec, StrategyConfigs, StrategyError};
+use kiln_core::tensor_parallel::TpBackend;
 
 /// The ranks [`calibrate_ranks`] times over at most, and so the devices a CPU planner is given:
 /// two for the costs of ranks meeting, three replicas to crowd two cores, and four shards.
@@ -263,14 +264,28 @@ fn fit_share(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collective::Link;
-    use crate::optim::Precision;
-    use crate::plan::cost::{Timing, Workload};
-    use crate::planner::cpu_planner;
+    use crate::cpu_planner;
+    use kiln_core::collective::Link;
+    use kiln_core::optim::Precision;
+    use kiln_core::plan::cost::{Timing, TransformerShape, Workload};
 
     /// The tiny transformer as planned on `cores` cores, its step fitted to three timings.
     fn tiny_planner(cores: usize) -> Planner {
-        let shape = crate::plan::cost::tests::tiny_transformer();
+        // kiln-core's own planner tests use this transformer too: 4 blocks of width 64.
+        let shape = TransformerShape {
+            layers: 4,
+            hidden: 64,
+            heads: 4,
+            kv_heads: 4,
+            head_dim: 16,
+            qkv_bias: false,
+            o_bias: false,
+            ffn: 256,
+            seq: 16,
+            vocab: 16,
+            gated: false,
+            tied: false,
+        };
         let timings = [(8, 1, 2e-3), (32, 1, 6e-3), (32, 4, 7e-3)].map(|(s, m, t)| Timing {
             samples: s,
             micro_batches: m,

@@ -11,18 +11,13 @@
 
 use burn::tensor::backend::AutodiffBackend;
 
-use super::measure::{Budget, MeasureError, cannot_cut, time_steps};
-use crate::data::DataSource;
-use crate::plan::cost::{Layout, memory, strategy};
-use crate::plan::{Plan, PlanRequest, Planner, layout_configs};
-use crate::strategy::StrategyModel;
-use crate::strategy::{OptimizerSpec, StrategyConfigs, StrategyError};
-use crate::tensor_parallel::TpBackend;
-
-/// The most shards a block is measured over, for its time ([`super::measure::calibrate_ranks`])
-/// and its memory: more ranks than a small machine has cores only take turns, and the
-/// activations a shard holds change little beyond.
-pub const MOST_SHARDS: usize = 4;
+use super::measure::{Budget, MOST_SHARDS, MeasureError, cannot_cut, time_steps};
+use kiln_core::data::DataSource;
+use kiln_core::plan::cost::{Layout, memory, strategy};
+use kiln_core::plan::{Plan, PlanRequest, Planner, layout_configs};
+use kiln_core::strategy::StrategyModel;
+use kiln_core::strategy::{OptimizerSpec, StrategyConfigs, StrategyError};
+use kiln_core::tensor_parallel::TpBackend;
 
 /// `planner`'s workload fitted to the peak bytes of one rank of each cut of `model` on
 /// `device`'s CPU ranks, trained with `optim` on batches of `data` as large as the largest
@@ -56,7 +51,7 @@ where
             .map(|t| t.samples)
             .max()
     });
-    let Some(batch) = counted.filter(|_| crate::memory::counting()) else {
+    let Some(batch) = counted.filter(|_| kiln_core::memory::counting()) else {
         return Ok(planner);
     };
     let peak = |layout: &Layout| peak_of(layout, device, model, optim, data, seed);

@@ -7,20 +7,25 @@ use std::time::Instant;
 
 use burn::tensor::backend::AutodiffBackend;
 
-use crate::collective::CollectiveError;
-use crate::data::{DataSource, EpochSampler};
-use crate::plan::cost::{FitError, Measured, Timing};
-use crate::plan::{Plan, PlanRequest, StrategyKind};
-use crate::stats::{median, spread};
-use crate::strategy::StrategyModel;
-use crate::strategy::{
+use kiln_core::collective::CollectiveError;
+use kiln_core::data::{DataSource, EpochSampler};
+use kiln_core::plan::cost::{FitError, Measured, Timing};
+use kiln_core::plan::{Plan, PlanRequest, StrategyKind};
+use kiln_core::stats::{median, spread};
+use kiln_core::strategy::StrategyModel;
+use kiln_core::strategy::{
     ConfigError, OptimizerSpec, RankStats, StrategyConfigs, StrategyError, build,
 };
-use crate::tensor_parallel::TpBackend;
+use kiln_core::tensor_parallel::TpBackend;
 
 mod ranks;
 
 pub use ranks::{TIMED_RANKS, calibrate_ranks};
+
+/// The most shards a block is measured over, for its time ([`calibrate_ranks`]) and its memory
+/// ([`fit_memory`](crate::memory_fit::fit_memory)): more ranks than a small machine has cores
+/// only take turns, and the activations a shard holds change little beyond.
+pub const MOST_SHARDS: usize = 4;
 
 /// Why the machine could not be measured.
 #[derive(Debug, thiserror::Error)]
@@ -198,11 +203,11 @@ where
 
 /// The steps [`calibrate`] counts a rank's peak memory over on `device`. The host's count is
 /// exact, and two steps hold every buffer a step makes; a device's is read by a watch every
-/// few tens of microseconds ([`crate::memory::device`]), which can miss a short-lived peak in
+/// few tens of microseconds ([`kiln_core::memory::device`]), which can miss a short-lived peak in
 /// a few steps: over a fifth of a second of steps it reads within a few percent of the most
 /// (the MLP's peak on an H100 read 14 % lower over 3 steps than over 250).
 fn memory_budget<D: std::any::Any>(device: &D) -> Budget {
-    match crate::memory::device::has_own_memory(device) {
+    match kiln_core::memory::device::has_own_memory(device) {
         false => Budget::steps(1, 2),
         true => Budget {
             warmup: 1,
@@ -245,7 +250,7 @@ pub(super) fn timing_plan(
 /// 2-core machine). So `beside` more copies of the same step run on threads of their own
 /// while one is timed, as the other cores' ranks would. The batch whole is then timed once
 /// more alone, for the cost model's runs that leave cores idle ([`Measured::alone`]). Where
-/// the process counts its memory ([`crate::memory`]), the steps of one micro-batch run once
+/// the process counts its memory ([`kiln_core::memory`]), the steps of one micro-batch run once
 /// more alone, for the rank's peak bytes.
 ///
 /// # Errors
@@ -292,7 +297,7 @@ where
             });
             let timed = beside(companions, || time(model.clone(), data.clone(), round))?;
             steps[i].extend(timed.steps);
-            if r == 0 && micro_batches == 1 && crate::memory::counting() {
+            if r == 0 && micro_batches == 1 && kiln_core::memory::counting() {
                 // Counted alone: the companions' ranks are numbered as this one's.
                 peaks[i] = time(model.clone(), data.clone(), memory_budget(device))?
                     .ranks
