@@ -15,7 +15,8 @@ use kiln_core::optim::{MixedPrecision, PerformanceConfig, Precision};
 use kiln_core::params::checksum;
 use kiln_core::plan::{Plan, PlanRequest};
 use kiln_core::strategy::{
-    ConfigError, PerformanceSpec, StepOutput, StrategyConfigs, StrategyError, StrategyKind,
+    ConfigError, PerformanceSpec, Schedule, StepOutput, StrategyConfigs, StrategyError,
+    StrategyKind,
 };
 use kiln_nn::llm::{
     CausalLm, DataFormat, DataSet, LlmTokenizer, LmBatch, LmBatcher, LmItem, LoraSpec, Packing,
@@ -95,6 +96,19 @@ fn train_on(
     steps: usize,
     precision: Precision,
 ) -> Result<(CausalLm<B>, Vec<f64>), FitError> {
+    train_configured(items, start, strategy, world, steps, precision, |_| {})
+}
+
+/// [`train_on`], its strategies' settings changed by `configure` last.
+fn train_configured(
+    items: Vec<LmItem>,
+    start: &CausalLm<A>,
+    strategy: StrategyKind,
+    world: usize,
+    steps: usize,
+    precision: Precision,
+    configure: impl FnOnce(&mut StrategyConfigs),
+) -> Result<(CausalLm<B>, Vec<f64>), FitError> {
     let data = DataSource::new(InMemDataset::new(items), LmBatcher::new(24));
     let mut configs = StrategyConfigs::default();
     configs.set_threads_per_rank(1);
@@ -115,6 +129,7 @@ fn train_on(
     };
     // (Replicas are checked without stages only.)
     configs.tensor.check_replicas_every = (configs.tensor.stages == 1).then_some(1);
+    configure(&mut configs);
     let plan = Plan::resolve(
         PlanRequest::new(strategy, 16)
             .with_world(world)
@@ -257,6 +272,49 @@ fn lora_on_llama_trains_the_same_adapters_through_single_ddp_pipeline_and_tensor
 fn lora_on_qwen3_trains_the_same_adapters_through_single_ddp_pipeline_and_tensor() {
     let (_, base) = load::<A>(&fixture("qwen3"), &Default::default()).unwrap();
     strategies_agree(&adapted(base), true);
+}
+
+/// Stages of unequal blocks (1 + 3, 3 + 1 and 1 + 2 + 1, under both schedules, and 1 + 3 on a
+/// dp × pp mesh of 4 ranks) train the same adapters as `Single`, on the llama fixture's sizes
+/// with 4 layers (the fixture itself has 2), freshly initialised.
+#[test]
+fn lora_on_a_four_layer_llama_trains_the_same_adapters_through_uneven_stages() {
+    let mut config = load_config(&fixture("llama")).unwrap();
+    config.num_hidden_layers = 4;
+    let start = adapted(config.init::<A>(&Default::default()));
+    let (single, _) = train(&start, StrategyKind::Single, 1, 4).unwrap();
+    let before = start.valid();
+    assert_only_adapters_trained(&before, &single);
+    let cases: [(&[usize], Schedule, usize); 5] = [
+        (&[1, 3], Schedule::OneFOneB, 2),
+        (&[3, 1], Schedule::GPipe, 2),
+        (&[1, 2, 1], Schedule::OneFOneB, 3),
+        (&[1, 2, 1], Schedule::GPipe, 3),
+        (&[1, 3], Schedule::OneFOneB, 4),
+    ];
+    for (blocks, schedule, world) in cases {
+        let (model, _) = train_configured(
+            chat_items(),
+            &start,
+            StrategyKind::Pipeline,
+            world,
+            4,
+            Precision::F32,
+            |configs| {
+                configs.pipeline.stages = blocks.len();
+                configs.pipeline.stage_blocks = Some(blocks.to_vec());
+                configs.pipeline.schedule = schedule;
+            },
+        )
+        .unwrap();
+        assert_eq!(model.model.layers.len(), 4, "the stages assembled");
+        assert_same(
+            &single,
+            &model,
+            &format!("stages of {blocks:?} blocks, {schedule:?}, {world} ranks"),
+        );
+        assert_only_adapters_trained(&before, &model);
+    }
 }
 
 /// Qwen2's head is tied to its embedding, which the pipeline's last stage holds a copy of.
