@@ -11,7 +11,6 @@ use std::time::Duration;
 use burn::tensor::{Tensor, backend::Backend};
 
 use super::RankStats;
-use super::ranks::RankDone;
 use crate::collective::{Collective, CollectiveCounters, CollectiveError};
 use crate::params::{floats_to_hashes, hashes_to_floats};
 use crate::tensor_parallel::TpTraffic;
@@ -40,18 +39,6 @@ fn nanos(d: Duration) -> u64 {
 }
 
 impl RankFacts {
-    /// The facts of a rank's report.
-    pub fn of(done: &RankDone) -> Self {
-        Self {
-            loss_sum: done.loss_sum,
-            samples: done.samples,
-            compute: done.compute,
-            communication: done.communication,
-            stats: done.stats.clone(),
-            stop: done.stop,
-        }
-    }
-
     fn encode(&self) -> [u64; FIELDS] {
         let s = &self.stats;
         [

@@ -82,8 +82,20 @@ impl RankDone {
         device: &B::Device,
     ) -> Result<Self, RankError> {
         self.stats.peak_bytes = crate::memory::rank_peak(self.stats.rank, device);
-        self.world = share(world, &RankFacts::of(&self), device)?;
+        self.world = share(world, &self.facts(), device)?;
         Ok(self)
+    }
+
+    /// What of this report every rank learns.
+    fn facts(&self) -> RankFacts {
+        RankFacts {
+            loss_sum: self.loss_sum,
+            samples: self.samples,
+            compute: self.compute,
+            communication: self.communication,
+            stats: self.stats.clone(),
+            stop: self.stop,
+        }
     }
 
     /// This report with the guard's decision.
