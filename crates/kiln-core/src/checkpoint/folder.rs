@@ -345,7 +345,7 @@ impl CheckpointFolder {
     pub fn best(&self) -> Result<Option<(usize, f64)>, CheckpointError> {
         let mut best: Option<(usize, f64)> = None;
         for (step, dir) in self.steps()? {
-            let Ok(manifest) = super::Checkpoint::read_manifest(&dir.join(super::MANIFEST)) else {
+            let Ok(manifest) = Manifest::read(&dir.join(super::MANIFEST)) else {
                 continue;
             };
             if let Some(loss) = manifest.eval_loss

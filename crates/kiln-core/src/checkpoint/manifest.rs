@@ -2,11 +2,14 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::fs;
+use std::path::Path;
 
 use burn::module::Module;
 use burn::tensor::backend::Backend;
 use sha2::{Digest, Sha256};
 
+use super::{CheckpointError, MANIFEST_DIGEST};
 use crate::params::{ModelSignature, signature};
 use crate::plan::Plan;
 
@@ -159,4 +162,70 @@ fn hex(digest: &[u8]) -> String {
 /// SHA-256 of `bytes`, lowercase hex.
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
+}
+
+impl Manifest {
+    /// The manifest at `path`, read and checked: a format this Kiln reads, its text against
+    /// its own digest ([`MANIFEST_DIGEST`]) from format 2, every field known.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Manifest`] naming what is wrong; a missing or different digest.
+    pub(crate) fn read(path: &Path) -> Result<Self, CheckpointError> {
+        let unreadable = |reason: String| CheckpointError::Manifest {
+            path: display(path),
+            reason,
+        };
+        let text = fs::read_to_string(path).map_err(|e| unreadable(e.to_string()))?;
+        let value: toml::Value =
+            toml::from_str(&text).map_err(|e| unreadable(e.message().trim().to_string()))?;
+        // The format first: a later format's new fields must not read as "unknown field".
+        let format = value.get("format").and_then(toml::Value::as_integer);
+        if !format.is_some_and(|f| (i64::from(OLDEST_FORMAT)..=i64::from(FORMAT)).contains(&f)) {
+            let writer = value
+                .get("kiln_version")
+                .and_then(toml::Value::as_str)
+                .unwrap_or("unknown");
+            return Err(unreadable(match format {
+                Some(f) => format!(
+                    "format {f} (written by kiln {writer}), but this kiln reads formats \
+                     {OLDEST_FORMAT} to {FORMAT}"
+                ),
+                None => "no format field".to_string(),
+            }));
+        }
+        if format.is_some_and(|f| f >= 2) {
+            check_digest(path, &text)?;
+        }
+        value
+            .try_into()
+            .map_err(|e: toml::de::Error| unreadable(e.message().trim().to_string()))
+    }
+}
+
+/// Checks the manifest's text against its own digest ([`MANIFEST_DIGEST`]).
+fn check_digest(path: &Path, text: &str) -> Result<(), CheckpointError> {
+    let sidecar = path.with_file_name(MANIFEST_DIGEST);
+    let recorded = match fs::read_to_string(&sidecar) {
+        Ok(line) => line.split_whitespace().next().unwrap_or("").to_string(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(CheckpointError::Missing {
+                path: display(&sidecar),
+            });
+        }
+        Err(e) => return Err(CheckpointError::io("read", &sidecar, e)),
+    };
+    let found = sha256_hex(text.as_bytes());
+    if found != recorded {
+        return Err(CheckpointError::Digest {
+            path: display(path),
+            expected: recorded,
+            found,
+        });
+    }
+    Ok(())
+}
+
+/// A path as the errors print it.
+pub(super) fn display(path: &Path) -> String {
+    path.display().to_string()
 }

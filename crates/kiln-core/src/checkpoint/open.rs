@@ -9,10 +9,8 @@ use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::backend::Backend;
 
 use super::folder::{parse_step, steps_in};
-use super::manifest::{
-    FORMAT, FileDigest, Manifest, ModelInfo, OLDEST_FORMAT, RunInfo, sha256_hex,
-};
-use super::{CheckpointError, MANIFEST, MANIFEST_DIGEST, MODEL};
+use super::manifest::{FileDigest, Manifest, ModelInfo, RunInfo, display, sha256_hex};
+use super::{CheckpointError, MANIFEST, MODEL};
 use crate::optim::{OptimizerState, StateLayout};
 use crate::plan::Plan;
 
@@ -23,10 +21,6 @@ pub struct Checkpoint {
     dir: PathBuf,
     manifest: Manifest,
     files: BTreeMap<String, Vec<u8>>,
-}
-
-fn display(path: &Path) -> String {
-    path.display().to_string()
 }
 
 /// A digest's first 12 hex digits, enough to tell two apart in a message.
@@ -124,35 +118,9 @@ impl Checkpoint {
         }
     }
 
+    /// The manifest at `path` ([`Manifest::read`]), which must name the step its folder does.
     pub(crate) fn read_manifest(path: &Path) -> Result<Manifest, CheckpointError> {
-        let unreadable = |reason: String| CheckpointError::Manifest {
-            path: display(path),
-            reason,
-        };
-        let text = fs::read_to_string(path).map_err(|e| unreadable(e.to_string()))?;
-        let value: toml::Value =
-            toml::from_str(&text).map_err(|e| unreadable(e.message().trim().to_string()))?;
-        // The format first: a later format's new fields must not read as "unknown field".
-        let format = value.get("format").and_then(toml::Value::as_integer);
-        if !format.is_some_and(|f| (i64::from(OLDEST_FORMAT)..=i64::from(FORMAT)).contains(&f)) {
-            let writer = value
-                .get("kiln_version")
-                .and_then(toml::Value::as_str)
-                .unwrap_or("unknown");
-            return Err(unreadable(match format {
-                Some(f) => format!(
-                    "format {f} (written by kiln {writer}), but this kiln reads formats \
-                     {OLDEST_FORMAT} to {FORMAT}"
-                ),
-                None => "no format field".to_string(),
-            }));
-        }
-        if format.is_some_and(|f| f >= 2) {
-            Self::check_manifest_digest(path, &text)?;
-        }
-        let manifest: Manifest = value
-            .try_into()
-            .map_err(|e: toml::de::Error| unreadable(e.message().trim().to_string()))?;
+        let manifest = Manifest::read(path)?;
         // The folder's name is the step a resume is chosen by; the manifest's is the one it
         // continues from. Both must say the same.
         let folder = path
@@ -162,35 +130,15 @@ impl Checkpoint {
         if let Some(named) = folder.and_then(parse_step)
             && named != manifest.step
         {
-            return Err(unreadable(format!(
-                "it says step {}, but its folder is step {named}",
-                manifest.step
-            )));
-        }
-        Ok(manifest)
-    }
-
-    /// Checks the manifest's text against its own digest ([`MANIFEST_DIGEST`]).
-    fn check_manifest_digest(path: &Path, text: &str) -> Result<(), CheckpointError> {
-        let sidecar = path.with_file_name(MANIFEST_DIGEST);
-        let recorded = match fs::read_to_string(&sidecar) {
-            Ok(line) => line.split_whitespace().next().unwrap_or("").to_string(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(CheckpointError::Missing {
-                    path: display(&sidecar),
-                });
-            }
-            Err(e) => return Err(CheckpointError::io("read", &sidecar, e)),
-        };
-        let found = sha256_hex(text.as_bytes());
-        if found != recorded {
-            return Err(CheckpointError::Digest {
+            return Err(CheckpointError::Manifest {
                 path: display(path),
-                expected: recorded,
-                found,
+                reason: format!(
+                    "it says step {}, but its folder is step {named}",
+                    manifest.step
+                ),
             });
         }
-        Ok(())
+        Ok(manifest)
     }
 
     /// Checks that the run's `current` inputs are the ones the checkpoint recorded, by name:

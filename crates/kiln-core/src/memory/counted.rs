@@ -5,7 +5,7 @@ use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering::Relaxed};
 
-use super::{Counts, SLOTS};
+use super::slots::{Counts, SLOTS};
 
 /// A global allocator that counts the bytes allocated and not yet freed by each rank (the
 /// threads a strategy tags with [`count_thread_as`](super::count_thread_as)), and their peak,
@@ -106,6 +106,12 @@ fn counted(size: usize) -> bool {
 
 /// Not yet read, off, on.
 pub(super) static SWITCHED: AtomicU8 = AtomicU8::new(0);
+
+/// Whether this process counts its memory: its global allocator is a [`Counted`] (the only
+/// reader of the switch) and the switch is on.
+pub fn counting() -> bool {
+    SWITCHED.load(Relaxed) == 2
+}
 
 fn switched_on() -> bool {
     match SWITCHED.load(Relaxed) {

@@ -18,7 +18,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::{SLOTS, slot};
+use super::counted::counting;
+use super::slots::{SLOTS, slot};
 
 /// How often a [`Watch`] reads its stream's bytes.
 pub const POLL: Duration = Duration::from_micros(20);
@@ -157,7 +158,7 @@ fn watches() -> std::sync::MutexGuard<'static, [Option<Watch>; SLOTS]> {
 /// the rank's operations: the first call there starts the rank's watch (a rank's earlier watch,
 /// on another thread, stops).
 pub fn rank_peak<D: Any>(rank: usize, device: &D) -> Option<u64> {
-    if !super::counting() {
+    if !counting() {
         return None;
     }
     let mut watches = watches();

@@ -15,33 +15,12 @@
 
 mod counted;
 pub mod device;
+mod slots;
 
-use std::sync::atomic::Ordering::Relaxed;
-
-pub use counted::{COUNTED_FROM, Counted, SWITCH};
-use counted::{RANKS, SWITCHED, THREAD_SLOT};
-
-/// Slots for ranks, plus one for untagged threads: as many as one process may drive.
-const SLOTS: usize = crate::world::MAX_LOCAL_RANKS + 1;
-
-/// Bytes allocated and not yet freed: now, and at their most since the peak last restarted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Counts {
-    /// Bytes held now.
-    pub live: u64,
-    /// Most bytes held at once.
-    pub peak: u64,
-}
-
-/// Whether this process counts its memory: its global allocator is a [`Counted`] (the only
-/// reader of the switch) and the switch is on.
-pub fn counting() -> bool {
-    SWITCHED.load(Relaxed) == 2
-}
-
-fn slot(rank: usize) -> usize {
-    1 + rank % (SLOTS - 1)
-}
+pub use counted::{COUNTED_FROM, Counted, SWITCH, counting};
+use counted::{RANKS, THREAD_SLOT};
+pub use slots::Counts;
+use slots::slot;
 
 /// Counts the calling thread's allocations, from now on, as rank `rank`'s.
 pub fn count_thread_as(rank: usize) {

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{LossScaleConfig, Precision};
+use super::{GuardConfigError, LossScaleConfig, Precision};
 
 /// What to do when a loss or gradient is not finite (NaN or ±Inf).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -126,20 +126,4 @@ impl PerformanceConfig {
         }
         self.loss_scale.validate()
     }
-}
-
-/// A [`PerformanceConfig`] that cannot work.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum GuardConfigError {
-    /// A loss-scale setting that cannot work.
-    #[error("loss scale: {what}, got {value}")]
-    LossScale {
-        /// What the setting must be.
-        what: &'static str,
-        /// The value given.
-        value: f64,
-    },
-    /// A clipping threshold that is not a positive number.
-    #[error("clip_norm must be a positive finite number, got {0}; leave it out to not clip")]
-    ClipNorm(f64),
 }

@@ -21,7 +21,9 @@
 //! different parameters and share no all-reduce, add one small call over the world per step. See the book's page on the PerformanceOptimizer.
 
 mod config;
+mod config_error;
 mod guard;
+mod guarded;
 mod inspect;
 mod performance;
 mod precision;
@@ -33,11 +35,13 @@ mod schedule;
 mod state;
 pub(crate) mod step;
 
-pub use config::{GuardConfigError, NanPolicy, PerformanceConfig};
+pub use config::{NanPolicy, PerformanceConfig};
+pub use config_error::GuardConfigError;
 pub use guard::{Guard, GuardReport};
 pub(crate) use guard::{Local, Settled};
+pub use guarded::GuardedOptimizer;
 pub(crate) use inspect::{param_path, total_squares};
-pub use performance::{GuardedOptimizer, PerformanceOptimizer};
+pub use performance::PerformanceOptimizer;
 pub use precision::{MixedPrecision, Precision};
 pub use report::{NonFinite, NonFiniteValue};
 pub use scaler::{LossScale, LossScaleConfig};

@@ -4,96 +4,13 @@ use std::collections::HashSet;
 
 use burn::module::{AutodiffModule, ParamId};
 use burn::optim::LearningRate;
-use burn::optim::adaptor::OptimizerAdaptor;
-use burn::optim::{GradientsParams, MultiGradientsParams, Optimizer, SimpleOptimizer};
+use burn::optim::{GradientsParams, MultiGradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use kiln_kernels::LowCopies;
 
 use super::guard::{Guard, GuardReport};
-use super::inspect::{scale_grads, total_squares};
 use super::step::{Findings, StepError, Sync, guarded_step};
-use super::{GuardConfigError, LossScale, NonFinite, PerformanceConfig};
-
-/// An optimizer that Kiln's strategies can step: any Burn optimizer, with or without guards.
-///
-/// The strategies call [`Self::guard`] between the gradient synchronisation and
-/// [`Optimizer::step`]; a guard may clip the gradients, skip the step, or halt. Every
-/// optimizer Burn ships is an [`OptimizerAdaptor`] and has no guard; wrap one in a
-/// [`PerformanceOptimizer`] to add them. An optimizer of your own needs a one-line
-/// `impl GuardedOptimizer<M, B> for MyOptimizer {}`.
-///
-/// The guard's two passes over the gradients, [`Self::squares`] and [`Self::step_scaled`], are
-/// the optimizer's to make: their defaults run Burn's tensor ops, and an optimizer with fused
-/// kernels ([`kiln_kernels::FusedAdamW`]) makes each in one launch, or none.
-pub trait GuardedOptimizer<M: AutodiffModule<B>, B: AutodiffBackend>: Optimizer<M, B> {
-    /// The guards to run before each step; `None` steps with the gradients as they are.
-    fn guard(&self) -> Option<&Guard> {
-        None
-    }
-
-    /// `Σ g²` over the gradients of `module` in `grads` (leaving out those of `skip`): non-finite
-    /// exactly when a gradient is, or when the sum overflows f32, and the same on every rank
-    /// that holds the same gradients (an order of addition fixed by their sizes).
-    fn squares(&self, module: &M, grads: &GradientsParams, skip: Option<&HashSet<ParamId>>) -> f64 {
-        total_squares::<B, M>(module, grads, skip)
-    }
-
-    /// Leaves mixed precision's compute-dtype copy of each f32 parameter it steps in `copies`
-    /// (whenever they are on), made in the step's own pass: the fused AdamW does; the default
-    /// makes none, and mixed precision casts the parameters itself.
-    fn share_low_copies(&mut self, _copies: LowCopies) {}
-
-    /// One step with every gradient multiplied by `factor` first (the guard's clipping over the
-    /// loss scale; 1 for neither).
-    fn step_scaled(
-        &mut self,
-        lr: LearningRate,
-        module: M,
-        grads: GradientsParams,
-        factor: f64,
-    ) -> M {
-        let grads = if factor == 1.0 {
-            grads
-        } else {
-            scale_grads::<B, M>(&module, grads, factor)
-        };
-        self.step(lr, module, grads)
-    }
-}
-
-impl<O, M, B> GuardedOptimizer<M, B> for OptimizerAdaptor<O, M, B>
-where
-    B: AutodiffBackend,
-    M: AutodiffModule<B>,
-    O: SimpleOptimizer<B::InnerBackend>,
-{
-}
-
-/// The fused AdamW makes the guard's passes in a launch or two: the squared norm of every
-/// gradient in one multi-tensor pass, and the clipping inside its own step.
-impl<M, B> GuardedOptimizer<M, B> for kiln_kernels::FusedAdamW<M, B>
-where
-    B: AutodiffBackend<InnerBackend: kiln_kernels::KernelBackend>,
-    M: AutodiffModule<B>,
-{
-    fn squares(&self, module: &M, grads: &GradientsParams, skip: Option<&HashSet<ParamId>>) -> f64 {
-        super::inspect::fused_squares::<B, M>(module, grads, skip)
-    }
-
-    fn step_scaled(
-        &mut self,
-        lr: LearningRate,
-        module: M,
-        grads: GradientsParams,
-        factor: f64,
-    ) -> M {
-        kiln_kernels::FusedAdamW::step_scaled(self, lr, module, grads, factor as f32)
-    }
-
-    fn share_low_copies(&mut self, copies: LowCopies) {
-        kiln_kernels::FusedAdamW::share_low_copies(self, copies);
-    }
-}
+use super::{GuardConfigError, GuardedOptimizer, LossScale, NonFinite, PerformanceConfig};
 
 /// A Burn optimizer composed with global-norm clipping and a NaN/Inf guard, applied the same
 /// way by every strategy, across ranks and pipeline stages.

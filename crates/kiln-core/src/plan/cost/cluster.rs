@@ -3,7 +3,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{CLOSE, Measured};
+use super::Measured;
+
+/// Step times closer than this share are the same to the model, whose error is larger: the
+/// simpler layout of the two is chosen (a measured cluster may widen it:
+/// [`Cluster::tolerance`]).
+pub const CLOSE: f64 = 0.05;
 
 /// Devices, their machines and their links.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

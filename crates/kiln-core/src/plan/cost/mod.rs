@@ -10,13 +10,11 @@ mod measured;
 mod search;
 mod workload;
 
-pub use cluster::{Cluster, DEFAULT_EFFICIENCY, PRESETS, Preset, parse_bytes};
+pub use cluster::{CLOSE, Cluster, DEFAULT_EFFICIENCY, PRESETS, Preset, parse_bytes};
 pub use estimate::{Layout, Memory, StepTime, TP_CALLS_PER_BLOCK, memory, step_time};
 pub use measured::{FitError, Measured, Timing};
 pub use search::strategy;
-pub use search::{
-    CLOSE, Candidate, Fixed, PlanError, Planned, USABLE_MEMORY, search, search_within,
-};
+pub use search::{Candidate, Fixed, PlanError, Planned, USABLE_MEMORY, search, search_within};
 pub use workload::{TransformerShape, Workload};
 
 #[cfg(test)]

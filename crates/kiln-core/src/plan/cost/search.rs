@@ -6,11 +6,6 @@ use super::estimate::{Layout, Memory, StepTime, memory, step_time};
 use super::{Cluster, Workload};
 use crate::plan::StrategyKind;
 
-/// Step times closer than this share are the same to the model, whose error is larger: the
-/// simpler layout of the two is chosen (a measured cluster may widen it:
-/// [`Cluster::tolerance`]).
-pub const CLOSE: f64 = 0.05;
-
 /// The share of a device's memory a plan may fill: the rest is for the framework, kernels'
 /// workspaces and the allocator's fragmentation.
 pub const USABLE_MEMORY: f64 = 0.9;
