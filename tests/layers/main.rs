@@ -1,6 +1,7 @@
 //! kiln-core's and kiln-cli's modules stand in layers: each may name only the modules below
 //! it. This test reads every `crate::` path in each crate's `src/` (in `use` lines and inline,
 //! `crate::{a, b::c}` groups included) and fails on one that names a module above its own.
+//! Within a module, no two files may name each other either ([`files`]).
 //!
 //! Below kiln-core stands the crate kiln-collective ([`COLLECTIVE`]: the statistics of
 //! repeated timings, then World, Mesh and the launcher environment, then the collectives,
@@ -38,6 +39,8 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
+
+mod files;
 
 /// kiln-core's top-level modules, lowest first. A module may name only those before it.
 const CORE: &[&str] = &[
@@ -227,7 +230,7 @@ fn check_layers(src: &str, root_file: &str, order: &[&str], known: &[(&str, &str
     }
     assert!(
         unplaced.is_empty(),
-        "{src}: modules missing from its order in tests/layers.rs (place each in its layer): \
+        "{src}: modules missing from its order in tests/layers/main.rs (place each in its layer): \
          {unplaced:?}"
     );
 
@@ -242,7 +245,7 @@ fn check_layers(src: &str, root_file: &str, order: &[&str], known: &[(&str, &str
         .collect();
     assert!(
         new.is_empty(),
-        "imports that run up the layers (the order is in tests/layers.rs; name a module below, \
+        "imports that run up the layers (the order is in tests/layers/main.rs; name a module below, \
          or move the item down):\n{}",
         new.join("\n")
     );
@@ -252,7 +255,7 @@ fn check_layers(src: &str, root_file: &str, order: &[&str], known: &[(&str, &str
         .collect();
     assert!(
         gone.is_empty(),
-        "{src}: these upward imports are gone: take them out of tests/layers.rs: {gone:?}"
+        "{src}: these upward imports are gone: take them out of tests/layers/main.rs: {gone:?}"
     );
 }
 
