@@ -35,7 +35,6 @@ const KNOWN: &[(&str, &[&str])] = &[
         "crates/kiln-collective/src",
         &["world/launcher.rs", "world/mod.rs"],
     ),
-    ("crates/kiln-cli/src", &["plan/describe.rs", "plan/mod.rs"]),
 ];
 
 /// A file's module: `plan/cost/mod.rs` and `plan/cost.rs` are `plan::cost`, `lib.rs` the root.

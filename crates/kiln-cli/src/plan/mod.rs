@@ -3,127 +3,15 @@
 //! machine's cores (`--model`, as `auto` plans). Prints every layout `dp × pp × tp` the cost
 //! model ([`kiln_core::plan::cost`]) estimates, best first, and why the first was chosen.
 
+mod args;
 mod describe;
 mod table;
 
-use std::path::PathBuf;
-
-use kiln_core::optim::Precision;
 use kiln_core::plan::cost::{Cluster, Workload, search};
 
 use crate::run_config::{ModelKind, TrainConfig};
 
-/// `kiln plan`'s flags.
-#[derive(clap::Args, Debug)]
-pub struct PlanArgs {
-    /// A built-in model (`kiln train --model`), measured on this machine's CPU cores: its
-    /// step timed on one core, the collective probed between two ranks.
-    #[arg(long, value_enum)]
-    model: Option<ModelKind>,
-    /// A Hugging Face model (LLaMA family): its folder, its `config.json`, or a Hub name
-    /// (org/name[@revision]) in the Hugging Face cache.
-    #[arg(long, value_name = "PATH")]
-    model_config: Option<PathBuf>,
-    /// Blocks (a transformer described by its shape).
-    #[arg(long)]
-    layers: Option<usize>,
-    /// Model width.
-    #[arg(long)]
-    hidden: Option<usize>,
-    /// Attention heads.
-    #[arg(long)]
-    heads: Option<usize>,
-    /// Key-value heads (grouped-query attention) [default: --heads].
-    #[arg(long)]
-    kv_heads: Option<usize>,
-    /// Feed-forward width [default: 4 × --hidden].
-    #[arg(long)]
-    ffn: Option<usize>,
-    /// Tokens per sample [default with --model-config: its max_position_embeddings].
-    #[arg(long)]
-    seq: Option<usize>,
-    /// Vocabulary.
-    #[arg(long)]
-    vocab: Option<usize>,
-    /// A gated (SwiGLU) feed-forward, three matrices instead of two.
-    #[arg(long)]
-    gated: bool,
-    /// The output head shares the embedding.
-    #[arg(long)]
-    tied: bool,
-    /// Parameters (a model described by its totals, with --flops-per-sample and
-    /// --activation-bytes-per-sample; it cannot be tensor-parallel).
-    #[arg(long)]
-    params: Option<u64>,
-    /// Forward FLOPs per sample.
-    #[arg(long)]
-    flops_per_sample: Option<f64>,
-    /// Activation bytes one sample keeps for the backward, all blocks together.
-    #[arg(long)]
-    activation_bytes_per_sample: Option<f64>,
-    /// Fine-tune LoRA adapters of this rank on every projection, the base frozen (as `kiln
-    /// finetune`), instead of training every weight.
-    #[arg(long)]
-    lora_rank: Option<usize>,
-    /// The frozen base in 4 bits (QLoRA, as `kiln finetune --load-in-4bit`); needs
-    /// --lora-rank.
-    #[arg(long)]
-    load_in_4bit: bool,
-    /// Samples per optimizer step.
-    #[arg(long)]
-    global_batch: usize,
-    /// Training precision: bf16 (with f32 master weights and moments) or f32.
-    #[arg(long, value_enum, default_value = "bf16")]
-    precision: PrecisionArg,
-    /// The devices' kind: h100-sxm, h200, a100-80g or a100-40g (the flags below override
-    /// its figures).
-    #[arg(long, default_value = "h100-sxm")]
-    device: String,
-    /// Devices in all [default: 8; with --model, this machine's cores].
-    #[arg(long)]
-    devices: Option<usize>,
-    /// Devices per machine [default: 8, or --devices when fewer].
-    #[arg(long)]
-    gpus_per_node: Option<usize>,
-    /// Memory per device, e.g. 80GiB.
-    #[arg(long)]
-    device_memory: Option<String>,
-    /// Dense peak TFLOP/s per device.
-    #[arg(long)]
-    device_tflops: Option<f64>,
-    /// The share of the peak a training step reaches.
-    #[arg(long, default_value_t = kiln_core::plan::cost::DEFAULT_EFFICIENCY)]
-    efficiency: f64,
-    /// Bandwidth between two devices of a machine, GB/s.
-    #[arg(long)]
-    intra_node_gbps: Option<f64>,
-    /// Bandwidth from a device to another machine, GB/s.
-    #[arg(long)]
-    inter_node_gbps: Option<f64>,
-    /// Candidates printed (every one goes to --json).
-    #[arg(long, default_value_t = 10)]
-    top: usize,
-    /// Also write every candidate as JSON here (`-` for standard output, instead of the
-    /// table).
-    #[arg(long, value_name = "PATH")]
-    json: Option<PathBuf>,
-}
-
-/// Training precisions `--precision` takes.
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-enum PrecisionArg {
-    Bf16,
-    F32,
-}
-
-impl From<PrecisionArg> for Precision {
-    fn from(p: PrecisionArg) -> Self {
-        match p {
-            PrecisionArg::Bf16 => Precision::Bf16,
-            PrecisionArg::F32 => Precision::F32,
-        }
-    }
-}
+pub use args::PlanArgs;
 
 /// What `kiln plan --json` writes.
 #[derive(Debug, serde::Serialize)]
