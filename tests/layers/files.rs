@@ -31,10 +31,6 @@ const KNOWN: &[(&str, &[&str])] = &[
         "crates/kiln-collective/src",
         &["collective/mesh.rs", "collective/mpi/connect.rs"],
     ),
-    (
-        "crates/kiln-collective/src",
-        &["world/launcher.rs", "world/mod.rs"],
-    ),
 ];
 
 /// A file's module: `plan/cost/mod.rs` and `plan/cost.rs` are `plan::cost`, `lib.rs` the root.

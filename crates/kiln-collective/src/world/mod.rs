@@ -8,64 +8,19 @@
 //! Rank layout: with `P` processes of `L` local devices each, the rank of local device `i` in
 //! process `p` is `p * L + i`, so the ranks of one process are contiguous.
 
+mod error;
 mod launcher;
 mod mesh;
+mod process;
 
-pub use launcher::{EnvLookup, Launcher, ProcessInfo};
+pub use error::WorldError;
+pub use launcher::EnvLookup;
 pub use mesh::{Axis, Mesh, MeshError};
+pub use process::{Launcher, ProcessInfo};
 
 /// The most ranks one process drives: each is a thread with its own device handle. The counted
 /// allocator keeps a slot per rank (`kiln_core::memory`), and a plan of more is refused.
 pub const MAX_LOCAL_RANKS: usize = 1024;
-
-/// Error building a [`World`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum WorldError {
-    /// No local device was given.
-    #[error("a world needs at least one local device; pass one device per rank of this process")]
-    NoDevices,
-    /// A launcher variable could not be parsed as a number.
-    #[error("launcher variable {name}={value:?} is not a non-negative integer")]
-    NotANumber {
-        /// The environment variable.
-        name: &'static str,
-        /// Its value.
-        value: String,
-    },
-    /// The launcher set a rank variable but not its companion.
-    #[error("launcher variable {present} is set but {missing} is not; set both or neither")]
-    Incomplete {
-        /// The variable that was set.
-        present: &'static str,
-        /// The variable that was missing.
-        missing: &'static str,
-    },
-    /// A rank or count that does not fit with the others.
-    #[error(
-        "inconsistent world: process rank {rank} of {processes} processes, local rank \
-         {local_rank} of {local_processes} on node {node_rank} of {nodes} (from {launcher}); \
-         every rank must be below its count and every count at least 1"
-    )]
-    Inconsistent {
-        /// Process rank.
-        rank: usize,
-        /// Number of processes.
-        processes: usize,
-        /// Process rank on this node.
-        local_rank: usize,
-        /// Processes on this node.
-        local_processes: usize,
-        /// This node's index.
-        node_rank: usize,
-        /// Number of nodes.
-        nodes: usize,
-        /// Where the numbers came from.
-        launcher: Launcher,
-    },
-    /// A mesh that does not fit the world.
-    #[error(transparent)]
-    Mesh(#[from] MeshError),
-}
 
 /// The participants of a run, seen from one process.
 ///
