@@ -27,10 +27,6 @@ const KNOWN: &[(&str, &[&str])] = &[
         "crates/kiln-core/src",
         &["tensor_parallel/backend.rs", "tensor_parallel/group.rs"],
     ),
-    (
-        "crates/kiln-collective/src",
-        &["collective/mesh.rs", "collective/mpi/connect.rs"],
-    ),
 ];
 
 /// A file's module: `plan/cost/mod.rs` and `plan/cost.rs` are `plan::cost`, `lib.rs` the root.

@@ -17,6 +17,7 @@
 //! the `mpi` feature, `mpi::Mpi` (ranks in several processes, through MPI).
 //! [`MeshCollectives`] gives a rank its group along each axis of a [`crate::world::Mesh`].
 
+mod connect;
 mod error;
 mod in_process;
 mod link;
@@ -28,10 +29,11 @@ use std::fmt;
 
 use burn::tensor::{Tensor, backend::Backend};
 
+pub use connect::ConnectError;
 pub use error::CollectiveError;
 pub use in_process::InProcess;
 pub use link::Link;
-pub use mesh::{ConnectError, MeshCollectives};
+pub use mesh::MeshCollectives;
 
 /// How an all-reduce combines the ranks' tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
