@@ -53,10 +53,8 @@ impl Kernel for Pass<'_> {
 
     #[inline(always)]
     fn run(self) {
+        // `epilogue` returned before any task for `n = 0` (rows of no width).
         let Self { y, n, b, epilogue } = self;
-        if n == 0 {
-            return;
-        }
         if let Some(b) = b {
             for row in y.chunks_exact_mut(n) {
                 for (v, &bias) in row.iter_mut().zip(b) {

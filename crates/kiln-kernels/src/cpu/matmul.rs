@@ -253,7 +253,7 @@ unsafe fn split_gemm(dst: *mut f32, strides: [usize; 2], lhs: View<'_>, rhs: Vie
     };
     let by_columns = n >= m;
     let extent = if by_columns { n } else { m };
-    let part = extent.div_ceil(threads.max(1)).next_multiple_of(PART_ALIGN);
+    let part = extent.div_ceil(threads).next_multiple_of(PART_ALIGN);
     if threads <= 1 || part >= extent {
         // SAFETY: the caller's contract.
         unsafe { gemm_into(dst, strides, lhs, rhs, 1.0, false) };
