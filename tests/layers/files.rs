@@ -103,7 +103,7 @@ fn paths_at(s: &str) -> Vec<Vec<String>> {
 }
 
 /// The paths `s` spells from its start, where it may open with a group: `{a, b::c}`.
-fn paths_after(s: &str) -> Vec<Vec<String>> {
+pub(super) fn paths_after(s: &str) -> Vec<Vec<String>> {
     match s.trim_start().strip_prefix('{') {
         Some(group) => group_items(group)
             .into_iter()

@@ -106,33 +106,33 @@ fn module_of(file: &str) -> &str {
 /// crate's top level (`probe.rs`, or a folder's `mod.rs`), `super::` names the crate root too,
 /// up to its test module, whose `super::` is the file itself.
 fn named_modules(src: &str, top_level: bool) -> Vec<(usize, String)> {
-    let tests_start = src
-        .find("#[cfg(test)]")
-        .map_or(usize::MAX, |at| src[..at].lines().count());
+    // Comments out and lines kept, so that a position's line is its line in `src`.
+    let code = src
+        .lines()
+        .map(|line| line.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let tests_start = code.find("#[cfg(test)]").unwrap_or(code.len());
+    let roots: &[(&str, usize)] = if top_level {
+        &[("crate::", usize::MAX), ("super::", tests_start)]
+    } else {
+        &[("crate::", usize::MAX)]
+    };
     let mut named = Vec::new();
-    for (number, line) in src.lines().enumerate() {
-        let code = line.split("//").next().unwrap_or("");
-        let roots: &[&str] = if top_level && number < tests_start {
-            &["crate::", "super::"]
-        } else {
-            &["crate::"]
-        };
-        for root in roots {
-            let mut rest = code;
-            while let Some(at) = rest.find(root) {
-                rest = &rest[at + root.len()..];
-                if let Some(group) = rest.strip_prefix('{') {
-                    named.extend(
-                        group_heads(group, src, number)
-                            .into_iter()
-                            .map(|m| (number, m)),
-                    );
-                } else {
-                    named.push((number, ident(rest).to_string()));
-                }
-            }
+    for &(root, end) in roots {
+        for (at, _) in code[..end.min(code.len())].match_indices(root) {
+            let line = code[..at].matches('\n').count();
+            // One head per item: `world::{Mesh, World}` is two paths through one module.
+            let mut heads: Vec<String> = files::paths_after(&code[at + root.len()..])
+                .into_iter()
+                .filter_map(|path| path.into_iter().next())
+                .collect();
+            heads.dedup();
+            named.extend(heads.into_iter().map(|head| (line, head)));
         }
     }
+    // Line by line, as the file reads (a stable sort keeps each line's paths in order).
+    named.sort_by_key(|&(line, _)| line);
     named
 }
 
@@ -147,36 +147,6 @@ fn ident(s: &str) -> &str {
         .find(|c: char| !(c.is_alphanumeric() || c == '_'))
         .unwrap_or(s.len());
     &s[..end]
-}
-
-/// The first identifier of each top-level item of a `crate::{..}` group that starts at `group`
-/// (on line `number` of `src`; a group may span lines).
-fn group_heads(group: &str, src: &str, number: usize) -> Vec<String> {
-    // The group's text up to its closing brace, over as many lines as it takes.
-    let mut text = String::from(group);
-    for line in src.lines().skip(number + 1) {
-        if text.matches('{').count() < text.matches('}').count() {
-            break;
-        }
-        text.push('\n');
-        text.push_str(line.split("//").next().unwrap_or(""));
-    }
-    let mut heads = Vec::new();
-    let (mut depth, mut expecting) = (0usize, true);
-    for (i, c) in text.char_indices() {
-        match c {
-            '{' => depth += 1,
-            '}' if depth == 0 => break,
-            '}' => depth -= 1,
-            ',' if depth == 0 => expecting = true,
-            c if expecting && depth == 0 && (c.is_alphabetic() || c == '_') => {
-                heads.push(ident(&text[i..]).to_string());
-                expecting = false;
-            }
-            _ => {}
-        }
-    }
-    heads
 }
 
 fn rust_files(dir: &Path, root: &Path, out: &mut Vec<(String, String)>) {
