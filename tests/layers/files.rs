@@ -3,31 +3,12 @@
 //! `mod` declarations and `pub use` re-exports, which declare rather than use), takes every path
 //! it names (`crate::`, `super::`, `self::`, and a module file's own children), resolves each to
 //! the file that defines it (following a folder's re-exports to the child that holds the item),
-//! and fails on a loop of files ([`KNOWN`] lists the ones still there, so that the list only
-//! shrinks).
+//! and fails on a loop of files.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use super::{ident, rust_files};
-
-/// The loops of files still there, by crate: each a pair of files whose types name each other
-/// (a trait and the struct its methods take, two traits bounded by each other), where breaking
-/// the loop would mean one file for both.
-const KNOWN: &[(&str, &[&str])] = &[
-    (
-        "crates/kiln-core/src",
-        &["model/parallel.rs", "model/tensor.rs"],
-    ),
-    (
-        "crates/kiln-core/src",
-        &["strategy/capability.rs", "strategy/tensor/mod.rs"],
-    ),
-    (
-        "crates/kiln-core/src",
-        &["tensor_parallel/backend.rs", "tensor_parallel/group.rs"],
-    ),
-];
 
 /// A file's module: `plan/cost/mod.rs` and `plan/cost.rs` are `plan::cost`, `lib.rs` the root.
 fn module_path(file: &str) -> Vec<String> {
@@ -336,21 +317,10 @@ fn strongly_connected(edges: &[BTreeSet<usize>]) -> Vec<Vec<usize>> {
 }
 
 fn check(src: &str) {
-    let found: BTreeSet<Vec<String>> = loops(src).into_iter().collect();
-    let known: BTreeSet<Vec<String>> = KNOWN
-        .iter()
-        .filter(|(c, _)| *c == src)
-        .map(|(_, files)| files.iter().map(|f| f.to_string()).collect())
-        .collect();
-    let new: Vec<_> = found.difference(&known).collect();
+    let found = loops(src);
     assert!(
-        new.is_empty(),
-        "{src}: files that name each other (move what both need into a file below both): {new:?}"
-    );
-    let gone: Vec<_> = known.difference(&found).collect();
-    assert!(
-        gone.is_empty(),
-        "{src}: these loops are gone: take them out of KNOWN in tests/layers/files.rs: {gone:?}"
+        found.is_empty(),
+        "{src}: files that name each other (move what both need into a file below both): {found:?}"
     );
 }
 

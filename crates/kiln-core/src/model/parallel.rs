@@ -62,14 +62,17 @@ pub trait PipelineCapability<B: AutodiffBackend + TpBackend, M: TrainModel<B>>:
 impl<B: AutodiffBackend + TpBackend, M: PipelineModel<B>> PipelineCapability<B, M> for Supported {}
 impl<B: AutodiffBackend + TpBackend, M: TrainModel<B>> PipelineCapability<B, M> for Unsupported {}
 
-/// [`ParallelModel::Tensor`]: [`Supported`] only for a [`TensorParallelModel`].
+/// [`ParallelModel::Tensor`]: [`Supported`] only for a [`TensorParallelModel`] whose shards
+/// declare their own capabilities.
 pub trait TensorCapability<B: AutodiffBackend + TpBackend, M: TrainModel<B>>:
     sealed::Sealed
 {
 }
 
-impl<B: AutodiffBackend + TpBackend, M: TensorParallelModel<B>> TensorCapability<B, M>
-    for Supported
+impl<B, M> TensorCapability<B, M> for Supported
+where
+    B: AutodiffBackend + TpBackend,
+    M: TensorParallelModel<B, Sharded: ParallelModel<B>>,
 {
 }
 impl<B: AutodiffBackend + TpBackend, M: TrainModel<B>> TensorCapability<B, M> for Unsupported {}

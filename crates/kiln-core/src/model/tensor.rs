@@ -14,7 +14,7 @@
 
 use burn::tensor::backend::AutodiffBackend;
 
-use super::{ParallelModel, TrainModel};
+use super::TrainModel;
 use crate::tensor_parallel::{TpBackend, TpGroup};
 
 /// Why a model cannot be sharded `tp` ways.
@@ -85,8 +85,11 @@ pub enum ShardError {
 /// A model that shards its layers over a tensor-parallel group. See the [module docs](self).
 pub trait TensorParallelModel<B: AutodiffBackend + TpBackend>: TrainModel<B> {
     /// The model as one shard holds it: its own type, trained like any model on the same
-    /// batches, with the same kind of output.
-    type Sharded: ParallelModel<B>
+    /// batches, with the same kind of output. A model that declares `Tensor = Supported`
+    /// must also declare its shards' capabilities ([`ParallelModel`](super::ParallelModel)):
+    /// the declaration's check asks for it, not this contract, which the declaration builds
+    /// on.
+    type Sharded: TrainModel<B>
         + burn::train::TrainStep<
             Input = <Self as burn::train::TrainStep>::Input,
             Output = <Self as burn::train::TrainStep>::Output,

@@ -35,7 +35,7 @@ where
     B: AutodiffBackend<InnerBackend: KernelBackend> + TpBackend,
     M: TensorParallelModel<B> + LowPrecisionStep<B> + ModuleDisplay,
     <M as AutodiffModule<B>>::InnerModule: ModuleDisplay,
-    M::Sharded: LowPrecisionStep<B> + ModuleDisplay,
+    M::Sharded: ParallelModel<B> + LowPrecisionStep<B> + ModuleDisplay,
     <M::Sharded as AutodiffModule<B>>::InnerModule: ModuleDisplay,
     <M::Sharded as ParallelModel<B>>::Tensor: TensorCapability<B, MixedPrecision<B, M::Sharded>>,
 {

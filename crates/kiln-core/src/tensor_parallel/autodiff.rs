@@ -20,7 +20,7 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::ops::FloatTensor;
 
-use super::{TpBackend, TpGroup};
+use super::{TpBackend, TpGroup, TpWire};
 
 /// What a backward node keeps: the group, as the inner backend sees it.
 struct Group<B: TpBackend>(TpGroup<B>);
@@ -74,13 +74,19 @@ impl<B: TpBackend> Backward<B, 1> for TpBackward {
     }
 }
 
+impl<B, C> TpWire for Autodiff<B, C>
+where
+    B: TpWire,
+    C: CheckpointStrategy,
+{
+    type Wire = B::Wire;
+}
+
 impl<B, C> TpBackend for Autodiff<B, C>
 where
     B: TpBackend,
     C: CheckpointStrategy,
 {
-    type Wire = B::Wire;
-
     fn tp_copy(x: FloatTensor<Self>, group: &TpGroup<Self>) -> FloatTensor<Self> {
         record(x, group, B::tp_copy, Conjugate::Reduce)
     }

@@ -1,18 +1,13 @@
 //! [`TpBackend`]: the tensor-parallel operators as a backend extension.
 
-use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 
-use super::TpGroup;
+use super::{TpGroup, TpWire};
 
 /// A backend on which tensor-parallel layers run: the four operators of [`super::ops`] on its
 /// primitives. Plain backends run them as collectives (their backward is not theirs to know);
 /// `Autodiff<B>` runs `B`'s and records the conjugate operator as the backward.
-pub trait TpBackend: Backend {
-    /// The backend whose tensors the group's collective moves: the backend itself for a plain
-    /// one, the inner backend for `Autodiff<B>`.
-    type Wire: Backend;
-
+pub trait TpBackend: TpWire {
     /// `f`: the identity; its backward sums the gradient over the group.
     fn tp_copy(x: FloatTensor<Self>, group: &TpGroup<Self>) -> FloatTensor<Self>;
 
@@ -30,9 +25,11 @@ pub trait TpBackend: Backend {
 /// The operators of a plain backend, whose wire is itself.
 macro_rules! plain_tp_backend {
     ($(impl [$($generics:tt)*] for $backend:ty $(where [$($bounds:tt)*])?;)*) => {$(
-        impl<$($generics)*> TpBackend for $backend $(where $($bounds)*)? {
+        impl<$($generics)*> TpWire for $backend $(where $($bounds)*)? {
             type Wire = Self;
+        }
 
+        impl<$($generics)*> TpBackend for $backend $(where $($bounds)*)? {
             fn tp_copy(x: FloatTensor<Self>, _group: &TpGroup<Self>) -> FloatTensor<Self> {
                 x
             }

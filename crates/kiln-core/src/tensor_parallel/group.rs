@@ -16,7 +16,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Shape, Tensor, TensorMetadata, TensorPrimitive};
 
-use super::TpBackend;
+use super::TpWire;
 use crate::collective::{Collective, CollectiveCounters, CollectiveError, ReduceOp};
 
 /// One rank's handle on its tensor-parallel group: the ranks that hold the shards of the same
@@ -25,7 +25,7 @@ use crate::collective::{Collective, CollectiveCounters, CollectiveError, ReduceO
 ///
 /// A group of one rank ([`TpGroup::single`]) makes every operator an identity, so a sharded
 /// layer of one shard is the ordinary layer.
-pub struct TpGroup<B: TpBackend> {
+pub struct TpGroup<B: TpWire> {
     /// A `Shared<B::Wire>`, erased: the autodiff backend and its inner backend share one
     /// wire, but the type system cannot see it in the bounds Burn's `Module` derive writes.
     /// `None` for a group of one, or an unconnected group.
@@ -57,7 +57,7 @@ pub struct TpTraffic {
     pub time: Duration,
 }
 
-impl<B: TpBackend> TpGroup<B> {
+impl<B: TpWire> TpGroup<B> {
     /// A group over `collective`: its ranks hold the shards, `collective.rank()` is this
     /// rank's shard.
     pub fn new(collective: Box<dyn Collective<B::Wire>>) -> Self {
@@ -160,7 +160,7 @@ impl<B: TpBackend> TpGroup<B> {
 
     /// The same group seen from another backend with the same wire (the autodiff backend and
     /// its inner backend).
-    pub(super) fn cast<O: TpBackend>(&self) -> TpGroup<O> {
+    pub(super) fn cast<O: TpWire>(&self) -> TpGroup<O> {
         TpGroup {
             shared: self.shared.clone(),
             rank: self.rank,
@@ -203,7 +203,7 @@ pub(crate) trait GroupHandle: Send {
     fn traffic(&self) -> TpTraffic;
 }
 
-impl<B: TpBackend> GroupHandle for TpGroup<B> {
+impl<B: TpWire> GroupHandle for TpGroup<B> {
     fn abort(&self, reason: &str) {
         TpGroup::abort(self, reason);
     }
@@ -304,13 +304,13 @@ fn fail(error: CollectiveError) -> ! {
     std::panic::panic_any(error)
 }
 
-impl<B: TpBackend> Clone for TpGroup<B> {
+impl<B: TpWire> Clone for TpGroup<B> {
     fn clone(&self) -> Self {
         self.cast()
     }
 }
 
-impl<B: TpBackend> fmt::Debug for TpGroup<B> {
+impl<B: TpWire> fmt::Debug for TpGroup<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "TpGroup(rank {} of {})", self.rank(), self.size())
     }
@@ -325,7 +325,7 @@ impl<W: Backend> fmt::Debug for Shared<W> {
 // A group is part of a model's structure, not of its parameters: it has no record, moves with
 // the model to any device (the collective takes tensors on any device), and the inference
 // copy of a model (`valid`) keeps calling the same group.
-impl<B: TpBackend> Module<B> for TpGroup<B> {
+impl<B: TpWire> Module<B> for TpGroup<B> {
     type Record = burn::module::EmptyRecord;
 
     fn collect_devices(&self, devices: Devices<B>) -> Devices<B> {
@@ -361,7 +361,7 @@ impl<B: TpBackend> Module<B> for TpGroup<B> {
     }
 }
 
-impl<B: TpBackend> ModuleDisplayDefault for TpGroup<B> {
+impl<B: TpWire> ModuleDisplayDefault for TpGroup<B> {
     fn content(&self, content: burn::module::Content) -> Option<burn::module::Content> {
         content
             .add_formatted(&format!("rank {} of {}", self.rank(), self.size()))
@@ -369,12 +369,12 @@ impl<B: TpBackend> ModuleDisplayDefault for TpGroup<B> {
     }
 }
 
-impl<B: TpBackend> ModuleDisplay for TpGroup<B> {}
+impl<B: TpWire> ModuleDisplay for TpGroup<B> {}
 
 impl<B> AutodiffModule<B> for TpGroup<B>
 where
-    B: AutodiffBackend + TpBackend,
-    B::InnerBackend: TpBackend,
+    B: AutodiffBackend + TpWire,
+    B::InnerBackend: TpWire,
 {
     type InnerModule = TpGroup<B::InnerBackend>;
 
@@ -389,8 +389,8 @@ where
 
 impl<B> HasAutodiffModule<B> for TpGroup<B::InnerBackend>
 where
-    B: AutodiffBackend + TpBackend,
-    B::InnerBackend: TpBackend,
+    B: AutodiffBackend + TpWire,
+    B::InnerBackend: TpWire,
 {
     type TrainModule = TpGroup<B>;
 }

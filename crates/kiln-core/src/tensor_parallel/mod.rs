@@ -28,10 +28,12 @@ mod autodiff;
 mod backend;
 mod group;
 pub mod ops;
+mod wire;
 
 pub use backend::TpBackend;
 pub(crate) use group::GroupHandle;
 pub use group::{TpGroup, TpTraffic, disconnect};
+pub use wire::TpWire;
 
 #[cfg(test)]
 mod tests;
