@@ -6,7 +6,7 @@ use common::{assert_one_line_error, kiln};
 use std::path::PathBuf;
 
 fn json_path(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("kiln-cli-{}-{name}.json", std::process::id()))
+    std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("kiln-cli-{name}.json"))
 }
 
 fn train_json(name: &str, extra: &[&str]) -> serde_json::Value {
@@ -121,7 +121,7 @@ fn auto_uses_the_cpu_cores_as_ranks_unless_a_world_is_named() {
     let two = train_json("auto2", &["--world", "2"]);
     assert_eq!(two["world"], 2);
     assert_ne!(planned_strategy(&two), "single", "{two}");
-    let config = std::env::temp_dir().join(format!("kiln-cli-{}-auto.toml", std::process::id()));
+    let config = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-cli-auto.toml");
     std::fs::write(&config, "world = 1\n").unwrap();
     let named = train_json("auto-toml", &["--config", config.to_str().unwrap()]);
     std::fs::remove_file(config).ok();
@@ -212,8 +212,7 @@ fn pipeline_trains_like_single_and_reports_its_stages() {
 
 #[test]
 fn pipeline_settings_come_from_toml_too() {
-    let config =
-        std::env::temp_dir().join(format!("kiln-cli-{}-pipeline.toml", std::process::id()));
+    let config = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-cli-pipeline.toml");
     std::fs::write(
         &config,
         "strategy = \"pipeline\"\nworld = 2\n[parallel.pipeline]\nstages = 2\nmicro_batches = 3\nschedule = \"gpipe\"\n",
@@ -299,8 +298,7 @@ fn clipping_trains_differently_and_comes_from_flags_or_toml() {
         "a tiny clip_norm changes the training"
     );
 
-    let config =
-        std::env::temp_dir().join(format!("kiln-cli-{}-optimizer.toml", std::process::id()));
+    let config = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-cli-optimizer.toml");
     std::fs::write(
         &config,
         "strategy = \"ddp\"\nworld = 2\n[optimizer]\nclip_norm = 0.01\nnan_policy = \"skip\"\n",
@@ -320,7 +318,7 @@ fn bad_guard_settings_fail_with_one_line() {
 
 #[test]
 fn a_saved_run_resumes_bit_for_bit() {
-    let dir = std::env::temp_dir().join(format!("kiln-cli-{}-resume", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-cli-resume");
     let dir_arg = dir.to_str().unwrap();
     let common = [
         "--strategy",

@@ -55,7 +55,7 @@ fn options(train_on: TrainOn) -> TokenizeOptions {
 }
 
 fn scratch(name: &str, text: &str) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("kiln-chat-{}-{name}", std::process::id()));
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("kiln-chat-{name}"));
     std::fs::write(&path, text).unwrap();
     path
 }

@@ -66,7 +66,8 @@ fn tokens(data: &DataSet, seq_len: usize, packing: Packing) -> Result<Tokenized,
 }
 
 fn scratch(name: &str, text: &str) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("kiln-data-{}-{name}.jsonl", std::process::id()));
+    let path =
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("kiln-data-{name}.jsonl"));
     std::fs::write(&path, text).unwrap();
     path
 }
