@@ -2,7 +2,8 @@
 //! `k` steps of plain single-device training on the same global batches, within 1e-5
 //! relative — for world sizes 1–4, global batches that do not divide by the world size,
 //! gradient accumulation, an MLP, a small transformer, and the Algorithm Distillation model. Ddp also checks, bit for bit after
-//! every step, that every rank's replica equals rank 0's.
+//! every step, that every rank's replica equals rank 0's, with the optimizer state whole on
+//! every replica and split among them (ZeRO-1).
 
 mod common;
 
@@ -12,7 +13,7 @@ use common::*;
 use kiln::core::World;
 use kiln::core::model::TrainModel;
 use kiln::core::strategy::{
-    DataParallel, DataParallelConfig, Ddp, DdpConfig, Single, SingleConfig, Strategy,
+    DataParallel, DataParallelConfig, Ddp, DdpConfig, ShardState, Single, SingleConfig, Strategy,
 };
 
 const STEPS: usize = 3;
@@ -22,6 +23,8 @@ enum Kind {
     Single,
     DataParallel,
     Ddp,
+    /// Ddp with the optimizer state split among the replicas.
+    Zero1,
 }
 
 fn train<M, I, Bt>(
@@ -66,12 +69,16 @@ where
             )
             .unwrap(),
         ),
-        Kind::Ddp => {
+        Kind::Ddp | Kind::Zero1 => {
             let config = DdpConfig {
                 grad_accumulation: accumulation,
                 check_replicas_every: Some(1),
                 threads_per_rank: Some(1),
                 collective_timeout_s: 60.0,
+                shard_state: match kind {
+                    Kind::Zero1 => ShardState::Optimizer,
+                    _ => ShardState::None,
+                },
                 ..DdpConfig::default()
             };
             let world = World::local(devices).unwrap();
@@ -180,6 +187,9 @@ equivalence! {
     ddp_world_2: Ddp, 2;
     ddp_world_3: Ddp, 3;
     ddp_world_4: Ddp, 4;
+    zero1_world_2: Zero1, 2;
+    zero1_world_3: Zero1, 3;
+    zero1_world_4: Zero1, 4;
 }
 
 #[test]
@@ -207,4 +217,42 @@ fn ddp_with_an_even_batch_and_tiny_buckets() {
         &case.model,
         "ddp tiny buckets",
     );
+}
+
+/// Per-rank optimizer bytes after one step, plain and with the state split (ZeRO-1).
+fn optimizer_bytes(world: usize, shard_state: ShardState) -> Vec<u64> {
+    let case = transformer_case();
+    let batches = batches(case.dataset.len(), 8, 1);
+    let optim = AdamWConfig::new().init::<B, _>();
+    let config = DdpConfig {
+        threads_per_rank: Some(1),
+        shard_state,
+        ..DdpConfig::default()
+    };
+    let world = World::local(vec![Default::default(); world]).unwrap();
+    let mut ddp = Ddp::new(&world, case.model.clone(), optim, case.source(), config).unwrap();
+    ddp.step(&batches[0], LR).unwrap();
+    ddp.stats().iter().map(|s| s.optimizer_bytes).collect()
+}
+
+#[test]
+fn zero1_replicas_each_hold_their_share_of_the_optimizer_state() {
+    for world in [2, 4] {
+        let whole = optimizer_bytes(world, ShardState::None);
+        let parts = optimizer_bytes(world, ShardState::Optimizer);
+        assert!(whole.iter().all(|&b| b == whole[0] && b > 0), "{whole:?}");
+        // Every parameter's state is held once, by its owner.
+        assert_eq!(
+            parts.iter().sum::<u64>(),
+            whole[0],
+            "world {world}: {parts:?}"
+        );
+        let share = whole[0] as f64 / world as f64;
+        for &part in &parts {
+            assert!(
+                (part as f64 - share).abs() <= 0.05 * share,
+                "world {world}: parts {parts:?} against a share of {share}"
+            );
+        }
+    }
 }

@@ -22,8 +22,8 @@ use kiln::core::data::{DataSource, ShardPolicy};
 use kiln::core::model::{ParallelModel, TrainModel};
 use kiln::core::optim::{NanPolicy, NonFinite, NonFiniteValue, PerformanceConfig};
 use kiln::core::strategy::{
-    PerformanceSpec, RankError, StepOutput, Strategy, StrategyConfigs, StrategyError, StrategyKind,
-    StrategyModel, build,
+    PerformanceSpec, RankError, ShardState, StepOutput, Strategy, StrategyConfigs, StrategyError,
+    StrategyKind, StrategyModel, build,
 };
 
 const STEPS: usize = 3;
@@ -155,6 +155,22 @@ fn check_clipped<M, I, Bt>(
     I: Clone + Send + Sync + 'static,
     Bt: Batcher<B, I, M::Input> + Clone + 'static,
 {
+    check_clipped_with(name, case, kind, world, &configs(2, stages));
+}
+
+/// [`check_clipped`] with `configs`.
+fn check_clipped_with<M, I, Bt>(
+    name: &str,
+    case: &Case<M, I, Bt>,
+    kind: StrategyKind,
+    world: usize,
+    configs: &StrategyConfigs,
+) where
+    M: StrategyModel<B>,
+    I: Clone + Send + Sync + 'static,
+    Bt: Batcher<B, I, M::Input> + Clone + 'static,
+{
+    let stages = configs.pipeline.stages;
     // 11 samples divide by none of 2, 3, 4; accumulation 2 cuts the shards unevenly again.
     let batches = batches(case.dataset.len(), 11, STEPS);
     let (expected, norms) = clipped_reference(case, &batches);
@@ -163,8 +179,11 @@ fn check_clipped<M, I, Bt>(
         "{name}: every step must clip, norms {norms:?}"
     );
     let spec = guarded(PerformanceConfig::new().with_clip_norm(Some(MAX_NORM)));
-    let (actual, outputs) = train(kind, world, &configs(2, stages), &spec, case, &batches);
-    let what = format!("clipped {name} {kind} world {world} ({stages} stage(s))");
+    let (actual, outputs) = train(kind, world, configs, &spec, case, &batches);
+    let what = format!(
+        "clipped {name} {kind} world {world} ({stages} stage(s), shard_state {})",
+        configs.ddp.shard_state
+    );
     for (step, (out, norm)) in outputs.iter().zip(&norms).enumerate() {
         let report = out.guard.expect("a guarded step reports");
         assert!(!report.skipped, "{what}: step {step} skipped");
@@ -218,6 +237,33 @@ clipping! {
     clipped_ddp_2: Ddp, 2;
     clipped_ddp_3: Ddp, 3;
     clipped_ddp_4: Ddp, 4;
+}
+
+/// Ddp with the optimizer state split among the replicas (ZeRO-1): the norm is still the
+/// whole model's, each owner clips its own parameters by it.
+mod clipped_zero1 {
+    use super::*;
+
+    fn zero1() -> StrategyConfigs {
+        let mut configs = configs(2, 1);
+        configs.ddp.shard_state = ShardState::Optimizer;
+        configs
+    }
+
+    #[test]
+    fn mlp_transformer_and_qlora_model_over_2_3_and_4_replicas() {
+        for world in [2, 3, 4] {
+            check_clipped_with("mlp", &mlp_case(2, 16), StrategyKind::Ddp, world, &zero1());
+        }
+        check_clipped_with(
+            "transformer",
+            &transformer_case(),
+            StrategyKind::Ddp,
+            3,
+            &zero1(),
+        );
+        check_clipped_with("QLoRA model", &qlora_case(), StrategyKind::Ddp, 2, &zero1());
+    }
 }
 
 /// The pipeline: the global norm sums every stage's gradients (and counts each stage once over

@@ -13,7 +13,8 @@ use kiln::core::optim::{
     LossScale, LossScaleConfig, MixedPrecision, PerformanceConfig, PerformanceOptimizer, Precision,
 };
 use kiln::core::strategy::{
-    Ddp, DdpConfig, PipelineConfig, Single, SingleConfig, Strategy, Tensor, TensorConfig,
+    Ddp, DdpConfig, PipelineConfig, ShardState, Single, SingleConfig, Strategy, Tensor,
+    TensorConfig,
 };
 use kiln::kernels::FusedAdamWConfig;
 use kiln::nn::models::Mlp;
@@ -338,4 +339,53 @@ impl burn::module::ModuleVisitor<B> for Values<'_> {
 fn f16_from_copies_trains_as_from_casts_on_the_cpu() {
     let _seeded = seeded();
     f16_copies_train_as_casts::<B>(Default::default());
+}
+
+/// The parameters after `steps` steps of the AD model in `precision` over 3 Ddp replicas with
+/// the fused AdamW under a clipping guard (f16 with a loss scale), the optimizer state whole
+/// on every replica or split among them.
+fn ad_ddp_params(precision: Precision, shard_state: ShardState, steps: usize) -> Vec<Vec<f32>> {
+    let case = ad_case();
+    let guards = PerformanceConfig::new()
+        .with_clip_norm(Some(0.5))
+        .with_precision(precision);
+    let mut optim = PerformanceOptimizer::new(FusedAdamWConfig::new().init(), guards).unwrap();
+    let mut model = MixedPrecision::new(case.model.clone(), precision);
+    if precision == Precision::F16 {
+        let scale = LossScale::new(LossScaleConfig {
+            initial: 1024.0,
+            ..LossScaleConfig::default()
+        })
+        .unwrap();
+        optim = optim.with_loss_scale(scale.clone());
+        model = model.with_loss_scale(scale);
+    }
+    let world = World::local(vec![Default::default(); 3]).unwrap();
+    let config = DdpConfig {
+        threads_per_rank: Some(1),
+        check_replicas_every: Some(1),
+        shard_state,
+        ..DdpConfig::default()
+    };
+    let mut ddp = Ddp::new(&world, model, optim, case.source(), config).unwrap();
+    for batch in batches(case.dataset.len(), 13, steps) {
+        ddp.step(&batch, LR).unwrap();
+    }
+    parameters(&ddp.model().unwrap().model)
+}
+
+#[test]
+fn split_optimizer_state_trains_bf16_and_f16_bit_for_bit_as_whole_state() {
+    let _seeded = seeded();
+    for precision in [Precision::Bf16, Precision::F16] {
+        let whole = ad_ddp_params(precision, ShardState::None, 4);
+        let split = ad_ddp_params(precision, ShardState::Optimizer, 4);
+        assert_eq!(whole.len(), split.len());
+        for (i, (a, b)) in whole.iter().zip(&split).enumerate() {
+            assert!(
+                a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{precision}: parameter {i} differs"
+            );
+        }
+    }
 }

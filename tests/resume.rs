@@ -15,7 +15,7 @@ use common::*;
 use kiln::core::optim::{OptimizerState, PerformanceConfig, StateError};
 use kiln::core::strategy::StrategyModel;
 use kiln::core::strategy::{
-    PerformanceSpec, RankError, StrategyConfigs, StrategyError, StrategyKind, build,
+    PerformanceSpec, RankError, ShardState, StrategyConfigs, StrategyError, StrategyKind, build,
 };
 
 const K: usize = 3;
@@ -58,7 +58,7 @@ fn recorder() -> NamedMpkFileRecorder<FullPrecisionSettings> {
 fn train<M, I, Bt>(
     kind: StrategyKind,
     world: usize,
-    stages: usize,
+    configs: &StrategyConfigs,
     case: &Case<M, I, Bt>,
     model: M,
     batches: &[Vec<usize>],
@@ -73,7 +73,7 @@ where
     let devices = vec![Default::default(); world];
     let batch = batches.first().map_or(world, Vec::len);
     let mut strategy = build(
-        &plan(kind, world, &configs(stages), batch),
+        &plan(kind, world, configs, batch),
         devices,
         model,
         &spec(),
@@ -101,7 +101,6 @@ where
 /// `2k` uninterrupted steps against `k` steps, a checkpoint, and `k` steps of a new strategy
 /// (of kind `resume_kind`) over a new model loading it. `fresh` builds the model again, as a
 /// new process would, with its own parameter ids and values.
-#[allow(clippy::too_many_arguments)]
 fn check_resume<M, I, Bt>(
     name: &str,
     case: &Case<M, I, Bt>,
@@ -114,13 +113,42 @@ fn check_resume<M, I, Bt>(
     I: Clone + Send + Sync + 'static,
     Bt: Batcher<B, I, M::Input> + Clone + 'static,
 {
+    let configs = configs(stages);
+    check_resume_with(
+        name,
+        case,
+        fresh,
+        (kind, world, &configs),
+        (resume_kind, resume_world, &configs),
+        bit_exact,
+    );
+}
+
+/// [`check_resume`] with the settings of each run given.
+fn check_resume_with<M, I, Bt>(
+    name: &str,
+    case: &Case<M, I, Bt>,
+    fresh: impl Fn() -> M,
+    (kind, world, configs): (StrategyKind, usize, &StrategyConfigs),
+    (resume_kind, resume_world, resume_configs): (StrategyKind, usize, &StrategyConfigs),
+    bit_exact: bool,
+) where
+    M: StrategyModel<B>,
+    I: Clone + Send + Sync + 'static,
+    Bt: Batcher<B, I, M::Input> + Clone + 'static,
+{
     let batches = batches(case.dataset.len(), 11, 2 * K);
-    let what =
-        format!("{name}: {kind} world {world} resumed as {resume_kind} world {resume_world}");
+    let shard = |c: &StrategyConfigs| c.ddp.shard_state;
+    let what = format!(
+        "{name}: {kind} world {world} (shard_state {}) resumed as {resume_kind} world \
+         {resume_world} (shard_state {})",
+        shard(configs),
+        shard(resume_configs)
+    );
     let straight = train(
         kind,
         world,
-        stages,
+        configs,
         case,
         case.model.clone(),
         &batches,
@@ -128,11 +156,15 @@ fn check_resume<M, I, Bt>(
         None,
     );
 
-    let dir = scratch(&format!("{name}-{kind}-{world}-{resume_kind}"));
+    let dir = scratch(&format!(
+        "{name}-{kind}-{world}-{}-{resume_kind}-{}",
+        shard(configs),
+        shard(resume_configs)
+    ));
     train(
         kind,
         world,
-        stages,
+        configs,
         case,
         case.model.clone(),
         &batches[..K],
@@ -145,7 +177,7 @@ fn check_resume<M, I, Bt>(
     let resumed = train(
         resume_kind,
         resume_world,
-        stages,
+        resume_configs,
         case,
         restored,
         &batches[K..],
@@ -238,6 +270,50 @@ fn a_ddp_checkpoint_resumes_in_single_and_back() {
     );
 }
 
+#[test]
+fn a_zero1_checkpoint_resumes_as_itself_as_plain_ddp_and_in_single() {
+    let case = mlp_case(2, 16);
+    let fresh = || mlp_case(2, 16).model;
+    let plain = configs(1);
+    let mut zero1 = configs(1);
+    zero1.ddp.shard_state = ShardState::Optimizer;
+    let (ddp, single) = (StrategyKind::Ddp, StrategyKind::Single);
+    // The owners step exactly what every replica of plain ddp steps: the same bits.
+    check_resume_with(
+        "mlp",
+        &case,
+        fresh,
+        (ddp, 3, &zero1),
+        (ddp, 3, &zero1),
+        true,
+    );
+    check_resume_with(
+        "mlp",
+        &case,
+        fresh,
+        (ddp, 3, &zero1),
+        (ddp, 3, &plain),
+        true,
+    );
+    check_resume_with(
+        "mlp",
+        &case,
+        fresh,
+        (ddp, 2, &plain),
+        (ddp, 2, &zero1),
+        true,
+    );
+    // Single sums gradients in another order: equal within rounding, not bits.
+    check_resume_with(
+        "mlp",
+        &case,
+        fresh,
+        (ddp, 3, &zero1),
+        (single, 1, &plain),
+        false,
+    );
+}
+
 /// A Ddp over two ranks for `case`'s model.
 fn ddp_of<M, I, Bt>(case: &Case<M, I, Bt>) -> Box<dyn kiln::core::strategy::Strategy<B, M>>
 where
@@ -265,7 +341,7 @@ fn a_pipeline_state_is_refused_by_ddp_with_both_layouts_named() {
     train(
         StrategyKind::Pipeline,
         2,
-        2,
+        &configs(2),
         &case,
         case.model.clone(),
         &batches,

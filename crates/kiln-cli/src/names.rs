@@ -55,6 +55,12 @@ pub fn schedule_parser() -> Named<kiln_core::strategy::Schedule> {
     Named::new(&NAMES)
 }
 
+/// The `--shard-state` parser: `none` or `optimizer`, listed in `--help`.
+pub fn shard_state_parser() -> Named<kiln_core::strategy::ShardState> {
+    const NAMES: [&str; 2] = kiln_core::strategy::ShardState::ALL_NAMES;
+    Named::new(&NAMES)
+}
+
 /// The `--strategy` parser: the names `StrategyKind` knows, listed in `--help`.
 pub fn strategy_parser() -> Named<kiln_core::strategy::StrategyKind> {
     const NAMES: [&str; 6] = kiln_core::strategy::StrategyKind::ALL_NAMES;

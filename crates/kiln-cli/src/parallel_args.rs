@@ -1,15 +1,15 @@
 //! The flags that shape the mesh and its communication, shared by `kiln train` and `kiln ad
 //! train`: `--dp`, `--stages`, `--tp`, the pipeline's micro-batches, schedule and
-//! recomputation, and the gradient buckets. Each overrides the same setting of `[parallel.*]`
+//! recomputation, the gradient buckets, and which state `ddp`'s replicas split. Each overrides the same setting of `[parallel.*]`
 //! (`[parallel.auto]`'s under `auto`); a flag the chosen strategy does not read is refused,
 //! not ignored.
 
-use kiln_core::strategy::{Schedule, StrategyConfigs, StrategyKind};
+use kiln_core::strategy::{Schedule, ShardState, StrategyConfigs, StrategyKind};
 
-use crate::names::schedule_parser;
+use crate::names::{schedule_parser, shard_state_parser};
 
 /// `--dp`, `--stages`, `--stage-blocks`, `--tp`, `--micro-batches`, `--schedule`,
-/// `--recompute`, `--bucket-cap-mb`.
+/// `--recompute`, `--bucket-cap-mb`, `--shard-state`.
 #[derive(clap::Args, Debug)]
 pub struct ParallelArgs {
     /// Data-parallel replicas: with `pipeline` and `tensor` the world becomes
@@ -48,6 +48,11 @@ pub struct ParallelArgs {
     /// tensor) [default: 25].
     #[arg(long)]
     bucket_cap_mb: Option<f64>,
+    /// Which training state ddp's replicas split among themselves instead of each holding it
+    /// whole: `optimizer` is ZeRO-1 (each replica keeps the optimizer state of about 1 / dp
+    /// of the parameters and steps those; training is unchanged) [default: none].
+    #[arg(long, value_parser = shard_state_parser())]
+    shard_state: Option<ShardState>,
 }
 
 /// A flag given with a strategy that does not read it.
@@ -88,6 +93,13 @@ impl ParallelArgs {
                 return Err(refuse("--bucket-cap-mb", "ddp, pipeline, tensor and auto"));
             }
             configs.set_bucket_cap_mb(mib);
+        }
+        if let Some(state) = self.shard_state {
+            // Auto's planner does not count split state yet: it would plan as if it were whole.
+            if strategy != StrategyKind::Ddp {
+                return Err(refuse("--shard-state", "ddp"));
+            }
+            configs.ddp.shard_state = state;
         }
         if let Some(stages) = self.stages {
             match strategy {

@@ -192,6 +192,61 @@ fn pipeline_stages_in_different_processes_train_as_one_device() {
 }
 
 #[test]
+fn split_optimizer_state_across_processes_trains_as_plain_ddp_and_resumes_bit_for_bit() {
+    let dir = scratch("zero1");
+    let two = ["--nproc-per-node", "2"];
+    let save = dir.join("save");
+    let args = |steps: &'static str, extra: &[&str]| -> Vec<String> {
+        let common = ["--model", "transformer", "--batch", "30", "--world", "4"];
+        let ddp = ["--strategy", "ddp", "--steps", steps];
+        common
+            .iter()
+            .chain(&ddp)
+            .chain(extra)
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let run = |name: &str, launch: Option<&[&str]>, args: Vec<String>| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        train(&dir, name, launch, &args)
+    };
+    let split = ["--shard-state", "optimizer"];
+    let plain = run("plain", Some(&two), args("4", &[]));
+    let saved = [&split[..], &["--save", save.to_str().unwrap()]].concat();
+    let zero = run("zero", Some(&two), args("4", &saved));
+    // The owners step what every replica of plain ddp steps: the same bits.
+    for key in ["param_sum", "param_sq_sum", "final_loss"] {
+        assert_eq!(plain[key], zero[key], "{key}");
+    }
+    let bytes = |report: &serde_json::Value| -> Vec<u64> {
+        let ranks = report["ranks"].as_array().unwrap();
+        ranks
+            .iter()
+            .map(|r| r["optimizer_bytes"].as_u64().unwrap())
+            .collect()
+    };
+    let (whole, parts) = (bytes(&plain), bytes(&zero));
+    assert_eq!(
+        parts.iter().sum::<u64>(),
+        whole[0],
+        "{parts:?} against {whole:?}"
+    );
+    assert!(
+        parts.iter().all(|&p| p < whole[0] / 2),
+        "{parts:?} against {whole:?}"
+    );
+    // The parts, gathered from both processes into one checkpoint, resume across processes
+    // (against processes too: MPI's sums need not round as the in-process collective's).
+    let straight = run("straight", Some(&two), args("6", &split));
+    let resume = [&split[..], &["--resume", save.to_str().unwrap()]].concat();
+    let resumed = run("resumed", Some(&two), args("6", &resume));
+    for key in ["param_sum", "param_sq_sum", "final_loss"] {
+        assert_eq!(straight[key], resumed[key], "{key}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn tensor_shards_in_different_processes_train_as_one_device() {
     let dir = scratch("tensor");
     let two = ["--nproc-per-node", "2"];

@@ -66,8 +66,8 @@ pub mod prelude {
     pub use crate::plan::{Plan, PlanRequest};
     pub use crate::strategy::{
         DataParallel, DataParallelConfig, Ddp, DdpConfig, Pipeline, PipelineConfig, Schedule,
-        Single, SingleConfig, StepOutput, Strategy, StrategyConfigs, StrategyError, StrategyKind,
-        StrategyModel, Tensor, TensorConfig,
+        ShardState, Single, SingleConfig, StepOutput, Strategy, StrategyConfigs, StrategyError,
+        StrategyKind, StrategyModel, Tensor, TensorConfig,
     };
     pub use crate::tensor_parallel::{TpBackend, TpGroup};
     pub use crate::world::Mesh;

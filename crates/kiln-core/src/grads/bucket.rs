@@ -24,6 +24,8 @@ pub(crate) type Unpacked<B> = (Vec<Tensor<B, 1>>, Option<Tensor<B, 1>>);
 pub(crate) struct Slot {
     pub(crate) id: ParamId,
     pub(crate) numel: usize,
+    /// `numel` times the parameter's element size.
+    pub(crate) bytes: usize,
 }
 
 /// A fixed assignment of a module's float parameters to buckets of at most `cap_bytes` each
@@ -48,21 +50,30 @@ impl BucketPlan {
         let mut collect = CollectSlots::<B> {
             selection,
             slots: Vec::new(),
-            bytes: Vec::new(),
             seen: HashMap::new(),
             backend: std::marker::PhantomData,
         };
         module.visit(&mut collect);
-        let CollectSlots { slots, bytes, .. } = collect;
+        Self::of_slots(collect.slots, cap_bytes)
+    }
 
+    /// The plan of the parameters among this one's for which `keep` holds, in the same order,
+    /// in buckets of at most `cap_bytes`.
+    pub(crate) fn subset(&self, keep: impl Fn(ParamId) -> bool, cap_bytes: usize) -> Self {
+        let slots = self.slots.iter().filter(|s| keep(s.id)).cloned().collect();
+        Self::of_slots(slots, cap_bytes)
+    }
+
+    /// `slots` in order, packed greedily into buckets of at most `cap_bytes`.
+    fn of_slots(slots: Vec<Slot>, cap_bytes: usize) -> Self {
         let mut buckets = Vec::new();
         let (mut start, mut filled) = (0, 0);
-        for (i, &size) in bytes.iter().enumerate() {
-            if i > start && filled + size > cap_bytes {
+        for (i, slot) in slots.iter().enumerate() {
+            if i > start && filled + slot.bytes > cap_bytes {
                 buckets.push(start..i);
                 (start, filled) = (i, 0);
             }
-            filled += size;
+            filled += slot.bytes;
         }
         if start < slots.len() {
             buckets.push(start..slots.len());
@@ -150,7 +161,6 @@ impl BucketPlan {
 struct CollectSlots<B: Backend> {
     selection: ParamSelection,
     slots: Vec<Slot>,
-    bytes: Vec<usize>,
     /// Tied parameters are visited once per use; they are synchronised once.
     seen: HashMap<ParamId, ()>,
     backend: std::marker::PhantomData<B>,
@@ -166,10 +176,10 @@ impl<B: Backend> ModuleVisitor<B> for CollectSlots<B> {
             return;
         }
         let numel = value.shape().num_elements();
-        self.bytes.push(numel * value.dtype().size());
         self.slots.push(Slot {
             id: param.id,
             numel,
+            bytes: numel * value.dtype().size(),
         });
     }
 }

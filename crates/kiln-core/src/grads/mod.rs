@@ -5,6 +5,7 @@
 //! place that bridges that map to flat tensors a [`Collective`](crate::Collective) can move.
 
 mod bucket;
+mod owners;
 mod sync;
 
 use std::marker::PhantomData;
@@ -14,6 +15,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Tensor, backend::AutodiffBackend};
 
 pub use bucket::{BucketPlan, ParamSelection};
+pub(crate) use owners::Owners;
 pub use sync::{all_reduce_gradients, broadcast_parameters};
 
 /// Adds `weight · grads` into `acc`, parameter by parameter, moving `grads` to `device`.

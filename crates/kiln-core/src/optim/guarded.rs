@@ -58,6 +58,26 @@ pub trait GuardedOptimizer<M: AutodiffModule<B>, B: AutodiffBackend>: Optimizer<
         };
         self.step(lr, module, grads)
     }
+
+    /// The optimizer with its state kept only for the parameters in `keep`: what a replica
+    /// keeps of a whole state when the replicas split it (`shard_state = "optimizer"`).
+    /// `None` (the default) for an optimizer whose state is not kept per parameter, which
+    /// `ddp` then refuses to split.
+    fn retain_state(self, _keep: &HashSet<ParamId>) -> Option<Self>
+    where
+        Self: Sized,
+    {
+        None
+    }
+
+    /// The optimizer with `other`'s per-parameter state added to its own (the replicas'
+    /// parts, gathered into one state for a checkpoint). `None` as for [`Self::retain_state`].
+    fn merge_state(self, _other: Self) -> Option<Self>
+    where
+        Self: Sized,
+    {
+        None
+    }
 }
 
 impl<O, M, B> GuardedOptimizer<M, B> for OptimizerAdaptor<O, M, B>
@@ -66,6 +86,17 @@ where
     M: AutodiffModule<B>,
     O: SimpleOptimizer<B::InnerBackend>,
 {
+    fn retain_state(self, keep: &HashSet<ParamId>) -> Option<Self> {
+        let mut record = self.to_record();
+        record.retain(|id, _| keep.contains(id));
+        Some(self.load_record(record))
+    }
+
+    fn merge_state(self, other: Self) -> Option<Self> {
+        let mut record = self.to_record();
+        record.extend(other.to_record());
+        Some(self.load_record(record))
+    }
 }
 
 /// The fused AdamW makes the guard's passes in a launch or two: the squared norm of every
@@ -91,5 +122,17 @@ where
 
     fn share_low_copies(&mut self, copies: LowCopies) {
         kiln_kernels::FusedAdamW::share_low_copies(self, copies);
+    }
+
+    fn retain_state(self, keep: &HashSet<ParamId>) -> Option<Self> {
+        let mut record = self.to_record();
+        record.retain(|id, _| keep.contains(id));
+        Some(self.load_record(record))
+    }
+
+    fn merge_state(self, other: Self) -> Option<Self> {
+        let mut record = self.to_record();
+        record.extend(other.to_record());
+        Some(self.load_record(record))
     }
 }

@@ -100,6 +100,7 @@ impl<O> PerformanceOptimizer<O> {
         let sync = Sync {
             dp: None,
             split: None,
+            owners: None,
             device: &device,
         };
         let findings = Findings::Inspect { loss_finite };
@@ -173,5 +174,20 @@ where
 
     fn share_low_copies(&mut self, copies: LowCopies) {
         self.inner.share_low_copies(copies);
+    }
+
+    // The guard's state (the loss scale) is the same on every replica: it stays as it is.
+    fn retain_state(self, keep: &HashSet<ParamId>) -> Option<Self> {
+        Some(Self {
+            inner: self.inner.retain_state(keep)?,
+            guard: self.guard,
+        })
+    }
+
+    fn merge_state(self, other: Self) -> Option<Self> {
+        Some(Self {
+            inner: self.inner.merge_state(other.inner)?,
+            guard: self.guard,
+        })
     }
 }

@@ -20,7 +20,7 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::collective::{Collective, CollectiveError, ReduceOp};
-use crate::grads::{BucketPlan, all_reduce_gradients};
+use crate::grads::{BucketPlan, Owners, all_reduce_gradients};
 use crate::optim::{Guard, GuardReport, GuardedOptimizer, Local, NonFinite, Settled, param_path};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
@@ -45,6 +45,9 @@ pub(crate) struct Sync<'a, B: AutodiffBackend> {
     /// Where the guard's facts come together when the model is split over ranks; `None` when
     /// every rank holds the whole model.
     pub split: Option<Split<'a, B>>,
+    /// Which replica of `dp` steps which parameters when the replicas split the optimizer
+    /// state (ZeRO-1); `None` when every replica steps all.
+    pub owners: Option<&'a Owners>,
     /// This rank's device.
     pub device: &'a B::Device,
 }
@@ -109,7 +112,12 @@ where
     M: AutodiffModule<B>,
     O: GuardedOptimizer<M, B>,
 {
-    let Sync { dp, split, device } = sync;
+    let Sync {
+        dp,
+        split,
+        owners,
+        device,
+    } = sync;
     let guard = optim.guard().cloned();
     let start = Instant::now();
     // A shard other than the first leaves out the parameters shard 0 counts for every shard,
@@ -134,7 +142,7 @@ where
     let sync_start = Instant::now();
     // A whole model's findings ride in its data-parallel all-reduce.
     let riding = split.is_none();
-    let (grads, summed) = match dp {
+    let (grads, summed, dp) = match dp {
         Some((group, plan)) => {
             let mine = match (&local, riding) {
                 (Some(l), true) => Guard::codes(l, group.rank(), group.world_size()),
@@ -144,13 +152,13 @@ where
             if !mine.is_empty() {
                 codes = facts;
             }
-            (grads, true)
+            (grads, true, Some(group))
         }
         None => {
             if let (Some(l), true) = (&local, riding) {
                 codes = Guard::codes(l, 0, 1);
             }
-            (grads, false)
+            (grads, false, None)
         }
     };
     let mut communication = sync_start.elapsed();
@@ -178,11 +186,26 @@ where
         }
     };
     communication += settle_communication;
-    let model = match settled.grads {
-        Some(grads) => optim.step_scaled(lr, model, grads, settled.factor),
-        None => model,
+    // The guard has read every summed gradient (the norm is the whole model's); under ZeRO-1
+    // each replica then steps its own parameters and sends them to the others. A skipped
+    // step is skipped by every replica alike, so none broadcasts.
+    let mut broadcast = Duration::ZERO;
+    let model = match (settled.grads, owners.zip(dp)) {
+        (Some(grads), Some((owners, group))) => {
+            let grads = owners.keep_mine::<B, M>(&model, grads);
+            let model = optim.step_scaled(lr, model, grads, settled.factor);
+            let start = Instant::now();
+            let model = owners.broadcast::<B, M>(model, group)?;
+            broadcast = start.elapsed();
+            model
+        }
+        (Some(grads), None) => optim.step_scaled(lr, model, grads, settled.factor),
+        (None, _) => model,
     };
-    compute += settle_start.elapsed().saturating_sub(settle_communication);
+    communication += broadcast;
+    compute += settle_start
+        .elapsed()
+        .saturating_sub(settle_communication + broadcast);
     Ok(Stepped {
         model,
         guard: guard.map(|_| settled.report),

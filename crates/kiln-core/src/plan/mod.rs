@@ -23,8 +23,8 @@ pub use auto::Planner;
 pub use auto::layout_configs;
 pub(crate) use config::check_threads;
 pub use config::{
-    AutoConfig, ConfigError, DataParallelConfig, DdpConfig, PipelineConfig, Schedule, SingleConfig,
-    StrategyConfigs, TensorConfig,
+    AutoConfig, ConfigError, DataParallelConfig, DdpConfig, PipelineConfig, Schedule, ShardState,
+    SingleConfig, StrategyConfigs, TensorConfig,
 };
 pub use kind::StrategyKind;
 

@@ -220,6 +220,7 @@ where
             let sync = Sync {
                 dp: None,
                 split: None,
+                owners: None,
                 device: main,
             };
             let findings = Findings::Given(codes);

@@ -33,8 +33,8 @@ use burn::train::TrainStep;
 
 // The settings each strategy runs with are the plan's vocabulary; their paths here stay.
 pub use crate::plan::{
-    AutoConfig, ConfigError, DataParallelConfig, DdpConfig, PipelineConfig, Schedule, SingleConfig,
-    StrategyConfigs, StrategyKind, TensorConfig,
+    AutoConfig, ConfigError, DataParallelConfig, DdpConfig, PipelineConfig, Schedule, ShardState,
+    SingleConfig, StrategyConfigs, StrategyKind, TensorConfig,
 };
 pub use build::build;
 pub use capability::{PipelineSupport, StrategyModel, TensorSupport};

@@ -21,6 +21,56 @@ pub struct DdpConfig {
     pub check_replicas_every: Option<u64>,
     /// Intra-op threads per rank; `None` shares the cores evenly among the ranks.
     pub threads_per_rank: Option<usize>,
+    /// Which training state the replicas split among themselves instead of each holding it
+    /// whole (ZeRO's stages). Default none.
+    pub shard_state: ShardState,
+}
+
+/// Which training state `ddp`'s replicas split among themselves: ZeRO's stages, as DeepSpeed
+/// numbers them, and FSDP's `SHARD_GRAD_OP` / `FULL_SHARD` beyond.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShardState {
+    /// Every replica holds the parameters, the gradients and the optimizer state whole.
+    #[default]
+    None,
+    /// ZeRO-1: each replica owns whole parameters, about `1 / dp` of them by elements, keeps
+    /// the optimizer state only for those and steps only those; the updated parameters are
+    /// then broadcast from their owners. Training is exactly plain `ddp`'s.
+    Optimizer,
+}
+
+impl ShardState {
+    /// Every setting.
+    pub const ALL: [ShardState; 2] = [ShardState::None, ShardState::Optimizer];
+
+    /// Their names, as [`ShardState::ALL`] lists them.
+    pub const ALL_NAMES: [&'static str; 2] = [Self::ALL[0].name(), Self::ALL[1].name()];
+
+    /// The name configs and command lines use.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Optimizer => "optimizer",
+        }
+    }
+}
+
+impl std::fmt::Display for ShardState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for ShardState {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|state| state.name() == s)
+            .ok_or_else(|| format!("unknown shard_state {s:?}; use none or optimizer"))
+    }
 }
 
 impl Default for DdpConfig {
@@ -32,6 +82,7 @@ impl Default for DdpConfig {
             collective_timeout_s: 300.0,
             check_replicas_every: None,
             threads_per_rank: None,
+            shard_state: ShardState::None,
         }
     }
 }

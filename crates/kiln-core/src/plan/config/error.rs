@@ -125,6 +125,14 @@ pub enum ConfigError {
         /// The mesh, as `dp=2 × pp=2`.
         mesh: String,
     },
+    /// `shard_state = "optimizer"` with an optimizer whose state is not kept per parameter.
+    #[error(
+        "ddp: shard_state = \"optimizer\" needs an optimizer that keeps its state per \
+         parameter (Burn's optimizers and the fused AdamW do; implement \
+         GuardedOptimizer::retain_state and merge_state for your own), or use \
+         shard_state = \"none\""
+    )]
+    StateNotSplittable,
     /// A strategy asked of a model that lacks the contract it needs.
     #[error(
         "{strategy} needs a model that implements kiln_core::model::{contract}, but this one \

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::{ConfigError, DdpConfig, PipelineConfig};
+use super::{ConfigError, DdpConfig, PipelineConfig, ShardState};
 use crate::data::ShardPolicy;
 use crate::world::Mesh;
 
@@ -83,6 +83,9 @@ impl TensorConfig {
             collective_timeout_s: self.collective_timeout_s,
             check_replicas_every: self.check_replicas_every,
             threads_per_rank: self.threads_per_rank,
+            // Tensor shards' replicas hold their state whole: ZeRO over `dp` under `tensor`
+            // is not built.
+            shard_state: ShardState::None,
         }
     }
 

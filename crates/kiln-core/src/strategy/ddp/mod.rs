@@ -8,6 +8,12 @@
 //! gradients and identical optimizer states keep the replicas identical, which the optional
 //! replica check verifies.
 //!
+//! With `shard_state = "optimizer"` (ZeRO-1) the replicas split the optimizer state instead:
+//! each owns whole parameters, about `1 / dp` of the elements, and after the same all-reduce
+//! and the same guard over every gradient it steps only its own and broadcasts them, so the
+//! replicas stay identical while each holds a part of the state. A checkpoint gathers the parts
+//! into the state plain `ddp` saves.
+//!
 //! The ranks all-reduce over the `dp` axis of the world's mesh, which for Ddp is the whole
 //! world (a mesh that also splits the model is refused). The calling thread only dispatches
 //! steps and collects reports; rank 0's worker holds the canonical model.
@@ -30,8 +36,8 @@ use super::{ConfigError, RankStats, StepOutput, Strategy, StrategyError};
 use crate::World;
 use crate::data::DataSource;
 use crate::model::TrainModel;
-use crate::optim::{GuardedOptimizer, OptimizerState, StateLayout};
-use crate::plan::DdpConfig;
+use crate::optim::{GuardedOptimizer, OptimizerState, StateError, StateLayout, decode, encode};
+use crate::plan::{DdpConfig, ShardState};
 use crate::world::Mesh;
 use worker::Worker;
 
@@ -49,7 +55,36 @@ pub struct Ddp<B: AutodiffBackend, M: TrainModel<B>> {
     elsewhere: Option<Vec<M>>,
     /// This process's first device: where gathered shards are decoded.
     device: B::Device,
+    /// Under `shard_state = "optimizer"` with more than one replica: gathers the replicas'
+    /// parts of the optimizer state into the whole state a checkpoint holds.
+    merge_parts: Option<MergeParts>,
     backend: std::marker::PhantomData<B>,
+}
+
+/// Gathers every replica's encoded part of a split optimizer state into one encoded state.
+type MergeParts = Box<dyn Fn(&[Vec<u8>]) -> Result<Vec<u8>, StateError> + Send>;
+
+/// How `optim`'s replicas' parts become one state: each part decoded into a copy of `optim`,
+/// their per-parameter states joined.
+fn merge_parts<B, M, O>(optim: O, device: B::Device) -> MergeParts
+where
+    B: AutodiffBackend,
+    M: TrainModel<B>,
+    O: GuardedOptimizer<M, B> + 'static,
+{
+    Box::new(move |parts| {
+        let mut whole: Option<O> = None;
+        for part in parts {
+            let part = decode(&optim, part, &device)?;
+            whole = Some(match whole {
+                None => part,
+                Some(whole) => whole
+                    .merge_state(part)
+                    .expect("Ddp checks at start that the optimizer splits its state"),
+            });
+        }
+        encode(&whole.expect("a world has at least one rank"))
+    })
 }
 
 impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
@@ -97,6 +132,10 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
         I: Send + 'static,
     {
         config.validate()?;
+        let split_state = config.shard_state == ShardState::Optimizer;
+        if split_state && optim.clone().retain_state(&Default::default()).is_none() {
+            return Err(ConfigError::StateNotSplittable.into());
+        }
         let Launch {
             mesh,
             first_rank,
@@ -131,6 +170,7 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
                 shard,
                 config: config.clone(),
                 plan: None,
+                owners: None,
                 stats: RankStats {
                     rank,
                     ..Default::default()
@@ -145,8 +185,11 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
         let num_buckets = ready.first().map_or(0, |r| r.num_buckets);
         // Start-up broadcast traffic and time belong to the ranks' totals.
         step_output(&mut stats, ready, &mesh);
+        let merge_parts = (split_state && mesh.degree(Mesh::DP) > 1)
+            .then(|| merge_parts::<B, M, O>(optim, device.clone()));
         let ddp = Self {
             threads,
+            merge_parts,
             num_buckets,
             stop_asked: false,
             stats,
@@ -309,6 +352,15 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Strategy<B, M> for Ddp<B, M> {
     }
 
     fn optimizer_state(&self) -> Result<OptimizerState, StrategyError> {
+        // Replicas that split the state hold a part each: the checkpoint holds them gathered,
+        // the same state plain `ddp` and `single` save and resume from.
+        if let Some(merge) = &self.merge_parts {
+            let parts = self.threads.share(Share::Optimizer)?;
+            return Ok(OptimizerState::new(
+                StateLayout::Replica,
+                vec![merge(&parts)?],
+            ));
+        }
         // The replicas of a shard hold the same state; the first replica's stands for all.
         let shards = self.mesh.degree(Mesh::TP);
         let parts = match self.elsewhere {

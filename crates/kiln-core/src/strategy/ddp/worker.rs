@@ -8,12 +8,12 @@ use burn::tensor::backend::AutodiffBackend;
 
 use crate::collective::MeshCollectives;
 use crate::data::DataSource;
-use crate::grads::{BucketPlan, ParamSelection, broadcast_parameters};
+use crate::grads::{BucketPlan, Owners, ParamSelection, broadcast_parameters};
 use crate::model::TrainModel;
 use crate::optim::step::{Findings, Split, Sync, guarded_step};
 use crate::optim::{GuardedOptimizer, decode, encode, tensor_bytes};
 use crate::params::{fingerprints, floats_to_hashes, hashes_to_floats, param_bytes, signature};
-use crate::plan::DdpConfig;
+use crate::plan::{DdpConfig, ShardState};
 use crate::strategy::agree::{Fact, agree, dtype_fact};
 use crate::strategy::exchange::{self, Share, encode_module};
 use crate::strategy::handover::sync_device;
@@ -35,6 +35,9 @@ pub(super) struct Worker<B: AutodiffBackend, M: TrainModel<B>, O, I> {
     pub shard: Option<ShardPlace>,
     pub config: DdpConfig,
     pub plan: Option<BucketPlan>,
+    /// Which replica steps which parameters, under `shard_state = "optimizer"` with more
+    /// than one replica; set at start.
+    pub owners: Option<Owners>,
     pub stats: RankStats,
     pub steps: u64,
     /// What the ranks check they agree on at start-up (with the model and the settings).
@@ -68,7 +71,14 @@ where
     }
 
     fn load_optimizer(&mut self, bytes: &[u8]) -> Result<(), RankError> {
-        self.optim = decode(&self.optim, bytes, &self.device)?;
+        let whole = decode(&self.optim, bytes, &self.device)?;
+        // A state is saved whole; a replica that owns a part keeps only that part.
+        self.optim = match &self.owners {
+            Some(owners) => whole
+                .retain_state(owners.mine())
+                .expect("Ddp checks at start that the optimizer splits its state"),
+            None => whole,
+        };
         Ok(())
     }
 
@@ -117,7 +127,21 @@ where
         let bytes = param_bytes(&model);
         self.stats.param_bytes = bytes.params;
         self.stats.grad_bytes = bytes.grads;
-        self.plan = Some(BucketPlan::new(&model, cap, ParamSelection::Trainable));
+        let plan = BucketPlan::new(&model, cap, ParamSelection::Trainable);
+        if self.config.shard_state == ShardState::Optimizer && self.replicas > 1 {
+            let dp = self.groups.axis(Mesh::DP).expect("a Ddp mesh has dp");
+            let owners = Owners::new(&plan, self.replicas, dp.rank(), cap);
+            if dp.rank() == 0 {
+                tracing::info!(
+                    "ddp: optimizer state split over {} replicas (ZeRO-1): each keeps and steps \
+                     its own parameters, {:?} elements, and broadcasts them after the step",
+                    self.replicas,
+                    owners.elements()
+                );
+            }
+            self.owners = Some(owners);
+        }
+        self.plan = Some(plan);
         self.model = Some(model);
         self.stats.communication += start.elapsed();
         self.record_traffic();
@@ -159,6 +183,7 @@ where
                 first_replica: replica == 0,
                 replicated: &s.replicated,
             }),
+            owners: self.owners.as_ref(),
             device: &self.device,
         };
         let findings = Findings::Inspect {

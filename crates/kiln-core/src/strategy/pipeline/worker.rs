@@ -232,6 +232,7 @@ where
                 first_replica,
                 replicated: shard.map_or(&self.place.none, |s| &s.replicated),
             }),
+            owners: None,
             device: &self.device,
         };
         let findings = Findings::Inspect {
