@@ -3,7 +3,7 @@
 //! `mod` declarations and `pub use` re-exports, which declare rather than use), takes every path
 //! it names (`crate::`, `super::`, `self::`, and a module file's own children), resolves each to
 //! the file that defines it (following a folder's re-exports to the child that holds the item),
-//! and fails on a loop of files.
+//! and fails on a loop of files, or of modules of one parent.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -190,8 +190,8 @@ impl Crate {
     }
 }
 
-/// The loops of files in the crate at `src`: each a sorted list of two or more files.
-fn loops(src: &str) -> Vec<Vec<String>> {
+/// The crate at `src`'s files and, per file, the files it names.
+fn file_graph(src: &str) -> (Vec<String>, Vec<BTreeSet<usize>>) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(src);
     let mut sources = Vec::new();
     rust_files(&root, &root, &mut sources);
@@ -248,15 +248,63 @@ fn loops(src: &str) -> Vec<Vec<String>> {
                 .collect()
         })
         .collect();
-    strongly_connected(&edges)
+    (krate.files, edges)
+}
+
+/// The loops of `edges` between `names`: each a sorted list of two or more names.
+fn cycles(names: &[String], edges: &[BTreeSet<usize>]) -> Vec<Vec<String>> {
+    strongly_connected(edges)
         .into_iter()
         .filter(|c| c.len() > 1)
         .map(|c| {
-            let mut names: Vec<String> = c.iter().map(|&i| krate.files[i].clone()).collect();
+            let mut names: Vec<String> = c.iter().map(|&i| names[i].clone()).collect();
             names.sort();
             names
         })
         .collect()
+}
+
+/// The loops of files in the crate at `src`: each a sorted list of two or more files.
+fn loops(src: &str) -> Vec<Vec<String>> {
+    let (files, edges) = file_graph(src);
+    cycles(&files, &edges)
+}
+
+/// The loops of modules in the crate at `src`: modules of one parent (`strategy::ddp` and
+/// `strategy::pipeline`, or two files of one folder) that name each other through any of
+/// their files, each a sorted list of module paths. A parent and its children are not
+/// siblings: a folder's `mod.rs` declaring what its children share is the usual shape.
+fn module_loops(src: &str) -> Vec<Vec<String>> {
+    let (files, file_edges) = file_graph(src);
+    let paths: Vec<Vec<String>> = files.iter().map(|f| module_path(f)).collect();
+    /// `name`'s index in `names`, added if new.
+    fn node(name: String, names: &mut Vec<String>) -> usize {
+        match names.iter().position(|n| *n == name) {
+            Some(i) => i,
+            None => {
+                names.push(name);
+                names.len() - 1
+            }
+        }
+    }
+    let mut names: Vec<String> = Vec::new();
+    let mut pairs = Vec::new();
+    for (from, targets) in file_edges.iter().enumerate() {
+        for &to in targets {
+            let (a, b) = (&paths[from], &paths[to]);
+            let common = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+            if common < a.len() && common < b.len() {
+                let a = node(a[..=common].join("::"), &mut names);
+                let b = node(b[..=common].join("::"), &mut names);
+                pairs.push((a, b));
+            }
+        }
+    }
+    let mut edges = vec![BTreeSet::new(); names.len()];
+    for (a, b) in pairs {
+        edges[a].insert(b);
+    }
+    cycles(&names, &edges)
 }
 
 /// Tarjan's strongly connected components of the graph `edges`.
@@ -322,10 +370,16 @@ fn check(src: &str) {
         found.is_empty(),
         "{src}: files that name each other (move what both need into a file below both): {found:?}"
     );
+    let found = module_loops(src);
+    assert!(
+        found.is_empty(),
+        "{src}: modules of one parent that name each other (move what both need into a module \
+         below both): {found:?}"
+    );
 }
 
 #[test]
-fn no_two_files_of_a_crate_name_each_other() {
+fn no_two_files_or_modules_of_a_crate_name_each_other() {
     for src in [
         "crates/kiln-collective/src",
         "crates/kiln-core/src",

@@ -537,6 +537,14 @@ fn flags_the_strategy_would_ignore_are_refused() {
         ],
         "--bucket-cap-mb applies to ddp, pipeline, tensor",
     );
+    assert_one_line_error(
+        &["train", "--strategy", "auto", "--shard-state", "optimizer"],
+        "--shard-state applies to ddp, but the strategy is auto",
+    );
+    assert_one_line_error(
+        &["train", "--strategy", "ddp", "--shard-state", "parameters"],
+        "unknown shard_state \"parameters\"; use none or optimizer",
+    );
 }
 
 #[test]

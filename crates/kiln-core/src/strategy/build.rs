@@ -3,8 +3,10 @@
 
 use burn::tensor::backend::AutodiffBackend;
 
-use super::capability::{PipelineSupport, StrategyModel, TensorSupport};
+use super::capability::StrategyModel;
 use super::launch::{Launch, check_processes, world_on};
+use super::pipeline::PipelineSupport;
+use super::tensor::TensorSupport;
 use super::{
     ConfigError, DataParallel, Ddp, OptimizerSpec, Single, Strategy, StrategyError, StrategyKind,
 };

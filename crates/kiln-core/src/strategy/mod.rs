@@ -37,14 +37,14 @@ pub use crate::plan::{
     SingleConfig, StrategyConfigs, StrategyKind, TensorConfig,
 };
 pub use build::build;
-pub use capability::{PipelineSupport, StrategyModel, TensorSupport};
+pub use capability::StrategyModel;
 pub use data_parallel::DataParallel;
 pub use ddp::Ddp;
 pub use error::{RankError, RankFailure, StrategyError};
 pub use optimizer::{OptimizerSpec, PerformanceSpec};
-pub use pipeline::{Action, Pipeline, peak_live};
+pub use pipeline::{Action, Pipeline, PipelineSupport, peak_live};
 pub use single::Single;
-pub use tensor::Tensor;
+pub use tensor::{Tensor, TensorSupport};
 
 use crate::collective::CollectiveCounters;
 use crate::model::TrainModel;

@@ -28,6 +28,7 @@
 //! equivalence with single-device training needs dropout off there.
 
 mod schedule;
+mod support;
 mod worker;
 
 use std::collections::HashSet;
@@ -36,6 +37,7 @@ use std::sync::Arc;
 use burn::tensor::backend::AutodiffBackend;
 
 pub use schedule::{Action, peak_live};
+pub use support::PipelineSupport;
 
 use super::exchange::{Share, decode_module};
 use super::launch::{Launch, ShardPlace, check_processes};

@@ -18,14 +18,15 @@
 //! they need no synchronisation, and every shard's copy stays the same.
 
 mod shard;
+mod support;
 
 use std::marker::PhantomData;
 
 use burn::tensor::backend::AutodiffBackend;
 use burn::train::TrainStep;
 
-use super::capability::PipelineSupport;
 use super::launch::materialise;
+use super::pipeline::PipelineSupport;
 use super::{
     ConfigError, Engine, OptimizerSpec, PipelineConfig, RankStats, StepOutput, Strategy,
     StrategyError,
@@ -37,6 +38,8 @@ use crate::optim::OptimizerState;
 use crate::plan::TensorConfig;
 use crate::tensor_parallel::{TpBackend, disconnect};
 use crate::world::Mesh;
+
+pub use support::TensorSupport;
 
 /// Tensor parallelism (times data parallelism and pipeline stages) over the ranks of a
 /// [`World`]. See the [module docs](self).

@@ -1,21 +1,17 @@
-//! What each capability a model declares ([`ParallelModel`]) does when a plan asks for it:
-//! `Supported` launches the strategy, `Unsupported` refuses it in one line. One file per
-//! capability: the tensor strategy launches its stages through the pipeline's, so the
-//! pipeline's sits below the tensor strategy and the tensor's above it.
+//! Every model whose declared capabilities ([`ParallelModel`]) the strategies can act on.
+//! What each capability does when a plan asks for it lives with its strategy:
+//! [`PipelineSupport`] in `pipeline/support.rs`, [`TensorSupport`] in `tensor/support.rs`
+//! (`Supported` launches the strategy, `Unsupported` refuses it in one line).
 //!
 //! [`StrategyModel`] is every model whose declaration [`build`](super::build) can act on. It
 //! is implemented for every [`ParallelModel`] whose capabilities hold, so a model implements
 //! `ParallelModel` and nothing here; programs generic over models bound them by
 //! `StrategyModel` (or `crate::fit::FitModel`) to build and train them.
 
-mod pipeline;
-mod tensor;
-
 use burn::tensor::backend::AutodiffBackend;
 
-pub use pipeline::PipelineSupport;
-pub use tensor::TensorSupport;
-
+use super::pipeline::PipelineSupport;
+use super::tensor::TensorSupport;
 use crate::model::ParallelModel;
 use crate::tensor_parallel::TpBackend;
 

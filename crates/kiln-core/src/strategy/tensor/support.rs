@@ -2,12 +2,13 @@
 
 use burn::tensor::backend::AutodiffBackend;
 
-use super::PipelineSupport;
+use super::Tensor;
 use crate::data::DataSource;
 use crate::model::{ParallelModel, Supported, TensorParallelModel, TrainModel, Unsupported};
 use crate::plan::Plan;
 use crate::strategy::launch::world_on;
-use crate::strategy::{ConfigError, OptimizerSpec, Strategy, StrategyError, Tensor};
+use crate::strategy::pipeline::PipelineSupport;
+use crate::strategy::{ConfigError, OptimizerSpec, Strategy, StrategyError};
 use crate::tensor_parallel::TpBackend;
 
 /// How a capability builds tensor parallelism (see [`ParallelModel::Tensor`]). Only Kiln

@@ -2,12 +2,11 @@
 
 use burn::tensor::backend::AutodiffBackend;
 
+use super::Pipeline;
 use crate::data::DataSource;
 use crate::model::{PipelineModel, Supported, TrainModel, Unsupported};
 use crate::strategy::launch::Launch;
-use crate::strategy::{
-    ConfigError, Engine, OptimizerSpec, Pipeline, PipelineConfig, StrategyError,
-};
+use crate::strategy::{ConfigError, Engine, OptimizerSpec, PipelineConfig, StrategyError};
 use crate::tensor_parallel::TpBackend;
 
 /// How a capability builds a pipeline (see
