@@ -160,6 +160,9 @@ pub struct RankReport {
     pub peak_activation_bytes: u64,
     /// Collective calls.
     pub collective_calls: u64,
+    /// Elements the rank contributed to its collectives: its input to each group operation
+    /// (an all-reduce's buckets, a broadcast's buffer) and what it sent.
+    pub collective_elements: u64,
     /// Bytes of the parameters the rank holds.
     pub param_bytes: u64,
     /// Bytes of the gradients the rank holds during a step.
@@ -188,6 +191,7 @@ impl From<RankStats> for RankReport {
             peak_live_micro_batches: s.peak_live_micro_batches,
             peak_activation_bytes: s.peak_activation_bytes,
             collective_calls: s.collective.calls,
+            collective_elements: s.collective.elements,
             param_bytes: s.param_bytes,
             grad_bytes: s.grad_bytes,
             optimizer_bytes: s.optimizer_bytes,
