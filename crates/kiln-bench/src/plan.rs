@@ -380,6 +380,7 @@ mod tests {
                 micro_batches: 1,
                 micro_batch: 8,
                 recompute: false,
+                split_optimizer: false,
             },
             predicted: StepTime {
                 compute: total,

@@ -95,7 +95,7 @@ impl ParallelArgs {
             configs.set_bucket_cap_mb(mib);
         }
         if let Some(state) = self.shard_state {
-            // Auto's planner does not count split state yet: it would plan as if it were whole.
+            // Auto's planner splits the state itself where the whole does not fit.
             if strategy != StrategyKind::Ddp {
                 return Err(refuse("--shard-state", "ddp"));
             }

@@ -314,6 +314,7 @@ fn memory_predictions_match_the_bytes_kiln_s_strategies_hold() {
         micro_batches: 2,
         micro_batch: 8 / dp / 2,
         recompute: false,
+        split_optimizer: false,
     };
     let most = |report: &serde_json::Value, keys: &[&str]| -> f64 {
         let ranks = report["ranks"].as_array().unwrap();

@@ -62,6 +62,7 @@ where
         micro_batches: 1,
         micro_batch: batch,
         recompute: false,
+        split_optimizer: false,
     };
     let (work, cluster) = (&mut planner.workload, &planner.cluster);
     let per_block_sample = (work.layers * batch) as f64;

@@ -132,7 +132,10 @@ fn row(i: usize, c: &Candidate) -> String {
     format!(
         "| {i} | {} | {} | {} | {} | {} × {}{} | {} ({} + {} + {} + {}) \
          | {} ms ({} + {} + {} + {} + {} + {} + {}) | {:.0} % | {} |",
-        c.strategy.name(),
+        match l.split_optimizer {
+            true => format!("{}, optimizer state split", c.strategy.name()),
+            false => c.strategy.name().to_string(),
+        },
         l.dp,
         l.pp,
         l.tp,

@@ -3,7 +3,7 @@
 
 use super::StrategyKind;
 use super::cost::{Candidate, Cluster, Fixed, Layout, PlanError, Workload, search_within};
-use super::{AutoConfig, ConfigError, Schedule, StrategyConfigs};
+use super::{AutoConfig, ConfigError, Schedule, ShardState, StrategyConfigs};
 use crate::optim::{Precision, StateLayout};
 
 /// What `auto` plans with: the model's step and the devices the ranks run on (their count is
@@ -161,6 +161,9 @@ pub fn layout_configs(
     }
     configs.tensor.tp = layout.tp;
     configs.tensor.stages = layout.pp;
+    if layout.split_optimizer {
+        configs.ddp.shard_state = ShardState::Optimizer;
+    }
     configs
 }
 

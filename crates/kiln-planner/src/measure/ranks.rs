@@ -102,6 +102,7 @@ where
         micro_batches: 1,
         micro_batch: 1,
         recompute: false,
+        split_optimizer: false,
     };
     let ddp = time_ranks(&timing_plan(StrategyKind::Ddp, 2, batch, 1)?, budget)?;
     let predicted = predict(&planner, layout);
@@ -344,6 +345,7 @@ mod tests {
             micro_batches: 1,
             micro_batch: 32,
             recompute: false,
+            split_optimizer: false,
         };
         recovers(
             &tiny_planner(2),
@@ -364,6 +366,7 @@ mod tests {
             micro_batches: 1,
             micro_batch: 32,
             recompute: false,
+            split_optimizer: false,
         };
         let predict = |p: &Planner, layout: Layout| {
             step_time(&p.workload, &p.cluster(layout.tp), &layout).total
@@ -403,6 +406,7 @@ mod tests {
             micro_batches: 1,
             micro_batch: 32,
             recompute: false,
+            split_optimizer: false,
         };
         recovers(
             &tiny_planner(2),

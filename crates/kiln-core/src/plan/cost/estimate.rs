@@ -29,6 +29,28 @@ pub struct Layout {
     /// Stages keep only each micro-batch's input and recompute their forward in the backward
     /// (Kiln's `[parallel.pipeline] recompute`; with stages only).
     pub recompute: bool,
+    /// The replicas split the optimizer state (ZeRO-1, `ddp`'s `shard_state = "optimizer"`):
+    /// plain replicas only (`pp = tp = 1`).
+    #[serde(default)]
+    pub split_optimizer: bool,
+}
+
+/// Bytes per trainable parameter that replicas splitting the optimizer state divide among
+/// themselves: AdamW's two f32 moments. Kiln's master weights are the model's own f32
+/// parameters, which every replica holds whole.
+const MOMENT_BYTES: f64 = 8.0;
+
+/// Bytes per trainable parameter a device keeps besides its weight: all of the workload's
+/// ([`Workload::trainable_extra_bytes`]) less its part of the moments the replicas split.
+fn kept_extra_bytes(work: &Workload, layout: &Layout) -> f64 {
+    let extra = work.trainable_extra_bytes;
+    match layout.split_optimizer && layout.dp > 1 {
+        true => {
+            let moments = MOMENT_BYTES.min(extra - work.gradient_bytes).max(0.0);
+            extra - moments * (1.0 - 1.0 / layout.dp as f64)
+        }
+        false => extra,
+    }
 }
 
 /// Bytes one device holds at its most (the first stage's, which holds the most micro-batches).
@@ -62,7 +84,8 @@ pub struct StepTime {
     pub update: f64,
     /// Stages waiting for the pipeline to fill and drain.
     pub bubble: f64,
-    /// The gradients' all-reduce over the replicas.
+    /// The gradients' all-reduce over the replicas, and the owners' broadcast of what they
+    /// stepped when the replicas split the optimizer state.
     pub data_parallel: f64,
     /// The shards' all-reduces inside every block, forward and backward.
     pub tensor_parallel: f64,
@@ -89,9 +112,9 @@ pub fn memory(work: &Workload, cluster: &Cluster, layout: &Layout) -> Memory {
         let blocks = stage_blocks(work.layers, layout.pp, s) as f64;
         let params = per_block_params * blocks / layout.tp as f64 + edges;
         let weights = params * work.weight_bytes;
-        let trainable_state = params * trainable_share * work.trainable_extra_bytes;
+        let trainable_state = params * trainable_share * kept_extra_bytes(work, layout);
         let buckets = match layout.dp > 1 {
-            true => gradients(work, trainable_state) * cluster.bucket_copies(),
+            true => gradients(work, layout, trainable_state) * cluster.bucket_copies(),
             false => 0.0,
         };
         let kept = per_block * blocks * micro_batch;
@@ -131,9 +154,25 @@ pub fn memory(work: &Workload, cluster: &Cluster, layout: &Layout) -> Memory {
 }
 
 /// Bytes of the gradients within `trainable_state` (a device's gradients, moments and master
-/// copies): what its replicas all-reduce.
-fn gradients(work: &Workload, trainable_state: f64) -> f64 {
-    trainable_state / work.trainable_extra_bytes.max(f64::MIN_POSITIVE) * work.gradient_bytes
+/// copies under `layout`): what its replicas all-reduce.
+fn gradients(work: &Workload, layout: &Layout, trainable_state: f64) -> f64 {
+    trainable_state / kept_extra_bytes(work, layout).max(f64::MIN_POSITIVE) * work.gradient_bytes
+}
+
+/// Seconds for every replica to receive the `bytes` of parameters their owners stepped, when
+/// the replicas split the optimizer state: one broadcast per owner's part. Over a ring each
+/// part is pipelined around it once (every link carries every byte once, and each part pays
+/// the ring's `n - 1` hops); between ranks sharing a CPU, each part is a meeting after which
+/// every other rank copies it.
+fn broadcast(cluster: &Cluster, bytes: f64, n: usize, (bandwidth, latency): (f64, f64)) -> f64 {
+    if n <= 1 {
+        return 0.0;
+    }
+    let n_f = n as f64;
+    match cluster.cores.is_some() {
+        true => n_f * latency + (n_f - 1.0) / n_f * bytes / bandwidth,
+        false => bytes / bandwidth + n_f * (n_f - 1.0) * latency,
+    }
 }
 
 /// Seconds of an all-reduce of `bytes` among `n` devices over a link of `bandwidth` and
@@ -220,6 +259,7 @@ pub fn step_time(work: &Workload, cluster: &Cluster, layout: &Layout) -> StepTim
         micro_batches,
         micro_batch,
         recompute,
+        split_optimizer,
     } = *layout;
     // A forward, the backward, and with recomputation a second forward.
     let passes = 1.0 + work.backward_passes + if recompute { 1.0 } else { 0.0 };
@@ -274,9 +314,14 @@ pub fn step_time(work: &Workload, cluster: &Cluster, layout: &Layout) -> StepTim
         bubble *= stretch;
     }
     // The most loaded device's gradients (every replica group all-reduces at once).
-    let grads = gradients(work, memory(work, cluster, layout).trainable_state);
+    let grads = gradients(work, layout, memory(work, cluster, layout).trainable_state);
     let (bw, lat) = link(cluster, pp * tp, dp);
-    let data_parallel = all_reduce(cluster, grads, dp, (bw, lat));
+    // Replicas that split the optimizer state then receive the parameters they do not own.
+    let owners = match split_optimizer {
+        true => broadcast(cluster, grads, dp, (bw, lat)),
+        false => 0.0,
+    };
+    let data_parallel = all_reduce(cluster, grads, dp, (bw, lat)) + owners;
     // The first stage has the most blocks.
     let blocks = stage_blocks(work.layers, pp, 0) as f64;
     let (bw, lat) = link(cluster, 1, tp);

@@ -194,13 +194,18 @@ pub fn strategy(layout: &Layout, devices: usize) -> StrategyKind {
 
 fn describe(layout: &Layout) -> String {
     format!(
-        "dp={} pp={} tp={}, {} micro-batch(es) of {}{}",
+        "dp={} pp={} tp={}, {} micro-batch(es) of {}{}{}",
         layout.dp,
         layout.pp,
         layout.tp,
         layout.micro_batches,
         layout.micro_batch,
-        if layout.recompute { ", recomputed" } else { "" }
+        if layout.recompute { ", recomputed" } else { "" },
+        if layout.split_optimizer {
+            ", optimizer state split over the replicas"
+        } else {
+            ""
+        }
     )
 }
 
@@ -220,7 +225,7 @@ fn best_micro_batching(
     // micro-batch.
     let per_replica = work.global_batch.div_ceil(dp);
     let smallest = work.global_batch / dp;
-    let make = |(micro_batches, recompute): (usize, bool)| {
+    let make = |((micro_batches, recompute), split_optimizer): ((usize, bool), bool)| {
         let layout = Layout {
             dp,
             pp,
@@ -228,6 +233,7 @@ fn best_micro_batching(
             micro_batches,
             micro_batch: per_replica / micro_batches,
             recompute,
+            split_optimizer,
         };
         let (memory, time) = (
             memory(work, cluster, &layout),
@@ -247,9 +253,16 @@ fn best_micro_batching(
         }
     };
     let recompute = fixed.recomputations(pp);
+    // Plain replicas may split their optimizer state (`ddp`'s ZeRO-1); it costs a broadcast,
+    // so it wins only where the state whole does not fit.
+    let splits: &[bool] = match dp > 1 && pp == 1 && tp == 1 && !fixed.staged {
+        true => &[false, true],
+        false => &[false],
+    };
     let all: Vec<Candidate> = divisors(per_replica)
         .filter(|&m| m <= smallest && fixed.allows_micro_batches(m))
         .flat_map(|m| recompute.iter().map(move |&r| (m, r)))
+        .flat_map(|mr| splits.iter().map(move |&split| (mr, split)))
         .map(make)
         .collect();
     let fastest = all

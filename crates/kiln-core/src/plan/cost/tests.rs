@@ -208,6 +208,7 @@ fn replicas_hold_sixteen_bytes_a_parameter_and_their_activations() {
         micro_batches: 8,
         micro_batch: 1,
         recompute: false,
+        split_optimizer: false,
     };
     let m = memory(&w, &h100(1), &layout);
     let params = seven.params() as f64;
@@ -242,6 +243,7 @@ fn replicas_also_hold_their_gradients_packed_into_buckets() {
         micro_batches: 4,
         micro_batch: 1,
         recompute: false,
+        split_optimizer: false,
     };
     let replicated = Layout { dp: 4, ..alone };
     // Full training in bf16: of a parameter's 14 bytes of trainable state, 2 are its bf16
@@ -315,6 +317,7 @@ fn the_bubble_shrinks_with_micro_batches_and_rings_cost_by_their_link() {
         micro_batches,
         micro_batch: 32 / micro_batches,
         recompute: false,
+        split_optimizer: false,
     };
     let few = step_time(&w, &cluster, &layout(8));
     let many = step_time(&w, &cluster, &layout(32));
@@ -375,6 +378,7 @@ fn layout(dp: usize, pp: usize, micro_batches: usize, micro_batch: usize) -> Lay
         micro_batches,
         micro_batch,
         recompute: false,
+        split_optimizer: false,
     }
 }
 
@@ -668,6 +672,7 @@ fn memory_grows_with_every_size_of_the_model() {
         micro_batches: 1,
         micro_batch: 1,
         recompute: false,
+        split_optimizer: false,
     };
     let halved = {
         let [l, h, a, kv, d, f, s, v] = TransformerShape::LIMITS.map(|(_, max)| max / 2);
@@ -707,4 +712,65 @@ fn memory_grows_with_every_size_of_the_model() {
             assert!(grown.params() >= base.params(), "size {i}");
         }
     }
+}
+
+#[test]
+fn replicas_split_the_optimizer_state_only_where_the_whole_does_not_fit() {
+    // 1.74 G parameters of 512 tokens over 2 replicas: 16 bytes a parameter whole, the moments'
+    // 8 halved when split.
+    let model = TransformerShape {
+        seq: 512,
+        ..shape(24, 2048, 16, 8192)
+    };
+    let w = work(&model, 4);
+    let plain = Layout {
+        dp: 2,
+        pp: 1,
+        tp: 1,
+        micro_batches: 2,
+        micro_batch: 1,
+        recompute: false,
+        split_optimizer: false,
+    };
+    let split = Layout {
+        split_optimizer: true,
+        ..plain
+    };
+    let cluster = h100(2);
+    let (whole, part) = (memory(&w, &cluster, &plain), memory(&w, &cluster, &split));
+    // bf16: a gradient (2), the moments (8) and an f32 master (4); the replicas split the
+    // moments only.
+    let expected = (14.0 - 8.0 / 2.0) / 14.0;
+    assert!((part.trainable_state / whole.trainable_state - expected).abs() < 1e-12);
+    assert_eq!((part.weights, part.buckets), (whole.weights, whole.buckets));
+    let (t_whole, t_part) = (
+        step_time(&w, &cluster, &plain),
+        step_time(&w, &cluster, &split),
+    );
+    assert_eq!(t_part.compute, t_whole.compute);
+    assert!(
+        t_part.data_parallel > t_whole.data_parallel,
+        "the owners' broadcast costs"
+    );
+
+    let ddp_of = |memory_gib: u64| {
+        let cluster = Cluster {
+            memory: memory_gib << 30,
+            ..h100(2)
+        };
+        let planned = search(&w, &cluster).unwrap();
+        let ddp = planned
+            .candidates
+            .into_iter()
+            .find(|c| c.layout.dp == 2)
+            .expect("a layout of 2 replicas");
+        (ddp.layout.split_optimizer, ddp.rejected.is_none())
+    };
+    // Ample memory: the state whole, which is faster. Less: split, and it fits. Less again:
+    // not even split.
+    assert_eq!(ddp_of(80), (false, true));
+    assert_eq!(ddp_of(32), (true, true));
+    assert_eq!(ddp_of(16), (true, false));
+    let configs = crate::plan::layout_configs(StrategyKind::Ddp, &split, &Default::default());
+    assert_eq!(configs.ddp.shard_state, crate::plan::ShardState::Optimizer);
 }
