@@ -134,6 +134,21 @@ fn single_ddp_pipeline_and_tensor_write_the_same_peft_adapters() {
             assert!((a - b).abs() <= 1e-5 * largest, "{a} vs {b}");
         }
     }
+    // Replicas that split the optimizer state train plain ddp's adapters, bit for bit.
+    let zero1 = scratch("zero1");
+    finetune(
+        &zero1,
+        &[
+            "--strategy",
+            "ddp",
+            "--world",
+            "2",
+            "--shard-state",
+            "optimizer",
+        ],
+    );
+    assert_eq!(adapter_values(&zero1), adapter_values(&ddp));
+    std::fs::remove_dir_all(zero1).ok();
     // Activation checkpointing trains the same adapters, under ddp and with stages too.
     for (name, strategy) in [
         ("recomputed", &["--strategy", "ddp", "--world", "2"][..]),
