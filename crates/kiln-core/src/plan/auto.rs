@@ -328,6 +328,27 @@ mod tests {
     use crate::plan::cost::{Measured, Workload};
     use crate::plan::{Plan, PlanRequest};
 
+    #[test]
+    fn a_layout_whose_replicas_split_the_optimizer_state_runs_ddp_with_it() {
+        let layout = Layout {
+            dp: 2,
+            pp: 1,
+            tp: 1,
+            micro_batches: 1,
+            micro_batch: 4,
+            recompute: false,
+            split_optimizer: true,
+        };
+        let split = layout_configs(StrategyKind::Ddp, &layout, &StrategyConfigs::default());
+        assert_eq!(split.ddp.shard_state, ShardState::Optimizer);
+        let whole = Layout {
+            split_optimizer: false,
+            ..layout
+        };
+        let whole = layout_configs(StrategyKind::Ddp, &whole, &StrategyConfigs::default());
+        assert_eq!(whole.ddp.shard_state, ShardState::None);
+    }
+
     /// A transformer whose step is timed on one core of a 2-core machine: dispatch and an
     /// update as a small model on a CPU has them.
     fn planner(memory: u64) -> Planner {

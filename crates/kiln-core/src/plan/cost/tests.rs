@@ -771,6 +771,4 @@ fn replicas_split_the_optimizer_state_only_where_the_whole_does_not_fit() {
     assert_eq!(ddp_of(80), (false, true));
     assert_eq!(ddp_of(32), (true, true));
     assert_eq!(ddp_of(16), (true, false));
-    let configs = crate::plan::layout_configs(StrategyKind::Ddp, &split, &Default::default());
-    assert_eq!(configs.ddp.shard_state, crate::plan::ShardState::Optimizer);
 }
