@@ -47,6 +47,8 @@ pub enum Saved {
     Checkpoint(std::path::PathBuf, std::path::PathBuf),
     /// Fine-tuned adapters of the last step.
     Adapters(std::path::PathBuf),
+    /// The fully fine-tuned model of the last step.
+    Model(std::path::PathBuf),
     /// Another process of the run: the first one saves what the run saves.
     ByFirstProcess,
 }
@@ -63,6 +65,7 @@ impl std::fmt::Display for Saved {
             Saved::Adapters(dir) => {
                 write!(f, "that step's adapters are saved in {}", dir.display())
             }
+            Saved::Model(dir) => write!(f, "that step's model is saved in {}", dir.display()),
             Saved::ByFirstProcess => f.write_str("what the run saves, its first process saves"),
         }
     }

@@ -732,6 +732,23 @@ fn bad_inputs_are_refused_in_one_line() {
         "--eval-split must be a fraction",
     );
     check(base(&["--lora-dropout", "1"]), "lora_dropout must be");
+    // Full fine-tuning with what belongs to adapters.
+    check(
+        base(&["--full", "--load-in-4bit"]),
+        "--full trains every weight, but --load-in-4bit",
+    );
+    check(
+        base(&["--full", "--lora-rank", "8"]),
+        "--full trains without adapters",
+    );
+    check(
+        base(&["--full", "--merged", "elsewhere"]),
+        "--full writes the whole model to --out",
+    );
+    check(
+        base(&["--merged-dtype", "f32"]),
+        "--merged-dtype sets the dtype of the model --merged or --full writes",
+    );
     check(
         base(&["--lora-dropout", "0.1", "--gradient-checkpointing"]),
         "--lora-dropout 0.1 with --gradient-checkpointing",
@@ -1162,4 +1179,94 @@ fn sigint_saves_the_adapters_and_a_checkpoint_that_resumes_bit_for_bit() {
     finetune_for(&straight, &target, &["--strategy", "single"]);
     assert_eq!(adapter_values(&resumed), adapter_values(&straight));
     std::fs::remove_dir_all(out).ok();
+}
+
+/// Every weight of the model folder `dir` wrote, read back by Kiln, in order.
+fn weights(dir: &Path) -> Vec<Vec<f32>> {
+    use burn::module::{Module, ModuleVisitor, Param};
+    use burn::tensor::Tensor;
+    struct Collect(Vec<Vec<f32>>);
+    impl ModuleVisitor<Flex> for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Flex, D>>) {
+            self.0
+                .push(param.val().into_data().to_vec::<f32>().unwrap());
+        }
+    }
+    let (_, model) = load::<Flex>(dir, &Default::default()).unwrap();
+    let mut collect = Collect(Vec::new());
+    model.visit(&mut collect);
+    collect.0
+}
+
+#[test]
+fn full_fine_tuning_trains_every_weight_alike_under_single_and_ddp_with_the_state_split() {
+    let (model, data) = (fixture("llama"), fixture("chat.jsonl"));
+    let run = |out: &Path, steps: &str, extra: &[&str]| {
+        let (folder, json) = (out.join("model"), out.join("run.json"));
+        let mut args: Vec<String> = [
+            "finetune",
+            "--model",
+            &model,
+            "--data",
+            &data,
+            "--full",
+            "--steps",
+            steps,
+            "--batch",
+            "8",
+            "--seq-len",
+            "24",
+            "--lr",
+            "0.001",
+            "--threads-per-rank",
+            "1",
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend(["--output".into(), folder.display().to_string()]);
+        args.extend(["--json".into(), json.display().to_string()]);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let report = summary(out, args);
+        assert_eq!(report["full"], true);
+        weights(&folder)
+    };
+    let single_dir = scratch("full-single");
+    let single = run(&single_dir, "2", &["--strategy", "single"]);
+    let split = [
+        "--strategy",
+        "ddp",
+        "--world",
+        "2",
+        "--shard-state",
+        "optimizer",
+    ];
+    let split_dir = scratch("full-split");
+    let trained = run(&split_dir, "2", &split);
+    let base = weights(Path::new(&fixture("llama")));
+    // A whole model, every weight of it trained, in the base's layout (the fixture is f32).
+    assert_eq!(single.len(), base.len());
+    let moved = single.iter().zip(&base).filter(|(a, b)| a != b).count();
+    assert_eq!(moved, base.len(), "every weight trains");
+    let largest = single.iter().flatten().fold(0f32, |m, v| m.max(v.abs()));
+    for (a, b) in single.iter().flatten().zip(trained.iter().flatten()) {
+        assert!((a - b).abs() <= 1e-5 * largest, "{a} vs {b}");
+    }
+    for file in ["config.json", "tokenizer.json"] {
+        assert!(single_dir.join("model").join(file).is_file(), "{file}");
+    }
+    // Saved after 2 steps with the parts of the state gathered, resumed for 2 more: the
+    // straight run's model, bit for bit.
+    let checkpoints = split_dir.join("checkpoints");
+    let folder = checkpoints.to_str().unwrap();
+    let (first, second, straight) = (scratch("full-1"), scratch("full-2"), scratch("full-4"));
+    run(&first, "2", &[&split[..], &["--save", folder]].concat());
+    let resumed = run(&second, "4", &[&split[..], &["--resume", folder]].concat());
+    let straight_run = run(&straight, "4", &split);
+    assert!(
+        resumed == straight_run,
+        "the resumed model differs from the straight run's"
+    );
+    for dir in [single_dir, split_dir, first, second, straight] {
+        std::fs::remove_dir_all(dir).ok();
+    }
 }

@@ -49,9 +49,15 @@ pub struct FinetuneArgs {
     /// Also write the model with the adapters merged, as a Hugging Face folder.
     #[arg(long, value_name = "DIR")]
     merged: Option<PathBuf>,
-    /// The merged model's dtype [default: auto, the base folder's].
-    #[arg(long, value_enum, requires = "merged")]
+    /// The merged model's dtype, or with --full the model's [default: auto, the base
+    /// folder's].
+    #[arg(long, value_enum)]
     merged_dtype: Option<MergedDtype>,
+    /// Full fine-tuning: every weight trains, no adapters; --out receives the whole model as
+    /// a Hugging Face folder (safetensors in the base's dtype, its config and tokenizer
+    /// files). Pair it with `--strategy ddp --shard-state optimizer` to split AdamW's state.
+    #[arg(long)]
+    full: bool,
     /// QLoRA: quantise every projection to 4 bits (NF4) as it is loaded.
     #[arg(long)]
     load_in_4bit: bool,
@@ -217,6 +223,7 @@ impl FinetuneArgs {
             c.merged_dtype = dtype;
         }
         c.load_in_4bit |= self.load_in_4bit;
+        c.full |= self.full;
         if let Some(rank) = self.lora_rank {
             c.lora.rank = rank;
         }

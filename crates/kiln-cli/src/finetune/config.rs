@@ -134,9 +134,13 @@ pub struct FinetuneConfig {
     pub chat_template: Option<PathBuf>,
     /// What the loss trains: the completions and assistant turns, or every token.
     pub train_on: TrainOn,
-    /// Where the adapters are written, in PEFT's layout (`out` is the same key, as the flag).
+    /// Where the adapters are written, in PEFT's layout, or with `full` the whole model as a
+    /// Hugging Face folder (`out` is the same key, as the flag).
     #[serde(alias = "out")]
     pub output: PathBuf,
+    /// Full fine-tuning: every weight trains (no adapters), and `output` receives the whole
+    /// model in `merged_dtype`.
+    pub full: bool,
     /// Where the model with the adapters merged is written as a Hugging Face folder, if
     /// anywhere.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -182,6 +186,7 @@ impl Default for FinetuneConfig {
             chat_template: None,
             train_on: TrainOn::Completion,
             output: PathBuf::from("finetuned"),
+            full: false,
             merged: None,
             merged_dtype: MergedDtype::Auto,
             load_in_4bit: false,
@@ -271,6 +276,30 @@ pub enum FinetuneConfigError {
          other inputs than the forward did, and train on gradients of neither; give one of them"
     )]
     DropoutRecomputed(f64),
+    /// Full fine-tuning of a 4-bit base.
+    #[error(
+        "--full trains every weight, but --load-in-4bit keeps the projections in 4 bits, which \
+         do not train; drop one of them (QLoRA is --load-in-4bit without --full)"
+    )]
+    FullIn4Bit,
+    /// Full fine-tuning with a merged model asked for.
+    #[error(
+        "--full writes the whole model to --out; --merged is for adapters merged into their \
+         base; drop --merged (--merged-dtype sets the dtype --full writes)"
+    )]
+    FullMerged,
+    /// Full fine-tuning with adapter settings.
+    #[error(
+        "--full trains without adapters, but the adapters' settings were given ([lora], \
+         --lora-rank, --lora-alpha, --target-modules, --use-rslora, --lora-dropout); drop them"
+    )]
+    FullWithLora,
+    /// A dtype for a model the run does not write.
+    #[error(
+        "--merged-dtype sets the dtype of the model --merged or --full writes, and the run \
+         writes neither; give one of them, or drop --merged-dtype"
+    )]
+    DtypeOfNoModel,
     /// A logging period of zero steps.
     #[error("--log-every must be at least 1 (steps per --log-file line)")]
     LogEvery,
@@ -414,6 +443,20 @@ impl FinetuneConfig {
         }
         self.train.validate()?;
         self.lora.spec().validate()?;
+        if self.merged_dtype != MergedDtype::Auto && self.merged.is_none() && !self.full {
+            return Err(FinetuneConfigError::DtypeOfNoModel);
+        }
+        if self.full {
+            if self.load_in_4bit {
+                return Err(FinetuneConfigError::FullIn4Bit);
+            }
+            if self.merged.is_some() {
+                return Err(FinetuneConfigError::FullMerged);
+            }
+            if self.lora != LoraSettings::default() {
+                return Err(FinetuneConfigError::FullWithLora);
+            }
+        }
         if self.seq_len == Some(0) {
             return Err(FinetuneConfigError::NoSeqLen);
         }

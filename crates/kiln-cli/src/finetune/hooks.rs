@@ -14,12 +14,14 @@ use kiln_nn::tensor_parallel::ShardedBackend;
 use super::eval::Evaluator;
 use super::log::RunLog;
 
-/// The run's hooks: every step to `on_step`, every save of the adapters and the optimizer
-/// state to `saver` (none: saves are skipped), every evaluation and every save's model to
+/// The run's hooks: every step to `on_step`, every save of the adapters (the whole model
+/// under full fine-tuning) and the optimizer state to `saver` (none: saves are skipped), every evaluation and every save's model to
 /// the evaluator (none: the run does not evaluate, or another process does), which evaluates
 /// on the device given and shows the loss in the cell `on_step` reads.
-pub(super) struct AdapterSaves<'a, 'e, F, D> {
+pub(super) struct RunSaves<'a, 'e, F, D> {
     pub on_step: F,
+    /// Full fine-tuning: a save holds the whole model, not the adapters.
+    pub full: bool,
     pub saver: Option<&'a mut Saver>,
     pub eval: Option<(&'a mut Evaluator<'e>, &'a D, &'a Cell<Option<f64>>)>,
     pub run_log: &'a RefCell<Option<RunLog>>,
@@ -42,7 +44,7 @@ pub(super) fn write_log(
     }
 }
 
-impl<F, D> AdapterSaves<'_, '_, F, D> {
+impl<F, D> RunSaves<'_, '_, F, D> {
     /// Evaluates `model` after `step` steps, if the run evaluates, and records the loss for
     /// a save of that step.
     fn evaluate<B>(&mut self, step: usize, model: &CausalLm<B>)
@@ -63,7 +65,7 @@ impl<F, D> AdapterSaves<'_, '_, F, D> {
     }
 }
 
-impl<B, F> FitHooks<CausalLm<B>> for AdapterSaves<'_, '_, F, B::Device>
+impl<B, F> FitHooks<CausalLm<B>> for RunSaves<'_, '_, F, B::Device>
 where
     B: AutodiffBackend<InnerBackend: ShardedBackend> + ShardedBackend,
     F: FnMut(usize, &StepOutput),
@@ -84,11 +86,14 @@ where
     ) -> Result<(), CheckpointError> {
         // Every checkpoint records its eval loss, so that the best one can be kept.
         self.evaluate(step, &model);
-        match self.saver.as_deref_mut() {
-            Some(saver) => saver
+        match (self.saver.as_deref_mut(), self.full) {
+            (Some(saver), true) => saver
+                .save::<B, CausalLm<B>>(step, model, optimizer)
+                .map(drop),
+            (Some(saver), false) => saver
                 .save::<B, LoraAdapters<B>>(step, model.adapters(), optimizer)
                 .map(drop),
-            None => Ok(()),
+            (None, _) => Ok(()),
         }
     }
 }

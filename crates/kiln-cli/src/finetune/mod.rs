@@ -25,15 +25,15 @@ use kiln_core::fit::{Resume, Training, fit};
 use kiln_core::plan::Plan;
 use kiln_core::strategy::{PerformanceSpec, StepOutput};
 use kiln_nn::llm::{
-    DataSet, Example, LlmTokenizer, LmBatcher, LoraAdapters, Packing, TokenizeOptions, TrainOn,
-    load, load_4bit, load_config, tokenize,
+    CausalLm, DataSet, Example, LlmTokenizer, LmBatcher, LoraAdapters, Packing, TokenizeOptions,
+    TrainOn, load, load_4bit, load_config, tokenize,
 };
 use kiln_nn::tensor_parallel::ShardedBackend;
 
 pub use args::FinetuneArgs;
 pub use config::{CONFIG_FILE, FinetuneConfig, FinetuneConfigError, MergedDtype};
 use eval::Evaluator;
-use hooks::{AdapterSaves, write_log};
+use hooks::{RunSaves, write_log};
 use log::{RunLog, StepRecord};
 use report::FinetuneReport;
 
@@ -273,7 +273,10 @@ pub fn run(args: FinetuneArgs) -> Result<(), Box<dyn std::error::Error>> {
                 .unwrap_or_default()
         );
     }
-    println!("adapters saved in {} (PEFT layout)", report.adapters);
+    match report.full {
+        true => println!("model saved in {} (a Hugging Face folder)", report.adapters),
+        false => println!("adapters saved in {} (PEFT layout)", report.adapters),
+    }
     if let Some(saved) = &report.saved {
         println!("checkpoint saved in {saved}");
     }
@@ -357,6 +360,8 @@ struct FinetuneJob<'a> {
 
 /// What a fine-tuning checkpoint's manifest calls its model: the adapters alone.
 const KIND: &str = "llm-lora-adapters";
+/// What a checkpoint of full fine-tuning holds: the whole model.
+const FULL_KIND: &str = "llm-full";
 
 impl Job for FinetuneJob<'_> {
     type Output = FinetuneReport;
@@ -389,9 +394,19 @@ impl Job for FinetuneJob<'_> {
             load::<B>(dir, &devices[0])?
         };
         let spec = config.lora.spec();
-        let model = base
-            .with_lora(&spec)?
-            .with_gradient_checkpointing(config.gradient_checkpointing);
+        let model = match config.full {
+            // Every weight as loaded trains: Burn's parameters are trainable unless frozen.
+            true => base,
+            false => base.with_lora(&spec)?,
+        }
+        .with_gradient_checkpointing(config.gradient_checkpointing);
+        if config.full {
+            tracing::info!(
+                "full fine-tuning: every weight trains ({} parameters), no adapters; --out \
+                 receives the whole model",
+                llm.parameters()
+            );
+        }
         if config.gradient_checkpointing {
             tracing::info!(
                 "activation checkpointing: each decoder layer keeps its input alone and \
@@ -400,13 +415,19 @@ impl Job for FinetuneJob<'_> {
         }
         let (model, resume) = match &checkpoints.resume {
             Some(checkpoint) => {
-                let adapters = checkpoint.model(KIND, model.adapters(), &devices[0])?;
+                let model = match config.full {
+                    true => checkpoint.model(FULL_KIND, model, &devices[0])?,
+                    false => {
+                        let adapters = checkpoint.model(KIND, model.adapters(), &devices[0])?;
+                        model.with_adapters(adapters)?
+                    }
+                };
                 let resume = Resume {
                     step: checkpoint.step(),
                     optimizer: checkpoint.optimizer(plan)?,
                 };
                 tracing::info!("resuming from {}", checkpoint.dir().display());
-                (model.with_adapters(adapters)?, Some(resume))
+                (model, Some(resume))
             }
             None => (model, None),
         };
@@ -421,7 +442,7 @@ impl Job for FinetuneJob<'_> {
                     .transpose()?
                     .unwrap_or_default();
                 Some(
-                    Saver::new(folder, KIND, run)
+                    Saver::new(folder, if config.full { FULL_KIND } else { KIND }, run)
                         .with_file(CONFIG_FILE, text.into_bytes())
                         .with_inputs(inputs),
                 )
@@ -498,8 +519,9 @@ impl Job for FinetuneJob<'_> {
             .filter(|_| main)
             .map(|items| Evaluator::new(items, train.batch, config.seq_len()));
         let eval_device = devices[0].clone();
-        let mut hooks = AdapterSaves {
+        let mut hooks = RunSaves {
             on_step,
+            full: config.full,
             saver: saver.as_mut(),
             eval: evaluator.as_mut().map(|e| (e, &eval_device, &last_eval)),
             run_log: &run_log,
@@ -532,15 +554,26 @@ impl Job for FinetuneJob<'_> {
             plot::write_svg(path, record.first_step, &record.losses, evals)
                 .map_err(|e| crate::outputs::refuse("--svg", path, e))?;
         }
-        let saved = match saver.as_mut() {
-            Some(saver) => record.save_end::<B, LoraAdapters<B>>(saver, trained.adapters())?,
-            None => None,
+        let saved = match (saver.as_mut(), config.full) {
+            (Some(saver), true) => record.save_end::<B, CausalLm<B>>(saver, trained.clone())?,
+            (Some(saver), false) => {
+                record.save_end::<B, LoraAdapters<B>>(saver, trained.adapters())?
+            }
+            (None, _) => None,
         };
         let trained = trained.valid();
         // As the user named it: a Hub name is what PEFT and the Hub expect here.
         let base_name = config.model_dir()?.display().to_string();
         if main {
-            trained.save_peft(&config.output, &spec, &base_name)?;
+            match config.full {
+                // With the base's config and tokenizer files: the folder is complete.
+                true => trained.save_pretrained_as(
+                    &config.output,
+                    dir,
+                    config.merged_dtype.resolve(dir)?,
+                )?,
+                false => trained.save_peft(&config.output, &spec, &base_name)?,
+            }
         }
         if record.stopped {
             return Err(Box::new(Interrupted {
@@ -551,6 +584,7 @@ impl Job for FinetuneJob<'_> {
                     match saved.zip(saver.as_ref().map(|s| s.folder().root().to_path_buf())) {
                         _ if !main => Saved::ByFirstProcess,
                         Some((dir, root)) => Saved::Checkpoint(dir, root),
+                        None if config.full => Saved::Model(config.output.clone()),
                         None => Saved::Adapters(config.output.clone()),
                     },
                 ),
@@ -567,6 +601,7 @@ impl Job for FinetuneJob<'_> {
             world: plan.world_size(),
             backend: train.backend.to_string(),
             load_in_4bit: config.load_in_4bit,
+            full: config.full,
             steps,
             resumed_from: resume.as_ref().map(|r| r.step),
             saved: saved.as_deref().map(|dir| dir.display().to_string()),

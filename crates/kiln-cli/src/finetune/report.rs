@@ -13,6 +13,8 @@ pub struct FinetuneReport {
     pub backend: String,
     /// Whether the base was held in 4 bits.
     pub load_in_4bit: bool,
+    /// Whether every weight trained (no adapters).
+    pub full: bool,
     /// Optimizer steps trained by this run.
     pub steps: usize,
     /// The checkpoint step the run resumed from.
@@ -35,7 +37,7 @@ pub struct FinetuneReport {
     pub tokens_per_s: f64,
     /// The process's peak resident memory, every rank of it together (Linux), in bytes.
     pub peak_host_bytes: Option<u64>,
-    /// The adapters' folder.
+    /// The adapters' folder; with `full`, the whole model's.
     pub adapters: String,
     /// The merged model's folder, if written.
     pub merged: Option<String>,
