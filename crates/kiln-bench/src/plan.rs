@@ -204,13 +204,14 @@ pub fn spearman(a: &[f64], b: &[f64]) -> f64 {
 
 fn layout(l: &Layout) -> String {
     format!(
-        "dp{} pp{} tp{}, {}×{}{}",
+        "dp{} pp{} tp{}, {}×{}{}{}",
         l.dp,
         l.pp,
         l.tp,
         l.micro_batches,
         l.micro_batch,
-        if l.recompute { " rec" } else { "" }
+        if l.recompute { " rec" } else { "" },
+        if l.split_optimizer { " split" } else { "" }
     )
 }
 

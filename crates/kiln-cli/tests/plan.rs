@@ -45,8 +45,15 @@ fn a_70b_model_on_64_gpus_is_split_and_every_layout_is_listed() {
     let report = plan_json(&args);
     let candidates = report["candidates"].as_array().unwrap();
     // Every mesh of 64 devices whose tp divides the 8 key-value heads and pp the 80 blocks,
-    // and whose dp divides the batch: tp ∈ {1, 2, 4, 8}, pp ∈ divisors of 64 / tp.
-    assert_eq!(candidates.len(), 7 + 6 + 5 + 4, "{report}");
+    // and whose dp divides the batch: tp ∈ {1, 2, 4, 8}, pp ∈ divisors of 64 / tp; and the
+    // plain replicas (dp 64) once more with their optimizer state split.
+    assert_eq!(candidates.len(), 7 + 6 + 5 + 4 + 1, "{report}");
+    let split: Vec<_> = candidates
+        .iter()
+        .filter(|c| c["layout"]["split_optimizer"] == true)
+        .collect();
+    assert_eq!(split.len(), 1, "{report}");
+    assert_eq!(split[0]["layout"]["dp"], 64);
     for c in candidates {
         let l = &c["layout"];
         let devices = ["dp", "pp", "tp"].map(|k| l[k].as_u64().unwrap());
@@ -108,7 +115,7 @@ fn the_table_shows_the_best_and_the_choice() {
         "{text}"
     );
     assert_eq!(text.matches("| fits |").count(), 3, "{text}");
-    assert!(text.contains("(19 more: --top 22 or --json)"), "{text}");
+    assert!(text.contains("(20 more: --top 23 or --json)"), "{text}");
     assert!(text.contains("\nChosen: "), "{text}");
 }
 

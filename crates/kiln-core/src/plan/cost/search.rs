@@ -218,6 +218,7 @@ fn best_micro_batching(
     cluster: &Cluster,
     (dp, pp, tp): (usize, usize, usize),
     fixed: Fixed,
+    split_optimizer: bool,
 ) -> Option<Candidate> {
     let usable = cluster.memory as f64 * USABLE_MEMORY;
     // Replicas of a batch that does not divide take one sample more or less (Kiln's uneven
@@ -225,7 +226,7 @@ fn best_micro_batching(
     // micro-batch.
     let per_replica = work.global_batch.div_ceil(dp);
     let smallest = work.global_batch / dp;
-    let make = |((micro_batches, recompute), split_optimizer): ((usize, bool), bool)| {
+    let make = |(micro_batches, recompute): (usize, bool)| {
         let layout = Layout {
             dp,
             pp,
@@ -253,16 +254,9 @@ fn best_micro_batching(
         }
     };
     let recompute = fixed.recomputations(pp);
-    // Plain replicas may split their optimizer state (`ddp`'s ZeRO-1); it costs a broadcast,
-    // so it wins only where the state whole does not fit.
-    let splits: &[bool] = match dp > 1 && pp == 1 && tp == 1 && !fixed.staged {
-        true => &[false, true],
-        false => &[false],
-    };
     let all: Vec<Candidate> = divisors(per_replica)
         .filter(|&m| m <= smallest && fixed.allows_micro_batches(m))
         .flat_map(|m| recompute.iter().map(move |&r| (m, r)))
-        .flat_map(|mr| splits.iter().map(move |&split| (mr, split)))
         .map(make)
         .collect();
     let fastest = all
@@ -376,20 +370,29 @@ fn candidates(
             if work.global_batch < dp {
                 continue;
             }
-            let Some(mut candidate) = best_micro_batching(work, cluster, (dp, pp, tp), fixed)
-            else {
-                uncut.push(work.global_batch.div_ceil(dp));
-                continue;
+            // Plain replicas may also split their optimizer state (`ddp`'s ZeRO-1): a layout
+            // of its own, less memory for one more broadcast a step.
+            let splits: &[bool] = match dp > 1 && pp == 1 && tp == 1 && !fixed.staged {
+                true => &[false, true],
+                false => &[false],
             };
-            candidate.strategy = fixed.strategy(&candidate.layout, cluster.devices);
-            if tp > cluster.per_node || !cluster.per_node.is_multiple_of(tp) {
-                candidate.rejected = Some(format!(
-                    "{tp} shards span machines of {} devices: every block's all-reduces would \
-                     cross the network",
-                    cluster.per_node
-                ));
+            for &split in splits {
+                let mesh = (dp, pp, tp);
+                let Some(mut candidate) = best_micro_batching(work, cluster, mesh, fixed, split)
+                else {
+                    uncut.push(work.global_batch.div_ceil(dp));
+                    break;
+                };
+                candidate.strategy = fixed.strategy(&candidate.layout, cluster.devices);
+                if tp > cluster.per_node || !cluster.per_node.is_multiple_of(tp) {
+                    candidate.rejected = Some(format!(
+                        "{tp} shards span machines of {} devices: every block's all-reduces \
+                         would cross the network",
+                        cluster.per_node
+                    ));
+                }
+                found.push(candidate);
             }
-            found.push(candidate);
         }
     }
     if !kept {

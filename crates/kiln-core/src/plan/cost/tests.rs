@@ -753,22 +753,32 @@ fn replicas_split_the_optimizer_state_only_where_the_whole_does_not_fit() {
         "the owners' broadcast costs"
     );
 
-    let ddp_of = |memory_gib: u64| {
+    // Every plain-replica mesh is a layout whole and one split: whether each fits, and
+    // which the planner chooses among the two.
+    let verdicts = |memory_gib: u64| {
         let cluster = Cluster {
             memory: memory_gib << 30,
             ..h100(2)
         };
         let planned = search(&w, &cluster).unwrap();
-        let ddp = planned
+        let fits = |split: bool| {
+            let c = planned
+                .candidates
+                .iter()
+                .find(|c| c.layout.dp == 2 && c.layout.split_optimizer == split);
+            c.expect("both layouts of 2 replicas").rejected.is_none()
+        };
+        let first = planned
             .candidates
-            .into_iter()
+            .iter()
             .find(|c| c.layout.dp == 2)
-            .expect("a layout of 2 replicas");
-        (ddp.layout.split_optimizer, ddp.rejected.is_none())
+            .unwrap();
+        (fits(false), fits(true), first.layout.split_optimizer)
     };
-    // Ample memory: the state whole, which is faster. Less: split, and it fits. Less again:
-    // not even split.
-    assert_eq!(ddp_of(80), (false, true));
-    assert_eq!(ddp_of(32), (true, true));
-    assert_eq!(ddp_of(16), (true, false));
+    // Ample memory: both fit, and the whole state is faster. Less: only the split fits.
+    // Less again: neither.
+    assert_eq!(verdicts(80), (true, true, false));
+    assert_eq!(verdicts(32), (false, true, true));
+    assert_eq!(verdicts(16).0, false);
+    assert_eq!(verdicts(16).1, false);
 }
