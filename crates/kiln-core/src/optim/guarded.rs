@@ -87,16 +87,26 @@ where
     O: SimpleOptimizer<B::InnerBackend>,
 {
     fn retain_state(self, keep: &HashSet<ParamId>) -> Option<Self> {
-        let mut record = self.to_record();
-        record.retain(|id, _| keep.contains(id));
-        Some(self.load_record(record))
+        Some(edit_record(self, |r| r.retain(|id, _| keep.contains(id))))
     }
 
     fn merge_state(self, other: Self) -> Option<Self> {
-        let mut record = self.to_record();
-        record.extend(other.to_record());
-        Some(self.load_record(record))
+        let other = other.to_record();
+        Some(edit_record(self, |r| r.extend(other)))
     }
+}
+
+/// `optim` with its record changed by `edit`: Burn's optimizers and the fused AdamW keep their
+/// state as a map from `ParamId` (two map types), split and joined alike.
+fn edit_record<M, B, O>(optim: O, edit: impl FnOnce(&mut O::Record)) -> O
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+    O: Optimizer<M, B>,
+{
+    let mut record = optim.to_record();
+    edit(&mut record);
+    optim.load_record(record)
 }
 
 /// The fused AdamW makes the guard's passes in a launch or two: the squared norm of every
@@ -125,14 +135,11 @@ where
     }
 
     fn retain_state(self, keep: &HashSet<ParamId>) -> Option<Self> {
-        let mut record = self.to_record();
-        record.retain(|id, _| keep.contains(id));
-        Some(self.load_record(record))
+        Some(edit_record(self, |r| r.retain(|id, _| keep.contains(id))))
     }
 
     fn merge_state(self, other: Self) -> Option<Self> {
-        let mut record = self.to_record();
-        record.extend(other.to_record());
-        Some(self.load_record(record))
+        let other = other.to_record();
+        Some(edit_record(self, |r| r.extend(other)))
     }
 }
