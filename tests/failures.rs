@@ -13,7 +13,8 @@ use kiln::core::World;
 use kiln::core::collective::CollectiveError;
 use kiln::core::data::DataSource;
 use kiln::core::strategy::{
-    DataParallel, DataParallelConfig, Ddp, DdpConfig, RankError, Strategy, StrategyError,
+    DataParallel, DataParallelConfig, Ddp, DdpConfig, RankError, ShardState, Strategy,
+    StrategyError,
 };
 use kiln::nn::tasks::{ClassificationBatch, ClassificationBatcher, ClassificationItem};
 
@@ -391,5 +392,91 @@ fn ddp_replica_check_names_a_parameter_one_ulp_off() {
             .to_string()
             .contains("parameter head.bias is not bit-identical to rank 0's"),
         "{error}"
+    );
+}
+
+/// AdamW whose step panics on rank 1: under a split optimizer state, after the gradients'
+/// all-reduce and before the owners' broadcast, which rank 0 then waits in.
+#[derive(Clone)]
+struct PanicsOnRank1<O>(O);
+
+impl<O, M, Bk> burn::optim::Optimizer<M, Bk> for PanicsOnRank1<O>
+where
+    O: burn::optim::Optimizer<M, Bk>,
+    M: burn::module::AutodiffModule<Bk>,
+    Bk: burn::tensor::backend::AutodiffBackend,
+{
+    type Record = O::Record;
+
+    fn step(&mut self, lr: f64, module: M, grads: burn::optim::GradientsParams) -> M {
+        let on_rank_1 = std::thread::current()
+            .name()
+            .is_some_and(|n| n.starts_with("kiln-rank1-"));
+        assert!(!on_rank_1, "rank 1's optimizer step fails");
+        self.0.step(lr, module, grads)
+    }
+
+    fn step_multi(&mut self, lr: f64, module: M, grads: burn::optim::MultiGradientsParams) -> M {
+        self.0.step_multi(lr, module, grads)
+    }
+
+    fn to_record(&self) -> Self::Record {
+        self.0.to_record()
+    }
+
+    fn load_record(self, record: Self::Record) -> Self {
+        Self(self.0.load_record(record))
+    }
+}
+
+impl<O, M, Bk> kiln::core::optim::GuardedOptimizer<M, Bk> for PanicsOnRank1<O>
+where
+    O: kiln::core::optim::GuardedOptimizer<M, Bk>,
+    M: burn::module::AutodiffModule<Bk>,
+    Bk: burn::tensor::backend::AutodiffBackend,
+{
+    fn retain_state(self, keep: &std::collections::HashSet<burn::module::ParamId>) -> Option<Self> {
+        self.0.retain_state(keep).map(Self)
+    }
+
+    fn merge_state(self, other: Self) -> Option<Self> {
+        self.0.merge_state(other.0).map(Self)
+    }
+}
+
+#[test]
+fn a_rank_that_fails_before_the_owners_broadcast_is_named_within_the_timeout() {
+    let timeout = Duration::from_secs(20);
+    let world = World::local(vec![Default::default(); 2]).unwrap();
+    let config = DdpConfig {
+        collective_timeout_s: timeout.as_secs_f64(),
+        threads_per_rank: Some(1),
+        shard_state: ShardState::Optimizer,
+        ..DdpConfig::default()
+    };
+    let case = mlp_case(1, 8);
+    let optim = PanicsOnRank1(AdamWConfig::new().init());
+    let mut ddp = Ddp::new(&world, case.model.clone(), optim, case.source(), config).unwrap();
+    let start = Instant::now();
+    let error = ddp.step(&[0, 1, 2, 3], LR).unwrap_err();
+    assert!(start.elapsed() < timeout / 2, "took {:?}", start.elapsed());
+    let StrategyError::Failed { culprit, failures } = &error else {
+        panic!("expected a rank failure, got {error}");
+    };
+    assert_eq!(*culprit, 1, "{error}");
+    let waiting = failures
+        .iter()
+        .find(|f| f.rank == 0)
+        .expect("rank 0 reports");
+    assert!(
+        matches!(
+            &waiting.error,
+            RankError::Collective(CollectiveError::PeerFailed {
+                op: kiln::core::collective::CollectiveOp::Broadcast { .. },
+                failed_rank: 1,
+                ..
+            })
+        ),
+        "rank 0 waited in the owners' broadcast: {waiting}"
     );
 }
