@@ -265,25 +265,39 @@ fn an_overflow_halves_the_loss_scale_and_skips_the_step_on_every_rank_and_clean_
     );
 }
 
+/// The fused AdamW under a clipping guard, and `model` in `precision` (f16 with a loss scale
+/// both share).
+fn fused_in(precision: Precision, model: Ad) -> (FusedOptim, MixedPrecision<B, Ad>) {
+    let guards = PerformanceConfig::new()
+        .with_clip_norm(Some(0.5))
+        .with_precision(precision);
+    let optim = PerformanceOptimizer::new(FusedAdamWConfig::new().init(), guards).unwrap();
+    let model = MixedPrecision::new(model, precision);
+    if precision != Precision::F16 {
+        return (optim, model);
+    }
+    let scale = LossScale::new(LossScaleConfig {
+        initial: 1024.0,
+        ..LossScaleConfig::default()
+    })
+    .unwrap();
+    (
+        optim.with_loss_scale(scale.clone()),
+        model.with_loss_scale(scale),
+    )
+}
+
+/// The AD model.
+type Ad = kiln::ad::model::AdTransformer<B>;
+/// The fused AdamW of [`fused_in`].
+type FusedOptim = PerformanceOptimizer<kiln::kernels::FusedAdamW<MixedPrecision<B, Ad>, B>>;
+
 /// The parameters after `steps` steps of the AD model in `precision` on one rank with the
 /// fused AdamW under a clipping guard (f16 with a loss scale), its gradients cast to f32 by
 /// mixed precision or handed over uncast (`uncast`).
 fn ad_fused_params(precision: Precision, uncast: bool, steps: usize) -> Vec<Vec<f32>> {
     let case = ad_case();
-    let guards = PerformanceConfig::new()
-        .with_clip_norm(Some(0.5))
-        .with_precision(precision);
-    let mut optim = PerformanceOptimizer::new(FusedAdamWConfig::new().init(), guards).unwrap();
-    let mut model = MixedPrecision::new(case.model.clone(), precision);
-    if precision == Precision::F16 {
-        let scale = LossScale::new(LossScaleConfig {
-            initial: 1024.0,
-            ..LossScaleConfig::default()
-        })
-        .unwrap();
-        optim = optim.with_loss_scale(scale.clone());
-        model = model.with_loss_scale(scale);
-    }
+    let (optim, mut model) = fused_in(precision, case.model.clone());
     if uncast {
         model = model.with_low_precision_grads();
     }
@@ -346,20 +360,7 @@ fn f16_from_copies_trains_as_from_casts_on_the_cpu() {
 /// on every replica or split among them.
 fn ad_ddp_params(precision: Precision, shard_state: ShardState, steps: usize) -> Vec<Vec<f32>> {
     let case = ad_case();
-    let guards = PerformanceConfig::new()
-        .with_clip_norm(Some(0.5))
-        .with_precision(precision);
-    let mut optim = PerformanceOptimizer::new(FusedAdamWConfig::new().init(), guards).unwrap();
-    let mut model = MixedPrecision::new(case.model.clone(), precision);
-    if precision == Precision::F16 {
-        let scale = LossScale::new(LossScaleConfig {
-            initial: 1024.0,
-            ..LossScaleConfig::default()
-        })
-        .unwrap();
-        optim = optim.with_loss_scale(scale.clone());
-        model = model.with_loss_scale(scale);
-    }
+    let (optim, model) = fused_in(precision, case.model.clone());
     let world = World::local(vec![Default::default(); 3]).unwrap();
     let config = DdpConfig {
         threads_per_rank: Some(1),
