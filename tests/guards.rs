@@ -409,17 +409,21 @@ fn rank_holding(batch: &[usize], world: usize, sample: usize) -> usize {
         .unwrap()
 }
 
-/// `model` trained by `kind` on `world` ranks under `policy`, with sample `poisoned` poisoned.
+/// `model` trained by `kind` on `world` ranks (Ddp's optimizer state split among them with
+/// `split`) under `policy`, with sample `poisoned` poisoned.
 fn poisoned_strategy(
-    kind: StrategyKind,
-    world: usize,
+    (kind, world, split): (StrategyKind, usize, bool),
     policy: NanPolicy,
     poisoned: Option<usize>,
     model: &Poisonable<B>,
 ) -> Box<dyn Strategy<B, Poisonable<B>>> {
     let spec = guarded(PerformanceConfig::new().with_nan_policy(policy));
+    let mut configs = configs(1, 1);
+    if split {
+        configs.ddp.shard_state = ShardState::Optimizer;
+    }
     build(
-        &plan(kind, world, &configs(1, 1), world),
+        &plan(kind, world, &configs, world),
         vec![Default::default(); world],
         model.clone(),
         &spec,
@@ -430,15 +434,17 @@ fn poisoned_strategy(
 
 #[test]
 fn halt_names_the_parameter_rank_and_step_on_every_rank() {
-    for (kind, world) in [
-        (StrategyKind::Single, 1),
-        (StrategyKind::DataParallel, 3),
-        (StrategyKind::Ddp, 3),
+    for (kind, world, split) in [
+        (StrategyKind::Single, 1, false),
+        (StrategyKind::DataParallel, 3, false),
+        (StrategyKind::Ddp, 3, false),
+        (StrategyKind::Ddp, 3, true),
     ] {
         let batches = poison_batches();
         let culprit = rank_holding(&batches[1], world, 17);
         let model = poisonable();
-        let mut strategy = poisoned_strategy(kind, world, NanPolicy::Halt, Some(17), &model);
+        let run = (kind, world, split);
+        let mut strategy = poisoned_strategy(run, NanPolicy::Halt, Some(17), &model);
         strategy.step(&batches[0], LR).unwrap();
         let error = strategy.step(&batches[1], LR).unwrap_err();
         let expected = RankError::NonFinite(NonFinite {
@@ -485,17 +491,19 @@ fn halt_names_the_parameter_rank_and_step_on_every_rank() {
 
 #[test]
 fn skip_leaves_every_replica_unchanged_and_training_goes_on() {
-    for (kind, world) in [
-        (StrategyKind::Single, 1),
-        (StrategyKind::DataParallel, 3),
-        (StrategyKind::Ddp, 3),
-        (StrategyKind::Ddp, 4),
+    for (kind, world, split) in [
+        (StrategyKind::Single, 1, false),
+        (StrategyKind::DataParallel, 3, false),
+        (StrategyKind::Ddp, 3, false),
+        (StrategyKind::Ddp, 4, false),
+        (StrategyKind::Ddp, 4, true),
     ] {
         let batches = poison_batches();
         // One model for both runs: Burn's initialisation draws from a process-wide generator
         // that other tests use at the same time.
         let model = poisonable();
-        let mut strategy = poisoned_strategy(kind, world, NanPolicy::Skip, Some(17), &model);
+        let run = (kind, world, split);
+        let mut strategy = poisoned_strategy(run, NanPolicy::Skip, Some(17), &model);
         let first = strategy.step(&batches[0], LR).unwrap();
         assert!(!first.guard.unwrap().skipped);
         let before = parameters(&strategy.model().unwrap());
@@ -511,7 +519,7 @@ fn skip_leaves_every_replica_unchanged_and_training_goes_on() {
 
         // Training went on as if the poisoned batch had never come: the optimizer state was
         // left alone too.
-        let mut clean = poisoned_strategy(kind, world, NanPolicy::Skip, None, &model);
+        let mut clean = poisoned_strategy(run, NanPolicy::Skip, None, &model);
         clean.step(&batches[0], LR).unwrap();
         clean.step(&batches[2], LR).unwrap();
         assert_eq!(
