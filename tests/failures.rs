@@ -255,13 +255,23 @@ fn pipeline_stage_panic_is_named_within_the_timeout() {
     ));
 }
 
-/// An optimizer that behaves like AdamW except on rank 1, where it moves one small value of
-/// the last parameter by one unit in the last place after every step: replicas that differ
-/// by the least amount f32 can express.
-#[derive(Clone)]
-struct NudgedOnRank1<O>(O);
+/// What [`OnRank1`] does on rank 1 after (or instead of) the inner optimizer's step.
+#[derive(Clone, Copy)]
+enum Rank1 {
+    /// Moves one small value of the last parameter by one unit in the last place after every
+    /// step: replicas that differ by the least amount f32 can express.
+    Nudges,
+    /// Panics in the step: under a split optimizer state, after the gradients' all-reduce
+    /// and before the owners' broadcast, which the other ranks then wait in.
+    Panics,
+}
 
-impl<O, M, Bk> burn::optim::Optimizer<M, Bk> for NudgedOnRank1<O>
+/// An optimizer that behaves like its inner one except on rank 1, where it does what its
+/// [`Rank1`] says.
+#[derive(Clone)]
+struct OnRank1<O>(O, Rank1);
+
+impl<O, M, Bk> burn::optim::Optimizer<M, Bk> for OnRank1<O>
 where
     O: burn::optim::Optimizer<M, Bk>,
     M: burn::module::AutodiffModule<Bk>,
@@ -270,11 +280,14 @@ where
     type Record = O::Record;
 
     fn step(&mut self, lr: f64, module: M, grads: burn::optim::GradientsParams) -> M {
-        let module = self.0.step(lr, module, grads);
         // Rank r's work runs on its pool's threads, `kiln-rank{r}-{i}`.
         let on_rank_1 = std::thread::current()
             .name()
             .is_some_and(|n| n.starts_with("kiln-rank1-"));
+        if on_rank_1 && matches!(self.1, Rank1::Panics) {
+            panic!("rank 1's optimizer step fails");
+        }
+        let module = self.0.step(lr, module, grads);
         if on_rank_1 {
             let left = count_floats::<Bk, M>(&module);
             module.map(&mut NudgeLast { left })
@@ -292,16 +305,25 @@ where
     }
 
     fn load_record(self, record: Self::Record) -> Self {
-        Self(self.0.load_record(record))
+        Self(self.0.load_record(record), self.1)
     }
 }
 
-impl<O, M, Bk> kiln::core::optim::GuardedOptimizer<M, Bk> for NudgedOnRank1<O>
+impl<O, M, Bk> kiln::core::optim::GuardedOptimizer<M, Bk> for OnRank1<O>
 where
-    O: burn::optim::Optimizer<M, Bk>,
+    O: kiln::core::optim::GuardedOptimizer<M, Bk>,
     M: burn::module::AutodiffModule<Bk>,
     Bk: burn::tensor::backend::AutodiffBackend,
 {
+    fn retain_state(self, keep: &std::collections::HashSet<burn::module::ParamId>) -> Option<Self> {
+        let act = self.1;
+        self.0.retain_state(keep).map(|o| Self(o, act))
+    }
+
+    fn merge_state(self, other: Self) -> Option<Self> {
+        let act = self.1;
+        self.0.merge_state(other.0).map(|o| Self(o, act))
+    }
 }
 
 fn count_floats<Bk: burn::tensor::backend::Backend, M: burn::module::Module<Bk>>(
@@ -366,7 +388,7 @@ fn ddp_replica_check_names_a_parameter_one_ulp_off() {
     let mut ddp = Ddp::new(
         &World::local(vec![Default::default(); 2]).unwrap(),
         case.model.clone(),
-        NudgedOnRank1(AdamWConfig::new().init()),
+        OnRank1(AdamWConfig::new().init(), Rank1::Nudges),
         case.source(),
         config,
     )
@@ -395,55 +417,6 @@ fn ddp_replica_check_names_a_parameter_one_ulp_off() {
     );
 }
 
-/// AdamW whose step panics on rank 1: under a split optimizer state, after the gradients'
-/// all-reduce and before the owners' broadcast, which rank 0 then waits in.
-#[derive(Clone)]
-struct PanicsOnRank1<O>(O);
-
-impl<O, M, Bk> burn::optim::Optimizer<M, Bk> for PanicsOnRank1<O>
-where
-    O: burn::optim::Optimizer<M, Bk>,
-    M: burn::module::AutodiffModule<Bk>,
-    Bk: burn::tensor::backend::AutodiffBackend,
-{
-    type Record = O::Record;
-
-    fn step(&mut self, lr: f64, module: M, grads: burn::optim::GradientsParams) -> M {
-        let on_rank_1 = std::thread::current()
-            .name()
-            .is_some_and(|n| n.starts_with("kiln-rank1-"));
-        assert!(!on_rank_1, "rank 1's optimizer step fails");
-        self.0.step(lr, module, grads)
-    }
-
-    fn step_multi(&mut self, lr: f64, module: M, grads: burn::optim::MultiGradientsParams) -> M {
-        self.0.step_multi(lr, module, grads)
-    }
-
-    fn to_record(&self) -> Self::Record {
-        self.0.to_record()
-    }
-
-    fn load_record(self, record: Self::Record) -> Self {
-        Self(self.0.load_record(record))
-    }
-}
-
-impl<O, M, Bk> kiln::core::optim::GuardedOptimizer<M, Bk> for PanicsOnRank1<O>
-where
-    O: kiln::core::optim::GuardedOptimizer<M, Bk>,
-    M: burn::module::AutodiffModule<Bk>,
-    Bk: burn::tensor::backend::AutodiffBackend,
-{
-    fn retain_state(self, keep: &std::collections::HashSet<burn::module::ParamId>) -> Option<Self> {
-        self.0.retain_state(keep).map(Self)
-    }
-
-    fn merge_state(self, other: Self) -> Option<Self> {
-        self.0.merge_state(other.0).map(Self)
-    }
-}
-
 #[test]
 fn a_rank_that_fails_before_the_owners_broadcast_is_named_within_the_timeout() {
     let timeout = Duration::from_secs(20);
@@ -455,7 +428,7 @@ fn a_rank_that_fails_before_the_owners_broadcast_is_named_within_the_timeout() {
         ..DdpConfig::default()
     };
     let case = mlp_case(1, 8);
-    let optim = PanicsOnRank1(AdamWConfig::new().init());
+    let optim = OnRank1(AdamWConfig::new().init(), Rank1::Panics);
     let mut ddp = Ddp::new(&world, case.model.clone(), optim, case.source(), config).unwrap();
     let start = Instant::now();
     let error = ddp.step(&[0, 1, 2, 3], LR).unwrap_err();
