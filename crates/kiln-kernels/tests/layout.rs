@@ -340,9 +340,10 @@ fn element_wise_kernels_read_stepped_inputs_and_write_dense_outputs() {
 
 #[test]
 fn qlora_reads_strided_inputs_and_writes_dense_outputs() {
-    // Forward without a split (m > 16) and with one (m = 2, long reduction), and both
-    // directions, with every operand strided, the weight's tensors included.
-    for (m, k, n) in [(37, 203, 75), (2, 1100, 33)] {
+    // The tiled kernel (17 to 63 rows) and the vector kernels (m = 2, with a long reduction
+    // split for the input gradient), both directions, with every operand strided, the
+    // weight's tensors included.
+    for (m, k, n) in [(37, 203, 75), (2, 1100, 33), (2, 33, 1100)] {
         let r = 3;
         let w = values(k * n, 0.1, 13, false);
         let q = HostQuantized::quantize(&w, k, n, QuantFormat::Nf4, ScaleDtype::F32);

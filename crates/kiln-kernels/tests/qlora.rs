@@ -18,7 +18,7 @@ mod common;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, f16};
 use common::*;
-use kiln_kernels::cube::QLORA_DENSE_ROWS;
+use kiln_kernels::cube::{QLORA_DENSE_ROWS, QLORA_VECTOR_ROWS};
 use kiln_kernels::quant::{HostQuantized, QuantizedWeight};
 use kiln_kernels::{KernelBackend, QuantFormat, ScaleDtype, ops, reference};
 
@@ -133,20 +133,29 @@ fn int4_f32_matches_the_reference() {
     check::<Fused32>(case(70, 136, 130, QuantFormat::Int4), false, 1e-4);
 }
 
+/// Up to `QLORA_VECTOR_ROWS` rows: the matrix-vector kernels (one reading of the weight for
+/// every row), at 1 row (decoding), a few, and the most they take.
 #[test]
-fn few_rows_use_the_small_tile_and_match() {
+fn few_rows_use_the_vector_kernels_and_match() {
+    assert_eq!(QLORA_VECTOR_ROWS, 16);
     check::<Gpu32>(case(1, 96, 33, QuantFormat::Nf4), false, 1e-4);
     check::<Gpu32>(case(5, 200, 70, QuantFormat::Int4), false, 1e-4);
+    check::<Gpu32>(case(16, 136, 9, QuantFormat::Nf4), false, 1e-4);
     check::<Fused32>(case(5, 200, 70, QuantFormat::Int4), false, 1e-4);
 }
 
 #[test]
 fn a_long_reduction_with_few_rows_is_split_and_matches() {
-    // Forward: 1 column tile, k = 2000 → 7 splits of 288 rows (the last one shorter).
-    check::<Gpu32>(case(3, 2000, 40, QuantFormat::Nf4), false, 1e-4);
-    // Backward (dx reduces over n = 2000): the transposed kernel splits too.
+    // The vector kernels. Forward: 5 cubes of 8 columns, k = 4100 (513 words, the last one
+    // part-filled) → 4 parts of 129 words. Backward (dx reduces over n = 2000): 1 cube of
+    // outputs → 31 parts of 65 columns.
+    check::<Gpu32>(case(3, 4100, 40, QuantFormat::Nf4), false, 1e-4);
     check::<Gpu32>(case(2, 40, 2000, QuantFormat::Int4), false, 1e-4);
     check::<Gpu16>(case(1, 1100, 70, QuantFormat::Nf4), true, 4e-3);
+    // The tiled kernel (17 to 63 rows): 1 column tile, k = 2000 → 7 splits of 288 rows (the
+    // last one shorter); backward over n = 2000 likewise.
+    check::<Gpu32>(case(20, 2000, 40, QuantFormat::Nf4), false, 1e-4);
+    check::<Gpu32>(case(24, 40, 2000, QuantFormat::Int4), false, 1e-4);
 }
 
 /// Many cubes side by side: 5 row tiles × 4 column tiles, each cube writing a tile next to
@@ -158,9 +167,11 @@ fn many_tiles_side_by_side_match() {
     check::<Gpu16>(case(130, 192, 260, QuantFormat::Int4), true, 4e-3);
 }
 
-/// Split-K with many partials over several column tiles: 3 column tiles × 9 splits.
+/// Split-K with many partials over several column tiles: 3 column tiles × 9 splits (the
+/// tiled kernel), and 19 cubes of columns × 2 parts (the vector kernel).
 #[test]
 fn many_splits_over_several_column_tiles_match() {
+    check::<Gpu32>(case(40, 2304, 150, QuantFormat::Int4), false, 1e-4);
     check::<Gpu32>(case(4, 2304, 150, QuantFormat::Int4), false, 1e-4);
 }
 

@@ -1,6 +1,7 @@
 //! The CubeCL kernels and their implementation of [`KernelBackend`] for Burn's CubeCL
 //! backends (`CubeBackend<R, ..>`: wgpu, CUDA, …). Each kernel accumulates in f32 whatever the
-//! tensors' float type (f32, f16, bf16), and none uses plane (warp) operations.
+//! tensors' float type (f32, f16, bf16). Only the QLoRA matrix-vector product uses plane (warp)
+//! operations, where the runtime has them, and shared memory where it does not (lavapipe).
 
 mod adamw_many;
 mod attention;
@@ -15,6 +16,7 @@ mod layout;
 mod linear;
 pub mod matmul;
 mod qlora;
+mod qlora_vec;
 mod reduce;
 mod rms_norm;
 
@@ -24,6 +26,7 @@ use burn_cubecl::element::BoolElement;
 use burn_cubecl::{CubeBackend, CubeRuntime, FloatElement, IntElement};
 
 pub use qlora::DENSE_ROWS as QLORA_DENSE_ROWS;
+pub use qlora_vec::ROWS as QLORA_VECTOR_ROWS;
 
 use crate::backend::{KernelBackend, unwrap, wrap};
 use crate::quant::QuantizedPrimitive;
@@ -83,7 +86,11 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> KernelBack
         b: FloatTensor<Self>,
         scale: f32,
     ) -> FloatTensor<Self> {
-        if x.meta.shape()[0] < qlora::DENSE_ROWS {
+        let rows = x.meta.shape()[0];
+        if rows <= qlora_vec::ROWS {
+            return qlora_vec::qlora_vec(x, weight(w), Some((t, b, scale)), false);
+        }
+        if rows < qlora::DENSE_ROWS {
             return qlora::qlora_matmul(x, weight(w), Some((t, b, scale)), false);
         }
         // Training batches: the decoded weight through Burn's (tensor-core) matmul, and the
@@ -96,7 +103,11 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> KernelBack
     }
 
     fn qlora_input_grad(dy: FloatTensor<Self>, w: QuantizedPrimitive<Self>) -> FloatTensor<Self> {
-        if dy.meta.shape()[0] < qlora::DENSE_ROWS {
+        let rows = dy.meta.shape()[0];
+        if rows <= qlora_vec::ROWS {
+            return qlora_vec::qlora_vec(dy, weight(w), None, true);
+        }
+        if rows < qlora::DENSE_ROWS {
             return qlora::qlora_matmul(dy, weight(w), None, true);
         }
         let deq = qlora::dequantize(weight(w), dy.dtype);

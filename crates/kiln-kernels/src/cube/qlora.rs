@@ -1,21 +1,21 @@
 //! The QLoRA matmul: `out = lhs · deq(W)` (forward, plus the fused `s·t·B` epilogue) or
-//! `out = lhs · deq(W)ᵀ` (the input gradient), dequantising each `W` tile into shared memory.
-//!
-//! One cube computes a `BM × BN` tile of `out` with `(BM/TM)·(BN/TN)` units, each holding a
-//! `TM × TN` block of f32 accumulators in registers. Per step of `BK` along the reduction it
-//! stages `lhs[BM, BK]` and the dequantised `W[BK, BN]` in shared memory: every unit decodes
-//! one 32-bit word (8 codes), so `deq(W)` exists only tile by tile, in shared memory, and never
-//! in global memory. `BK = 32` divides the 64-row scale block, so a tile column has one scale.
-//! With few rows (decoding, `M ≤ 16`) the output has too few tiles to fill a GPU, so the
-//! reduction is split across cubes (split-K): each writes f32 partial sums and a second, element-
-//! wise kernel adds them and the adapter's term.
-//! No plane (warp) operations: only shared memory and `sync_cube`, which every CubeCL runtime
-//! has (lavapipe included).
-//!
-//! With [`DENSE_ROWS`] rows or more (training batches), the weight is instead decoded once per
-//! call into a dense buffer of the input's dtype ([`dequantize`]) and multiplied by Burn's own
-//! matmul, which runs on a GPU's tensor cores: this kernel's scalar tiles were 43× behind cuBLAS
-//! at 4,096 rows on an H100. bitsandbytes trains the same way.
+//! `out = lhs · deq(W)ᵀ` (the input gradient), by the number of rows `m` of `lhs`:
+//! - `m ≤` [`super::qlora_vec::ROWS`] (decoding, a handful of sequences): the matrix-vector
+//!   kernels of `qlora_vec.rs`, which read each 4-bit word once for all rows.
+//! - up to [`DENSE_ROWS`]: this file's tiled kernel, dequantising each `W` tile into shared
+//!   memory. One cube computes a `BM × BN` tile of `out` with `(BM/TM)·(BN/TN)` units, each
+//!   holding a `TM × TN` block of f32 accumulators in registers. Per step of `BK` along the
+//!   reduction it stages `lhs[BM, BK]` and the dequantised `W[BK, BN]` in shared memory: every
+//!   unit decodes one 32-bit word (8 codes), so `deq(W)` exists only tile by tile, in shared
+//!   memory, and never in global memory. `BK = 32` divides the 64-row scale block, so a tile
+//!   column has one scale. When the output has too few tiles to fill a GPU, the reduction is
+//!   split across cubes (split-K): each writes f32 partial sums and [`split_sum`] adds them and
+//!   the adapter's term. No plane (warp) operations: only shared memory and `sync_cube`, which
+//!   every CubeCL runtime has (lavapipe included).
+//! - from [`DENSE_ROWS`] on (training batches): the weight is decoded once per call into a
+//!   dense buffer of the input's dtype ([`dequantize`]) and multiplied by Burn's own matmul,
+//!   which runs on a GPU's tensor cores: the tiled kernel's scalar tiles were 43× behind cuBLAS
+//!   at 4,096 rows on an H100. bitsandbytes trains the same way.
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::CubeRuntime;
@@ -26,8 +26,8 @@ use super::layout::{dense_input, dense_output};
 use crate::quant::format::{BLOCK, CODES_PER_WORD};
 
 /// From this many rows of the input on, the weight is decoded to a dense buffer and multiplied
-/// by Burn's matmul (see the [module docs](self)); below, by this file's kernel, which reads
-/// the 4-bit weight only (decoding: `M ≤ 16`; small batches).
+/// by Burn's matmul (see the [module docs](self)); below, by a kernel that reads the 4-bit
+/// weight only.
 pub const DENSE_ROWS: usize = 64;
 
 #[cube(launch)]
@@ -93,39 +93,13 @@ pub(crate) fn dequantize<R: CubeRuntime>(weight: CubeWeight<R>, dtype: DType) ->
 const BK: usize = 32;
 /// Columns of `out` per cube.
 const BN: usize = 64;
+/// Rows of `out` per cube.
+const BM: usize = 64;
+/// Rows and columns of `out` per unit: each staged value is reused 4 times.
+const TM: usize = 4;
+const TN: usize = 4;
 /// Units per cube: one packed word of the `BK × BN` tile each.
 const UNITS: usize = BK * BN / CODES_PER_WORD;
-
-/// The tile shape, chosen per launch from the number of rows.
-#[derive(Clone, Copy, Debug)]
-struct Tiling {
-    /// Rows of `out` per cube.
-    bm: usize,
-    /// Rows per unit.
-    tm: usize,
-    /// Columns per unit.
-    tn: usize,
-}
-
-impl Tiling {
-    fn for_rows(m: usize) -> Self {
-        // Few rows (decoding, small batches): 16-row tiles so the cube is not mostly padding;
-        // otherwise 64 × 64 with 4 × 4 per unit, which reuses each staged value 4 times.
-        if m <= 16 {
-            Self {
-                bm: 16,
-                tm: 1,
-                tn: 4,
-            }
-        } else {
-            Self {
-                bm: 64,
-                tm: 4,
-                tn: 4,
-            }
-        }
-    }
-}
 
 /// `out[m, c] = Σ_red lhs[m, red] · deq(red, c)` (+ `scale · Σ_q t[m, q] · b[q, c]` when
 /// `lora`), where `deq(red, c)` is `W[red, c]`, or `W[c, red]` when `transposed`.
@@ -143,9 +117,6 @@ fn qlora_matmul_kernel<F: Float, S: Float>(
     partial: &mut Tensor<f32>,
     scale: f32,
     split_len: u32,
-    #[comptime] bm: usize,
-    #[comptime] tm: usize,
-    #[comptime] tn: usize,
     #[comptime] transposed: bool,
     #[comptime] lora: bool,
     #[comptime] split: bool,
@@ -157,9 +128,9 @@ fn qlora_matmul_kernel<F: Float, S: Float>(
     let words = packed.shape(1);
     let nblocks = scales.shape(1);
     let unit = UNIT_POS as usize;
-    let row0 = CUBE_POS_Y as usize * bm;
+    let row0 = CUBE_POS_Y as usize * BM;
     let col0 = CUBE_POS_X as usize * BN;
-    let units_x = BN / tn;
+    let units_x = BN / TN;
     let tx = unit % units_x;
     let ty = unit / units_x;
 
@@ -167,15 +138,15 @@ fn qlora_matmul_kernel<F: Float, S: Float>(
     if unit < 16 {
         book[unit] = codebook[unit];
     }
-    let mut lhs_tile = SharedMemory::<f32>::new(bm * BK);
+    let mut lhs_tile = SharedMemory::<f32>::new(BM * BK);
     let mut w_tile = SharedMemory::<f32>::new(BK * BN);
-    let mut acc = Array::<f32>::new(tm * tn);
+    let mut acc = Array::<f32>::new(TM * TN);
     #[unroll]
-    for i in 0..tm * tn {
+    for i in 0..TM * TN {
         acc[i] = 0.0;
     }
-    let mut a_reg = Array::<f32>::new(tm);
-    let mut b_reg = Array::<f32>::new(tn);
+    let mut a_reg = Array::<f32>::new(TM);
+    let mut b_reg = Array::<f32>::new(TN);
     sync_cube();
 
     // Split-K: cube z reduces rows [z·split_len, (z+1)·split_len) of the reduction. split_len
@@ -186,7 +157,7 @@ fn qlora_matmul_kernel<F: Float, S: Float>(
     while red0 < red_end {
         // Stage lhs[row0.., red0..] (zero outside the matrix).
         let mut idx = unit;
-        while idx < bm * BK {
+        while idx < BM * BK {
             let r = row0 + idx / BK;
             let c = red0 + idx % BK;
             let mut v = 0.0f32;
@@ -246,18 +217,18 @@ fn qlora_matmul_kernel<F: Float, S: Float>(
         #[unroll]
         for kk in 0..BK {
             #[unroll]
-            for i in 0..tm {
-                a_reg[i] = lhs_tile[(ty * tm + i) * BK + kk];
+            for i in 0..TM {
+                a_reg[i] = lhs_tile[(ty * TM + i) * BK + kk];
             }
             #[unroll]
-            for j in 0..tn {
-                b_reg[j] = w_tile[kk * BN + tx * tn + j];
+            for j in 0..TN {
+                b_reg[j] = w_tile[kk * BN + tx * TN + j];
             }
             #[unroll]
-            for i in 0..tm {
+            for i in 0..TM {
                 #[unroll]
-                for j in 0..tn {
-                    acc[i * tn + j] += a_reg[i] * b_reg[j];
+                for j in 0..TN {
+                    acc[i * TN + j] += a_reg[i] * b_reg[j];
                 }
             }
         }
@@ -268,13 +239,13 @@ fn qlora_matmul_kernel<F: Float, S: Float>(
     let rank = t.shape(1);
     let split_base = CUBE_POS_Z as usize * m_total * cols;
     #[unroll]
-    for i in 0..tm {
-        let r = row0 + ty * tm + i;
+    for i in 0..TM {
+        let r = row0 + ty * TM + i;
         #[unroll]
-        for j in 0..tn {
-            let c = col0 + tx * tn + j;
+        for j in 0..TN {
+            let c = col0 + tx * TN + j;
             if r < m_total && c < cols {
-                let mut v = acc[i * tn + j];
+                let mut v = acc[i * TN + j];
                 if comptime!(split) {
                     // The epilogue runs once, in `split_sum_kernel`, after every split.
                     partial[split_base + r * cols + c] = v;
@@ -291,7 +262,7 @@ fn qlora_matmul_kernel<F: Float, S: Float>(
 
 /// `Σ_q t[r, q] · b[q, c]`: the adapter's term of one output.
 #[cube]
-fn low_rank<F: Float>(
+pub(super) fn low_rank<F: Float>(
     t: &Tensor<F>,
     b: &Tensor<F>,
     r: usize,
@@ -338,19 +309,49 @@ fn split_sum_kernel<F: Float>(
 /// too few cubes to keep a GPU busy over a long reduction, so the reduction is cut until
 /// there are about [`TARGET_CUBES`], each split keeping at least [`MIN_SPLIT`] rows.
 fn splits(m: usize, cols: usize, red: usize) -> usize {
-    if m > 16 {
-        return 1;
-    }
-    let tiles = cols.div_ceil(BN);
+    let tiles = cols.div_ceil(BN) * m.div_ceil(BM);
     TARGET_CUBES
         .div_ceil(tiles)
         .clamp(1, (red / MIN_SPLIT).max(1))
 }
 
 /// Cubes a split-K launch aims for: a few per multiprocessor of a large GPU.
-const TARGET_CUBES: usize = 256;
+pub(super) const TARGET_CUBES: usize = 256;
 /// The shortest reduction a split is given.
 const MIN_SPLIT: usize = 256;
+
+/// Adds the f32 partials `[splits, m, cols]` of a split-K launch into `out` (`[m, cols]`), with
+/// the adapter's term `s·t·B` given `lora = (t, b, s)`: one element-wise launch.
+pub(super) fn split_sum<R: CubeRuntime>(
+    partial: CubeTensor<R>,
+    lora: Option<(CubeTensor<R>, CubeTensor<R>, f32)>,
+    out: CubeTensor<R>,
+    splits: usize,
+) -> CubeTensor<R> {
+    let client = out.client.clone();
+    let len = out.meta.shape().num_elements();
+    let dim = CubeDim::new(&client, len);
+    let (t, b, scale, with_lora) = match lora {
+        Some((t, b, s)) => (t, b, s, true),
+        // Never read: `lora` is false at compile time.
+        None => (out.clone(), out.clone(), 0.0, false),
+    };
+    let dtype = out.dtype;
+    split_sum_kernel::launch::<R>(
+        &client,
+        calculate_cube_count_elemwise(&client, len, dim),
+        dim,
+        partial.into_tensor_arg(),
+        t.into_tensor_arg(),
+        b.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        scale,
+        splits as u32,
+        with_lora,
+        dtype.into(),
+    );
+    out
+}
 
 /// The weight's tensors, as the CubeCL backends hold them.
 #[derive(Clone)]
@@ -362,7 +363,8 @@ pub(crate) struct CubeWeight<R: CubeRuntime> {
     pub n: usize,
 }
 
-/// `lhs · deq(W)` (+ `s·t·B` given `lora = (t, b, s)`), or `lhs · deq(W)ᵀ` when `transposed`.
+/// `lhs · deq(W)` (+ `s·t·B` given `lora = (t, b, s)`), or `lhs · deq(W)ᵀ` when `transposed`,
+/// by the tiled kernel.
 pub(crate) fn qlora_matmul<R: CubeRuntime>(
     lhs: CubeTensor<R>,
     weight: CubeWeight<R>,
@@ -378,13 +380,12 @@ pub(crate) fn qlora_matmul<R: CubeRuntime>(
     let client = lhs.client.clone();
     let dtype = lhs.dtype;
     let out = dense_output(&lhs, Shape::new([m, cols]), dtype);
-    let tiling = Tiling::for_rows(m);
     let red = lhs.meta.shape()[1];
     let split_len = red.div_ceil(splits(m, cols, red)).div_ceil(BK) * BK;
     let splits = red.div_ceil(split_len.max(BK)).max(1);
     let count = CubeCount::Static(
         cols.div_ceil(BN) as u32,
-        m.div_ceil(tiling.bm) as u32,
+        m.div_ceil(BM) as u32,
         splits as u32,
     );
     // `[splits, m, cols]` indexed densely by the kernels; unused (one element) without a split.
@@ -394,14 +395,13 @@ pub(crate) fn qlora_matmul<R: CubeRuntime>(
         DType::F32,
     );
     let dim = CubeDim::new_1d(UNITS as u32);
-    debug_assert_eq!((tiling.bm / tiling.tm) * (BN / tiling.tn), UNITS);
+    const { assert!((BM / TM) * (BN / TN) == UNITS) };
     let (t, b, scale, with_lora) = match lora {
         Some((t, b, s)) => (dense_input(t), dense_input(b), s, true),
         // Never read: `lora` is false at compile time.
         None => (lhs.clone(), lhs.clone(), 0.0, false),
     };
     let scale_dtype = scales.dtype;
-    let (t_sum, b_sum) = (t.clone(), b.clone());
     qlora_matmul_kernel::launch::<R>(
         &client,
         count,
@@ -410,36 +410,20 @@ pub(crate) fn qlora_matmul<R: CubeRuntime>(
         packed.into_tensor_arg(),
         scales.into_tensor_arg(),
         codebook.into_tensor_arg(),
-        t.into_tensor_arg(),
-        b.into_tensor_arg(),
+        t.clone().into_tensor_arg(),
+        b.clone().into_tensor_arg(),
         out.clone().into_tensor_arg(),
         partial.clone().into_tensor_arg(),
         scale,
         split_len.max(BK) as u32,
-        tiling.bm,
-        tiling.tm,
-        tiling.tn,
         transposed,
         with_lora,
         splits > 1,
         [dtype.into(), scale_dtype.into()],
     );
     if splits > 1 {
-        let len = m * cols;
-        let dim = CubeDim::new(&client, len);
-        split_sum_kernel::launch::<R>(
-            &client,
-            calculate_cube_count_elemwise(&client, len, dim),
-            dim,
-            partial.into_tensor_arg(),
-            t_sum.into_tensor_arg(),
-            b_sum.into_tensor_arg(),
-            out.clone().into_tensor_arg(),
-            scale,
-            splits as u32,
-            with_lora,
-            dtype.into(),
-        );
+        split_sum(partial, with_lora.then_some((t, b, scale)), out, splits)
+    } else {
+        out
     }
-    out
 }
