@@ -344,6 +344,7 @@ fn verdict(here: &[&PlanRow], rounds: usize) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    use kiln_core::plan::cost::StageSplit;
     use super::*;
 
     #[test]
@@ -382,6 +383,7 @@ mod tests {
                 micro_batch: 8,
                 recompute: false,
                 split_optimizer: false,
+                split: StageSplit::Even,
             },
             predicted: StepTime {
                 compute: total,

@@ -285,7 +285,7 @@ fn train(name: &str, args: &[&str]) -> serde_json::Value {
 
 #[test]
 fn memory_predictions_match_the_bytes_kiln_s_strategies_hold() {
-    use kiln_core::plan::cost::{Layout, Preset, Workload, memory};
+    use kiln_core::plan::cost::{Layout, Preset, StageSplit, Workload, memory};
     // The built-in transformer: 16 tokens and 16 positions of width 32, 2 pre-norm blocks
     // (4 heads, feed-forward 64, biases everywhere), a head with a bias; f32 and AdamW.
     let (v, l, d, f) = (16u64, 16u64, 32u64, 64u64);
@@ -308,6 +308,7 @@ fn memory_predictions_match_the_bytes_kiln_s_strategies_hold() {
         layers: 2,
         block_activation_bytes: vec![0.0; 4],
         shardable: 4,
+        head_activation_bytes: 0.0,
         boundary_bytes: 0.0,
         tp_bytes: 0.0,
         global_batch: 8,
@@ -322,6 +323,7 @@ fn memory_predictions_match_the_bytes_kiln_s_strategies_hold() {
         micro_batch: 8 / dp / 2,
         recompute: false,
         split_optimizer: false,
+        split: StageSplit::Even,
     };
     let most = |report: &serde_json::Value, keys: &[&str]| -> f64 {
         let ranks = report["ranks"].as_array().unwrap();

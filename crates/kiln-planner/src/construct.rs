@@ -240,6 +240,8 @@ fn measured_planner(
         inter_latency: link.latency,
         cores: shape.cores,
         measured: Some(measured),
+        device_memory: Vec::new(),
+        max_memory: Default::default(),
     };
     Planner {
         workload,

@@ -13,7 +13,7 @@ use burn::tensor::backend::AutodiffBackend;
 
 use super::measure::{Budget, MOST_SHARDS, MeasureError, cannot_cut, time_steps};
 use kiln_core::data::DataSource;
-use kiln_core::plan::cost::{Layout, memory, strategy};
+use kiln_core::plan::cost::{Layout, StageSplit, memory, strategy};
 use kiln_core::plan::{Plan, PlanRequest, Planner, layout_configs};
 use kiln_core::strategy::StrategyModel;
 use kiln_core::strategy::{OptimizerSpec, StrategyConfigs, StrategyError};
@@ -63,6 +63,7 @@ where
         micro_batch: batch,
         recompute: false,
         split_optimizer: false,
+        split: StageSplit::Even,
     };
     let (work, cluster) = (&mut planner.workload, &planner.cluster);
     let per_block_sample = (work.layers * batch) as f64;
@@ -113,7 +114,7 @@ where
     let plan = Plan::resolve(
         PlanRequest::new(kind, layout.micro_batch * layout.micro_batches)
             .with_world(ranks)
-            .with_configs(layout_configs(kind, layout, &base)),
+            .with_configs(layout_configs(kind, layout, None, &base)),
     )
     .map_err(StrategyError::from)?;
     let devices = vec![device.clone(); ranks];

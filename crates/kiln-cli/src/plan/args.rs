@@ -78,9 +78,14 @@ pub struct PlanArgs {
     /// Devices per machine [default: 8, or --devices when fewer].
     #[arg(long)]
     pub(super) gpus_per_node: Option<usize>,
-    /// Memory per device, e.g. 80GiB.
+    /// Memory per device, e.g. 80GiB, or each device's where they differ: 24GiB,12GiB (one
+    /// per device; their count is the devices' unless --devices says it).
     #[arg(long)]
     pub(super) device_memory: Option<String>,
+    /// What a plan may fill of some devices, by index, as Accelerate's `max_memory`:
+    /// 0=10GiB,1=8GiB (the others keep 90 % of their memory).
+    #[arg(long)]
+    pub(super) max_memory: Option<String>,
     /// Dense peak TFLOP/s per device.
     #[arg(long)]
     pub(super) device_tflops: Option<f64>,

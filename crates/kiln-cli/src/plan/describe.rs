@@ -1,7 +1,9 @@
 //! The workload and the cluster `kiln plan`'s flags describe.
 
 use kiln_core::optim::Precision;
-use kiln_core::plan::cost::{Cluster, PRESETS, Preset, TransformerShape, Workload, parse_bytes};
+use kiln_core::plan::cost::{
+    Cluster, PRESETS, Preset, TransformerShape, Workload, parse_bytes, parse_limits,
+};
 use kiln_nn::llm::LlmConfig;
 
 use super::PlanArgs;
@@ -115,6 +117,7 @@ pub fn workload(args: &PlanArgs) -> Result<(String, Workload), DescribeError> {
                 // Totals say nothing of a block's shape: no sharding, no stage traffic.
                 block_activation_bytes: vec![activations / layers as f64],
                 shardable: 1,
+                head_activation_bytes: 0.0,
                 boundary_bytes: 0.0,
                 tp_bytes: 0.0,
                 global_batch: batch(args)?,
@@ -236,10 +239,24 @@ pub fn cluster(args: &PlanArgs) -> Result<Cluster, DescribeError> {
         name: args.device.clone(),
         known: PRESETS.map(|p| p.name).join(", "),
     })?;
+    // Each device's memory, where they are listed one by one.
+    let listed = match &args.device_memory {
+        Some(text) if text.contains(',') => Some(
+            text.split(',')
+                .map(|size| parse_bytes(size).map_err(DescribeError::Value))
+                .collect::<Result<Vec<u64>, _>>()?,
+        ),
+        _ => None,
+    };
     // As many as the planner's search goes to (`kiln_core::plan::cost`).
     let devices = at_most(
         "--devices",
-        positive("--devices", args.devices.unwrap_or(8))?,
+        positive(
+            "--devices",
+            args.devices
+                .or(listed.as_ref().map(Vec::len))
+                .unwrap_or(8),
+        )?,
         1 << 20,
     )?;
     let per_node = positive(
@@ -253,9 +270,23 @@ pub fn cluster(args: &PlanArgs) -> Result<Cluster, DescribeError> {
         )));
     }
     let mut cluster = preset.cluster(devices, per_node, args.efficiency);
-    if let Some(memory) = &args.device_memory {
-        cluster.memory = parse_bytes(memory).map_err(DescribeError::Value)?;
+    match (&listed, &args.device_memory) {
+        (Some(each), _) => {
+            // The largest, for the line that describes the devices; each its own for the plan.
+            cluster.memory = each.iter().copied().max().unwrap_or(cluster.memory);
+            cluster.device_memory = each.clone();
+        }
+        (None, Some(memory)) => {
+            cluster.memory = parse_bytes(memory).map_err(DescribeError::Value)?;
+        }
+        (None, None) => {}
     }
+    if let Some(limits) = &args.max_memory {
+        cluster.max_memory = parse_limits(limits).map_err(DescribeError::Value)?;
+    }
+    cluster
+        .check_limits()
+        .map_err(|e| DescribeError::Value(e.to_string()))?;
     let rate = |flag: &str, value: Option<f64>, unit: f64, current: f64| match value {
         Some(v) if v > 0.0 => Ok(v * unit),
         Some(v) => Err(DescribeError::Value(format!("{flag} {v} must be positive"))),

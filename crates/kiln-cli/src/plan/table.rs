@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use kiln_core::plan::cost::{Candidate, Cluster, Planned, Workload};
+use kiln_core::plan::cost::{Candidate, Cluster, Planned, StageSplit, Workload};
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -28,11 +28,11 @@ pub fn render(
         None => {
             let _ = writeln!(
                 out,
-                "Devices: {} ({} per machine), {} each, {:.0} TFLOP/s peak at {:.0} % \
+                "Devices: {} ({} per machine), {}, {:.0} TFLOP/s peak at {:.0} % \
                  efficiency, {:.0} GB/s within a machine, {:.0} GB/s across.",
                 cluster.devices,
                 cluster.per_node,
-                bytes(cluster.memory as f64),
+                memories(cluster),
                 cluster.peak_flops / 1e12,
                 cluster.efficiency * 100.0,
                 cluster.intra_bandwidth / 1e9,
@@ -73,7 +73,7 @@ pub fn render(
          | ---: | --- | ---: | ---: | ---: | --- | --- | --- | ---: | --- |"
     );
     for (i, c) in planned.candidates.iter().take(top).enumerate() {
-        let _ = writeln!(out, "{}", row(i + 1, c));
+        let _ = writeln!(out, "{}", row(i + 1, c, cluster.unequal()));
     }
     let shown = top.min(planned.candidates.len());
     if shown < planned.candidates.len() {
@@ -87,6 +87,32 @@ pub fn render(
     let _ = writeln!(out, "\nChosen: {}", planned.reason);
     out
 }
+
+/// The devices' memory: `80.0 GiB each`, or each device's where they differ, with the limits
+/// set on any (`24.0 GiB, 12.0 GiB (limited to 10.0 GiB)`).
+fn memories(cluster: &Cluster) -> String {
+    if !cluster.unequal() {
+        return format!("{} each", bytes(cluster.memory as f64));
+    }
+    let each: Vec<String> = (0..cluster.devices.min(MOST_LISTED))
+        .map(|d| match cluster.max_memory.get(&d) {
+            Some(&limit) => format!(
+                "{} (limited to {})",
+                bytes(cluster.device_bytes(d) as f64),
+                bytes(limit as f64)
+            ),
+            None => bytes(cluster.device_bytes(d) as f64),
+        })
+        .collect();
+    let more = cluster.devices.saturating_sub(MOST_LISTED);
+    match more {
+        0 => each.join(", "),
+        _ => format!("{}, … ({more} more)", each.join(", ")),
+    }
+}
+
+/// Devices whose memory the description lists one by one.
+const MOST_LISTED: usize = 16;
 
 /// `n` with a unit prefix: 6.74 G, 40.0 M, 512.
 fn count(n: f64) -> String {
@@ -126,11 +152,13 @@ fn ms(s: f64) -> String {
     }
 }
 
-fn row(i: usize, c: &Candidate) -> String {
+/// One candidate's row; `by_device` names the device its memory is for (the fullest, where
+/// the devices differ).
+fn row(i: usize, c: &Candidate, by_device: bool) -> String {
     let l = &c.layout;
     let (m, t) = (&c.memory, &c.time);
     format!(
-        "| {i} | {} | {} | {} | {} | {} × {}{} | {} ({} + {} + {} + {}) \
+        "| {i} | {} | {} | {} | {} | {} × {}{}{} | {}{} ({} + {} + {} + {}) \
          | {} ms ({} + {} + {} + {} + {} + {} + {}) | {:.0} % | {} |",
         match l.split_optimizer {
             true => format!("{}, optimizer state split", c.strategy.name()),
@@ -142,7 +170,15 @@ fn row(i: usize, c: &Candidate) -> String {
         l.micro_batches,
         l.micro_batch,
         if l.recompute { ", recomputed" } else { "" },
+        match l.split {
+            StageSplit::Even => String::new(),
+            split => format!(", {} stages of {}", split.name(), join(&c.blocks)),
+        },
         bytes(m.total),
+        match by_device {
+            true => format!(" on device {}", m.device),
+            false => String::new(),
+        },
         bytes(m.weights),
         bytes(m.trainable_state),
         bytes(m.activations),
@@ -158,4 +194,10 @@ fn row(i: usize, c: &Candidate) -> String {
         c.utilisation * 100.0,
         c.rejected.as_deref().unwrap_or("fits")
     )
+}
+
+/// Blocks per stage as `17+15`.
+fn join(blocks: &[usize]) -> String {
+    let parts: Vec<String> = blocks.iter().map(usize::to_string).collect();
+    parts.join("+")
 }

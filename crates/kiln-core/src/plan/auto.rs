@@ -2,7 +2,9 @@
 //! describes its model and devices ([`Planner`]); a full replica per rank when it does not.
 
 use super::StrategyKind;
-use super::cost::{Candidate, Cluster, Fixed, Layout, PlanError, Workload, search_within};
+use super::cost::{
+    Candidate, Cluster, Fixed, Layout, PlanError, StageSplit, Workload, search_within,
+};
 use super::{AutoConfig, ConfigError, Schedule, ShardState, StrategyConfigs};
 use crate::optim::{Precision, StateLayout};
 
@@ -132,7 +134,8 @@ impl Candidate {
     /// micro-batches (pipeline micro-batches on the pipeline's engine, gradient accumulation
     /// otherwise) and recomputation, under the 1F1B schedule the cost model times.
     pub fn configs(&self, configs: &StrategyConfigs) -> StrategyConfigs {
-        layout_configs(self.strategy, &self.layout, configs)
+        let blocks = (self.layout.split != StageSplit::Even).then_some(&self.blocks[..]);
+        layout_configs(self.strategy, &self.layout, blocks, configs)
     }
 
     /// Ranks the candidate runs on.
@@ -142,10 +145,12 @@ impl Candidate {
 }
 
 /// `configs` with `layout` written in for `strategy` (see [`Candidate::configs`]): what runs a
-/// layout, for the planner's choice and for the layouts it measures.
+/// layout, for the planner's choice and for the layouts it measures. `stage_blocks` are the
+/// blocks of each stage where they are not the even split.
 pub fn layout_configs(
     strategy: StrategyKind,
     layout: &Layout,
+    stage_blocks: Option<&[usize]>,
     configs: &StrategyConfigs,
 ) -> StrategyConfigs {
     let mut configs = configs.clone();
@@ -159,6 +164,7 @@ pub fn layout_configs(
     } else {
         configs.set_grad_accumulation(layout.micro_batches);
     }
+    configs.pipeline.stage_blocks = stage_blocks.map(<[usize]>::to_vec);
     configs.tensor.tp = layout.tp;
     configs.tensor.stages = layout.pp;
     if layout.split_optimizer {
@@ -338,14 +344,15 @@ mod tests {
             micro_batch: 4,
             recompute: false,
             split_optimizer: true,
+            split: StageSplit::Even,
         };
-        let split = layout_configs(StrategyKind::Ddp, &layout, &StrategyConfigs::default());
+        let split = layout_configs(StrategyKind::Ddp, &layout, None, &StrategyConfigs::default());
         assert_eq!(split.ddp.shard_state, ShardState::Optimizer);
         let whole = Layout {
             split_optimizer: false,
             ..layout
         };
-        let whole = layout_configs(StrategyKind::Ddp, &whole, &StrategyConfigs::default());
+        let whole = layout_configs(StrategyKind::Ddp, &whole, None, &StrategyConfigs::default());
         assert_eq!(whole.ddp.shard_state, ShardState::None);
     }
 
@@ -365,6 +372,8 @@ mod tests {
             intra_latency: 15e-6,
             inter_latency: 15e-6,
             cores: Some(2),
+            device_memory: Vec::new(),
+            max_memory: Default::default(),
             measured: Some(Measured {
                 per_sample: 150e-6,
                 per_micro_batch: 300e-6,

@@ -58,6 +58,8 @@ impl TransformerConfig {
                 .map(|tp| block_values(tp as f64) * F32)
                 .collect(),
             shardable: self.heads,
+            // The logits and their gradient.
+            head_activation_bytes: 2.0 * s * v as f64 * F32,
             boundary_bytes: boundary,
             // Two all-reduces of a block's output forward, two of its gradient backward.
             tp_bytes: 4.0 * boundary,
@@ -98,6 +100,8 @@ impl MlpConfig {
             // A layer keeps its output and its ReLU's.
             block_activation_bytes: vec![2.0 * h as f64 * F32],
             shardable: 1,
+            // The logits and their gradient.
+            head_activation_bytes: 2.0 * c as f64 * F32,
             boundary_bytes: h as f64 * F32,
             tp_bytes: 0.0,
             global_batch,

@@ -9,7 +9,7 @@ use super::{
 use burn::tensor::backend::AutodiffBackend;
 use kiln_core::data::DataSource;
 use kiln_core::plan::StrategyKind;
-use kiln_core::plan::cost::{Layout, Measured, TP_CALLS_PER_BLOCK, step_time};
+use kiln_core::plan::cost::{Layout, Measured, StageSplit, TP_CALLS_PER_BLOCK, step_time};
 use kiln_core::plan::{Plan, PlanRequest, Planner};
 use kiln_core::strategy::StrategyModel;
 use kiln_core::strategy::{OptimizerSpec, StrategyConfigs, StrategyError};
@@ -103,6 +103,7 @@ where
         micro_batch: 1,
         recompute: false,
         split_optimizer: false,
+        split: StageSplit::Even,
     };
     let ddp = time_ranks(&timing_plan(StrategyKind::Ddp, 2, batch, 1)?, budget)?;
     let predicted = predict(&planner, layout);
@@ -346,6 +347,7 @@ mod tests {
             micro_batch: 32,
             recompute: false,
             split_optimizer: false,
+            split: StageSplit::Even,
         };
         recovers(
             &tiny_planner(2),
@@ -367,6 +369,7 @@ mod tests {
             micro_batch: 32,
             recompute: false,
             split_optimizer: false,
+            split: StageSplit::Even,
         };
         let predict = |p: &Planner, layout: Layout| {
             step_time(&p.workload, &p.cluster(layout.tp), &layout).total
@@ -407,6 +410,7 @@ mod tests {
             micro_batch: 32,
             recompute: false,
             split_optimizer: false,
+            split: StageSplit::Even,
         };
         recovers(
             &tiny_planner(2),

@@ -1,9 +1,16 @@
 //! The devices a plan runs on: how many, how they group into machines, and what each can
 //! hold, compute and move.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::Measured;
+
+/// The share of a device's memory a plan may fill: the rest is for the framework, kernels'
+/// workspaces and the allocator's fragmentation. A limit the user sets
+/// ([`Cluster::max_memory`]) replaces it.
+pub const USABLE_MEMORY: f64 = 0.9;
 
 /// Step times closer than this share are the same to the model, whose error is larger: the
 /// simpler layout of the two is chosen (a measured cluster may widen it:
@@ -17,8 +24,17 @@ pub struct Cluster {
     pub devices: usize,
     /// Devices per machine (node): groups within one talk over the fast link.
     pub per_node: usize,
-    /// Bytes of memory per device.
+    /// Bytes of memory per device (each device's where [`Cluster::device_memory`] lists them).
     pub memory: u64,
+    /// Each device's memory, by rank, where the devices differ (`kiln plan --device-memory
+    /// 24GiB,12GiB`; CUDA's free memory at start): one per device, or none when every device
+    /// has `memory`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device_memory: Vec<u64>,
+    /// What a plan may fill of a device, by rank (`--max-memory 0=10GiB`), in place of
+    /// [`USABLE_MEMORY`] of its memory: Accelerate's `max_memory`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub max_memory: BTreeMap<usize, u64>,
     /// Dense FLOP/s of one device at its peak.
     pub peak_flops: f64,
     /// The share of the peak a real training step reaches (0.5: half).
@@ -41,7 +57,103 @@ pub struct Cluster {
     pub measured: Option<Measured>,
 }
 
+/// Per-device memory that cannot describe the cluster.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LimitError {
+    /// A memory list of another length than the devices.
+    #[error(
+        "{listed} device memories are listed for {devices} devices; list one per device, or \
+         one size for all"
+    )]
+    Listed {
+        /// Sizes listed.
+        listed: usize,
+        /// Devices.
+        devices: usize,
+    },
+    /// A limit for a device the run does not have.
+    #[error(
+        "a memory limit is set for device {device}, but the run has {devices} device(s) \
+         (0 to {last}); limit only those"
+    )]
+    NotInWorld {
+        /// The device.
+        device: usize,
+        /// Devices.
+        devices: usize,
+        /// The last device's index.
+        last: usize,
+    },
+    /// A limit above the device's memory.
+    #[error(
+        "device {device} is limited to {limit:.2} GiB but has {memory:.2} GiB; give it at most \
+         its memory"
+    )]
+    AboveDevice {
+        /// The device.
+        device: usize,
+        /// The limit, GiB.
+        limit: f64,
+        /// The device's memory, GiB.
+        memory: f64,
+    },
+}
+
 impl Cluster {
+    /// Device `device`'s memory in bytes.
+    pub fn device_bytes(&self, device: usize) -> u64 {
+        self.device_memory
+            .get(device)
+            .copied()
+            .unwrap_or(self.memory)
+    }
+
+    /// Bytes a plan may fill of device `device`: its limit where one is set, else
+    /// [`USABLE_MEMORY`] of its memory.
+    pub fn usable(&self, device: usize) -> f64 {
+        match self.max_memory.get(&device) {
+            Some(&limit) => limit as f64,
+            None => self.device_bytes(device) as f64 * USABLE_MEMORY,
+        }
+    }
+
+    /// Whether some device differs from the others in what a plan may fill.
+    pub fn unequal(&self) -> bool {
+        !self.device_memory.is_empty() || !self.max_memory.is_empty()
+    }
+
+    /// Checks the per-device memory: a size per device, limits on devices of the cluster and
+    /// within their memory.
+    ///
+    /// # Errors
+    /// [`LimitError`] naming the device and the fix.
+    pub fn check_limits(&self) -> Result<(), LimitError> {
+        if !self.device_memory.is_empty() && self.device_memory.len() != self.devices {
+            return Err(LimitError::Listed {
+                listed: self.device_memory.len(),
+                devices: self.devices,
+            });
+        }
+        for (&device, &limit) in &self.max_memory {
+            if device >= self.devices {
+                return Err(LimitError::NotInWorld {
+                    device,
+                    devices: self.devices,
+                    last: self.devices.saturating_sub(1),
+                });
+            }
+            let memory = self.device_bytes(device);
+            if limit > memory {
+                return Err(LimitError::AboveDevice {
+                    device,
+                    limit: limit as f64 / GIB as f64,
+                    memory: memory as f64 / GIB as f64,
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// FLOP/s a device reaches on a training step.
     pub fn flops(&self) -> f64 {
         self.peak_flops * self.efficiency
@@ -184,6 +296,8 @@ impl Preset {
             inter_latency: 10e-6,
             cores: None,
             measured: None,
+            device_memory: Vec::new(),
+            max_memory: BTreeMap::new(),
         }
     }
 }
@@ -228,6 +342,33 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
+/// Reads per-device memory limits as Accelerate's `max_memory` names them, `0=10GiB,1=8GiB`:
+/// a device index and a size ([`parse_bytes`]) for each limited device.
+///
+/// # Errors
+/// What is wrong with the text, in words.
+pub fn parse_limits(text: &str) -> Result<BTreeMap<usize, u64>, String> {
+    let mut limits = BTreeMap::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (device, size) = part.split_once('=').ok_or_else(|| {
+            format!("`{part}` is not a device's limit: give its index and a size, as 0=10GiB")
+        })?;
+        let device: usize = device.trim().parse().map_err(|_| {
+            format!("`{device}` in `{part}` is not a device index: give 0, 1, …, as 0=10GiB")
+        })?;
+        let bytes = parse_bytes(size)?;
+        if limits.insert(device, bytes).is_some() {
+            return Err(format!("device {device} is limited twice: give one limit each"));
+        }
+    }
+    if limits.is_empty() {
+        return Err(format!(
+            "`{text}` limits no device: give an index and a size each, as 0=10GiB,1=8GiB"
+        ));
+    }
+    Ok(limits)
+}
+
 /// The most memory a device may be said to have (1 EiB).
 const MOST_BYTES: f64 = (1u64 << 60) as f64;
 
@@ -243,6 +384,17 @@ mod tests {
         assert_eq!(parse_bytes("42"), Ok(42));
         assert!(parse_bytes("80 GiBs").unwrap_err().contains("not a unit"));
         assert!(parse_bytes("lots").unwrap_err().contains("not a size"));
+    }
+
+    #[test]
+    fn limits_read_as_accelerate_names_them() {
+        let limits = parse_limits("0=10GiB, 1=8GiB").unwrap();
+        assert_eq!(limits.into_iter().collect::<Vec<_>>(), [(0, 10 * GIB), (1, 8 * GIB)]);
+        assert!(parse_limits("10GiB").unwrap_err().contains("0=10GiB"));
+        assert!(parse_limits("a=1GiB").unwrap_err().contains("not a device index"));
+        assert!(parse_limits("0=1GiB,0=2GiB").unwrap_err().contains("limited twice"));
+        assert!(parse_limits("0=lots").unwrap_err().contains("not a size"));
+        assert!(parse_limits(",").unwrap_err().contains("limits no device"));
     }
 
     #[test]

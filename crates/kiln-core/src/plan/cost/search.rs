@@ -2,13 +2,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::estimate::{Layout, Memory, StepTime, memory, step_time};
+use super::cluster::{LimitError, USABLE_MEMORY};
+use super::estimate::{memory, step_time};
+use super::layout::{Layout, Memory, StageSplit, StepTime};
+use super::stages;
 use super::{Cluster, Workload};
 use crate::plan::StrategyKind;
-
-/// The share of a device's memory a plan may fill: the rest is for the framework, kernels'
-/// workspaces and the allocator's fragmentation.
-pub const USABLE_MEMORY: f64 = 0.9;
 
 /// What a run fixes of its layout: the planner lays out the rest. `None` leaves a setting to
 /// the planner.
@@ -110,6 +109,9 @@ pub struct Candidate {
     pub strategy: StrategyKind,
     /// The mesh and micro-batches.
     pub layout: Layout,
+    /// The blocks of each stage (one entry without stages), as `layout.split` cuts them.
+    #[serde(default)]
+    pub blocks: Vec<usize>,
     /// Memory per device.
     pub memory: Memory,
     /// Step time.
@@ -157,9 +159,24 @@ pub enum PlanError {
         /// What would fit: more devices, or more memory per device.
         fix: String,
     },
+    /// Every layout overflows one of the devices, which differ in memory or limits: the
+    /// least full layout, and its device that overflows.
+    #[error(
+        "nothing fits: the least full layout ({layout}) overflows: {overflow}; raise that \
+         device's limit, or add devices"
+    )]
+    DeviceOverflows {
+        /// The layout.
+        layout: String,
+        /// Its fullest device and by how much it overflows.
+        overflow: String,
+    },
     /// The cluster or the workload cannot be laid out at all.
     #[error("no layout: {0}")]
     NoLayout(String),
+    /// The devices' memory or limits do not describe the cluster.
+    #[error(transparent)]
+    Limit(#[from] LimitError),
 }
 
 /// The divisors of `n`, in increasing order (found up to its square root).
@@ -192,14 +209,18 @@ pub fn strategy(layout: &Layout, devices: usize) -> StrategyKind {
     }
 }
 
-fn describe(layout: &Layout) -> String {
+fn describe(layout: &Layout, blocks: &[usize]) -> String {
     format!(
-        "dp={} pp={} tp={}, {} micro-batch(es) of {}{}{}",
+        "dp={} pp={} tp={}, {} micro-batch(es) of {}{}{}{}",
         layout.dp,
         layout.pp,
         layout.tp,
         layout.micro_batches,
         layout.micro_batch,
+        match layout.split {
+            StageSplit::Even => String::new(),
+            split => format!(", {} stages of {} blocks", split.name(), join(blocks)),
+        },
         if layout.recompute { ", recomputed" } else { "" },
         if layout.split_optimizer {
             ", optimizer state split over the replicas"
@@ -207,6 +228,36 @@ fn describe(layout: &Layout) -> String {
             ""
         }
     )
+}
+
+/// Blocks per stage as `6+10+10+6`.
+fn join(blocks: &[usize]) -> String {
+    let parts: Vec<String> = blocks.iter().map(usize::to_string).collect();
+    parts.join("+")
+}
+
+/// Why a device of `memory` is rejected: its bytes against what a plan may fill of it.
+fn overflow(cluster: &Cluster, memory: &Memory) -> String {
+    let usable = cluster.usable(memory.device);
+    match cluster.unequal() {
+        true => format!(
+            "device {} needs {:.1} GiB, {:.1} GiB over the {:.1} it may use",
+            memory.device,
+            memory.total / GIB,
+            (memory.total - usable) / GIB,
+            usable / GIB
+        ),
+        false => format!(
+            "needs {:.1} GiB per device, {:.1} GiB usable",
+            memory.total / GIB,
+            usable / GIB
+        ),
+    }
+}
+
+/// Whether `memory` fits its device.
+fn fits(cluster: &Cluster, memory: &Memory) -> bool {
+    memory.total <= cluster.usable(memory.device)
 }
 
 /// The best way to run mesh `(dp, pp, tp)` within `fixed`: the fastest micro-batching (and,
@@ -218,9 +269,8 @@ fn best_micro_batching(
     cluster: &Cluster,
     (dp, pp, tp): (usize, usize, usize),
     fixed: Fixed,
-    split_optimizer: bool,
+    (split_optimizer, split): (bool, StageSplit),
 ) -> Option<Candidate> {
-    let usable = cluster.memory as f64 * USABLE_MEMORY;
     // Replicas of a batch that does not divide take one sample more or less (Kiln's uneven
     // shards): the largest sets the pace and the memory, and the smallest must fill every
     // micro-batch.
@@ -235,6 +285,7 @@ fn best_micro_batching(
             micro_batch: per_replica / micro_batches,
             recompute,
             split_optimizer,
+            split,
         };
         let (memory, time) = (
             memory(work, cluster, &layout),
@@ -247,6 +298,7 @@ fn best_micro_batching(
         Candidate {
             strategy: strategy(&layout, cluster.devices),
             layout,
+            blocks: stages::blocks(work, cluster, &layout),
             memory,
             time,
             utilisation,
@@ -261,23 +313,24 @@ fn best_micro_batching(
         .collect();
     let fastest = all
         .iter()
-        .filter(|c| c.memory.total <= usable)
+        .filter(|c| fits(cluster, &c.memory))
         .min_by(|a, b| a.time.total.total_cmp(&b.time.total));
     if let Some(c) = fastest {
         return Some(c.clone());
     }
     let mut least = all
         .into_iter()
-        .min_by(|a, b| a.memory.total.total_cmp(&b.memory.total))?;
-    least.rejected = Some(format!(
-        "needs {:.1} GiB per device, {:.1} GiB usable",
-        least.memory.total / GIB,
-        usable / GIB
-    ));
+        .min_by(|a, b| fullness(cluster, &a.memory).total_cmp(&fullness(cluster, &b.memory)))?;
+    least.rejected = Some(overflow(cluster, &least.memory));
     Some(least)
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
+
+/// How full `memory` makes its device: 1 at its limit.
+fn fullness(cluster: &Cluster, memory: &Memory) -> f64 {
+    memory.total / cluster.usable(memory.device)
+}
 
 /// Every layout of `cluster` for `work`, estimated; the fastest that fits first.
 ///
@@ -313,7 +366,7 @@ pub fn search_within(
         .filter(|(_, c)| c.time.total <= fastest * (1.0 + tolerance))
         .min_by_key(|(_, c)| {
             let l = &c.layout;
-            (l.pp * l.tp, l.micro_batches, l.recompute)
+            (l.pp * l.tp, l.micro_batches, l.recompute, l.split)
         })
         .map(|(i, _)| i)
         .expect("the fastest is close to itself");
@@ -328,14 +381,19 @@ pub fn search_within(
     };
     let reason = format!(
         "{}: {why} ({} rejected): {}, {:.1} ms a step predicted ({:.0} % model FLOPs \
-         utilisation), {:.1} of {:.1} GiB per device",
+         utilisation), {:.1} of {:.1} GiB {}{}",
         best.strategy.name(),
         rejected.len(),
-        describe(&best.layout),
+        describe(&best.layout, &best.blocks),
         best.time.total * 1e3,
         best.utilisation * 100.0,
         best.memory.total / GIB,
-        cluster.memory as f64 / GIB,
+        cluster.device_bytes(best.memory.device) as f64 / GIB,
+        match cluster.unequal() {
+            true => format!("on device {}, the fullest", best.memory.device),
+            false => "per device".to_string(),
+        },
+        stages::why(&best.layout, &best.blocks),
     );
     fit.insert(0, best);
     fit.extend(rejected);
@@ -353,6 +411,7 @@ fn candidates(
     if cluster.devices == 0 || cluster.per_node == 0 {
         return Err(PlanError::NoLayout("a cluster of no devices".into()));
     }
+    cluster.check_limits()?;
     if work.global_batch == 0 {
         return Err(PlanError::NoLayout("a global batch of no samples".into()));
     }
@@ -372,17 +431,32 @@ fn candidates(
             }
             // Plain replicas may also split their optimizer state (`ddp`'s ZeRO-1): a layout
             // of its own, less memory for one more broadcast a step.
-            let splits: &[bool] = match dp > 1 && pp == 1 && tp == 1 && !fixed.staged {
+            let state_splits: &[bool] = match dp > 1 && pp == 1 && tp == 1 && !fixed.staged {
                 true => &[false, true],
                 false => &[false],
             };
-            for &split in splits {
+            // Stages may be cut evenly, balanced or filled in turn: each a layout of its own
+            // where its blocks differ from the even split's.
+            let stage_splits: &[StageSplit] = match pp > 1 {
+                true => &StageSplit::ALL,
+                false => &[StageSplit::Even],
+            };
+            let mut even_blocks = None;
+            let layouts = state_splits
+                .iter()
+                .flat_map(|&state| stage_splits.iter().map(move |&stages| (state, stages)));
+            for split in layouts {
                 let mesh = (dp, pp, tp);
                 let Some(mut candidate) = best_micro_batching(work, cluster, mesh, fixed, split)
                 else {
                     uncut.push(work.global_batch.div_ceil(dp));
                     break;
                 };
+                match split.1 {
+                    StageSplit::Even => even_blocks = Some(candidate.blocks.clone()),
+                    _ if even_blocks.as_ref() == Some(&candidate.blocks) => continue,
+                    _ => {}
+                }
                 candidate.strategy = fixed.strategy(&candidate.layout, cluster.devices);
                 if tp > cluster.per_node || !cluster.per_node.is_multiple_of(tp) {
                     candidate.rejected = Some(format!(
@@ -432,13 +506,12 @@ fn nothing_fits(
     fixed: Fixed,
     rejected: &[Candidate],
 ) -> PlanError {
-    let usable = cluster.memory as f64 * USABLE_MEMORY;
-    // The least memory among the layouts rejected for memory (a layout rejected for its
-    // shards' spanning machines may need less, and would contradict the message).
+    // The least full among the layouts rejected for memory (a layout rejected for its shards'
+    // spanning machines may need less, and would contradict the message).
     let least = rejected
         .iter()
-        .filter(|c| c.memory.total > usable)
-        .min_by(|a, b| a.memory.total.total_cmp(&b.memory.total));
+        .filter(|c| !fits(cluster, &c.memory))
+        .min_by(|a, b| fullness(cluster, &a.memory).total_cmp(&fullness(cluster, &b.memory)));
     let Some(least) = least else {
         return PlanError::NoLayout(format!(
             "every layout that fits splits its layers over more shards than a machine's {} \
@@ -446,6 +519,12 @@ fn nothing_fits(
             cluster.per_node
         ));
     };
+    if cluster.unequal() {
+        return PlanError::DeviceOverflows {
+            layout: describe(&least.layout, &least.blocks),
+            overflow: overflow(cluster, &least.memory),
+        };
+    }
     // The fewest devices (whole machines, doubling) with which a layout fits.
     let more = (1..=20)
         .map(|k| cluster.devices << k)
@@ -469,7 +548,7 @@ fn nothing_fits(
     };
     PlanError::NothingFits {
         needed,
-        layout: describe(&least.layout),
+        layout: describe(&least.layout, &least.blocks),
         memory,
         usable: memory * USABLE_MEMORY,
         fix,

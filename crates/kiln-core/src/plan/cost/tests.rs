@@ -209,17 +209,22 @@ fn replicas_hold_sixteen_bytes_a_parameter_and_their_activations() {
         micro_batch: 1,
         recompute: false,
         split_optimizer: false,
+        split: StageSplit::Even,
     };
     let m = memory(&w, &h100(1), &layout);
     let params = seven.params() as f64;
     assert!((m.weights + m.trainable_state - 16.0 * params).abs() < 1.0);
-    assert!((m.activations - 32.0 * seven.block_activation_bytes(1, 2.0)).abs() < 1.0);
+    // The blocks' activations, and the logits and their gradient of the one sample in the head.
+    let head = w.head_activation_bytes;
+    assert!((m.activations - 32.0 * seven.block_activation_bytes(1, 2.0) - head).abs() < 1.0);
     // Two stages: the first holds the embedding and half the blocks, and two micro-batches.
     let staged = memory(&w, &h100(2), &Layout { pp: 2, ..layout });
     let first = w.embedding_params as f64 + 16.0 * seven.block_params() as f64;
     assert!((staged.weights - 2.0 * first).abs() < 1.0);
-    assert!((staged.activations - m.activations).abs() < 1.0);
-    // Recomputed, a stage keeps two micro-batches' inputs and one micro-batch's blocks.
+    assert!((staged.activations - (m.activations - head)).abs() < 1.0);
+    // Recomputed, a stage keeps its micro-batches' inputs and one micro-batch's blocks: two
+    // inputs on the first stage, one on the last, which also holds the sample's logits and is
+    // then the fuller.
     let recomputed = memory(
         &w,
         &h100(2),
@@ -229,8 +234,9 @@ fn replicas_hold_sixteen_bytes_a_parameter_and_their_activations() {
             ..layout
         },
     );
-    let expected = 2.0 * w.boundary_bytes + 16.0 * seven.block_activation_bytes(1, 2.0);
+    let expected = w.boundary_bytes + 16.0 * seven.block_activation_bytes(1, 2.0) + head;
     assert!((recomputed.activations - expected).abs() < 1.0);
+    assert_eq!(recomputed.device, 1);
 }
 
 #[test]
@@ -244,6 +250,7 @@ fn replicas_also_hold_their_gradients_packed_into_buckets() {
         micro_batch: 1,
         recompute: false,
         split_optimizer: false,
+        split: StageSplit::Even,
     };
     let replicated = Layout { dp: 4, ..alone };
     // Full training in bf16: of a parameter's 14 bytes of trainable state, 2 are its bf16
@@ -298,12 +305,16 @@ fn a_stage_holds_its_measured_surplus_once_however_many_micro_batches_are_in_fli
     // of one passing.
     let staged = memory(&w, &h100(2), &layout(1, 2, 8, 1));
     assert!((staged.activations - (2.0 + 0.25) * kept).abs() < 1.0);
-    // One micro-batch of two samples: the same samples in flight, a surplus twice as large.
+    // One micro-batch of two samples: the same samples in flight, a surplus twice as large;
+    // the last stage, as many blocks and micro-batches in flight, also holds the two samples'
+    // logits and their gradient, and is the fuller.
     let whole = memory(&w, &h100(2), &layout(1, 2, 1, 2));
-    assert!((whole.activations - (2.0 + 0.5) * kept).abs() < 1.0);
+    let head = 2.0 * w.head_activation_bytes;
+    assert!((whole.activations - (2.0 + 0.5) * kept - head).abs() < 1.0);
     // Without stages there is no boundary and no surplus.
     let unstaged = memory(&w, &h100(1), &layout(1, 1, 1, 2));
-    assert!((unstaged.activations - 2.0 * 32.0 * seven.block_activation_bytes(1, 2.0)).abs() < 1.0);
+    let blocks = 2.0 * 32.0 * seven.block_activation_bytes(1, 2.0);
+    assert!((unstaged.activations - blocks - head).abs() < 1.0);
 }
 
 #[test]
@@ -318,6 +329,7 @@ fn the_bubble_shrinks_with_micro_batches_and_rings_cost_by_their_link() {
         micro_batch: 32 / micro_batches,
         recompute: false,
         split_optimizer: false,
+        split: StageSplit::Even,
     };
     let few = step_time(&w, &cluster, &layout(8));
     let many = step_time(&w, &cluster, &layout(32));
@@ -351,6 +363,8 @@ fn cores(devices: usize, measured: Measured) -> (Workload, Cluster) {
         inter_latency: 15e-6,
         cores: Some(2),
         measured: Some(measured),
+        device_memory: Vec::new(),
+        max_memory: Default::default(),
     };
     (Workload::transformer(&small, Precision::F32, 64), cluster)
 }
@@ -379,6 +393,7 @@ fn layout(dp: usize, pp: usize, micro_batches: usize, micro_batch: usize) -> Lay
         micro_batch,
         recompute: false,
         split_optimizer: false,
+        split: StageSplit::Even,
     }
 }
 
@@ -673,6 +688,7 @@ fn memory_grows_with_every_size_of_the_model() {
         micro_batch: 1,
         recompute: false,
         split_optimizer: false,
+        split: StageSplit::Even,
     };
     let halved = {
         let [l, h, a, kv, d, f, s, v] = TransformerShape::LIMITS.map(|(_, max)| max / 2);
@@ -731,6 +747,7 @@ fn replicas_split_the_optimizer_state_only_where_the_whole_does_not_fit() {
         micro_batch: 1,
         recompute: false,
         split_optimizer: false,
+        split: StageSplit::Even,
     };
     let split = Layout {
         split_optimizer: true,

@@ -172,6 +172,10 @@ pub struct Workload {
     pub block_activation_bytes: Vec<f64>,
     /// Shard counts must divide this (the heads; 1 when the model cannot be sharded).
     pub shardable: usize,
+    /// Activation bytes per sample of the head and the loss (the logits and their gradient),
+    /// held by the last stage while one micro-batch passes it.
+    #[serde(default)]
+    pub head_activation_bytes: f64,
     /// Bytes per sample that cross a stage boundary (a block's output).
     pub boundary_bytes: f64,
     /// Bytes per sample one block all-reduces across its shards, forward and backward
@@ -219,6 +223,7 @@ impl Workload {
                 .map(|t| shape.block_activation_bytes(t, act))
                 .collect(),
             shardable: max_tp,
+            head_activation_bytes: 2.0 * shape.seq as f64 * shape.vocab as f64 * act,
             boundary_bytes: block_out,
             tp_bytes: 4.0 * block_out,
             global_batch,
