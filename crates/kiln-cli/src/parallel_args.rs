@@ -9,7 +9,7 @@ use kiln_core::strategy::{Schedule, ShardState, StrategyConfigs, StrategyKind};
 use crate::names::{schedule_parser, shard_state_parser};
 
 /// `--dp`, `--stages`, `--stage-blocks`, `--tp`, `--micro-batches`, `--schedule`,
-/// `--recompute`, `--bucket-cap-mb`, `--shard-state`.
+/// `--recompute`, `--bucket-cap-mb`, `--shard-state`, `--max-memory`.
 #[derive(clap::Args, Debug)]
 pub struct ParallelArgs {
     /// Data-parallel replicas: with `pipeline` and `tensor` the world becomes
@@ -53,6 +53,11 @@ pub struct ParallelArgs {
     /// of the parameters and steps those; training is unchanged) [default: none].
     #[arg(long, value_parser = shard_state_parser())]
     shard_state: Option<ShardState>,
+    /// Under `auto`, what its planner may fill of some devices, by rank, as Accelerate's
+    /// `max_memory`: `0=10GiB,1=8GiB` (the others: 90 % of their memory; on CUDA, of what is
+    /// free at start).
+    #[arg(long, value_name = "RANK=SIZE,..")]
+    max_memory: Option<String>,
 }
 
 /// A flag given with a strategy that does not read it.
@@ -125,6 +130,12 @@ impl ParallelArgs {
                 _ => return Err(refuse("--stage-blocks", "pipeline and tensor")),
             }
             configs.pipeline.stage_blocks = Some(blocks.clone());
+        }
+        if let Some(limits) = &self.max_memory {
+            if strategy != Auto {
+                return Err(refuse("--max-memory", "auto"));
+            }
+            configs.auto.max_memory = Some(limits.clone());
         }
         if strategy == Auto {
             if self.schedule.is_some() {

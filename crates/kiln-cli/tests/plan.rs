@@ -47,7 +47,26 @@ fn a_70b_model_on_64_gpus_is_split_and_every_layout_is_listed() {
     // Every mesh of 64 devices whose tp divides the 8 key-value heads and pp the 80 blocks,
     // and whose dp divides the batch: tp ∈ {1, 2, 4, 8}, pp ∈ divisors of 64 / tp; and the
     // plain replicas (dp 64) once more with their optimizer state split.
-    assert_eq!(candidates.len(), 7 + 6 + 5 + 4 + 1, "{report}");
+    let even: Vec<_> = candidates
+        .iter()
+        .filter(|c| c["layout"]["split"] == "even")
+        .collect();
+    assert_eq!(even.len(), 7 + 6 + 5 + 4 + 1, "{report}");
+    // Meshes with stages may also be listed balanced (the head's stage lighter), where that
+    // cuts other blocks than the even split; every cut adds up to the model's 80 blocks.
+    for c in candidates {
+        let blocks: Vec<u64> = c["blocks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap())
+            .collect();
+        assert_eq!(blocks.iter().sum::<u64>(), 80, "{c}");
+        assert_eq!(blocks.len() as u64, c["layout"]["pp"].as_u64().unwrap(), "{c}");
+        if c["layout"]["split"] != "even" {
+            assert_eq!(c["layout"]["split"], "balanced", "{c}");
+        }
+    }
     let split: Vec<_> = candidates
         .iter()
         .filter(|c| c["layout"]["split_optimizer"] == true)
@@ -115,7 +134,8 @@ fn the_table_shows_the_best_and_the_choice() {
         "{text}"
     );
     assert_eq!(text.matches("| fits |").count(), 3, "{text}");
-    assert!(text.contains("(20 more: --top 23 or --json)"), "{text}");
+    // 23 meshes (as the JSON test counts them), 8 of them also listed with balanced stages.
+    assert!(text.contains("(28 more: --top 31 or --json)"), "{text}");
     assert!(text.contains("\nChosen: "), "{text}");
 }
 
@@ -663,4 +683,79 @@ fn sizes_past_the_planner_s_range_are_refused_not_wrapped() {
         );
         last = params;
     }
+}
+
+/// LLaMA-3 8B with rank-16 QLoRA adapters, 4 samples of 1,024 tokens a step.
+const LLAMA3_8B_QLORA: [&str; 23] = [
+    "--layers",
+    "32",
+    "--hidden",
+    "4096",
+    "--heads",
+    "32",
+    "--kv-heads",
+    "8",
+    "--ffn",
+    "14336",
+    "--seq",
+    "1024",
+    "--vocab",
+    "128256",
+    "--gated",
+    "--global-batch",
+    "4",
+    "--lora-rank",
+    "16",
+    "--load-in-4bit",
+    "--device-memory",
+    "24GiB,8GiB",
+    "--top=20",
+];
+
+#[test]
+fn unequal_devices_are_planned_each_within_its_own_memory() {
+    let report = plan_json(&LLAMA3_8B_QLORA);
+    assert_eq!(report["cluster"]["devices"], 2, "{report}");
+    let chosen = &report["candidates"][0];
+    assert!(chosen["rejected"].is_null(), "{chosen}");
+    // The chosen layout's fullest device within what it may use (90 % of 24 or 8 GiB).
+    let gib = (1u64 << 30) as f64;
+    let usable = match chosen["memory"]["device"].as_u64().unwrap() {
+        0 => 24.0 * 0.9 * gib,
+        _ => 8.0 * 0.9 * gib,
+    };
+    assert!(chosen["memory"]["total"].as_f64().unwrap() <= usable, "{chosen}");
+    // Plain replicas each need the whole model: the 8 GiB card says by how much it overflows.
+    let replicas = report["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["layout"]["dp"] == 2)
+        .unwrap();
+    let why = replicas["rejected"].as_str().unwrap();
+    assert!(why.starts_with("device 1 needs") && why.contains("over the 7.2"), "{why}");
+    // The table lists each device's memory.
+    let table = kiln(&[&["plan"][..], &LLAMA3_8B_QLORA].concat());
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(text.contains("Devices: 2 (2 per machine), 24.0 GiB, 8.0 GiB,"), "{text}");
+}
+
+#[test]
+fn memory_limits_that_name_no_device_or_exceed_it_are_refused_in_one_line() {
+    fn with<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+        [&["plan"][..], &LLAMA3_8B_QLORA, extra].concat()
+    }
+    assert_one_line_error(
+        &with(&["--max-memory", "2=1GiB"]),
+        "a memory limit is set for device 2, but the run has 2 device(s)",
+    );
+    assert_one_line_error(
+        &with(&["--max-memory", "1=30GiB"]),
+        "device 1 is limited to 30.00 GiB but has 8.00 GiB",
+    );
+    assert_one_line_error(
+        &with(&["--devices", "3"]),
+        "2 device memories are listed for 3 devices",
+    );
+    assert_one_line_error(&with(&["--max-memory", "1:8GiB"]), "0=10GiB");
 }

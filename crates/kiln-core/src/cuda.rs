@@ -20,3 +20,24 @@ pub fn total_bytes(index: usize) -> Option<u64> {
     let bytes = unsafe { result::device::total_mem(device) }.ok()?;
     Some(bytes as u64)
 }
+
+/// CUDA device `index`'s free memory in bytes, as its driver reports it now
+/// (`cuMemGetInfo`, in the device's primary context); `None` without a driver or such a device.
+pub fn free_bytes(index: usize) -> Option<u64> {
+    if !driver_present() {
+        return None;
+    }
+    result::init().ok()?;
+    let device = result::device::get(i32::try_from(index).ok()?).ok()?;
+    // SAFETY: `device` is a handle the driver just returned; the primary context it retains
+    // is the one CubeCL's runtime uses, released again below.
+    unsafe {
+        let context = result::primary_ctx::retain(device).ok()?;
+        let free = result::ctx::set_current(context)
+            .ok()
+            .and_then(|()| result::mem_get_info().ok())
+            .map(|(free, _total)| free as u64);
+        let _ = result::primary_ctx::release(device);
+        free
+    }
+}

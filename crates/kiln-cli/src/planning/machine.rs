@@ -5,8 +5,9 @@
 //!   one core (beside copies on the others, and alone), the in-process collective's latency
 //!   and bandwidth probed between two ranks, and the step over two ranks for what several ranks
 //!   cost beyond their parts.
-//! - On CUDA: the run's GPUs as devices, each with the memory the driver reports, the step
-//!   timed alone on the first, and over two ranks where there are two GPUs.
+//! - On CUDA: the run's GPUs as devices, each with the memory its driver reports free at start
+//!   (its total where it cannot say), the step timed alone on the first, and over two ranks
+//!   where there are two GPUs.
 
 use burn::tensor::backend::AutodiffBackend;
 use kiln_core::data::DataSource;
@@ -159,16 +160,28 @@ where
                 planner::planner(workload, devices, &model, optim, &data, batch, cores, seed)?
             }
             Machine::Devices => {
-                // The smallest device bounds what a rank may hold.
-                let memory = devices
+                // Each device's memory free at start (another job's, or the display's, is
+                // not Kiln's to fill), else its total; the smallest bounds the measurement.
+                let each = devices
                     .iter()
-                    .map(kiln_core::memory::device::total_bytes)
-                    .min()
-                    .flatten()
+                    .map(|d| {
+                        kiln_core::memory::device::free_bytes(d)
+                            .or_else(|| kiln_core::memory::device::total_bytes(d))
+                    })
+                    .collect::<Option<Vec<u64>>>()
                     .ok_or(MachineError::NoMemory(self.backend))?;
-                planner::device_planner(
+                let memory = each
+                    .iter()
+                    .copied()
+                    .min()
+                    .ok_or(MachineError::NoMemory(self.backend))?;
+                let mut planner = planner::device_planner(
                     workload, devices, memory, &model, optim, &data, batch, seed,
-                )?
+                )?;
+                if each.iter().any(|&m| m != memory) {
+                    planner.cluster.device_memory = each;
+                }
+                planner
             }
         })
     }

@@ -90,6 +90,17 @@ pub fn total_bytes<D: Any>(device: &D) -> Option<u64> {
     }
 }
 
+/// The device's free memory in bytes now, where the device has memory of its own and says
+/// (CUDA's driver does; wgpu's adapters do not).
+pub fn free_bytes<D: Any>(device: &D) -> Option<u64> {
+    match own(device)? {
+        #[cfg(feature = "cuda")]
+        Own::Cuda(device) => crate::cuda::free_bytes(device.index),
+        #[cfg(feature = "wgpu")]
+        Own::Wgpu(_) => None,
+    }
+}
+
 /// Reads a stream's bytes every [`POLL`] on a thread of its own, keeping the most it saw, until
 /// dropped.
 pub struct Watch {

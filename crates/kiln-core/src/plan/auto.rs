@@ -32,10 +32,16 @@ impl Planner {
             Some(_) => self.cluster.memory / per_node as u64,
             None => self.cluster.memory,
         };
+        // Each device's own memory where the machine listed one per rank.
+        let device_memory = match self.cluster.device_memory.len() == ranks {
+            true => self.cluster.device_memory.clone(),
+            false => Vec::new(),
+        };
         Cluster {
             devices: ranks,
             per_node,
             memory,
+            device_memory,
             // Every machine's cores: ranks crowd only those of their own machine.
             cores: self.cluster.cores.map(|cores| cores * nodes),
             ..self.cluster.clone()
@@ -233,7 +239,16 @@ pub(super) fn choose(
         return Ok(replicas(ranks, from_cores, fixed, configs));
     };
     let within = fixed.map_or(Fixed::default(), |(f, _)| *f);
-    let planned = planner.plan_within(ranks, within)?;
+    // Validated with the configs: the limits read.
+    let limits = configs.auto.limits().unwrap_or_default();
+    let planned = match limits.is_empty() {
+        true => planner.plan_within(ranks, within)?,
+        false => {
+            let mut limited = planner.clone();
+            limited.cluster.max_memory = limits;
+            limited.plan_within(ranks, within)?
+        }
+    };
     let chosen = planned.chosen();
     let mut whose = match from_cores {
         true => format!("the CPU's cores as {ranks} single-threaded ranks; "),

@@ -1,10 +1,13 @@
 //! The settings of `auto`: the degrees a user fixes, which the planner keeps while it lays
 //! out the rest.
 
-use super::ConfigError;
+use std::collections::BTreeMap;
 
-/// Settings of `auto` (`[parallel.auto]`, or `--stages`, `--tp`, `--micro-batches` and
-/// `--recompute` with `--strategy auto`). Each setting left unset is the planner's to choose;
+use super::ConfigError;
+use crate::plan::cost::parse_limits;
+
+/// Settings of `auto` (`[parallel.auto]`, or `--stages`, `--tp`, `--micro-batches`,
+/// `--recompute` and `--max-memory` with `--strategy auto`). Each setting left unset is the planner's to choose;
 /// one that is set, every layout `auto` considers keeps.
 ///
 /// The other sections' `stages`, `tp`, `micro_batches` and `recompute` are what `pipeline`
@@ -24,6 +27,10 @@ pub struct AutoConfig {
     /// checkpointing), in every layout with stages `auto` considers (those without have
     /// nothing to recompute).
     pub recompute: Option<bool>,
+    /// What the planner may fill of some devices, by rank, as Accelerate's `max_memory`:
+    /// `"0=10GiB,1=8GiB"` (each other device keeps 90 % of its memory). Not a degree: every
+    /// layout is still considered, against these limits.
+    pub max_memory: Option<String>,
 }
 
 impl AutoConfig {
@@ -42,10 +49,25 @@ impl AutoConfig {
         if self.micro_batches == Some(0) {
             return Err(ConfigError::ZeroMicroBatches);
         }
+        self.limits()?;
         Ok(())
     }
 
-    /// Whether it fixes nothing.
+    /// The per-device limits of [`AutoConfig::max_memory`], by rank (none when unset).
+    ///
+    /// # Errors
+    /// [`ConfigError::MaxMemory`] for text that is not `index=size,…`.
+    pub fn limits(&self) -> Result<BTreeMap<usize, u64>, ConfigError> {
+        match &self.max_memory {
+            None => Ok(BTreeMap::new()),
+            Some(text) => parse_limits(text).map_err(|why| ConfigError::MaxMemory {
+                text: text.clone(),
+                why,
+            }),
+        }
+    }
+
+    /// Whether it fixes nothing of the layout (memory limits are not a layout).
     pub fn is_free(&self) -> bool {
         self.stages.is_none()
             && self.tp.is_none()

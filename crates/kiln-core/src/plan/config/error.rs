@@ -226,6 +226,14 @@ pub enum ConfigError {
     /// A pipeline flush of zero micro-batches.
     #[error("micro_batches must be at least 1")]
     ZeroMicroBatches,
+    /// `auto`'s per-device memory limits cannot be read.
+    #[error("auto: max_memory {text:?} cannot be read: {why}")]
+    MaxMemory {
+        /// The limits as given.
+        text: String,
+        /// What is wrong with them.
+        why: String,
+    },
     /// More stages than the model has blocks to split between.
     #[error(
         "the pipeline has {stages} stages but the model has {blocks} blocks to split between; \

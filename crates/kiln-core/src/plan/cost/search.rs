@@ -435,11 +435,12 @@ fn candidates(
                 true => &[false, true],
                 false => &[false],
             };
-            // Stages may be cut evenly, balanced or filled in turn: each a layout of its own
-            // where its blocks differ from the even split's.
-            let stage_splits: &[StageSplit] = match pp > 1 {
-                true => &StageSplit::ALL,
-                false => &[StageSplit::Even],
+            // Stages may be cut evenly, balanced, or (on devices that differ) filled in turn:
+            // each a layout of its own where its blocks differ from the even split's.
+            let stage_splits: &[StageSplit] = match (pp > 1, cluster.unequal()) {
+                (false, _) => &[StageSplit::Even],
+                (true, false) => &[StageSplit::Even, StageSplit::Balanced],
+                (true, true) => &StageSplit::ALL,
             };
             let mut even_blocks = None;
             let layouts = state_splits
