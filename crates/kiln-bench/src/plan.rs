@@ -344,8 +344,8 @@ fn verdict(here: &[&PlanRow], rounds: usize) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use kiln_core::plan::cost::StageSplit;
     use super::*;
+    use kiln_core::plan::cost::StageSplit;
 
     #[test]
     fn rank_correlation_sees_order_not_scale() {

@@ -62,7 +62,11 @@ fn a_70b_model_on_64_gpus_is_split_and_every_layout_is_listed() {
             .map(|b| b.as_u64().unwrap())
             .collect();
         assert_eq!(blocks.iter().sum::<u64>(), 80, "{c}");
-        assert_eq!(blocks.len() as u64, c["layout"]["pp"].as_u64().unwrap(), "{c}");
+        assert_eq!(
+            blocks.len() as u64,
+            c["layout"]["pp"].as_u64().unwrap(),
+            "{c}"
+        );
         if c["layout"]["split"] != "even" {
             assert_eq!(c["layout"]["split"], "balanced", "{c}");
         }
@@ -724,7 +728,10 @@ fn unequal_devices_are_planned_each_within_its_own_memory() {
         0 => 24.0 * 0.9 * gib,
         _ => 8.0 * 0.9 * gib,
     };
-    assert!(chosen["memory"]["total"].as_f64().unwrap() <= usable, "{chosen}");
+    assert!(
+        chosen["memory"]["total"].as_f64().unwrap() <= usable,
+        "{chosen}"
+    );
     // Plain replicas each need the whole model: the 8 GiB card says by how much it overflows.
     let replicas = report["candidates"]
         .as_array()
@@ -733,11 +740,17 @@ fn unequal_devices_are_planned_each_within_its_own_memory() {
         .find(|c| c["layout"]["dp"] == 2)
         .unwrap();
     let why = replicas["rejected"].as_str().unwrap();
-    assert!(why.starts_with("device 1 needs") && why.contains("over the 7.2"), "{why}");
+    assert!(
+        why.starts_with("device 1 needs") && why.contains("over the 7.2"),
+        "{why}"
+    );
     // The table lists each device's memory.
     let table = kiln(&[&["plan"][..], &LLAMA3_8B_QLORA].concat());
     let text = String::from_utf8_lossy(&table.stdout);
-    assert!(text.contains("Devices: 2 (2 per machine), 24.0 GiB, 8.0 GiB,"), "{text}");
+    assert!(
+        text.contains("Devices: 2 (2 per machine), 24.0 GiB, 8.0 GiB,"),
+        "{text}"
+    );
 }
 
 #[test]

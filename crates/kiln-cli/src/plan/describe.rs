@@ -253,9 +253,7 @@ pub fn cluster(args: &PlanArgs) -> Result<Cluster, DescribeError> {
         "--devices",
         positive(
             "--devices",
-            args.devices
-                .or(listed.as_ref().map(Vec::len))
-                .unwrap_or(8),
+            args.devices.or(listed.as_ref().map(Vec::len)).unwrap_or(8),
         )?,
         1 << 20,
     )?;

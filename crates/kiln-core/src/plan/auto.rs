@@ -361,7 +361,12 @@ mod tests {
             split_optimizer: true,
             split: StageSplit::Even,
         };
-        let split = layout_configs(StrategyKind::Ddp, &layout, None, &StrategyConfigs::default());
+        let split = layout_configs(
+            StrategyKind::Ddp,
+            &layout,
+            None,
+            &StrategyConfigs::default(),
+        );
         assert_eq!(split.ddp.shard_state, ShardState::Optimizer);
         let whole = Layout {
             split_optimizer: false,
@@ -369,6 +374,26 @@ mod tests {
         };
         let whole = layout_configs(StrategyKind::Ddp, &whole, None, &StrategyConfigs::default());
         assert_eq!(whole.ddp.shard_state, ShardState::None);
+    }
+
+    #[test]
+    fn a_layout_of_uneven_stages_runs_the_pipeline_with_its_blocks() {
+        let layout = Layout {
+            dp: 1,
+            pp: 2,
+            tp: 1,
+            micro_batches: 2,
+            micro_batch: 2,
+            recompute: false,
+            split_optimizer: false,
+            split: StageSplit::Balanced,
+        };
+        let base = StrategyConfigs::default();
+        let cut = layout_configs(StrategyKind::Pipeline, &layout, Some(&[1, 3]), &base);
+        assert_eq!(cut.pipeline.stage_blocks, Some(vec![1, 3]));
+        assert_eq!(cut.pipeline.ranges(4).unwrap(), [0..1, 1..4]);
+        let even = layout_configs(StrategyKind::Pipeline, &layout, None, &base);
+        assert_eq!(even.pipeline.stage_blocks, None);
     }
 
     /// A transformer whose step is timed on one core of a 2-core machine: dispatch and an
@@ -435,6 +460,40 @@ mod tests {
         );
         let chosen = planner(16 << 30).plan(3).unwrap().chosen().clone();
         assert_eq!(chosen.layout.micro_batch * chosen.layout.micro_batches, 22);
+    }
+
+    fn resolve_limited(limits: &str) -> Result<Plan, ConfigError> {
+        let mut configs = StrategyConfigs::default();
+        configs.auto.max_memory = Some(limits.to_string());
+        Plan::resolve(PlanRequest {
+            world: Some(2),
+            cpu_cores: Some(2),
+            planner: Some(planner(16 << 30)),
+            configs,
+            ..PlanRequest::new(StrategyKind::Auto, 64)
+        })
+    }
+
+    #[test]
+    fn per_device_limits_bound_what_auto_plans() {
+        // Plenty for both: the same choice as without limits.
+        let roomy = resolve_limited("0=4GiB,1=4GiB").unwrap();
+        assert_eq!(roomy.strategy(), StrategyKind::Ddp, "{roomy}");
+        // Rank 1 may hold 1 KiB: nothing fits, and the error names it and by how much.
+        let tight = resolve_limited("1=1KiB").unwrap_err().to_string();
+        assert!(
+            tight.starts_with("auto: nothing fits: the least full layout")
+                && tight.contains("device 1 needs")
+                && tight.contains("over the 0.0 it may use"),
+            "{tight}"
+        );
+        let outside = resolve_limited("5=1GiB").unwrap_err().to_string();
+        assert!(
+            outside.contains("a memory limit is set for device 5, but the run has 2"),
+            "{outside}"
+        );
+        let unread = resolve_limited("1:1GiB").unwrap_err();
+        assert!(matches!(unread, ConfigError::MaxMemory { .. }), "{unread}");
     }
 
     #[test]

@@ -358,7 +358,9 @@ pub fn parse_limits(text: &str) -> Result<BTreeMap<usize, u64>, String> {
         })?;
         let bytes = parse_bytes(size)?;
         if limits.insert(device, bytes).is_some() {
-            return Err(format!("device {device} is limited twice: give one limit each"));
+            return Err(format!(
+                "device {device} is limited twice: give one limit each"
+            ));
         }
     }
     if limits.is_empty() {
@@ -389,10 +391,21 @@ mod tests {
     #[test]
     fn limits_read_as_accelerate_names_them() {
         let limits = parse_limits("0=10GiB, 1=8GiB").unwrap();
-        assert_eq!(limits.into_iter().collect::<Vec<_>>(), [(0, 10 * GIB), (1, 8 * GIB)]);
+        assert_eq!(
+            limits.into_iter().collect::<Vec<_>>(),
+            [(0, 10 * GIB), (1, 8 * GIB)]
+        );
         assert!(parse_limits("10GiB").unwrap_err().contains("0=10GiB"));
-        assert!(parse_limits("a=1GiB").unwrap_err().contains("not a device index"));
-        assert!(parse_limits("0=1GiB,0=2GiB").unwrap_err().contains("limited twice"));
+        assert!(
+            parse_limits("a=1GiB")
+                .unwrap_err()
+                .contains("not a device index")
+        );
+        assert!(
+            parse_limits("0=1GiB,0=2GiB")
+                .unwrap_err()
+                .contains("limited twice")
+        );
         assert!(parse_limits("0=lots").unwrap_err().contains("not a size"));
         assert!(parse_limits(",").unwrap_err().contains("limits no device"));
     }

@@ -112,4 +112,3 @@ pub struct StepTime {
     /// The step.
     pub total: f64,
 }
-

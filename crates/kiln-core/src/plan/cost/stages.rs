@@ -104,7 +104,10 @@ impl Costs {
         self.time
             .iter()
             .zip(&self.memory)
-            .map(|(time, memory)| time.most_within(t, layers).min(memory.most_within(m, layers)))
+            .map(|(time, memory)| {
+                time.most_within(t, layers)
+                    .min(memory.most_within(m, layers))
+            })
             .collect()
     }
 }
@@ -142,10 +145,8 @@ fn ceiling(costs: &[Linear], layers: usize) -> f64 {
 fn balanced(work: &Workload, cluster: &Cluster, layout: &Layout) -> Vec<usize> {
     let layers = work.layers;
     let costs = Costs::of(work, cluster, layout);
-    let (time_ceiling, memory_ceiling) = (
-        ceiling(&costs.time, layers),
-        ceiling(&costs.memory, layers),
-    );
+    let (time_ceiling, memory_ceiling) =
+        (ceiling(&costs.time, layers), ceiling(&costs.memory, layers));
     // Within a hair of a bound: ties between splits whose busiest stage is the same.
     let hair = 1.0 + 1e-9;
     let fits = covers(&costs.caps(time_ceiling, 1.0, layers), layers);
@@ -198,9 +199,7 @@ fn sequential(work: &Workload, cluster: &Cluster, layout: &Layout) -> Vec<usize>
         let after = pp - s - 1;
         let n = match after {
             0 => left,
-            _ => costs.memory[s]
-                .most_within(1.0, left - after)
-                .max(1),
+            _ => costs.memory[s].most_within(1.0, left - after).max(1),
         };
         blocks.push(n);
         left -= n;
@@ -214,15 +213,24 @@ pub(super) fn why(layout: &Layout, blocks: &[usize]) -> String {
     let (first, last) = (blocks.first(), blocks.last());
     match (layout.split, first, last) {
         (StageSplit::Even, ..) | (_, None, _) | (_, _, None) => String::new(),
-        (StageSplit::Balanced, Some(first), Some(last)) => format!(
-            "; stages balanced by time, then memory: the first ({first} blocks) also holds the \
-             embeddings and up to {} micro-batches in flight, the last ({last} blocks) the head \
-             and the loss",
-            layout.micro_batches.min(layout.pp)
+        (StageSplit::Balanced, Some(&first), Some(&last)) => format!(
+            "; stages balanced by time, then memory: the first ({}) also holds the embeddings \
+             and up to {} micro-batches in flight, the last ({}) the head and the loss",
+            count(first),
+            layout.micro_batches.min(layout.pp),
+            count(last)
         ),
         (StageSplit::Sequential, ..) => {
             "; stages filled in order, each device up to its memory (sequential)".to_string()
         }
+    }
+}
+
+/// `n` blocks, in words.
+fn count(n: usize) -> String {
+    match n {
+        1 => "1 block".to_string(),
+        n => format!("{n} blocks"),
     }
 }
 
@@ -231,8 +239,8 @@ mod tests {
     use super::*;
     use crate::optim::Precision;
     use crate::plan::cost::{
-        Fixed, LimitError, PlanError, Planned, Preset, TransformerShape, memory_by_stage,
-        search, search_within,
+        Fixed, LimitError, PlanError, Planned, Preset, TransformerShape, memory_by_stage, search,
+        search_within,
     };
 
     const GIB: u64 = 1 << 30;
@@ -262,9 +270,10 @@ mod tests {
 
     /// GPUs of the given memories (H100s in speed and links).
     fn gpus(memories: &[u64]) -> Cluster {
-        let mut cluster = Preset::named("h100-sxm")
-            .unwrap()
-            .cluster(memories.len(), memories.len(), 0.5);
+        let mut cluster =
+            Preset::named("h100-sxm")
+                .unwrap()
+                .cluster(memories.len(), memories.len(), 0.5);
         cluster.device_memory = memories.to_vec();
         cluster
     }
@@ -342,7 +351,11 @@ mod tests {
     #[test]
     fn llama3_8b_qlora_on_unequal_cards_gets_stages_that_fit_each() {
         let work = qlora_8b(1024);
-        for memories in [[24 * GIB, 24 * GIB], [24 * GIB, 12 * GIB], [24 * GIB, 8 * GIB]] {
+        for memories in [
+            [24 * GIB, 24 * GIB],
+            [24 * GIB, 12 * GIB],
+            [24 * GIB, 8 * GIB],
+        ] {
             let cluster = gpus(&memories);
             let planned = search_within(&work, &cluster, TWO_STAGES).unwrap();
             let chosen = planned.chosen();
@@ -359,7 +372,10 @@ mod tests {
         let planned = search_within(&work, &cluster, TWO_STAGES).unwrap();
         let even = cut(&planned, StageSplit::Even);
         assert!(
-            even.rejected.as_deref().unwrap().starts_with("device 1 needs"),
+            even.rejected
+                .as_deref()
+                .unwrap()
+                .starts_with("device 1 needs"),
             "{even:#?}"
         );
         let balanced = cut(&planned, StageSplit::Balanced);
@@ -399,7 +415,10 @@ mod tests {
     #[test]
     fn a_limit_replaces_the_usable_share_and_bad_limits_are_refused() {
         let mut cluster = gpus(&[24 * GIB, 12 * GIB]);
-        assert_eq!(cluster.usable(1), 12.0 * GIB as f64 * crate::plan::cost::USABLE_MEMORY);
+        assert_eq!(
+            cluster.usable(1),
+            12.0 * GIB as f64 * crate::plan::cost::USABLE_MEMORY
+        );
         cluster.max_memory.insert(0, 10 * GIB);
         assert_eq!(cluster.usable(0), 10.0 * GIB as f64);
         let work = qlora_8b(1024);
@@ -409,7 +428,10 @@ mod tests {
         };
         let mut outside = cluster.clone();
         outside.max_memory.insert(2, GIB);
-        assert!(matches!(refused(&outside), LimitError::NotInWorld { device: 2, .. }));
+        assert!(matches!(
+            refused(&outside),
+            LimitError::NotInWorld { device: 2, .. }
+        ));
         assert_eq!(
             refused(&outside).to_string(),
             "a memory limit is set for device 2, but the run has 2 device(s) (0 to 1); limit \
@@ -423,6 +445,12 @@ mod tests {
         );
         let mut listed = cluster.clone();
         listed.device_memory.push(GIB);
-        assert!(matches!(refused(&listed), LimitError::Listed { listed: 3, devices: 2 }));
+        assert!(matches!(
+            refused(&listed),
+            LimitError::Listed {
+                listed: 3,
+                devices: 2
+            }
+        ));
     }
 }
