@@ -438,6 +438,56 @@ fn ad_train_under_launch_writes_one_run() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Stages of 2 + 1 blocks in two processes (a three-block AD model) train as one device does:
+/// the boundaries are read the same in every process.
+#[test]
+fn uneven_stages_in_different_processes_train_as_one_device() {
+    let dir = scratch("ad-uneven");
+    let config = dir.join("tiny.toml");
+    std::fs::write(
+        &config,
+        TINY_AD.replace("[model]\n", "[model]\nlayers = 3\n"),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let run = |name: &str, launched: bool, strategy: &[&str]| {
+        let out_dir = dir.join(name);
+        let out_s = out_dir.to_str().unwrap();
+        let args = [
+            &["ad", "train", "--config", config, "--out", out_s][..],
+            strategy,
+        ]
+        .concat();
+        let out = match launched {
+            true => launch(&["--nproc-per-node", "2"], &args),
+            false => kiln(&args),
+        };
+        assert!(out.status.success(), "{}", text(&out));
+        report(&out_dir.join("metrics.json"))["train"].clone()
+    };
+    let single = run("single", false, &["--strategy", "single"]);
+    let staged = run(
+        "staged",
+        true,
+        &[
+            "--strategy",
+            "pipeline",
+            "--stage-blocks",
+            "2,1",
+            "--micro-batches",
+            "2",
+        ],
+    );
+    assert_eq!(staged["world"], 2, "{staged}");
+    let curve = |t: &serde_json::Value| t["loss_curve"].as_array().unwrap().clone();
+    assert_eq!(curve(&single).len(), 4);
+    for (x, y) in curve(&single).iter().zip(curve(&staged).iter()) {
+        let (x, y) = (x[1].as_f64().unwrap(), y[1].as_f64().unwrap());
+        assert!((x - y).abs() <= 1e-5 * x.abs().max(1e-12), "{x} vs {y}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn ad_train_under_launch_plans_with_the_first_process_s_measurement() {
     // `auto`, the default: once the histories exist, the first process measures the AD
