@@ -134,10 +134,7 @@ fn qlora_matmul_kernel<F: Float, S: Float>(
     let tx = unit % units_x;
     let ty = unit / units_x;
 
-    let mut book = SharedMemory::<f32>::new(16usize);
-    if unit < 16 {
-        book[unit] = codebook[unit];
-    }
+    let book = stage_codebook(codebook);
     let mut lhs_tile = SharedMemory::<f32>::new(BM * BK);
     let mut w_tile = SharedMemory::<f32>::new(BK * BN);
     let mut acc = Array::<f32>::new(TM * TN);
@@ -260,6 +257,29 @@ fn qlora_matmul_kernel<F: Float, S: Float>(
     }
 }
 
+/// The weight's 16-entry code book, copied into shared memory by the cube's first units. The
+/// caller's next `sync_cube` makes it visible to every unit.
+#[cube]
+pub(super) fn stage_codebook(codebook: &Tensor<f32>) -> SharedMemory<f32> {
+    let mut book = SharedMemory::<f32>::new(16usize);
+    if UNIT_POS < 16 {
+        book[UNIT_POS as usize] = codebook[UNIT_POS as usize];
+    }
+    book
+}
+
+/// The adapter's `(t, b, scale)` as launch arguments, and whether there is one: without, `like`
+/// (any tensor of the output's dtype) stands in for `t` and `b`, never read.
+pub(super) fn lora_args<R: CubeRuntime>(
+    lora: Option<(CubeTensor<R>, CubeTensor<R>, f32)>,
+    like: &CubeTensor<R>,
+) -> (CubeTensor<R>, CubeTensor<R>, f32, bool) {
+    match lora {
+        Some((t, b, s)) => (dense_input(t), dense_input(b), s, true),
+        None => (like.clone(), like.clone(), 0.0, false),
+    }
+}
+
 /// `Σ_q t[r, q] · b[q, c]`: the adapter's term of one output.
 #[cube]
 pub(super) fn low_rank<F: Float>(
@@ -331,11 +351,7 @@ pub(super) fn split_sum<R: CubeRuntime>(
     let client = out.client.clone();
     let len = out.meta.shape().num_elements();
     let dim = CubeDim::new(&client, len);
-    let (t, b, scale, with_lora) = match lora {
-        Some((t, b, s)) => (t, b, s, true),
-        // Never read: `lora` is false at compile time.
-        None => (out.clone(), out.clone(), 0.0, false),
-    };
+    let (t, b, scale, with_lora) = lora_args(lora, &out);
     let dtype = out.dtype;
     split_sum_kernel::launch::<R>(
         &client,
@@ -396,11 +412,7 @@ pub(crate) fn qlora_matmul<R: CubeRuntime>(
     );
     let dim = CubeDim::new_1d(UNITS as u32);
     const { assert!((BM / TM) * (BN / TN) == UNITS) };
-    let (t, b, scale, with_lora) = match lora {
-        Some((t, b, s)) => (dense_input(t), dense_input(b), s, true),
-        // Never read: `lora` is false at compile time.
-        None => (lhs.clone(), lhs.clone(), 0.0, false),
-    };
+    let (t, b, scale, with_lora) = lora_args(lora, &lhs);
     let scale_dtype = scales.dtype;
     qlora_matmul_kernel::launch::<R>(
         &client,

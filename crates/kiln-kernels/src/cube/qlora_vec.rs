@@ -25,7 +25,7 @@ use cubecl::features::Plane;
 use cubecl::prelude::*;
 
 use super::layout::{dense_input, dense_output};
-use super::qlora::{CubeWeight, TARGET_CUBES, low_rank, split_sum};
+use super::qlora::{CubeWeight, TARGET_CUBES, lora_args, low_rank, split_sum, stage_codebook};
 use crate::quant::format::{BLOCK, CODES_PER_WORD};
 
 /// Up to this many rows of input, the QLoRA matmul runs as this file's matrix-vector kernels.
@@ -70,10 +70,7 @@ fn forward_kernel<F: Float, S: Float>(
     let lane = UNIT_POS_X as usize;
     let col = CUBE_POS_X as usize * COLUMNS + UNIT_POS_Y as usize;
 
-    let mut book = SharedMemory::<f32>::new(16usize);
-    if UNIT_POS < 16 {
-        book[UNIT_POS as usize] = codebook[UNIT_POS as usize];
-    }
+    let book = stage_codebook(codebook);
     sync_cube();
 
     let mut acc = Array::<f32>::new(rows);
@@ -168,10 +165,7 @@ fn input_grad_kernel<F: Float, S: Float>(
     let shift = u32::cast_from(byte % UNITS_PER_WORD * CODES_PER_UNIT * 4);
     let block = word * CODES_PER_WORD / BLOCK;
 
-    let mut book = SharedMemory::<f32>::new(16usize);
-    if UNIT_POS < 16 {
-        book[UNIT_POS as usize] = codebook[UNIT_POS as usize];
-    }
+    let book = stage_codebook(codebook);
     sync_cube();
 
     let mut acc = Array::<f32>::new(rows * CODES_PER_UNIT);
@@ -303,11 +297,7 @@ pub(crate) fn qlora_vec<R: CubeRuntime>(
             out
         };
     }
-    let (t, b, scale, with_lora) = match lora {
-        Some((t, b, s)) => (dense_input(t), dense_input(b), s, true),
-        // Never read: `lora` is false at compile time.
-        None => (lhs.clone(), lhs.clone(), 0.0, false),
-    };
+    let (t, b, scale, with_lora) = lora_args(lora, &lhs);
     forward_kernel::launch::<R>(
         &client,
         count,
