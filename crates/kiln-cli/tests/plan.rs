@@ -755,6 +755,25 @@ fn unequal_devices_are_planned_each_within_its_own_memory() {
 
 #[test]
 fn memory_limits_that_name_no_device_or_exceed_it_are_refused_in_one_line() {
+    // With a built-in model, the devices are this machine's ranks: limits apply to them, and
+    // flags that describe other devices are refused rather than ignored.
+    let measured = [
+        "plan",
+        "--model",
+        "mlp",
+        "--global-batch",
+        "8",
+        "--devices",
+        "2",
+    ];
+    assert_one_line_error(
+        &[&measured[..], &["--max-memory", "1=1KiB"]].concat(),
+        "device 1 needs",
+    );
+    assert_one_line_error(
+        &[&measured[..], &["--device-memory", "1GiB"]].concat(),
+        "cannot be used with",
+    );
     fn with<'a>(extra: &[&'a str]) -> Vec<&'a str> {
         [&["plan"][..], &LLAMA3_8B_QLORA, extra].concat()
     }
@@ -764,7 +783,7 @@ fn memory_limits_that_name_no_device_or_exceed_it_are_refused_in_one_line() {
     );
     assert_one_line_error(
         &with(&["--max-memory", "1=30GiB"]),
-        "device 1 is limited to 30.00 GiB but has 8.00 GiB",
+        "device 1 is limited to 30.0 GiB but has 8.0 GiB",
     );
     assert_one_line_error(
         &with(&["--devices", "3"]),

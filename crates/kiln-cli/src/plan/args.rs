@@ -70,33 +70,34 @@ pub struct PlanArgs {
     pub(super) precision: PrecisionArg,
     /// The devices' kind: h100-sxm, h200, a100-80g or a100-40g (the flags below override
     /// its figures).
-    #[arg(long, default_value = "h100-sxm")]
+    #[arg(long, default_value = "h100-sxm", conflicts_with = "model")]
     pub(super) device: String,
     /// Devices in all [default: 8; with --model, this machine's cores].
     #[arg(long)]
     pub(super) devices: Option<usize>,
     /// Devices per machine [default: 8, or --devices when fewer].
-    #[arg(long)]
+    #[arg(long, conflicts_with = "model")]
     pub(super) gpus_per_node: Option<usize>,
     /// Memory per device, e.g. 80GiB, or each device's where they differ: 24GiB,12GiB (one
     /// per device; their count is the devices' unless --devices says it).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "model")]
     pub(super) device_memory: Option<String>,
     /// What a plan may fill of some devices, by index, as Accelerate's `max_memory`:
-    /// 0=10GiB,1=8GiB (the others keep 90 % of their memory).
+    /// 0=10GiB,1=8GiB (the others keep 90 % of their memory; with --model, this machine's
+    /// ranks).
     #[arg(long)]
     pub(super) max_memory: Option<String>,
     /// Dense peak TFLOP/s per device.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "model")]
     pub(super) device_tflops: Option<f64>,
     /// The share of the peak a training step reaches.
-    #[arg(long, default_value_t = kiln_core::plan::cost::DEFAULT_EFFICIENCY)]
+    #[arg(long, default_value_t = kiln_core::plan::cost::DEFAULT_EFFICIENCY, conflicts_with = "model")]
     pub(super) efficiency: f64,
     /// Bandwidth between two devices of a machine, GB/s.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "model")]
     pub(super) intra_node_gbps: Option<f64>,
     /// Bandwidth from a device to another machine, GB/s.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "model")]
     pub(super) inter_node_gbps: Option<f64>,
     /// Candidates printed (every one goes to --json).
     #[arg(long, default_value_t = 10)]

@@ -7,7 +7,7 @@ mod args;
 mod describe;
 mod table;
 
-use kiln_core::plan::cost::{Cluster, Workload, search};
+use kiln_core::plan::cost::{Cluster, Workload, parse_limits, search};
 
 use crate::run_config::{ModelKind, TrainConfig};
 
@@ -82,5 +82,10 @@ fn measured(
         return Err("--devices must be at least 1".into());
     }
     let name = format!("the built-in {} (measured on this machine)", model.name());
-    Ok((name, planner.workload.clone(), planner.cluster(devices)))
+    let mut cluster = planner.cluster(devices);
+    if let Some(limits) = &args.max_memory {
+        cluster.max_memory = parse_limits(limits)?;
+        cluster.check_limits()?;
+    }
+    Ok((name, planner.workload.clone(), cluster))
 }

@@ -2,9 +2,7 @@
 
 use std::fmt::Write;
 
-use kiln_core::plan::cost::{Candidate, Cluster, Planned, StageSplit, Workload};
-
-const GIB: f64 = (1u64 << 30) as f64;
+use kiln_core::plan::cost::{Candidate, Cluster, Planned, StageSplit, Workload, size as bytes};
 
 /// The table `kiln plan` prints: the `top` best candidates.
 pub fn render(
@@ -122,15 +120,6 @@ fn count(n: f64) -> String {
         n if n >= 1e6 => format!("{:.1} M", n / 1e6),
         n if n >= 1e3 => format!("{:.1} k", n / 1e3),
         n => format!("{n:.0} "),
-    }
-}
-
-/// `b` bytes in the largest binary unit that keeps a digit before the point.
-fn bytes(b: f64) -> String {
-    match b {
-        b if b >= GIB => format!("{:.1} GiB", b / GIB),
-        b if b >= 1024.0 * 1024.0 => format!("{:.1} MiB", b / 1024.0 / 1024.0),
-        b => format!("{:.1} KiB", b / 1024.0),
     }
 }
 

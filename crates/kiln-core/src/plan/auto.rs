@@ -484,7 +484,7 @@ mod tests {
         assert!(
             tight.starts_with("auto: nothing fits: the least full layout")
                 && tight.contains("device 1 needs")
-                && tight.contains("over the 0.0 it may use"),
+                && tight.contains("over the 1.0 KiB it may use"),
             "{tight}"
         );
         let outside = resolve_limited("5=1GiB").unwrap_err().to_string();

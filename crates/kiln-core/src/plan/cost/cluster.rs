@@ -86,16 +86,17 @@ pub enum LimitError {
     },
     /// A limit above the device's memory.
     #[error(
-        "device {device} is limited to {limit:.2} GiB but has {memory:.2} GiB; give it at most \
-         its memory"
+        "device {device} is limited to {} but has {}; give it at most its memory",
+        size(*limit as f64),
+        size(*memory as f64)
     )]
     AboveDevice {
         /// The device.
         device: usize,
-        /// The limit, GiB.
-        limit: f64,
-        /// The device's memory, GiB.
-        memory: f64,
+        /// The limit, bytes.
+        limit: u64,
+        /// The device's memory, bytes.
+        memory: u64,
     },
 }
 
@@ -146,8 +147,8 @@ impl Cluster {
             if limit > memory {
                 return Err(LimitError::AboveDevice {
                     device,
-                    limit: limit as f64 / GIB as f64,
-                    memory: memory as f64 / GIB as f64,
+                    limit,
+                    memory,
                 });
             }
         }
@@ -340,6 +341,17 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         ));
     }
     Ok(bytes as u64)
+}
+
+/// `bytes` in the largest binary unit that keeps a digit before the point: `12.0 GiB`,
+/// `640.0 KiB` (what [`parse_bytes`] reads back).
+pub fn size(bytes: f64) -> String {
+    const MIB: f64 = 1024.0 * 1024.0;
+    match bytes.abs() {
+        b if b >= GIB as f64 => format!("{:.1} GiB", bytes / GIB as f64),
+        b if b >= MIB => format!("{:.1} MiB", bytes / MIB),
+        _ => format!("{:.1} KiB", bytes / 1024.0),
+    }
 }
 
 /// Reads per-device memory limits as Accelerate's `max_memory` names them, `0=10GiB,1=8GiB`:

@@ -15,7 +15,7 @@ mod workload;
 
 pub use cluster::{
     CLOSE, Cluster, DEFAULT_EFFICIENCY, LimitError, PRESETS, Preset, USABLE_MEMORY, parse_bytes,
-    parse_limits,
+    parse_limits, size,
 };
 pub use estimate::{TP_CALLS_PER_BLOCK, memory, memory_by_stage, step_time};
 pub use layout::{Layout, Memory, StageSplit, StepTime};

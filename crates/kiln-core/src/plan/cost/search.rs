@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::cluster::{LimitError, USABLE_MEMORY};
+use super::cluster::{LimitError, USABLE_MEMORY, size};
 use super::estimate::{memory, step_time};
 use super::layout::{Layout, Memory, StageSplit, StepTime};
 use super::stages;
@@ -241,11 +241,11 @@ fn overflow(cluster: &Cluster, memory: &Memory) -> String {
     let usable = cluster.usable(memory.device);
     match cluster.unequal() {
         true => format!(
-            "device {} needs {:.1} GiB, {:.1} GiB over the {:.1} it may use",
+            "device {} needs {}, {} over the {} it may use",
             memory.device,
-            memory.total / GIB,
-            (memory.total - usable) / GIB,
-            usable / GIB
+            size(memory.total),
+            size(memory.total - usable),
+            size(usable)
         ),
         false => format!(
             "needs {:.1} GiB per device, {:.1} GiB usable",

@@ -406,7 +406,7 @@ mod tests {
         assert!(
             text.starts_with("nothing fits: the least full layout (")
                 && text.contains("overflows: device 1 needs")
-                && text.contains("GiB over the 10.8 it may use"),
+                && text.contains("GiB over the 10.8 GiB it may use"),
             "{text}"
         );
         assert!(!text.contains('\n'));
@@ -441,7 +441,7 @@ mod tests {
         above.max_memory.insert(1, 13 * GIB);
         assert_eq!(
             refused(&above).to_string(),
-            "device 1 is limited to 13.00 GiB but has 12.00 GiB; give it at most its memory"
+            "device 1 is limited to 13.0 GiB but has 12.0 GiB; give it at most its memory"
         );
         let mut listed = cluster.clone();
         listed.device_memory.push(GIB);
