@@ -1270,3 +1270,79 @@ fn full_fine_tuning_trains_every_weight_alike_under_single_and_ddp_with_the_stat
         std::fs::remove_dir_all(dir).ok();
     }
 }
+
+/// `--full` in bf16 on a bf16 base: f32 master weights train under ddp with the optimizer state
+/// whole and split alike, and the model comes out in the base's dtype, every weight moved.
+#[test]
+fn full_fine_tuning_in_bf16_keeps_the_base_s_dtype_and_trains_alike_with_the_state_split() {
+    // The bf16 fixture's weights and config, with the llama fixture's tokenizer.
+    let folder = scratch("full-bf16-base");
+    for (from, file) in [
+        ("llama/bf16", "config.json"),
+        ("llama/bf16", "model.safetensors"),
+        ("llama", "tokenizer.json"),
+    ] {
+        std::fs::copy(fixture(&format!("{from}/{file}")), folder.join(file)).unwrap();
+    }
+    let (model, data) = (folder.display().to_string(), fixture("chat.jsonl"));
+    let run = |out: &Path, extra: &[&str]| {
+        let folder = out.join("model");
+        let mut args: Vec<String> = [
+            "finetune",
+            "--model",
+            &model,
+            "--data",
+            &data,
+            "--full",
+            "--precision",
+            "bf16",
+            "--steps",
+            "2",
+            "--batch",
+            "8",
+            "--seq-len",
+            "24",
+            "--lr",
+            "0.01",
+            "--threads-per-rank",
+            "1",
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend(["--output".into(), folder.display().to_string()]);
+        args.extend(["--json".into(), out.join("run.json").display().to_string()]);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let report = summary(out, args);
+        assert_eq!(report["full"], true);
+        assert_eq!(
+            kiln_nn::llm::stored_dtype(&folder).unwrap(),
+            burn::tensor::DType::BF16
+        );
+        weights(&folder)
+    };
+    let ddp = ["--strategy", "ddp", "--world", "2"];
+    let (whole_dir, split_dir) = (scratch("full-bf16-whole"), scratch("full-bf16-split"));
+    let whole = run(&whole_dir, &ddp);
+    let split = run(
+        &split_dir,
+        &[&ddp[..], &["--shard-state", "optimizer"]].concat(),
+    );
+    let base = weights(Path::new(&model));
+    assert_eq!(whole.len(), base.len());
+    // Every weight moves, the norms' gains of 1 too: a step of 0.01 is more than half a bf16
+    // step at 1 (2⁻⁸), so the bf16 output shows it.
+    let moved = whole.iter().zip(&base).filter(|(a, b)| a != b).count();
+    assert_eq!(moved, base.len(), "every weight trains");
+    // Splitting the state changes which replica steps which parameter, not the arithmetic:
+    // the same bf16 model, bit for bit. (Against `single` a bf16 run is not comparable value
+    // by value: AdamW's first steps move a weight by about the learning rate times the sign
+    // of its gradient, and a gradient near zero, summed in bf16 over other halves of the
+    // batch, may change sign.)
+    assert!(
+        whole == split,
+        "the split state's model differs from the whole state's"
+    );
+    for dir in [whole_dir, split_dir, folder] {
+        std::fs::remove_dir_all(dir).ok();
+    }
+}
