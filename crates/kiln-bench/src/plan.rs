@@ -11,7 +11,7 @@
 
 use std::fmt::Write;
 
-use kiln_core::plan::cost::{Layout, Measured, StepTime};
+use kiln_core::plan::cost::{Layout, Measured, StageSplit, StepTime};
 use kiln_core::strategy::StrategyKind;
 use serde::{Deserialize, Serialize};
 
@@ -52,6 +52,9 @@ pub struct PlanRow {
     pub strategy: StrategyKind,
     /// Its mesh and micro-batches.
     pub layout: Layout,
+    /// The blocks of each stage it ran with (one entry without stages).
+    #[serde(default)]
+    pub blocks: Vec<usize>,
     /// The median round's predicted step, by part (seconds).
     pub predicted: StepTime,
     /// The median round's measured step: the median of its timed steps (seconds).
@@ -202,16 +205,22 @@ pub fn spearman(a: &[f64], b: &[f64]) -> f64 {
     }
 }
 
-fn layout(l: &Layout) -> String {
+fn layout(row: &PlanRow) -> String {
+    let l = &row.layout;
+    let blocks: Vec<String> = row.blocks.iter().map(usize::to_string).collect();
     format!(
-        "dp{} pp{} tp{}, {}×{}{}{}",
+        "dp{} pp{} tp{}, {}×{}{}{}{}",
         l.dp,
         l.pp,
         l.tp,
         l.micro_batches,
         l.micro_batch,
         if l.recompute { " rec" } else { "" },
-        if l.split_optimizer { " split" } else { "" }
+        if l.split_optimizer { " split" } else { "" },
+        match l.split {
+            StageSplit::Even => String::new(),
+            split => format!(" {} {}", split.name(), blocks.join("+")),
+        }
     )
 }
 
@@ -239,7 +248,7 @@ pub fn markdown(report: &PlanReport) -> String {
             r.model,
             r.world,
             r.strategy.name(),
-            layout(&r.layout),
+            layout(r),
             r.predicted.total * 1e3,
             r.measured * 1e3,
             r.spread * 100.0,
@@ -332,20 +341,19 @@ fn verdict(here: &[&PlanRow], rounds: usize) -> Option<String> {
             "{:.0} % behind the measured fastest ({} {})",
             (speed(chosen, rounds) / speed(fastest, rounds) - 1.0) * 100.0,
             fastest.strategy.name(),
-            layout(&fastest.layout)
+            layout(fastest)
         ),
     };
     Some(format!(
         "auto chooses {} {} (in {times_chosen} of {rounds} round(s)): {how}",
         chosen.strategy.name(),
-        layout(&chosen.layout),
+        layout(chosen),
     ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kiln_core::plan::cost::StageSplit;
 
     #[test]
     fn rank_correlation_sees_order_not_scale() {
@@ -385,6 +393,7 @@ mod tests {
                 split_optimizer: false,
                 split: StageSplit::Even,
             },
+            blocks: Vec::new(),
             predicted: StepTime {
                 compute: total,
                 update: 0.0,

@@ -26,7 +26,7 @@ const EDGES: [&str; 12] = [
 ];
 
 /// Each numeric flag of `kiln train`, with the flags that make it apply.
-const FLAGS: [(&str, &[&str]); 14] = [
+const FLAGS: [(&str, &[&str]); 15] = [
     ("--world", &["--strategy", "ddp"]),
     ("--dp", &["--strategy", "ddp"]),
     ("--stages", &["--strategy", "pipeline"]),
@@ -41,6 +41,7 @@ const FLAGS: [(&str, &[&str]); 14] = [
     ("--lr", &[]),
     ("--bucket-cap-mb", &["--strategy", "ddp"]),
     ("--clip-norm", &[]),
+    ("--layers", &["--model", "transformer"]),
 ];
 
 /// What one `kiln train` did: its exit code (`None`: still training when stopped), and its
@@ -146,6 +147,10 @@ fn zero_huge_and_negative_numbers_get_their_own_errors() {
         (
             vec!["train", "--batch", "0"],
             "--batch must be between 1 and",
+        ),
+        (
+            vec!["train", "--layers", "0"],
+            "--layers must be between 1 and 256, got 0",
         ),
         (
             vec!["train", "--lr", "-1"],

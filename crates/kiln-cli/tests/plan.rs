@@ -791,3 +791,36 @@ fn memory_limits_that_name_no_device_or_exceed_it_are_refused_in_one_line() {
     );
     assert_one_line_error(&with(&["--max-memory", "1:8GiB"]), "0=10GiB");
 }
+
+/// A built-in model of more blocks than its own two: the planner lists stages cut unevenly
+/// beside the even ones, each adding up to its blocks.
+#[test]
+fn a_deeper_built_in_transformer_is_planned_with_balanced_stages_beside_even_ones() {
+    let report = plan_json(&[
+        "--model",
+        "transformer",
+        "--layers",
+        "6",
+        "--global-batch",
+        "96",
+        "--devices",
+        "4",
+    ]);
+    assert_eq!(report["workload"]["layers"], 6, "{report}");
+    let balanced: Vec<_> = report["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["layout"]["split"] == "balanced")
+        .collect();
+    assert!(!balanced.is_empty(), "{report}");
+    for c in &balanced {
+        let blocks: Vec<u64> = c["blocks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap())
+            .collect();
+        assert_eq!(blocks.iter().sum::<u64>(), 6, "{c}");
+    }
+}

@@ -37,6 +37,10 @@ pub struct PlanBenchArgs {
         default_value = "mlp,transformer"
     )]
     models: Vec<ModelKind>,
+    /// Blocks of the built-in models (more than their own 2 let stages be cut unevenly)
+    /// [default: each model's own].
+    #[arg(long)]
+    layers: Option<usize>,
     /// The backend: the CPU's (its cores are the ranks) or CUDA (its GPUs are).
     #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
     backend: BackendKind,
@@ -87,6 +91,7 @@ pub fn run(args: PlanBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         let world = (!args.backend.is_cpu()).then_some(most);
         let config = TrainConfig {
             model,
+            layers: args.layers,
             backend: args.backend,
             world,
             batch: args.global_batch,
@@ -184,6 +189,7 @@ impl Measuring {
             world: self.candidate.ranks(),
             strategy: self.candidate.strategy,
             layout: self.candidate.layout,
+            blocks: self.candidate.blocks.clone(),
             predicted: self.predicted[m].0,
             measured: rounds[m].measured,
             spread: spread(&all),

@@ -71,6 +71,8 @@ fn measured(
 ) -> Result<(String, Workload, Cluster), Box<dyn std::error::Error>> {
     let config = TrainConfig {
         model,
+        // --layers describes a transformer's shape, or, with --model, the built-in's blocks.
+        layers: args.layers,
         batch: args.global_batch,
         ..TrainConfig::default()
     };

@@ -44,7 +44,7 @@ where
     B::seed(device, config.seed);
     match config.model {
         ModelKind::Mlp => {
-            let model = MlpConfig::new().init::<B>(device);
+            let model = mlp(config).init::<B>(device);
             let task = TeacherTask {
                 samples: config.samples,
                 features: 32,
@@ -57,7 +57,7 @@ where
             )
         }
         ModelKind::Transformer => {
-            let model = TransformerConfig::new().init::<B>(device);
+            let model = transformer(config).init::<B>(device);
             let task = FibonacciTask {
                 samples: config.samples,
                 len: SEQUENCE,
@@ -72,7 +72,25 @@ where
 /// What a step of `config`'s model asks of the planner.
 pub(crate) fn workload(config: &TrainConfig) -> Workload {
     match config.model {
-        ModelKind::Mlp => MlpConfig::new().workload(config.batch),
-        ModelKind::Transformer => TransformerConfig::new().workload(SEQUENCE, config.batch),
+        ModelKind::Mlp => mlp(config).workload(config.batch),
+        ModelKind::Transformer => transformer(config).workload(SEQUENCE, config.batch),
+    }
+}
+
+/// The MLP `config` names: its own sizes, with `config.layers` hidden layers where set.
+fn mlp(config: &TrainConfig) -> MlpConfig {
+    let model = MlpConfig::new();
+    match config.layers {
+        Some(layers) => model.with_layers(layers),
+        None => model,
+    }
+}
+
+/// The transformer `config` names: its own sizes, with `config.layers` blocks where set.
+fn transformer(config: &TrainConfig) -> TransformerConfig {
+    let model = TransformerConfig::new();
+    match config.layers {
+        Some(layers) => model.with_layers(layers),
+        None => model,
     }
 }

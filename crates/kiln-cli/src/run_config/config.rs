@@ -38,6 +38,10 @@ pub enum ModelKind {
 pub struct TrainConfig {
     /// Which built-in model to train.
     pub model: ModelKind,
+    /// Its blocks (the transformer's) or hidden layers (the MLP's), where not its own (2):
+    /// what pipeline stages split.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layers: Option<usize>,
     /// Which strategy (`auto` resolves from the world size).
     pub strategy: StrategyKind,
     /// Which backend.
@@ -84,6 +88,7 @@ impl Default for TrainConfig {
     fn default() -> Self {
         Self {
             model: ModelKind::Mlp,
+            layers: None,
             strategy: StrategyKind::Auto,
             backend: BackendKind::Flex,
             world: None,
@@ -227,6 +232,10 @@ impl TrainConfig {
     /// The most samples the synthetic data sets hold.
     pub const MAX_SAMPLES: usize = 1 << 22;
 
+    /// The most blocks a built-in model is built with: far past what its small synthetic
+    /// tasks need, and few enough that a typo cannot build a model of millions of layers.
+    pub const MAX_LAYERS: usize = 256;
+
     /// Where this process's ranks of `plan` run.
     ///
     /// # Errors
@@ -257,6 +266,7 @@ impl TrainConfig {
             ("steps", self.steps, 1, usize::MAX),
             ("batch", self.batch, 1, Self::MAX_SAMPLES),
             ("samples", self.samples, 1, Self::MAX_SAMPLES),
+            ("layers", self.layers.unwrap_or(1), 1, Self::MAX_LAYERS),
         ] {
             if !(min..=max).contains(&value) {
                 return Err(ConfigError::OutOfRange {

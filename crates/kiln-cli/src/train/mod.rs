@@ -34,6 +34,10 @@ pub struct TrainArgs {
     /// Built-in model [default: mlp].
     #[arg(long, value_enum)]
     model: Option<ModelKind>,
+    /// Blocks of the built-in model (the transformer's, or the MLP's hidden layers), which
+    /// pipeline stages split [default: 2].
+    #[arg(long)]
+    layers: Option<usize>,
     #[command(flatten)]
     run: RunArgs,
     /// Samples in the synthetic data set [default: 8192].
@@ -73,6 +77,9 @@ impl TrainArgs {
         };
         if let Some(model) = self.model {
             c.model = model;
+        }
+        if let Some(layers) = self.layers {
+            c.layers = Some(layers);
         }
         if let Some(samples) = self.samples {
             c.samples = samples;
