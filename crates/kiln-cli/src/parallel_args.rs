@@ -9,7 +9,7 @@ use kiln_core::strategy::{Schedule, ShardState, StrategyConfigs, StrategyKind};
 use crate::names::{schedule_parser, shard_state_parser};
 
 /// `--dp`, `--stages`, `--stage-blocks`, `--tp`, `--micro-batches`, `--schedule`,
-/// `--recompute`, `--bucket-cap-mb`, `--shard-state`, `--max-memory`.
+/// `--recompute`, `--bucket-cap-mb`, `--shard-state`, `--max-memory`, `--memory-margin`.
 #[derive(clap::Args, Debug)]
 pub struct ParallelArgs {
     /// Data-parallel replicas: with `pipeline` and `tensor` the world becomes
@@ -58,6 +58,10 @@ pub struct ParallelArgs {
     /// free at start).
     #[arg(long, value_name = "RANK=SIZE,..")]
     max_memory: Option<String>,
+    /// Under `auto`, what its planner leaves free on every device without a --max-memory
+    /// limit, e.g. `2GiB` [default: 10 % of the device; on CUDA, of what is free at start].
+    #[arg(long, value_name = "SIZE")]
+    memory_margin: Option<String>,
 }
 
 /// A flag given with a strategy that does not read it.
@@ -136,6 +140,12 @@ impl ParallelArgs {
                 return Err(refuse("--max-memory", "auto"));
             }
             configs.auto.max_memory = Some(limits.clone());
+        }
+        if let Some(margin) = &self.memory_margin {
+            if strategy != Auto {
+                return Err(refuse("--memory-margin", "auto"));
+            }
+            configs.auto.memory_margin = Some(margin.clone());
         }
         if strategy == Auto {
             if self.schedule.is_some() {

@@ -790,6 +790,10 @@ fn memory_limits_that_name_no_device_or_exceed_it_are_refused_in_one_line() {
         "2 device memories are listed for 3 devices",
     );
     assert_one_line_error(&with(&["--max-memory", "1:8GiB"]), "0=10GiB");
+    assert_one_line_error(
+        &with(&["--memory-margin", "30GiB"]),
+        "a memory margin of 30.0 GiB leaves nothing of device 1's 8.0 GiB",
+    );
 }
 
 /// A built-in model of more blocks than its own two: the planner lists stages cut unevenly

@@ -242,6 +242,7 @@ fn measured_planner(
         measured: Some(measured),
         device_memory: Vec::new(),
         max_memory: Default::default(),
+        margin: None,
     };
     Planner {
         workload,

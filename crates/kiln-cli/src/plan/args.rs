@@ -87,6 +87,10 @@ pub struct PlanArgs {
     /// ranks).
     #[arg(long)]
     pub(super) max_memory: Option<String>,
+    /// What a plan leaves free on every device without a --max-memory limit, e.g. 2GiB
+    /// [default: 10 % of the device].
+    #[arg(long)]
+    pub(super) memory_margin: Option<String>,
     /// Dense peak TFLOP/s per device.
     #[arg(long, conflicts_with = "model")]
     pub(super) device_tflops: Option<f64>,

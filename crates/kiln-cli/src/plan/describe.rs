@@ -233,6 +233,20 @@ fn at_most(flag: &str, value: usize, max: usize) -> Result<usize, DescribeError>
     }
 }
 
+/// `--max-memory` and `--memory-margin` written into `cluster`.
+///
+/// # Errors
+/// What is wrong with either, in words.
+pub fn limit(cluster: &mut Cluster, args: &PlanArgs) -> Result<(), String> {
+    if let Some(limits) = &args.max_memory {
+        cluster.max_memory = parse_limits(limits)?;
+    }
+    if let Some(margin) = &args.memory_margin {
+        cluster.margin = Some(parse_bytes(margin)?);
+    }
+    Ok(())
+}
+
 /// The devices the flags describe: a preset, with any figure overridden.
 pub fn cluster(args: &PlanArgs) -> Result<Cluster, DescribeError> {
     let preset = Preset::named(&args.device).ok_or_else(|| DescribeError::Device {
@@ -279,9 +293,7 @@ pub fn cluster(args: &PlanArgs) -> Result<Cluster, DescribeError> {
         }
         (None, None) => {}
     }
-    if let Some(limits) = &args.max_memory {
-        cluster.max_memory = parse_limits(limits).map_err(DescribeError::Value)?;
-    }
+    limit(&mut cluster, args).map_err(DescribeError::Value)?;
     cluster
         .check_limits()
         .map_err(|e| DescribeError::Value(e.to_string()))?;

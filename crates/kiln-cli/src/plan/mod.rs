@@ -7,7 +7,7 @@ mod args;
 mod describe;
 mod table;
 
-use kiln_core::plan::cost::{Cluster, Workload, parse_limits, search};
+use kiln_core::plan::cost::{Cluster, Workload, search};
 
 use crate::run_config::{ModelKind, TrainConfig};
 
@@ -85,9 +85,7 @@ fn measured(
     }
     let name = format!("the built-in {} (measured on this machine)", model.name());
     let mut cluster = planner.cluster(devices);
-    if let Some(limits) = &args.max_memory {
-        cluster.max_memory = parse_limits(limits)?;
-        cluster.check_limits()?;
-    }
+    describe::limit(&mut cluster, args)?;
+    cluster.check_limits()?;
     Ok((name, planner.workload.clone(), cluster))
 }

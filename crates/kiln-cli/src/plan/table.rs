@@ -89,8 +89,12 @@ pub fn render(
 /// The devices' memory: `80.0 GiB each`, or each device's where they differ, with the limits
 /// set on any (`24.0 GiB, 12.0 GiB (limited to 10.0 GiB)`).
 fn memories(cluster: &Cluster) -> String {
-    if !cluster.unequal() {
-        return format!("{} each", bytes(cluster.memory as f64));
+    let margin = match cluster.margin {
+        Some(margin) => format!(" ({} kept free on each)", bytes(margin as f64)),
+        None => String::new(),
+    };
+    if cluster.device_memory.is_empty() && cluster.max_memory.is_empty() {
+        return format!("{} each{margin}", bytes(cluster.memory as f64));
     }
     let each: Vec<String> = (0..cluster.devices.min(MOST_LISTED))
         .map(|d| match cluster.max_memory.get(&d) {
@@ -104,8 +108,8 @@ fn memories(cluster: &Cluster) -> String {
         .collect();
     let more = cluster.devices.saturating_sub(MOST_LISTED);
     match more {
-        0 => each.join(", "),
-        _ => format!("{}, … ({more} more)", each.join(", ")),
+        0 => format!("{}{margin}", each.join(", ")),
+        _ => format!("{}, … ({more} more){margin}", each.join(", ")),
     }
 }
 

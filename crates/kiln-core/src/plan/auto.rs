@@ -239,13 +239,15 @@ pub(super) fn choose(
         return Ok(replicas(ranks, from_cores, fixed, configs));
     };
     let within = fixed.map_or(Fixed::default(), |(f, _)| *f);
-    // Validated with the configs: the limits read.
+    // Validated with the configs: the limits and the margin read.
     let limits = configs.auto.limits().unwrap_or_default();
-    let planned = match limits.is_empty() {
+    let margin = configs.auto.margin().unwrap_or_default();
+    let planned = match limits.is_empty() && margin.is_none() {
         true => planner.plan_within(ranks, within)?,
         false => {
             let mut limited = planner.clone();
             limited.cluster.max_memory = limits;
+            limited.cluster.margin = margin;
             limited.plan_within(ranks, within)?
         }
     };
@@ -414,6 +416,7 @@ mod tests {
             cores: Some(2),
             device_memory: Vec::new(),
             max_memory: Default::default(),
+            margin: None,
             measured: Some(Measured {
                 per_sample: 150e-6,
                 per_micro_batch: 300e-6,
@@ -494,6 +497,29 @@ mod tests {
         );
         let unread = resolve_limited("1:1GiB").unwrap_err();
         assert!(matches!(unread, ConfigError::MaxMemory { .. }), "{unread}");
+        // A margin as large as a rank's share leaves nothing: refused, naming the device.
+        let mut configs = StrategyConfigs::default();
+        configs.auto.memory_margin = Some("9GiB".into());
+        let request = |configs: StrategyConfigs| PlanRequest {
+            world: Some(2),
+            cpu_cores: Some(2),
+            planner: Some(planner(16 << 30)),
+            configs,
+            ..PlanRequest::new(StrategyKind::Auto, 64)
+        };
+        let emptied = Plan::resolve(request(configs.clone()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            emptied.contains("a memory margin of 9.0 GiB leaves nothing"),
+            "{emptied}"
+        );
+        configs.auto.memory_margin = Some("lots".into());
+        let unread = Plan::resolve(request(configs)).unwrap_err();
+        assert!(
+            matches!(unread, ConfigError::MemoryMargin { .. }),
+            "{unread}"
+        );
     }
 
     #[test]

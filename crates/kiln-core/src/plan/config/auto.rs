@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::ConfigError;
-use crate::plan::cost::parse_limits;
+use crate::plan::cost::{parse_bytes, parse_limits};
 
 /// Settings of `auto` (`[parallel.auto]`, or `--stages`, `--tp`, `--micro-batches`,
 /// `--recompute` and `--max-memory` with `--strategy auto`). Each setting left unset is the planner's to choose;
@@ -31,6 +31,9 @@ pub struct AutoConfig {
     /// `"0=10GiB,1=8GiB"` (each other device keeps 90 % of its memory). Not a degree: every
     /// layout is still considered, against these limits.
     pub max_memory: Option<String>,
+    /// What the planner leaves free on every device without a `max_memory` limit, as a size
+    /// (`"2GiB"`), instead of 10 % of it: on CUDA, of the memory free at start.
+    pub memory_margin: Option<String>,
 }
 
 impl AutoConfig {
@@ -50,7 +53,24 @@ impl AutoConfig {
             return Err(ConfigError::ZeroMicroBatches);
         }
         self.limits()?;
+        self.margin()?;
         Ok(())
+    }
+
+    /// [`AutoConfig::memory_margin`] in bytes (none when unset).
+    ///
+    /// # Errors
+    /// [`ConfigError::MemoryMargin`] for text that is not a size.
+    pub fn margin(&self) -> Result<Option<u64>, ConfigError> {
+        self.memory_margin
+            .as_deref()
+            .map(|text| {
+                parse_bytes(text).map_err(|why| ConfigError::MemoryMargin {
+                    text: text.to_string(),
+                    why,
+                })
+            })
+            .transpose()
     }
 
     /// The per-device limits of [`AutoConfig::max_memory`], by rank (none when unset).

@@ -234,6 +234,14 @@ pub enum ConfigError {
         /// What is wrong with them.
         why: String,
     },
+    /// `auto`'s memory margin is not a size.
+    #[error("auto: memory_margin {text:?} cannot be read: {why}")]
+    MemoryMargin {
+        /// The margin as given.
+        text: String,
+        /// What is wrong with it.
+        why: String,
+    },
     /// More stages than the model has blocks to split between.
     #[error(
         "the pipeline has {stages} stages but the model has {blocks} blocks to split between; \

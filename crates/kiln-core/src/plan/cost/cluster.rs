@@ -35,6 +35,11 @@ pub struct Cluster {
     /// [`USABLE_MEMORY`] of its memory: Accelerate's `max_memory`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub max_memory: BTreeMap<usize, u64>,
+    /// Bytes a plan leaves free on every device without a limit of its own
+    /// (`--memory-margin 2GiB`), in place of the [`USABLE_MEMORY`] share: on CUDA, of the
+    /// memory free at start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub margin: Option<u64>,
     /// Dense FLOP/s of one device at its peak.
     pub peak_flops: f64,
     /// The share of the peak a real training step reaches (0.5: half).
@@ -84,6 +89,20 @@ pub enum LimitError {
         /// The last device's index.
         last: usize,
     },
+    /// A margin that leaves a device nothing.
+    #[error(
+        "a memory margin of {} leaves nothing of device {device}'s {}; give a smaller margin",
+        size(*margin as f64),
+        size(*memory as f64)
+    )]
+    MarginTooLarge {
+        /// The margin, bytes.
+        margin: u64,
+        /// The device it empties.
+        device: usize,
+        /// The device's memory, bytes.
+        memory: u64,
+    },
     /// A limit above the device's memory.
     #[error(
         "device {device} is limited to {} but has {}; give it at most its memory",
@@ -112,15 +131,18 @@ impl Cluster {
     /// Bytes a plan may fill of device `device`: its limit where one is set, else
     /// [`USABLE_MEMORY`] of its memory.
     pub fn usable(&self, device: usize) -> f64 {
-        match self.max_memory.get(&device) {
-            Some(&limit) => limit as f64,
-            None => self.device_bytes(device) as f64 * USABLE_MEMORY,
+        let memory = self.device_bytes(device);
+        match (self.max_memory.get(&device), self.margin) {
+            (Some(&limit), _) => limit as f64,
+            (None, Some(margin)) => memory.saturating_sub(margin) as f64,
+            (None, None) => memory as f64 * USABLE_MEMORY,
         }
     }
 
-    /// Whether some device differs from the others in what a plan may fill.
+    /// Whether what a plan may fill is not simply 90 % of one size: the devices differ, or
+    /// limits or a margin are set.
     pub fn unequal(&self) -> bool {
-        !self.device_memory.is_empty() || !self.max_memory.is_empty()
+        !self.device_memory.is_empty() || !self.max_memory.is_empty() || self.margin.is_some()
     }
 
     /// Checks the per-device memory: a size per device, limits on devices of the cluster and
@@ -134,6 +156,21 @@ impl Cluster {
                 listed: self.device_memory.len(),
                 devices: self.devices,
             });
+        }
+        if let Some(margin) = self.margin {
+            let smallest = (0..self.devices)
+                .filter(|d| !self.max_memory.contains_key(d))
+                .map(|d| (d, self.device_bytes(d)))
+                .min_by_key(|&(_, bytes)| bytes);
+            if let Some((device, memory)) = smallest
+                && margin >= memory
+            {
+                return Err(LimitError::MarginTooLarge {
+                    margin,
+                    device,
+                    memory,
+                });
+            }
         }
         for (&device, &limit) in &self.max_memory {
             if device >= self.devices {
@@ -299,6 +336,7 @@ impl Preset {
             measured: None,
             device_memory: Vec::new(),
             max_memory: BTreeMap::new(),
+            margin: None,
         }
     }
 }

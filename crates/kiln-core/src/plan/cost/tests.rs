@@ -365,6 +365,7 @@ fn cores(devices: usize, measured: Measured) -> (Workload, Cluster) {
         measured: Some(measured),
         device_memory: Vec::new(),
         max_memory: Default::default(),
+        margin: None,
     };
     (Workload::transformer(&small, Precision::F32, 64), cluster)
 }
