@@ -381,17 +381,24 @@ pub fn search_within(
     };
     let reason = format!(
         "{}: {why} ({} rejected): {}, {:.1} ms a step predicted ({:.0} % model FLOPs \
-         utilisation), {:.1} of {:.1} GiB {}{}",
+         utilisation), {}{}",
         best.strategy.name(),
         rejected.len(),
         describe(&best.layout, &best.blocks),
         best.time.total * 1e3,
         best.utilisation * 100.0,
-        best.memory.total / GIB,
-        cluster.device_bytes(best.memory.device) as f64 / GIB,
         match cluster.unequal() {
-            true => format!("on device {}, the fullest", best.memory.device),
-            false => "per device".to_string(),
+            true => format!(
+                "{} of the {} it may use on device {}, the fullest",
+                size(best.memory.total),
+                size(cluster.usable(best.memory.device)),
+                best.memory.device
+            ),
+            false => format!(
+                "{} of {} per device",
+                size(best.memory.total),
+                size(cluster.memory as f64)
+            ),
         },
         stages::why(&best.layout, &best.blocks),
     );
