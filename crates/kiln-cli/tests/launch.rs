@@ -196,8 +196,8 @@ fn split_optimizer_state_across_processes_trains_as_plain_ddp_and_resumes_bit_fo
     let dir = scratch("zero1");
     let two = ["--nproc-per-node", "2"];
     let save = dir.join("save");
-    let args = |steps: &'static str, extra: &[&str]| -> Vec<String> {
-        let common = ["--model", "transformer", "--batch", "30", "--world", "4"];
+    let args_of = |world: &'static str, steps: &'static str, extra: &[&str]| -> Vec<String> {
+        let common = ["--model", "transformer", "--batch", "30", "--world", world];
         let ddp = ["--strategy", "ddp", "--steps", steps];
         common
             .iter()
@@ -206,6 +206,7 @@ fn split_optimizer_state_across_processes_trains_as_plain_ddp_and_resumes_bit_fo
             .map(|s| s.to_string())
             .collect()
     };
+    let args = |steps, extra: &[&str]| args_of("4", steps, extra);
     let run = |name: &str, launch: Option<&[&str]>, args: Vec<String>| {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         train(&dir, name, launch, &args)
@@ -237,6 +238,16 @@ fn split_optimizer_state_across_processes_trains_as_plain_ddp_and_resumes_bit_fo
     );
     // The parts, gathered from both processes into one checkpoint, resume across processes
     // (against processes too: MPI's sums need not round as the in-process collective's).
+    // Three processes of one rank each: three owners, one a process.
+    let three = ["--nproc-per-node", "3"];
+    let plain3 = run("plain3", Some(&three), args_of("3", "4", &[]));
+    let zero3 = run("zero3", Some(&three), args_of("3", "4", &split));
+    for key in ["param_sum", "param_sq_sum", "final_loss"] {
+        assert_eq!(plain3[key], zero3[key], "3 processes: {key}");
+    }
+    let (whole3, parts3) = (bytes(&plain3), bytes(&zero3));
+    assert_eq!(parts3.len(), 3);
+    assert_eq!(parts3.iter().sum::<u64>(), whole3[0], "{parts3:?}");
     let straight = run("straight", Some(&two), args("6", &split));
     let resume = [&split[..], &["--resume", save.to_str().unwrap()]].concat();
     let resumed = run("resumed", Some(&two), args("6", &resume));
