@@ -143,6 +143,11 @@ impl Plan {
         let (strategy, reason, world) = match strategy {
             StrategyKind::Auto => {
                 configs.validate(StrategyKind::Auto)?;
+                let limited =
+                    configs.auto.max_memory.is_some() || configs.auto.memory_margin.is_some();
+                if limited && planner.is_none() {
+                    return Err(ConfigError::LimitsWithoutPlanner);
+                }
                 let fixed = auto::fixed(&configs, fixed)?;
                 // The ranks one replica of the fixed stages and shards takes.
                 let model_parallel = fixed

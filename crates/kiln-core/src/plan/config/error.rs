@@ -234,6 +234,14 @@ pub enum ConfigError {
         /// What is wrong with them.
         why: String,
     },
+    /// Memory limits for `auto` where nothing plans against them: without a model described
+    /// to the planner, `auto` runs full replicas unmeasured.
+    #[error(
+        "auto: max_memory and memory_margin bound the planner's layouts, but this run gives \
+         the planner no model to measure (auto then runs a full replica per rank); drop them, \
+         or name the strategy and its layout"
+    )]
+    LimitsWithoutPlanner,
     /// `auto`'s memory margin is not a size.
     #[error("auto: memory_margin {text:?} cannot be read: {why}")]
     MemoryMargin {
