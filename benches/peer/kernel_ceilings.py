@@ -22,7 +22,7 @@ import argparse
 import torch
 
 KN = 4096  # Sizes::full().qlora_kn
-MS = (1, 16, 256, 4096)  # Sizes::full().qlora_m
+MS = (1, 16, 32, 256, 4096)  # Sizes::full().qlora_m
 ROWS = D = 4096  # Sizes::full().rows, .d
 
 

@@ -41,11 +41,12 @@ impl Sizes {
         }
     }
 
-    /// The GPU sizes: QLoRA at M = 1, 16, 256, 4096 with K = N = 4096; fused ops over
+    /// The GPU sizes: QLoRA at M = 1, 16 (the matrix-vector kernels), 32 (the tiled kernel),
+    /// 256 and 4096 (decoded to dense) with K = N = 4096; fused ops over
     /// 4096 × 4096 values.
     pub fn full() -> Self {
         Self {
-            qlora_m: vec![1, 16, 256, 4096],
+            qlora_m: vec![1, 16, 32, 256, 4096],
             qlora_kn: 4096,
             rank: 16,
             rows: 4096,
