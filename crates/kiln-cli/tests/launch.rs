@@ -8,6 +8,7 @@ mod common;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{finetune_args, kiln, scratch};
@@ -18,9 +19,28 @@ fn text(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
 }
 
-/// `kiln launch <launch> -- kiln <args>`.
+/// mpirun's arguments that give one job a session directory of its own. Open MPI keeps every
+/// job's files under `<tmpdir>/ompi.<host>.<uid>`, and a job that ends may remove that
+/// directory while another test's job is still starting in it: CI once saw a daemon fail with
+/// "mkdir was unable to create /tmp/ompi.vm.0/jf.3329/0/1: No such file or directory".
+fn own_session() -> [String; 3] {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("ompi-{}", NEXT.fetch_add(1, Ordering::Relaxed)));
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::create_dir_all(&dir).unwrap();
+    [
+        "--mpirun-arg=--mca".to_string(),
+        "--mpirun-arg=orte_tmpdir_base".to_string(),
+        format!("--mpirun-arg={}", dir.display()),
+    ]
+}
+
+/// `kiln launch <launch> -- kiln <args>`, in a session directory of its own.
 fn launch(launch: &[&str], args: &[&str]) -> Output {
+    let session = own_session();
     let mut all = vec!["launch"];
+    all.extend(session.iter().map(String::as_str));
     all.extend_from_slice(launch);
     all.push("--");
     all.push(KILN);
@@ -575,7 +595,9 @@ fn long_run(dir: &Path, flags: &str) -> (std::process::Child, Instant) {
         dir.display()
     );
     let child = Command::new(KILN)
-        .args(["launch", "--nproc-per-node", "2", "--", "sh", "-c", &script])
+        .arg("launch")
+        .args(own_session())
+        .args(["--nproc-per-node", "2", "--", "sh", "-c", &script])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -3,6 +3,7 @@
 //! saw; the test reads it. Needs Open MPI (`.ci/run` installs it) and the `mpi` feature.
 #![cfg(feature = "mpi")]
 
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -16,8 +17,16 @@ const SCENARIO: &str = "KILN_MPI_SCENARIO";
 
 /// Runs `scenario` in 2 processes of 2 ranks each; their output, and how long it took.
 fn mpirun(scenario: &str) -> (Output, Duration) {
+    // A session directory of its own: Open MPI keeps every job's files under
+    // `<tmpdir>/ompi.<host>.<uid>`, which a job that ends may remove while another test's job
+    // is starting in it.
+    let session = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("ompi-{scenario}"));
+    std::fs::remove_dir_all(&session).ok();
+    std::fs::create_dir_all(&session).unwrap();
     let mut cmd = Command::new("mpirun");
-    cmd.args(["-n", "2", "--oversubscribe", "--bind-to", "none"]);
+    cmd.args(["-n", "2", "--oversubscribe", "--bind-to", "none"])
+        .args(["--mca", "orte_tmpdir_base"])
+        .arg(&session);
     if std::fs::read_to_string("/proc/self/status")
         .is_ok_and(|s| s.lines().any(|l| l.starts_with("Uid:\t0")))
     {
