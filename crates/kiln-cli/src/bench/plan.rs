@@ -16,7 +16,7 @@ use kiln_bench::stats::rotation;
 use kiln_core::data::DataSource;
 use kiln_core::fit::FitModel;
 use kiln_core::optim::PerformanceConfig;
-use kiln_core::plan::cost::{Candidate, Layout, StepTime, memory, step_time};
+use kiln_core::plan::cost::{Candidate, Layout, StepTime, memory_with, step_time_with};
 use kiln_core::plan::{Plan, PlanRequest, Planner};
 use kiln_core::stats::{median, spread};
 use kiln_core::strategy::{PerformanceSpec, StrategyConfigs};
@@ -241,10 +241,13 @@ fn predict(planner: &Planner, rows: &[Measuring]) -> Result<Vec<(StepTime, f64, 
                     layout
                 }
             };
-            let cluster = planner.cluster(world);
+            // Predicted for the stage cut that ran (the first round's), which a later
+            // round's calibration could cut otherwise.
+            let (cluster, blocks) = (planner.cluster(world), &row.candidate.blocks);
+            let work = &planner.workload;
             Ok((
-                step_time(&planner.workload, &cluster, layout),
-                memory(&planner.workload, &cluster, layout).total,
+                step_time_with(work, &cluster, layout, blocks),
+                memory_with(work, &cluster, layout, blocks).total,
                 choice == *layout,
             ))
         })

@@ -17,9 +17,25 @@ use super::{Cluster, Workload};
 /// limit (on equal devices, the first stage's, with the embeddings and the most micro-batches
 /// in flight, or the last's, with the head).
 pub fn memory(work: &Workload, cluster: &Cluster, layout: &Layout) -> Memory {
+    memory_with(
+        work,
+        cluster,
+        layout,
+        &stages::blocks(work, cluster, layout),
+    )
+}
+
+/// [`memory`] with the stages holding `blocks` (one entry a stage), whatever `layout.split`
+/// would cut: for a layout that ran with a cut chosen under another calibration.
+pub fn memory_with(
+    work: &Workload,
+    cluster: &Cluster,
+    layout: &Layout,
+    blocks: &[usize],
+) -> Memory {
     let fullness = |m: &Memory| m.total / cluster.usable(m.device);
     // The first of the fullest: stage 0 where stages tie.
-    memory_by_stage(work, cluster, layout)
+    stage_memories(work, cluster, layout, blocks)
         .into_iter()
         .rev()
         .max_by(|a, b| fullness(a).total_cmp(&fullness(b)))
@@ -29,7 +45,22 @@ pub fn memory(work: &Workload, cluster: &Cluster, layout: &Layout) -> Memory {
 /// The memory of each stage of `layout` (one entry without stages), in stage order, each for
 /// the stage's device with the least room ([`Memory::device`]).
 pub fn memory_by_stage(work: &Workload, cluster: &Cluster, layout: &Layout) -> Vec<Memory> {
-    stages::blocks(work, cluster, layout)
+    stage_memories(
+        work,
+        cluster,
+        layout,
+        &stages::blocks(work, cluster, layout),
+    )
+}
+
+/// The memory of each stage of `layout` holding `blocks`, as [`memory_by_stage`].
+fn stage_memories(
+    work: &Workload,
+    cluster: &Cluster,
+    layout: &Layout,
+    blocks: &[usize],
+) -> Vec<Memory> {
+    blocks
         .iter()
         .enumerate()
         .map(|(s, &n)| Memory {
@@ -92,6 +123,22 @@ fn link(cluster: &Cluster, stride: usize, n: usize) -> (f64, f64) {
 
 /// The time of one step of `work` laid out as `layout` on `cluster`.
 pub fn step_time(work: &Workload, cluster: &Cluster, layout: &Layout) -> StepTime {
+    step_time_with(
+        work,
+        cluster,
+        layout,
+        &stages::blocks(work, cluster, layout),
+    )
+}
+
+/// [`step_time`] with the stages holding `blocks` (one entry a stage), whatever `layout.split`
+/// would cut: for a layout that ran with a cut chosen under another calibration.
+pub fn step_time_with(
+    work: &Workload,
+    cluster: &Cluster,
+    layout: &Layout,
+    blocks: &[usize],
+) -> StepTime {
     let Layout {
         dp,
         pp,
@@ -101,7 +148,6 @@ pub fn step_time(work: &Workload, cluster: &Cluster, layout: &Layout) -> StepTim
         split_optimizer,
         ..
     } = *layout;
-    let blocks = stages::blocks(work, cluster, layout);
     // One micro-batch's forward and backward, and the update, on a device of each stage.
     let stages: Vec<(f64, f64)> = blocks
         .iter()

@@ -17,7 +17,9 @@ pub use cluster::{
     CLOSE, Cluster, DEFAULT_EFFICIENCY, LimitError, PRESETS, Preset, USABLE_MEMORY, parse_bytes,
     parse_limits, size,
 };
-pub use estimate::{TP_CALLS_PER_BLOCK, memory, memory_by_stage, step_time};
+pub use estimate::{
+    TP_CALLS_PER_BLOCK, memory, memory_by_stage, memory_with, step_time, step_time_with,
+};
 pub use layout::{Layout, Memory, StageSplit, StepTime};
 pub use measured::{FitError, Measured, Timing};
 pub use search::strategy;

@@ -239,8 +239,8 @@ mod tests {
     use super::*;
     use crate::optim::Precision;
     use crate::plan::cost::{
-        Fixed, LimitError, PlanError, Planned, Preset, TransformerShape, memory_by_stage, search,
-        search_within,
+        Fixed, LimitError, PlanError, Planned, Preset, TransformerShape, memory, memory_by_stage,
+        memory_with, search, search_within, step_time, step_time_with,
     };
 
     const GIB: u64 = 1 << 30;
@@ -346,6 +346,32 @@ mod tests {
         let large = split(4096);
         assert_eq!(large.iter().sum::<usize>(), 8);
         assert!(large[0] < 2 && large[3] < 2, "{large:?}");
+        // The estimates of a cut given as blocks are those of the split that cuts them.
+        let work = Workload::lora(&fixture(4096), Precision::F32, 8, 4, false);
+        let layout = Layout {
+            dp: 1,
+            pp: 4,
+            tp: 1,
+            micro_batches: 8,
+            micro_batch: 1,
+            recompute: false,
+            split_optimizer: false,
+            split: StageSplit::Balanced,
+        };
+        let cut = blocks(&work, &cluster, &layout);
+        assert_eq!(
+            step_time(&work, &cluster, &layout),
+            step_time_with(&work, &cluster, &layout, &cut)
+        );
+        assert_eq!(
+            memory(&work, &cluster, &layout),
+            memory_with(&work, &cluster, &layout, &cut)
+        );
+        let even = even(8, 4);
+        assert_ne!(
+            memory(&work, &cluster, &layout),
+            memory_with(&work, &cluster, &layout, &even)
+        );
     }
 
     #[test]
