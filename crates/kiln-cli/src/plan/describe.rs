@@ -293,10 +293,8 @@ pub fn cluster(args: &PlanArgs) -> Result<Cluster, DescribeError> {
         }
         (None, None) => {}
     }
+    // Checked against the devices by the search (`Cluster::check_limits`), before any layout.
     limit(&mut cluster, args).map_err(DescribeError::Value)?;
-    cluster
-        .check_limits()
-        .map_err(|e| DescribeError::Value(e.to_string()))?;
     let rate = |flag: &str, value: Option<f64>, unit: f64, current: f64| match value {
         Some(v) if v > 0.0 => Ok(v * unit),
         Some(v) => Err(DescribeError::Value(format!("{flag} {v} must be positive"))),

@@ -85,7 +85,7 @@ fn measured(
     }
     let name = format!("the built-in {} (measured on this machine)", model.name());
     let mut cluster = planner.cluster(devices);
+    // Checked with the rest of the cluster by the search.
     describe::limit(&mut cluster, args)?;
-    cluster.check_limits()?;
     Ok((name, planner.workload.clone(), cluster))
 }
