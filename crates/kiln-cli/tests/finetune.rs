@@ -1198,38 +1198,47 @@ fn weights(dir: &Path) -> Vec<Vec<f32>> {
     collect.0
 }
 
+/// A `--full` fine-tuning run of `model` on the chat data: `steps` steps of 8 sequences of 24
+/// tokens at learning rate `lr`, then `extra`, the model written to `out/model`; its weights.
+fn full_run(model: &str, out: &Path, steps: &str, lr: &str, extra: &[&str]) -> Vec<Vec<f32>> {
+    let (folder, json, data) = (
+        out.join("model"),
+        out.join("run.json"),
+        fixture("chat.jsonl"),
+    );
+    let mut args: Vec<String> = [
+        "finetune",
+        "--model",
+        model,
+        "--data",
+        &data,
+        "--full",
+        "--steps",
+        steps,
+        "--batch",
+        "8",
+        "--seq-len",
+        "24",
+        "--lr",
+        lr,
+        "--threads-per-rank",
+        "1",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(["--output".into(), folder.display().to_string()]);
+    args.extend(["--json".into(), json.display().to_string()]);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let report = summary(out, args);
+    assert_eq!(report["full"], true);
+    weights(&folder)
+}
+
 #[test]
 fn full_fine_tuning_trains_every_weight_alike_under_single_and_ddp_with_the_state_split() {
-    let (model, data) = (fixture("llama"), fixture("chat.jsonl"));
-    let run = |out: &Path, steps: &str, extra: &[&str]| {
-        let (folder, json) = (out.join("model"), out.join("run.json"));
-        let mut args: Vec<String> = [
-            "finetune",
-            "--model",
-            &model,
-            "--data",
-            &data,
-            "--full",
-            "--steps",
-            steps,
-            "--batch",
-            "8",
-            "--seq-len",
-            "24",
-            "--lr",
-            "0.001",
-            "--threads-per-rank",
-            "1",
-        ]
-        .map(String::from)
-        .to_vec();
-        args.extend(["--output".into(), folder.display().to_string()]);
-        args.extend(["--json".into(), json.display().to_string()]);
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let report = summary(out, args);
-        assert_eq!(report["full"], true);
-        weights(&folder)
-    };
+    let model = fixture("llama");
+    let run =
+        |out: &Path, steps: &str, extra: &[&str]| full_run(&model, out, steps, "0.001", extra);
     let single_dir = scratch("full-single");
     let single = run(&single_dir, "2", &["--strategy", "single"]);
     let split = [
@@ -1284,41 +1293,15 @@ fn full_fine_tuning_in_bf16_keeps_the_base_s_dtype_and_trains_alike_with_the_sta
     ] {
         std::fs::copy(fixture(&format!("{from}/{file}")), folder.join(file)).unwrap();
     }
-    let (model, data) = (folder.display().to_string(), fixture("chat.jsonl"));
+    let model = folder.display().to_string();
     let run = |out: &Path, extra: &[&str]| {
-        let folder = out.join("model");
-        let mut args: Vec<String> = [
-            "finetune",
-            "--model",
-            &model,
-            "--data",
-            &data,
-            "--full",
-            "--precision",
-            "bf16",
-            "--steps",
-            "2",
-            "--batch",
-            "8",
-            "--seq-len",
-            "24",
-            "--lr",
-            "0.01",
-            "--threads-per-rank",
-            "1",
-        ]
-        .map(String::from)
-        .to_vec();
-        args.extend(["--output".into(), folder.display().to_string()]);
-        args.extend(["--json".into(), out.join("run.json").display().to_string()]);
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let report = summary(out, args);
-        assert_eq!(report["full"], true);
+        let bf16 = [&["--precision", "bf16"][..], extra].concat();
+        let weights = full_run(&model, out, "2", "0.01", &bf16);
         assert_eq!(
-            kiln_nn::llm::stored_dtype(&folder).unwrap(),
+            kiln_nn::llm::stored_dtype(&out.join("model")).unwrap(),
             burn::tensor::DType::BF16
         );
-        weights(&folder)
+        weights
     };
     let ddp = ["--strategy", "ddp", "--world", "2"];
     let (whole_dir, split_dir) = (scratch("full-bf16-whole"), scratch("full-bf16-split"));

@@ -23,6 +23,16 @@ const LLAMA_70B: [&str; 16] = [
     "--tied",
 ];
 
+/// A candidate's blocks of each stage, from `kiln plan --json`.
+fn stage_blocks(candidate: &serde_json::Value) -> Vec<u64> {
+    candidate["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b.as_u64().unwrap())
+        .collect()
+}
+
 fn plan_json(args: &[&str]) -> serde_json::Value {
     let mut all = vec!["plan", "--json", "-"];
     all.extend_from_slice(args);
@@ -55,12 +65,7 @@ fn a_70b_model_on_64_gpus_is_split_and_every_layout_is_listed() {
     // Meshes with stages may also be listed balanced (the head's stage lighter), where that
     // cuts other blocks than the even split; every cut adds up to the model's 80 blocks.
     for c in candidates {
-        let blocks: Vec<u64> = c["blocks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|b| b.as_u64().unwrap())
-            .collect();
+        let blocks = stage_blocks(c);
         assert_eq!(blocks.iter().sum::<u64>(), 80, "{c}");
         assert_eq!(
             blocks.len() as u64,
@@ -819,12 +824,7 @@ fn a_deeper_built_in_transformer_is_planned_with_balanced_stages_beside_even_one
         .collect();
     assert!(!balanced.is_empty(), "{report}");
     for c in &balanced {
-        let blocks: Vec<u64> = c["blocks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|b| b.as_u64().unwrap())
-            .collect();
+        let blocks = stage_blocks(c);
         assert_eq!(blocks.iter().sum::<u64>(), 6, "{c}");
     }
 }

@@ -322,20 +322,18 @@ mod tests {
             tied: false,
         };
         let cluster = Preset::named("h100-sxm").unwrap().cluster(4, 4, 0.5);
-        let split = |vocab| {
-            let work = Workload::lora(&fixture(vocab), Precision::F32, 8, 4, false);
-            let layout = Layout {
-                dp: 1,
-                pp: 4,
-                tp: 1,
-                micro_batches: 8,
-                micro_batch: 1,
-                recompute: false,
-                split_optimizer: false,
-                split: StageSplit::Balanced,
-            };
-            blocks(&work, &cluster, &layout)
+        let layout = Layout {
+            dp: 1,
+            pp: 4,
+            tp: 1,
+            micro_batches: 8,
+            micro_batch: 1,
+            recompute: false,
+            split_optimizer: false,
+            split: StageSplit::Balanced,
         };
+        let work = |vocab| Workload::lora(&fixture(vocab), Precision::F32, 8, 4, false);
+        let split = |vocab| blocks(&work(vocab), &cluster, &layout);
         // The fixture's own 96 words: edges smaller than a block, the even split's 2 a stage
         // give or take one.
         let small = split(96);
@@ -347,17 +345,7 @@ mod tests {
         assert_eq!(large.iter().sum::<usize>(), 8);
         assert!(large[0] < 2 && large[3] < 2, "{large:?}");
         // The estimates of a cut given as blocks are those of the split that cuts them.
-        let work = Workload::lora(&fixture(4096), Precision::F32, 8, 4, false);
-        let layout = Layout {
-            dp: 1,
-            pp: 4,
-            tp: 1,
-            micro_batches: 8,
-            micro_batch: 1,
-            recompute: false,
-            split_optimizer: false,
-            split: StageSplit::Balanced,
-        };
+        let work = work(4096);
         let cut = blocks(&work, &cluster, &layout);
         assert_eq!(
             step_time(&work, &cluster, &layout),
