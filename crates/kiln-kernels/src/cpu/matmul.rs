@@ -359,10 +359,13 @@ unsafe fn transpose_columns(
         columns.len()
     );
     let len = m * n;
+    if len == 0 {
+        return Vec::new();
+    }
     let mut out = Vec::with_capacity(len);
     // A task per 8 rows of the result (8 rows of every column), over the caller's Rayon pool.
     out.spare_capacity_mut()[..len]
-        .par_chunks_mut((BLOCK * n).max(1))
+        .par_chunks_mut(BLOCK * n)
         .enumerate()
         .for_each(|(task, dst)| {
             let i0 = task * BLOCK;
