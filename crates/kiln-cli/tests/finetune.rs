@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 
 use burn::backend::Flex;
-use common::{assert_one_line_error, finetune_args, fixture, kiln, scratch};
+use common::{assert_one_line_error, finetune_args, fixture, kiln, run_args, scratch};
 use kiln_nn::llm::load;
 
 /// A fresh folder for one test's outputs.
@@ -1201,35 +1201,9 @@ fn weights(dir: &Path) -> Vec<Vec<f32>> {
 /// A `--full` fine-tuning run of `model` on the chat data: `steps` steps of 8 sequences of 24
 /// tokens at learning rate `lr`, then `extra`, the model written to `out/model`; its weights.
 fn full_run(model: &str, out: &Path, steps: &str, lr: &str, extra: &[&str]) -> Vec<Vec<f32>> {
-    let (folder, json, data) = (
-        out.join("model"),
-        out.join("run.json"),
-        fixture("chat.jsonl"),
-    );
-    let mut args: Vec<String> = [
-        "finetune",
-        "--model",
-        model,
-        "--data",
-        &data,
-        "--full",
-        "--steps",
-        steps,
-        "--batch",
-        "8",
-        "--seq-len",
-        "24",
-        "--lr",
-        lr,
-        "--threads-per-rank",
-        "1",
-    ]
-    .map(String::from)
-    .to_vec();
-    args.extend(["--output".into(), folder.display().to_string()]);
-    args.extend(["--json".into(), json.display().to_string()]);
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let report = summary(out, args);
+    let (folder, json) = (out.join("model"), out.join("run.json"));
+    let full = [&["--full"][..], extra].concat();
+    let report = summary(out, run_args(model, &folder, &json, [steps, lr], &full));
     assert_eq!(report["full"], true);
     weights(&folder)
 }

@@ -55,12 +55,26 @@ pub fn fixture(path: &str) -> String {
 /// The flags of a fine-tuning run of the llama fixture on the chat data for `steps` steps of 8
 /// sequences of 24 tokens, writing into `out` (`adapters/`, `run.json`), then `extra`.
 pub fn finetune_args(out: &Path, steps: &str, extra: &[&str]) -> Vec<String> {
-    let (model, data) = (fixture("llama"), fixture("chat.jsonl"));
+    let lora = [&["--lora-rank", "4"][..], extra].concat();
     let (adapters, json) = (out.join("adapters"), out.join("run.json"));
+    run_args(&fixture("llama"), &adapters, &json, [steps, "0.01"], &lora)
+}
+
+/// The flags of a fine-tuning run of `model` on the chat data, `[steps, lr]` steps of 8
+/// sequences of 24 tokens on one thread a rank, writing `output` and the report `json`, then
+/// `extra` (the adapters' rank, or `--full`).
+pub fn run_args(
+    model: &str,
+    output: &Path,
+    json: &Path,
+    [steps, lr]: [&str; 2],
+    extra: &[&str],
+) -> Vec<String> {
+    let data = fixture("chat.jsonl");
     let mut args: Vec<String> = [
         "finetune",
         "--model",
-        &model,
+        model,
         "--data",
         &data,
         "--steps",
@@ -69,14 +83,12 @@ pub fn finetune_args(out: &Path, steps: &str, extra: &[&str]) -> Vec<String> {
         "8",
         "--seq-len",
         "24",
-        "--lora-rank",
-        "4",
         "--lr",
-        "0.01",
+        lr,
         "--threads-per-rank",
         "1",
         "--output",
-        adapters.to_str().unwrap(),
+        output.to_str().unwrap(),
         "--json",
         json.to_str().unwrap(),
     ]

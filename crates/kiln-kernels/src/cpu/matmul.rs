@@ -362,6 +362,7 @@ unsafe fn transpose_columns(
     if len == 0 {
         return Vec::new();
     }
+    let avx = has_avx();
     let mut out = Vec::with_capacity(len);
     // A task per 8 rows of the result (8 rows of every column), over the caller's Rayon pool.
     out.spare_capacity_mut()[..len]
@@ -372,15 +373,11 @@ unsafe fn transpose_columns(
             let rows = dst.len() / n;
             for j0 in (0..n).step_by(BLOCK) {
                 let cols = BLOCK.min(n - j0);
-                let src = &columns[j0 * ld + i0..];
-                if rows == BLOCK && cols == BLOCK {
-                    block_8x8(src, ld, &mut dst[j0..], n);
-                } else {
-                    for j in 0..cols {
-                        for i in 0..rows {
-                            dst[i * n + j0 + j] = src[j * ld + i];
-                        }
-                    }
+                let (src, dst) = (&columns[j0 * ld + i0..], &mut dst[j0..]);
+                match avx && rows == BLOCK && cols == BLOCK {
+                    // SAFETY: `has_avx` said this CPU has AVX.
+                    true => unsafe { block_8x8(src, ld, dst, n) },
+                    false => block(src, ld, dst, n, [rows, cols]),
                 }
             }
         });
@@ -393,30 +390,54 @@ unsafe fn transpose_columns(
 /// Rows and columns of [`block_8x8`].
 const BLOCK: usize = 8;
 
-/// `dst[i·ds + j] = src[j·ss + i]` for `i, j < 8`: an 8 × 8 block transposed.
-///
-/// # Panics
-/// When a slice is shorter than the block it holds.
-#[inline]
-fn block_8x8(src: &[MaybeUninit<f32>], ss: usize, dst: &mut [MaybeUninit<f32>], ds: usize) {
-    assert!(
-        src.len() >= 7 * ss + BLOCK && dst.len() >= 7 * ds + BLOCK,
-        "an 8 × 8 block past its slices"
-    );
+/// Whether this CPU runs [`block_8x8`] (AVX); asked once per transpose, not per block.
+fn has_avx() -> bool {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx") {
-        // SAFETY: AVX is present, and both blocks lie inside their slices (asserted above).
-        unsafe { block_8x8_avx(src.as_ptr().cast(), ss, dst.as_mut_ptr().cast(), ds) };
-        return;
-    }
-    for j in 0..BLOCK {
-        for i in 0..BLOCK {
+    return std::arch::is_x86_feature_detected!("avx");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// `dst[i·ds + j] = src[j·ss + i]` for `i < rows, j < cols`: a block transposed one element
+/// at a time (the edges of the product, and CPUs without AVX).
+fn block(
+    src: &[MaybeUninit<f32>],
+    ss: usize,
+    dst: &mut [MaybeUninit<f32>],
+    ds: usize,
+    [rows, cols]: [usize; 2],
+) {
+    for j in 0..cols {
+        for i in 0..rows {
             dst[i * ds + j] = src[j * ss + i];
         }
     }
 }
 
-/// [`block_8x8`] in AVX registers: eight rows loaded, interleaved in pairs, fours and
+/// [`block`] of 8 × 8 in AVX registers ([`block_8x8_avx`]).
+///
+/// # Safety
+/// The CPU has AVX ([`has_avx`]).
+///
+/// # Panics
+/// When a slice is shorter than the block it holds.
+#[inline]
+unsafe fn block_8x8(src: &[MaybeUninit<f32>], ss: usize, dst: &mut [MaybeUninit<f32>], ds: usize) {
+    assert!(
+        src.len() >= 7 * ss + BLOCK && dst.len() >= 7 * ds + BLOCK,
+        "an 8 × 8 block past its slices"
+    );
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the caller vouches for AVX, and both blocks lie inside their slices (asserted
+    // above).
+    unsafe {
+        block_8x8_avx(src.as_ptr().cast(), ss, dst.as_mut_ptr().cast(), ds)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    block(src, ss, dst, ds, [BLOCK, BLOCK]);
+}
+
+/// An 8 × 8 [`block`] in AVX registers: eight rows loaded, interleaved in pairs, fours and
 /// halves, stored as eight columns.
 ///
 /// # Safety
