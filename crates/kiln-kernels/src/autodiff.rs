@@ -16,7 +16,7 @@ use burn::tensor::{Shape, TensorMetadata};
 
 use crate::backend::KernelBackend;
 use crate::quant::QuantizedPrimitive;
-use crate::{AdamWStep, Epilogue, FlatLayout};
+use crate::{AdamWStep, Epilogue, FlatLayout, Transpose};
 
 type Ad<B, C> = Autodiff<B, C>;
 
@@ -149,7 +149,7 @@ fn linear_grads<B: KernelBackend>(
     }
     if let Some(node) = node_x {
         let w = w.expect("w is kept when x wants a gradient");
-        grads.register::<B>(node, B::matmul(dy, B::float_transpose(w)));
+        grads.register::<B>(node, B::matmul(dy, w, Transpose::Rhs));
     }
 }
 
@@ -171,7 +171,7 @@ impl<B: KernelBackend> Backward<B, 3> for QLoraBackward {
             false => B::float_mul_scalar(g, scale.into()),
         };
         if let Some(node) = node_t {
-            let dt = B::matmul(dy.clone(), B::float_transpose(b));
+            let dt = B::matmul(dy.clone(), b, Transpose::Rhs);
             grads.register::<B>(node.id, scaled(dt));
         }
         if let Some(node) = node_b {

@@ -10,6 +10,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{Int, Shape, Tensor, TensorMetadata, TensorPrimitive};
 
+use crate::product::{Product, Transpose};
 use crate::quant::QuantizedPrimitive;
 use crate::reference;
 use crate::{AdamWStep, Epilogue, FlatLayout};
@@ -22,6 +23,19 @@ pub(crate) fn wrap<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D
 /// A `Tensor`'s float primitive.
 pub(crate) fn unwrap<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
     t.into_primitive().tensor()
+}
+
+/// `lhs` and `rhs` as the views `lhs·rhs` multiplies: the operand `transpose` names swapped.
+pub(crate) fn transposed<B: Backend>(
+    lhs: FloatTensor<B>,
+    rhs: FloatTensor<B>,
+    transpose: Transpose,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    match transpose {
+        Transpose::Neither => (lhs, rhs),
+        Transpose::Lhs => (B::float_transpose(lhs), rhs),
+        Transpose::Rhs => (lhs, B::float_transpose(rhs)),
+    }
 }
 
 /// A Burn backend with Kiln's fused kernels. Shapes in the docs are the primitives' shapes.
@@ -41,18 +55,32 @@ pub trait KernelBackend: Backend {
         t
     }
 
-    /// `lhs·rhs`: `lhs [m, k]`, `rhs [k, n]` → `[m, n]`, either operand possibly a transposed
-    /// view. The products of the linear layers' and QLoRA's backward go through it; Burn's
-    /// matmul unless a backend has a faster one.
-    fn matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+    /// `lhs·rhs` → `[m, n]`, the operand `transpose` names multiplied transposed (`lhs` stored
+    /// `[k, m]` for [`Transpose::Lhs`], `rhs` stored `[n, k]` for [`Transpose::Rhs`]). The
+    /// products of the linear layers' and QLoRA's backward go through it; Burn's matmul unless
+    /// a backend has a faster one.
+    fn matmul(
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+        transpose: Transpose,
+    ) -> FloatTensor<Self> {
+        let (lhs, rhs) = transposed::<Self>(lhs, rhs, transpose);
         Self::float_matmul(lhs, rhs)
+    }
+
+    /// Whether this backend runs `product` on `device` with a kernel it chose itself rather
+    /// than Burn's matmul: the CubeCL backends' [`crate::cube::tune`] answers, and the fusion
+    /// backend then queues the product as a Kiln kernel instead of fusing Burn's. May time
+    /// the candidates when it first sees the product.
+    fn tuned_matmul(_device: &Self::Device, _product: &Product) -> bool {
+        false
     }
 
     /// `xᵀ·dy`: `x [rows, m]`, `dy [rows, n]` → `[m, n]`, a weight's gradient, whose reduction
     /// runs over the batch's rows. The GPU backends cut a long one into parts that fill the GPU
-    /// (`split_k`); elsewhere [`Self::matmul`] of the transposed view.
+    /// (`split_k`); elsewhere [`Self::matmul`] with `x` transposed.
     fn weight_grad(x: FloatTensor<Self>, dy: FloatTensor<Self>) -> FloatTensor<Self> {
-        Self::matmul(Self::float_transpose(x), dy)
+        Self::matmul(x, dy, Transpose::Lhs)
     }
 
     /// `epilogue(x·w (+ b))`: `x [rows, k]`, `w [k, n]`, `b [n]`, a residual `[rows, n]` →

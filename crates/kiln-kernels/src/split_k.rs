@@ -12,7 +12,7 @@
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Shape, TensorMetadata};
 
-use crate::KernelBackend;
+use crate::{KernelBackend, Transpose};
 
 /// Rows and columns of the output one cube of Burn's matmul covers: its tiles are 32 to 128 on
 /// a side (unit tiles without tensor cores, `cmma` stages with them), so 64 estimates them.
@@ -50,7 +50,7 @@ pub(crate) fn weight_grad<B: KernelBackend>(
     let [rows, m] = x.shape().dims::<2>();
     let n = dy.shape().dims::<2>()[1];
     let Some(parts) = parts(rows, m, n) else {
-        return B::matmul(B::float_transpose(x), dy);
+        return B::matmul(x, dy, Transpose::Lhs);
     };
     let run = rows / parts;
     let x = B::float_swap_dims(B::float_reshape(x, Shape::new([parts, run, m])), 1, 2);

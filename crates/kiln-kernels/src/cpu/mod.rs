@@ -28,9 +28,9 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
 use burn::tensor::{DType, Shape, TensorData};
 
-use crate::backend::{KernelBackend, plain, unwrap, wrap};
+use crate::backend::{KernelBackend, plain, transposed, unwrap, wrap};
 use crate::quant::QuantizedPrimitive;
-use crate::{AdamWStep, Epilogue, FlatLayout};
+use crate::{AdamWStep, Epilogue, FlatLayout, Transpose};
 
 /// Elements per Rayon task of the element-wise kernels (SwiGLU, AdamW, the cross-entropy's
 /// rows): large enough that a task outweighs its scheduling, small enough that a step's
@@ -170,7 +170,12 @@ impl KernelBackend for Flex {
             && a.dtype() == b.dtype()
     }
 
-    fn matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn matmul(
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+        transpose: Transpose,
+    ) -> FloatTensor<Self> {
+        let (lhs, rhs) = transposed::<Self>(lhs, rhs, transpose);
         match product(&lhs, &rhs) {
             Some((y, shape)) => tensor(y, shape),
             None => Self::float_matmul(lhs, rhs),
@@ -206,7 +211,7 @@ impl KernelBackend for Flex {
         let Some(deq) = f32.then(|| qlora::dequantize_nk(&weight)).flatten() else {
             return plain::qlora_forward::<Self>(x, weight, t, b, scale);
         };
-        let base = wrap::<Self, 2>(Self::matmul(x, Self::float_transpose(deq)));
+        let base = wrap::<Self, 2>(Self::matmul(x, deq, Transpose::Rhs));
         let low_rank = crate::ops::add_low_rank(base, wrap(t), wrap(b), scale);
         unwrap(low_rank.expect("the adapter's factors chain: rank → out"))
     }
@@ -218,7 +223,7 @@ impl KernelBackend for Flex {
         let f32 = dy.dtype() == DType::F32;
         match f32.then(|| qlora::dequantize_nk(&weight)).flatten() {
             // `[m, n]·[n, k]`: the stored order is the transpose the gradient needs.
-            Some(deq) => Self::matmul(dy, deq),
+            Some(deq) => Self::matmul(dy, deq, Transpose::Neither),
             None => plain::qlora_input_grad::<Self>(dy, weight),
         }
     }

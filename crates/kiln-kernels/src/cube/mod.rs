@@ -19,10 +19,12 @@ mod qlora;
 mod qlora_vec;
 mod reduce;
 mod rms_norm;
+pub mod tune;
 
 use burn::tensor::Shape;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
 use burn_cubecl::element::BoolElement;
+use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime, FloatElement, IntElement};
 
 pub use qlora::DENSE_ROWS as QLORA_DENSE_ROWS;
@@ -30,7 +32,17 @@ pub use qlora_vec::ROWS as QLORA_VECTOR_ROWS;
 
 use crate::backend::{KernelBackend, unwrap, wrap};
 use crate::quant::QuantizedPrimitive;
-use crate::{AdamWStep, Epilogue, FlatLayout};
+use crate::{AdamWStep, Epilogue, FlatLayout, Product, Transpose};
+
+/// The product `lhs·rhs` names, `transpose` applied.
+fn product_of<R: CubeRuntime>(
+    lhs: &CubeTensor<R>,
+    rhs: &CubeTensor<R>,
+    transpose: Transpose,
+) -> Product {
+    let dims = |t: &CubeTensor<R>| t.meta.shape().dims::<2>();
+    Product::of(dims(lhs), dims(rhs), transpose, lhs.dtype)
+}
 
 fn weight<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
     w: QuantizedPrimitive<CubeBackend<R, F, I, BT>>,
@@ -61,7 +73,21 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> KernelBack
         b: Option<FloatTensor<Self>>,
         epilogue: Epilogue<FloatTensor<Self>>,
     ) -> FloatTensor<Self> {
-        linear::epilogue(Self::float_matmul(x, w), b, epilogue)
+        let y = Self::matmul(x, w, Transpose::Neither);
+        linear::epilogue(y, b, epilogue)
+    }
+
+    fn matmul(
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+        transpose: Transpose,
+    ) -> FloatTensor<Self> {
+        let product = product_of(&lhs, &rhs, transpose);
+        tune::matmul::<Self>(lhs, rhs, &product)
+    }
+
+    fn tuned_matmul(device: &Self::Device, product: &Product) -> bool {
+        tune::choice::<Self>(device, product).is_some()
     }
 
     fn column_sum(x: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -97,7 +123,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> KernelBack
         // adapter's term in its own product's epilogue (four launches where a scaled product
         // and an add took five).
         let deq = qlora::dequantize(weight(w), x.dtype);
-        let base = wrap::<Self, 2>(Self::float_matmul(x, deq));
+        let base = wrap::<Self, 2>(Self::matmul(x, deq, Transpose::Neither));
         let low_rank = crate::ops::add_low_rank(base, wrap(t), wrap(b), scale);
         unwrap(low_rank.expect("the adapter's factors chain: rank → out"))
     }
@@ -111,7 +137,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> KernelBack
             return qlora::qlora_matmul(dy, weight(w), None, true);
         }
         let deq = qlora::dequantize(weight(w), dy.dtype);
-        Self::float_matmul(dy, Self::float_transpose(deq))
+        Self::matmul(dy, deq, Transpose::Rhs)
     }
 
     fn rms_norm_forward(

@@ -8,14 +8,14 @@
 
 mod queue;
 
-use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
 use burn::tensor::{DType, Shape};
 use burn_fusion::{Fusion, FusionBackend, get_client};
 
 use self::queue::{Prim, queue, take};
-use crate::backend::KernelBackend;
+use crate::backend::{KernelBackend, plain, transposed};
 use crate::quant::QuantizedPrimitive;
-use crate::{AdamWStep, FlatLayout};
+use crate::{AdamWStep, Epilogue, FlatLayout, Product, Transpose};
 
 /// The first `N` outputs of a queued kernel.
 fn outputs<T, const N: usize>(outputs: Vec<T>) -> [T; N] {
@@ -27,6 +27,16 @@ fn outputs<T, const N: usize>(outputs: Vec<T>) -> [T; N] {
 /// Float outputs of the inner backend as a queued kernel returns them.
 fn floats<B: FusionBackend, const N: usize>(tensors: [FloatTensor<B>; N]) -> Vec<Prim<B>> {
     tensors.into_iter().map(Prim::Float).collect()
+}
+
+/// The product `lhs·rhs` names, `transpose` applied.
+fn product_of<B: FusionBackend>(
+    lhs: &FloatTensor<Fusion<B>>,
+    rhs: &FloatTensor<Fusion<B>>,
+    transpose: Transpose,
+) -> Product {
+    let dims = |t: &FloatTensor<Fusion<B>>| t.shape.dims::<2>();
+    Product::of(dims(lhs), dims(rhs), transpose, lhs.dtype)
 }
 
 /// `shape` with its last dimension dropped: a per-row statistic of a `[rows, d]` input.
@@ -81,6 +91,76 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
     fn column_sum(x: FloatTensor<Self>) -> FloatTensor<Self> {
         let shape = cols_of(&x.shape);
         one_float::<B>("kiln.column_sum", x, shape, B::column_sum)
+    }
+
+    fn matmul(
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+        transpose: Transpose,
+    ) -> FloatTensor<Self> {
+        let product = product_of::<B>(&lhs, &rhs, transpose);
+        if !B::tuned_matmul(lhs.client.device(), &product) {
+            // Burn's matmul, fused with the element-wise ops around it.
+            let (lhs, rhs) = transposed::<Self>(lhs, rhs, transpose);
+            return Self::float_matmul(lhs, rhs);
+        }
+        let out = [(Shape::new([product.m, product.n]), product.dtype)];
+        let client = lhs.client.clone();
+        let [y] = outputs(queue::<B, _>(
+            "kiln.matmul",
+            &client,
+            vec![lhs, rhs],
+            &out,
+            move |inputs| {
+                let [lhs, rhs] = take(inputs);
+                floats([B::matmul(lhs.float(), rhs.float(), transpose)])
+            },
+        ));
+        y
+    }
+
+    fn tuned_matmul(device: &Self::Device, product: &Product) -> bool {
+        B::tuned_matmul(device, product)
+    }
+
+    fn linear_forward(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        b: Option<FloatTensor<Self>>,
+        epilogue: Epilogue<FloatTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        let product = product_of::<B>(&x, &w, Transpose::Neither);
+        if !B::tuned_matmul(x.client.device(), &product) {
+            return plain::linear_forward::<Self>(x, w, b, epilogue);
+        }
+        // The tuned product and Kiln's epilogue kernel, as the inner backend runs them.
+        let out = [(Shape::new([product.m, product.n]), product.dtype)];
+        let client = x.client.clone();
+        let has_bias = b.is_some();
+        let relu = matches!(epilogue, Epilogue::Relu);
+        let mut inputs = vec![x, w];
+        inputs.extend(b);
+        if let Epilogue::Residual(r) = epilogue {
+            inputs.push(r);
+        }
+        let [y] = outputs(queue::<B, _>(
+            "kiln.linear",
+            &client,
+            inputs,
+            &out,
+            move |inputs| {
+                let mut inputs = inputs.into_iter().map(Prim::float);
+                let (x, w) = (inputs.next().unwrap(), inputs.next().unwrap());
+                let b = if has_bias { inputs.next() } else { None };
+                let epilogue = match (inputs.next(), relu) {
+                    (Some(r), _) => Epilogue::Residual(r),
+                    (None, true) => Epilogue::Relu,
+                    (None, false) => Epilogue::None,
+                };
+                floats([B::linear_forward(x, w, b, epilogue)])
+            },
+        ));
+        y
     }
 
     fn weight_grad(x: FloatTensor<Self>, dy: FloatTensor<Self>) -> FloatTensor<Self> {
