@@ -1,16 +1,20 @@
 //! cubek's matmul strategies at Kiln's own products, one row per product and strategy: the
 //! time, the achieved TFLOP/s, the speed-up over Burn's default (what Kiln runs today) and the
-//! result's distance from it. A rule that picks a strategy by shape, without autotune's search
-//! at start-up, is read off these rows on a GPU. Used by `kiln bench matmul`.
+//! result's distance from it; beside them, what Kiln's tuner (`kiln_kernels::cube::tune`)
+//! would choose from its shortlist, and what its first run costs. Whether the shortlist holds
+//! the winners is read off these rows on a GPU. Used by `kiln bench matmul`.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Tensor, TensorPrimitive};
 use serde::Serialize;
 
+use burn::tensor::{DType, Element};
+use kiln_kernels::Transpose;
 use kiln_kernels::cube::matmul::{Candidate, MatmulStrategies, candidates};
+use kiln_kernels::cube::tune::{self, MARGIN, Mode, Settings, Stats, Tunable, bucket, shortlist};
 
 use crate::kernels::{Timing, time};
 
@@ -29,6 +33,24 @@ pub struct Product {
     pub lhs_t: bool,
     /// `rhs` arrives as a transposed view (`dy·wᵀ`: an input's gradient).
     pub rhs_t: bool,
+}
+
+impl Product {
+    /// The product as the tuner keys it, in `dtype`.
+    pub fn key(&self, dtype: DType) -> kiln_kernels::Product {
+        let transpose = match (self.lhs_t, self.rhs_t) {
+            (true, _) => Transpose::Lhs,
+            (_, true) => Transpose::Rhs,
+            _ => Transpose::Neither,
+        };
+        kiln_kernels::Product {
+            m: self.m,
+            k: self.k,
+            n: self.n,
+            transpose,
+            dtype,
+        }
+    }
 }
 
 const fn product(name: &'static str, m: usize, k: usize, n: usize) -> Product {
@@ -259,4 +281,75 @@ pub fn best(rows: &[Row]) -> Vec<&Row> {
         }
     }
     best
+}
+
+/// The row of `product` the tuner would choose from `rows` (a sweep in `dtype`): the fastest
+/// of its shortlist if it beats Burn's default by the tuner's margin, else the default's.
+pub fn shortlisted<'a>(rows: &'a [Row], product: &Product, dtype: DType) -> Option<&'a Row> {
+    let names: Vec<String> = shortlist(&bucket(&product.key(dtype)))
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
+    let ran = |r: &&Row| r.product == product.name && r.seconds.is_some();
+    let mine: Vec<&Row> = rows
+        .iter()
+        .filter(ran)
+        .filter(|r| names.contains(&r.strategy))
+        .collect();
+    let default = mine.iter().find(|r| r.strategy == names[0]).copied();
+    let fastest = mine
+        .iter()
+        .filter(|r| r.strategy != names[0])
+        .min_by(|a, b| a.seconds.partial_cmp(&b.seconds).expect("times are finite"))
+        .copied();
+    match (fastest, default) {
+        (Some(f), Some(d)) if f.seconds? < d.seconds? * MARGIN => Some(f),
+        (_, Some(d)) => Some(d),
+        (f, None) => f,
+    }
+}
+
+/// What the tuner's first run costs on `products`, and a later run's reading of its cache.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct TunerCost {
+    /// Products timed by a first run (an empty cache).
+    pub timed: usize,
+    /// Seconds the first run spent choosing.
+    pub first_seconds: f64,
+    /// Choices a second run read from the cache.
+    pub loaded: usize,
+    /// Seconds the second run spent choosing.
+    pub second_seconds: f64,
+}
+
+/// Runs the tuner over `products` twice, on `device`, with an empty cache folder of its own
+/// and no budget to speak of (60 s): the first run times every bucket, the second reads them
+/// back. The environment's settings are restored after.
+pub fn tuner_cost<B: Tunable>(device: &B::Device, products: &[Product]) -> TunerCost {
+    let dtype = <B::FloatElem as Element>::dtype();
+    let dir = std::env::temp_dir().join(format!("kiln-bench-tuner-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let settings = Settings {
+        mode: Mode::Always,
+        budget: Duration::from_secs(60),
+        cache_dir: Some(dir.clone()),
+    };
+    let run = || -> (Stats, f64) {
+        tune::configure(settings.clone());
+        let start = Instant::now();
+        for p in products {
+            tune::choice::<B>(device, &p.key(dtype));
+        }
+        (tune::stats(), start.elapsed().as_secs_f64())
+    };
+    let (first, first_seconds) = run();
+    let (second, second_seconds) = run();
+    tune::configure(Settings::from_env().unwrap_or_else(|_| Settings::off()));
+    let _ = std::fs::remove_dir_all(&dir);
+    TunerCost {
+        timed: first.timed,
+        first_seconds,
+        loaded: second.loaded,
+        second_seconds,
+    }
 }

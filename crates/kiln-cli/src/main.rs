@@ -122,6 +122,15 @@ fn main() -> ExitCode {
         .init();
     allocator::keep_freed_pages();
     hub::allow_downloads(cli.download);
+    // The matmul tuner reads its settings from the environment: a bad one stops the run here,
+    // before any work, rather than at its first product on a GPU.
+    match kiln_kernels::cube::tune::Settings::from_env() {
+        Ok(settings) => kiln_kernels::cube::tune::configure(settings),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
 
     let run = std::panic::AssertUnwindSafe(|| match cli.command {
         Command::Train(args) => train::run(*args),

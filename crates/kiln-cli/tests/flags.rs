@@ -222,3 +222,31 @@ fn a_skipped_step_is_reported_once_not_once_per_rank() {
         assert!(n <= 1, "step {step} reported {n} times: {stderr}");
     }
 }
+
+#[test]
+fn a_bad_matmul_tuner_setting_stops_the_run_in_one_line() {
+    for (var, value, needle) in [
+        (
+            "KILN_MATMUL_TUNE",
+            "yes",
+            "KILN_MATMUL_TUNE=\"yes\" is not a mode",
+        ),
+        (
+            "KILN_MATMUL_TUNE_SECONDS",
+            "-1",
+            "is not a number of seconds",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["train", "--steps", "1", "--samples", "256"])
+            .env("RUST_LOG", "warn")
+            .env(var, value)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{var}={value} trained");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{var}={value}: {stderr}");
+        assert!(lines[0].contains(needle), "{var}={value}: {stderr}");
+    }
+}

@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::Duration;
 
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
@@ -108,16 +108,16 @@ fn check_linear<B: KernelBackend>(what: &str, p: &Product, seed: u64) {
     assert_close(&format!("{what} residual"), &read::<B>(got), &res, 1e-5);
 }
 
-fn settings(mode: Mode, budget: Duration, dir: &PathBuf) -> Settings {
+fn settings(mode: Mode, budget: Duration, dir: &Path) -> Settings {
     Settings {
         mode,
         budget,
-        cache_dir: Some(dir.clone()),
+        cache_dir: Some(dir.to_path_buf()),
     }
 }
 
 /// The device's cache file under `dir` (the one name the tuner gives lavapipe).
-fn cache_file(dir: &PathBuf) -> CacheFile {
+fn cache_file(dir: &Path) -> CacheFile {
     let files: Vec<_> = std::fs::read_dir(dir.join("matmul"))
         .map(|d| d.map(|e| e.unwrap().path()).collect())
         .unwrap_or_default();

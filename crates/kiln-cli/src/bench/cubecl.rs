@@ -5,7 +5,7 @@ use std::path::Path;
 
 use clap::ValueEnum;
 use kiln_kernels::KernelBackend;
-use kiln_kernels::cube::matmul::MatmulStrategies;
+use kiln_kernels::cube::tune::Tunable;
 
 use crate::backend::{BackendKind, BackendMissing};
 
@@ -60,7 +60,7 @@ pub trait CubeJob {
     type Output;
 
     /// Runs on `device` of backend `B`.
-    fn run<B: KernelBackend + MatmulStrategies>(self, device: &B::Device) -> Self::Output;
+    fn run<B: KernelBackend + Tunable>(self, device: &B::Device) -> Self::Output;
 }
 
 /// Runs `job` on `backend` (its first device) in `dtype`.

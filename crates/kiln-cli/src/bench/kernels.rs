@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::Args;
 use kiln_bench::kernels::{Measurement, Sizes, Timing};
 use kiln_kernels::KernelBackend;
-use kiln_kernels::cube::matmul::MatmulStrategies;
+use kiln_kernels::cube::tune::Tunable;
 
 use super::cubecl::{CubeJob, Dtype, dispatch, write_json};
 use crate::backend::BackendKind;
@@ -70,7 +70,7 @@ struct Kernels<'a> {
 impl CubeJob for Kernels<'_> {
     type Output = Vec<Measurement>;
 
-    fn run<B: KernelBackend + MatmulStrategies>(self, device: &B::Device) -> Self::Output {
+    fn run<B: KernelBackend + Tunable>(self, device: &B::Device) -> Self::Output {
         kiln_bench::kernels::run::<B>(device, self.sizes, self.timing)
     }
 }

@@ -1,13 +1,15 @@
-//! `kiln bench matmul`: cubek's matmul strategies at Kiln's products, next to Burn's default.
+//! `kiln bench matmul`: cubek's matmul strategies at Kiln's products, next to Burn's default,
+//! and what Kiln's matmul tuner would choose among them and costs.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use burn::tensor::DType;
 use clap::Args;
 use kiln_bench::kernels::Timing;
-use kiln_bench::matmul::{Product, Row, best, products, sweep};
+use kiln_bench::matmul::{Product, Row, TunerCost, best, products, shortlisted, sweep, tuner_cost};
 use kiln_kernels::KernelBackend;
-use kiln_kernels::cube::matmul::MatmulStrategies;
+use kiln_kernels::cube::tune::Tunable;
 
 use super::cubecl::{CubeJob, Dtype, dispatch, write_json};
 use crate::backend::BackendKind;
@@ -44,7 +46,7 @@ pub fn run(args: MatmulArgs) -> Result<(), Box<dyn std::error::Error>> {
         min_time: Duration::from_millis(args.min_ms),
         ..Timing::default()
     };
-    let rows = dispatch(
+    let (rows, tuner) = dispatch(
         args.backend,
         args.dtype,
         Sweep {
@@ -56,12 +58,30 @@ pub fn run(args: MatmulArgs) -> Result<(), Box<dyn std::error::Error>> {
     for row in best(&rows) {
         println!("{}", row.line());
     }
+    let dtype = match args.dtype {
+        Dtype::F32 => DType::F32,
+        Dtype::F16 => DType::F16,
+    };
+    println!("\nthe tuner's choice per product (its shortlist, 10 % over Burn's default):");
+    for p in &products {
+        if let Some(row) = shortlisted(&rows, p, dtype) {
+            println!("{}", row.line());
+        }
+    }
+    println!(
+        "\nthe tuner's cost: a first run timed {} products in {:.2} s; a second read {} \
+         choices in {:.1} ms",
+        tuner.timed,
+        tuner.first_seconds,
+        tuner.loaded,
+        tuner.second_seconds * 1e3
+    );
     if let Some(path) = args.json {
         write_json(
             &path,
             args.backend,
             args.dtype,
-            serde_json::json!({ "rows": rows }),
+            serde_json::json!({ "rows": rows, "tuner": tuner }),
         )?;
     }
     Ok(())
@@ -75,11 +95,12 @@ struct Sweep<'a> {
 }
 
 impl CubeJob for Sweep<'_> {
-    type Output = Vec<Row>;
+    type Output = (Vec<Row>, TunerCost);
 
-    fn run<B: KernelBackend + MatmulStrategies>(self, device: &B::Device) -> Self::Output {
-        sweep::<B>(device, self.products, self.timing, |row| {
+    fn run<B: KernelBackend + Tunable>(self, device: &B::Device) -> Self::Output {
+        let rows = sweep::<B>(device, self.products, self.timing, |row| {
             println!("{}", row.line())
-        })
+        });
+        (rows, tuner_cost::<B>(device, self.products))
     }
 }
