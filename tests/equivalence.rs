@@ -3,7 +3,7 @@
 //! relative — for world sizes 1–4, global batches that do not divide by the world size,
 //! gradient accumulation, an MLP, a small transformer, and the Algorithm Distillation model. Ddp also checks, bit for bit after
 //! every step, that every rank's replica equals rank 0's, with the optimizer state whole on
-//! every replica and split among them (ZeRO-1).
+//! every replica, split among them (ZeRO-1), and split with the reduced gradients (ZeRO-2).
 
 mod common;
 
@@ -25,6 +25,8 @@ enum Kind {
     Ddp,
     /// Ddp with the optimizer state split among the replicas.
     Zero1,
+    /// Ddp with the optimizer state and the reduced gradients split among the replicas.
+    Zero2,
 }
 
 fn train<M, I, Bt>(
@@ -69,7 +71,7 @@ where
             )
             .unwrap(),
         ),
-        Kind::Ddp | Kind::Zero1 => {
+        Kind::Ddp | Kind::Zero1 | Kind::Zero2 => {
             let config = DdpConfig {
                 grad_accumulation: accumulation,
                 check_replicas_every: Some(1),
@@ -77,6 +79,7 @@ where
                 collective_timeout_s: 60.0,
                 shard_state: match kind {
                     Kind::Zero1 => ShardState::Optimizer,
+                    Kind::Zero2 => ShardState::Gradients,
                     _ => ShardState::None,
                 },
                 ..DdpConfig::default()
@@ -190,6 +193,9 @@ equivalence! {
     zero1_world_2: Zero1, 2;
     zero1_world_3: Zero1, 3;
     zero1_world_4: Zero1, 4;
+    zero2_world_2: Zero2, 2;
+    zero2_world_3: Zero2, 3;
+    zero2_world_4: Zero2, 4;
 }
 
 #[test]
@@ -219,8 +225,8 @@ fn ddp_with_an_even_batch_and_tiny_buckets() {
     );
 }
 
-/// Per-rank optimizer bytes after one step, plain and with the state split (ZeRO-1).
-fn optimizer_bytes(world: usize, shard_state: ShardState) -> Vec<u64> {
+/// Per-rank (optimizer, reduced gradient) bytes after one step under `shard_state`.
+fn state_bytes(world: usize, shard_state: ShardState) -> Vec<(u64, u64)> {
     let case = transformer_case();
     let batches = batches(case.dataset.len(), 8, 1);
     let optim = AdamWConfig::new().init::<B, _>();
@@ -232,27 +238,51 @@ fn optimizer_bytes(world: usize, shard_state: ShardState) -> Vec<u64> {
     let world = World::local(vec![Default::default(); world]).unwrap();
     let mut ddp = Ddp::new(&world, case.model.clone(), optim, case.source(), config).unwrap();
     ddp.step(&batches[0], LR).unwrap();
-    ddp.stats().iter().map(|s| s.optimizer_bytes).collect()
+    let stats = ddp.stats();
+    stats
+        .iter()
+        .map(|s| (s.optimizer_bytes, s.grad_bytes))
+        .collect()
+}
+
+/// Every part is held once (the parts add up to the whole) and within 5 % of `1 / world`.
+fn assert_shares(what: &str, whole: &[u64], parts: &[u64]) {
+    assert!(
+        whole.iter().all(|&b| b == whole[0] && b > 0),
+        "{what}: {whole:?}"
+    );
+    assert_eq!(parts.iter().sum::<u64>(), whole[0], "{what}: {parts:?}");
+    let share = whole[0] as f64 / parts.len() as f64;
+    for &part in parts {
+        assert!(
+            (part as f64 - share).abs() <= 0.05 * share,
+            "{what}: parts {parts:?} against a share of {share}"
+        );
+    }
 }
 
 #[test]
-fn zero1_replicas_each_hold_their_share_of_the_optimizer_state() {
+fn split_replicas_each_hold_their_share_of_the_state() {
     for world in [2, 4] {
-        let whole = optimizer_bytes(world, ShardState::None);
-        let parts = optimizer_bytes(world, ShardState::Optimizer);
-        assert!(whole.iter().all(|&b| b == whole[0] && b > 0), "{whole:?}");
-        // Every parameter's state is held once, by its owner.
-        assert_eq!(
-            parts.iter().sum::<u64>(),
-            whole[0],
-            "world {world}: {parts:?}"
-        );
-        let share = whole[0] as f64 / world as f64;
-        for &part in &parts {
-            assert!(
-                (part as f64 - share).abs() <= 0.05 * share,
-                "world {world}: parts {parts:?} against a share of {share}"
+        let whole = state_bytes(world, ShardState::None);
+        let (optimizer, gradients): (Vec<u64>, Vec<u64>) = whole.into_iter().unzip();
+        for stage in [ShardState::Optimizer, ShardState::Gradients] {
+            let (parts, grads): (Vec<u64>, Vec<u64>) =
+                state_bytes(world, stage).into_iter().unzip();
+            assert_shares(
+                &format!("{stage} world {world} optimizer"),
+                &optimizer,
+                &parts,
             );
+            match stage {
+                // ZeRO-1 reduces every gradient to every replica.
+                ShardState::Optimizer => assert_eq!(grads, gradients, "world {world}"),
+                _ => assert_shares(
+                    &format!("{stage} world {world} gradients"),
+                    &gradients,
+                    &grads,
+                ),
+            }
         }
     }
 }

@@ -57,7 +57,7 @@ pub fn schedule_parser() -> Named<kiln_core::strategy::Schedule> {
 
 /// The `--shard-state` parser: `none` or `optimizer`, listed in `--help`.
 pub fn shard_state_parser() -> Named<kiln_core::strategy::ShardState> {
-    const NAMES: [&str; 2] = kiln_core::strategy::ShardState::ALL_NAMES;
+    const NAMES: [&str; 3] = kiln_core::strategy::ShardState::ALL_NAMES;
     Named::new(&NAMES)
 }
 

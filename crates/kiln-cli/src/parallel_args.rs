@@ -50,7 +50,9 @@ pub struct ParallelArgs {
     bucket_cap_mb: Option<f64>,
     /// Which training state ddp's replicas split among themselves instead of each holding it
     /// whole: `optimizer` is ZeRO-1 (each replica keeps the optimizer state of about 1 / dp
-    /// of the parameters and steps those; training is unchanged) [default: none].
+    /// of the parameters and steps those; training is unchanged), `gradients` is ZeRO-2 (as
+    /// ZeRO-1, and each replica receives only those parameters' reduced gradients)
+    /// [default: none].
     #[arg(long, value_parser = shard_state_parser())]
     shard_state: Option<ShardState>,
     /// Under `auto`, what its planner may fill of some devices, by rank, as Accelerate's

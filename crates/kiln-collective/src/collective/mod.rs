@@ -1,7 +1,7 @@
 //! Collective communication between the ranks of a run.
 //!
 //! A [`Collective`] is one rank's handle on its group, like an MPI communicator. A group
-//! operation (all-reduce, broadcast, all-gather, reduce-scatter, barrier) blocks until all
+//! operation (all-reduce, reduce, broadcast, all-gather, reduce-scatter, barrier) blocks until all
 //! ranks of the group have made the same call; a point-to-point [`Collective::recv`] blocks
 //! until its peer's matching [`Collective::send`]. Every blocking call is bounded by the
 //! group's timeout: a rank that never arrives (or never sends) makes the others return
@@ -150,6 +150,32 @@ pub trait Collective<B: Backend>: Send {
         tensor: Tensor<B, 1>,
         op: ReduceOp,
     ) -> Result<Tensor<B, 1>, CollectiveError>;
+
+    /// Combines the ranks' `tensor`s as [`Collective::all_reduce`] does and returns the result
+    /// on `root` alone (`None` elsewhere): a gradient bucket reduced to the one rank that steps
+    /// its parameters (ZeRO-2).
+    ///
+    /// The in-process and MPI groups build it, as their reduce-scatter, on the all-reduce:
+    /// the other ranks drop the result at once, so what a rank holds afterwards is exactly its
+    /// own, while the traffic is the all-reduce's (the volume ZeRO-2's reduce-scatter has in
+    /// DeepSpeed's accounting too).
+    ///
+    /// # Errors
+    /// As [`Collective::all_reduce`], and [`CollectiveError::InvalidRoot`] when `root` is not
+    /// a rank.
+    fn reduce(
+        &mut self,
+        tensor: Tensor<B, 1>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<Option<Tensor<B, 1>>, CollectiveError> {
+        let world_size = self.world_size();
+        if root >= world_size {
+            return Err(CollectiveError::InvalidRoot { root, world_size });
+        }
+        let out = self.all_reduce(tensor, op)?;
+        Ok((self.rank() == root).then_some(out))
+    }
 
     /// Sends `tensor` to rank `to`, where the matching [`Collective::recv`] takes it. Returns
     /// once the tensor is handed over, without waiting for the receiver (a buffered send):

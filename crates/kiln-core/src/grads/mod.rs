@@ -7,6 +7,7 @@
 mod bucket;
 mod owners;
 mod sync;
+mod to_owners;
 
 use std::marker::PhantomData;
 
@@ -17,6 +18,7 @@ use burn::tensor::{Tensor, backend::AutodiffBackend};
 pub use bucket::{BucketPlan, ParamSelection};
 pub(crate) use owners::Owners;
 pub use sync::{all_reduce_gradients, broadcast_parameters};
+pub(crate) use to_owners::reduce_to_owners;
 
 /// Adds `weight · grads` into `acc`, parameter by parameter, moving `grads` to `device`.
 ///

@@ -1,6 +1,7 @@
 //! Which replica owns which parameter when the optimizer state is split among the replicas
-//! (ZeRO-1): the owner alone keeps the parameter's optimizer state and steps it, then
-//! broadcasts the new value to the others.
+//! (ZeRO-1, and ZeRO-2 which also reduces each gradient to its owner alone): the owner alone
+//! keeps the parameter's optimizer state and steps it, then broadcasts the new value to the
+//! others.
 //!
 //! Ownership is by whole parameters, not by flat slices of the buckets as DeepSpeed cuts them:
 //! Burn's optimizers keep their state per parameter and step whatever parameters the gradients
@@ -28,14 +29,25 @@ pub(crate) struct Owners {
     parts: Vec<BucketPlan>,
     /// The parameters this replica owns.
     mine: HashSet<ParamId>,
+    /// This replica.
+    rank: usize,
+    /// Whether each owner alone receives its parameters' reduced gradients (ZeRO-2).
+    gradients: bool,
 }
 
 impl Owners {
     /// Splits `plan`'s parameters among `replicas` by elements (the optimizer state's size:
     /// AdamW keeps two f32 moments per element whatever the parameter's dtype), largest first,
     /// each to the replica with the fewest so far (ties to the lowest rank). Every replica
-    /// computes the same split from the same plan.
-    pub(crate) fn new(plan: &BucketPlan, replicas: usize, rank: usize, cap_bytes: usize) -> Self {
+    /// computes the same split from the same plan. With `gradients`, the gradients are reduced
+    /// to their owners ([`super::reduce_to_owners`]) instead of to every replica.
+    pub(crate) fn new(
+        plan: &BucketPlan,
+        replicas: usize,
+        rank: usize,
+        cap_bytes: usize,
+        gradients: bool,
+    ) -> Self {
         let mut order: Vec<usize> = (0..plan.slots.len()).collect();
         // Stable: equal sizes keep the module's order, so the split is the same everywhere.
         order.sort_by_key(|&i| std::cmp::Reverse(plan.slots[i].numel));
@@ -58,7 +70,32 @@ impl Owners {
             .filter(|s| owner_of(s.id) == rank)
             .map(|s| s.id)
             .collect();
-        Self { parts, mine }
+        Self {
+            parts,
+            mine,
+            rank,
+            gradients,
+        }
+    }
+
+    /// Whether each owner alone receives its parameters' reduced gradients (ZeRO-2).
+    pub(crate) fn reduces_gradients(&self) -> bool {
+        self.gradients
+    }
+
+    /// Per replica, the plan of the parameters it owns, in rank order.
+    pub(crate) fn parts(&self) -> &[BucketPlan] {
+        &self.parts
+    }
+
+    /// This replica.
+    pub(crate) fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Bytes of this replica's parameters' gradients (in the parameters' dtypes).
+    pub(crate) fn my_grad_bytes(&self) -> usize {
+        self.parts[self.rank].slots.iter().map(|s| s.bytes).sum()
     }
 
     /// The parameters this replica owns.
@@ -153,7 +190,7 @@ mod tests {
         let plan = BucketPlan::new(&model, 1 << 20, ParamSelection::Trainable);
         for replicas in 1..=4 {
             let owners: Vec<Owners> = (0..replicas)
-                .map(|r| Owners::new(&plan, replicas, r, 1 << 20))
+                .map(|r| Owners::new(&plan, replicas, r, 1 << 20, false))
                 .collect();
             let mut seen = HashSet::new();
             for o in &owners {
@@ -188,7 +225,7 @@ mod tests {
     fn keep_mine_drops_the_gradients_of_other_owners() {
         let model = widths(&[3, 5, 7]);
         let plan = BucketPlan::new(&model, 1 << 20, ParamSelection::Trainable);
-        let owners = Owners::new(&plan, 2, 1, 1 << 20);
+        let owners = Owners::new(&plan, 2, 1, 1 << 20, false);
         let device = Default::default();
         let loss = model
             .layers

@@ -101,10 +101,11 @@ pub fn broadcast_parameters<B: AutodiffBackend, M: AutodiffModule<B>>(
     Ok(module.map(&mut replace))
 }
 
-struct FlattenGrads<'a, B: AutodiffBackend> {
-    plan: &'a BucketPlan,
-    grads: &'a mut GradientsParams,
-    flats: Vec<Option<Tensor<Inner<B>, 1>>>,
+/// Takes each planned parameter's gradient out of `grads` as a flat tensor, in slot order.
+pub(super) struct FlattenGrads<'a, B: AutodiffBackend> {
+    pub(super) plan: &'a BucketPlan,
+    pub(super) grads: &'a mut GradientsParams,
+    pub(super) flats: Vec<Option<Tensor<Inner<B>, 1>>>,
 }
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for FlattenGrads<'_, B> {
@@ -118,12 +119,14 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for FlattenGrads<'_, B> {
     }
 }
 
-struct UnflattenGrads<'a, B: AutodiffBackend> {
-    plan: &'a BucketPlan,
-    grads: GradientsParams,
-    reduced: Vec<Option<Tensor<Inner<B>, 1>>>,
-    presence: Vec<f32>,
-    backend: PhantomData<B>,
+/// Registers each planned parameter's reduced flat tensor as its gradient, shaped as the
+/// parameter, where some rank had a gradient for it (`presence > 0`).
+pub(super) struct UnflattenGrads<'a, B: AutodiffBackend> {
+    pub(super) plan: &'a BucketPlan,
+    pub(super) grads: GradientsParams,
+    pub(super) reduced: Vec<Option<Tensor<Inner<B>, 1>>>,
+    pub(super) presence: Vec<f32>,
+    pub(super) backend: PhantomData<B>,
 }
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for UnflattenGrads<'_, B> {

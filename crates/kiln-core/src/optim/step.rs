@@ -20,7 +20,7 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::collective::{Collective, CollectiveError, ReduceOp};
-use crate::grads::{BucketPlan, Owners, all_reduce_gradients};
+use crate::grads::{BucketPlan, Owners, all_reduce_gradients, reduce_to_owners};
 use crate::optim::{Guard, GuardReport, GuardedOptimizer, Local, NonFinite, Settled, param_path};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
@@ -46,7 +46,8 @@ pub(crate) struct Sync<'a, B: AutodiffBackend> {
     /// every rank holds the whole model.
     pub split: Option<Split<'a, B>>,
     /// Which replica of `dp` steps which parameters when the replicas split the optimizer
-    /// state (ZeRO-1); `None` when every replica steps all.
+    /// state (ZeRO-1), and receives their reduced gradients alone when they split those too
+    /// (ZeRO-2); `None` when every replica steps all.
     pub owners: Option<&'a Owners>,
     /// This rank's device.
     pub device: &'a B::Device,
@@ -142,13 +143,18 @@ where
     let sync_start = Instant::now();
     // A whole model's findings ride in its data-parallel all-reduce.
     let riding = split.is_none();
-    let (grads, summed, dp) = match dp {
+    let (grads, summed, mut dp) = match dp {
         Some((group, plan)) => {
             let mine = match (&local, riding) {
                 (Some(l), true) => Guard::codes(l, group.rank(), group.world_size()),
                 _ => Vec::new(),
             };
-            let (grads, facts) = all_reduce_gradients(&model, grads, plan, group, device, &mine)?;
+            let (grads, facts) = match owners.filter(|o| o.reduces_gradients()) {
+                Some(owners) => {
+                    reduce_to_owners(&model, grads, plan, owners, group, device, &mine)?
+                }
+                None => all_reduce_gradients(&model, grads, plan, group, device, &mine)?,
+            };
             if !mine.is_empty() {
                 codes = facts;
             }
@@ -167,12 +173,22 @@ where
     let mut settle_communication = Duration::ZERO;
     let settled = match (&guard, split) {
         (None, _) => Settled::unguarded(grads),
-        (Some(g), None) => {
-            let local = if summed { None } else { local };
-            g.settle_replica::<B, M>(&model, grads, &codes, local, step, |grads| {
-                optim.squares(&model, grads, None)
-            })?
-        }
+        (Some(g), None) => match (owners.filter(|o| o.reduces_gradients()), dp.as_deref_mut()) {
+            (Some(_), Some(group)) => {
+                // Each owner holds its own parameters' sums: the norm adds the parts.
+                let part = optim.squares(&model, &grads, None);
+                let start = Instant::now();
+                let global = sum_over_ranks::<B>(group, part, device)?;
+                settle_communication = start.elapsed();
+                g.settle_replica::<B, M>(&model, grads, &codes, None, step, |_| global)?
+            }
+            _ => {
+                let local = if summed { None } else { local };
+                g.settle_replica::<B, M>(&model, grads, &codes, local, step, |grads| {
+                    optim.squares(&model, grads, None)
+                })?
+            }
+        },
         (Some(g), Some(split)) => {
             let local = local.expect("a split model's ranks inspect their own gradients");
             let squares = |grads: &GradientsParams, skip: Option<&HashSet<ParamId>>| {
@@ -186,8 +202,9 @@ where
         }
     };
     communication += settle_communication;
-    // The guard has read every summed gradient (the norm is the whole model's); under ZeRO-1
-    // each replica then steps its own parameters and sends them to the others. A skipped
+    // The guard has read every summed gradient, or under ZeRO-2 added the owners' norms (the
+    // norm is the whole model's); under ZeRO-1 and -2 each replica then steps its own
+    // parameters and sends them to the others. A skipped
     // step is skipped by every replica alike, so none broadcasts.
     let mut broadcast = Duration::ZERO;
     let model = match (settled.grads, owners.zip(dp)) {
@@ -212,6 +229,17 @@ where
         communication,
         compute,
     })
+}
+
+/// `value` summed over the ranks of `group` (in f32, the collectives' type).
+fn sum_over_ranks<B: AutodiffBackend>(
+    group: &mut dyn Collective<Inner<B>>,
+    value: f64,
+    device: &B::Device,
+) -> Result<f64, CollectiveError> {
+    let value = Tensor::<Inner<B>, 1>::from_floats([value as f32], device);
+    let sum = group.all_reduce(value, ReduceOp::Sum)?.into_scalar();
+    Ok(burn::tensor::ElementConversion::elem::<f64>(sum))
 }
 
 /// Whether `split`'s rank counts the parameters every shard holds whole in the norm: shard 0

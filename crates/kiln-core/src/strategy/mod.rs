@@ -97,7 +97,10 @@ pub struct RankStats {
     /// Bytes of the parameters the rank holds (its replica, stage or shard), frozen ones
     /// included.
     pub param_bytes: u64,
-    /// Bytes of the gradients the rank holds during a step (its trainable parameters').
+    /// Bytes of the reduced gradients the rank holds for its optimizer step: its trainable
+    /// parameters', or under ZeRO-2 (`shard_state = "gradients"`) its own parameters'. (Burn's
+    /// backward returns every gradient at once, so the backward's own gradients are whole
+    /// until the reduction consumes them, bucket by bucket, under every stage.)
     pub grad_bytes: u64,
     /// Bytes of the rank's optimizer state (tensor data, e.g. AdamW's two moments), measured
     /// after the first step; 0 before.
@@ -165,7 +168,8 @@ pub struct RankReport {
     pub collective_elements: u64,
     /// Bytes of the parameters the rank holds.
     pub param_bytes: u64,
-    /// Bytes of the gradients the rank holds during a step.
+    /// Bytes of the reduced gradients the rank holds for its optimizer step (see
+    /// [`RankStats::grad_bytes`]).
     pub grad_bytes: u64,
     /// Bytes of the rank's optimizer state (after the first step).
     pub optimizer_bytes: u64,

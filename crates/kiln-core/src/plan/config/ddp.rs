@@ -38,21 +38,45 @@ pub enum ShardState {
     /// the optimizer state only for those and steps only those; the updated parameters are
     /// then broadcast from their owners. Training is exactly plain `ddp`'s.
     Optimizer,
+    /// ZeRO-2: as [`ShardState::Optimizer`], and each owner alone receives the reduced
+    /// gradients of its parameters (a reduction to each owner in place of the all-reduce), so
+    /// a replica holds about `1 / dp` of the reduced gradients; the clipping norm adds the
+    /// owners' parts. Training is exactly plain `ddp`'s.
+    Gradients,
 }
 
 impl ShardState {
     /// Every setting.
-    pub const ALL: [ShardState; 2] = [ShardState::None, ShardState::Optimizer];
+    pub const ALL: [ShardState; 3] = [
+        ShardState::None,
+        ShardState::Optimizer,
+        ShardState::Gradients,
+    ];
 
     /// Their names, as [`ShardState::ALL`] lists them.
-    pub const ALL_NAMES: [&'static str; 2] = [Self::ALL[0].name(), Self::ALL[1].name()];
+    pub const ALL_NAMES: [&'static str; 3] = [
+        Self::ALL[0].name(),
+        Self::ALL[1].name(),
+        Self::ALL[2].name(),
+    ];
 
     /// The name configs and command lines use.
     pub const fn name(self) -> &'static str {
         match self {
             Self::None => "none",
             Self::Optimizer => "optimizer",
+            Self::Gradients => "gradients",
         }
+    }
+
+    /// Whether each replica keeps the optimizer state of its own parameters only.
+    pub const fn splits_optimizer(self) -> bool {
+        !matches!(self, Self::None)
+    }
+
+    /// Whether each replica receives the reduced gradients of its own parameters only.
+    pub const fn splits_gradients(self) -> bool {
+        matches!(self, Self::Gradients)
     }
 }
 
@@ -69,7 +93,7 @@ impl std::str::FromStr for ShardState {
         Self::ALL
             .into_iter()
             .find(|state| state.name() == s)
-            .ok_or_else(|| format!("unknown shard_state {s:?}; use none or optimizer"))
+            .ok_or_else(|| format!("unknown shard_state {s:?}; use none, optimizer or gradients"))
     }
 }
 

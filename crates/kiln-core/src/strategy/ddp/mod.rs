@@ -12,7 +12,9 @@
 //! each owns whole parameters, about `1 / dp` of the elements, and after the same all-reduce
 //! and the same guard over every gradient it steps only its own and broadcasts them, so the
 //! replicas stay identical while each holds a part of the state. A checkpoint gathers the parts
-//! into the state plain `ddp` saves.
+//! into the state plain `ddp` saves. With `shard_state = "gradients"` (ZeRO-2) the all-reduce
+//! becomes a reduction to each parameter's owner, so each replica also holds only its own
+//! parameters' reduced gradients, and the guard's norm adds the owners' parts.
 //!
 //! The ranks all-reduce over the `dp` axis of the world's mesh, which for Ddp is the whole
 //! world (a mesh that also splits the model is refused). The calling thread only dispatches
@@ -37,7 +39,7 @@ use crate::World;
 use crate::data::DataSource;
 use crate::model::TrainModel;
 use crate::optim::{GuardedOptimizer, OptimizerState, StateError, StateLayout, decode, encode};
-use crate::plan::{DdpConfig, ShardState};
+use crate::plan::DdpConfig;
 use crate::world::Mesh;
 use worker::Worker;
 
@@ -55,7 +57,7 @@ pub struct Ddp<B: AutodiffBackend, M: TrainModel<B>> {
     elsewhere: Option<Vec<M>>,
     /// This process's first device: where gathered shards are decoded.
     device: B::Device,
-    /// Under `shard_state = "optimizer"` with more than one replica: gathers the replicas'
+    /// Under a split optimizer state with more than one replica: gathers the replicas'
     /// parts of the optimizer state into the whole state a checkpoint holds.
     merge_parts: Option<MergeParts>,
     backend: std::marker::PhantomData<B>,
@@ -132,7 +134,7 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Ddp<B, M> {
         I: Send + 'static,
     {
         config.validate()?;
-        let split_state = config.shard_state == ShardState::Optimizer;
+        let split_state = config.shard_state.splits_optimizer();
         if split_state && optim.clone().retain_state(&Default::default()).is_none() {
             return Err(ConfigError::StateNotSplittable.into());
         }

@@ -13,7 +13,7 @@ use crate::model::TrainModel;
 use crate::optim::step::{Findings, Split, Sync, guarded_step};
 use crate::optim::{GuardedOptimizer, decode, encode, tensor_bytes};
 use crate::params::{fingerprints, floats_to_hashes, hashes_to_floats, param_bytes, signature};
-use crate::plan::{DdpConfig, ShardState};
+use crate::plan::DdpConfig;
 use crate::strategy::agree::{Fact, agree, dtype_fact};
 use crate::strategy::exchange::{self, Share, encode_module};
 use crate::strategy::handover::sync_device;
@@ -35,8 +35,8 @@ pub(super) struct Worker<B: AutodiffBackend, M: TrainModel<B>, O, I> {
     pub shard: Option<ShardPlace>,
     pub config: DdpConfig,
     pub plan: Option<BucketPlan>,
-    /// Which replica steps which parameters, under `shard_state = "optimizer"` with more
-    /// than one replica; set at start.
+    /// Which replica steps which parameters (and, under ZeRO-2, receives their reduced
+    /// gradients), under a split optimizer state with more than one replica; set at start.
     pub owners: Option<Owners>,
     pub stats: RankStats,
     pub steps: u64,
@@ -128,16 +128,29 @@ where
         self.stats.param_bytes = bytes.params;
         self.stats.grad_bytes = bytes.grads;
         let plan = BucketPlan::new(&model, cap, ParamSelection::Trainable);
-        if self.config.shard_state == ShardState::Optimizer && self.replicas > 1 {
+        let stage = self.config.shard_state;
+        if stage.splits_optimizer() && self.replicas > 1 {
             let dp = self.groups.axis(Mesh::DP).expect("a Ddp mesh has dp");
-            let owners = Owners::new(&plan, self.replicas, dp.rank(), cap);
+            let gradients = stage.splits_gradients();
+            let owners = Owners::new(&plan, self.replicas, dp.rank(), cap, gradients);
             if dp.rank() == 0 {
+                let (zero, received) = match gradients {
+                    true => (
+                        "ZeRO-2",
+                        "receives the reduced gradients of, keeps and steps",
+                    ),
+                    false => ("ZeRO-1", "keeps and steps"),
+                };
                 tracing::info!(
-                    "ddp: optimizer state split over {} replicas (ZeRO-1): each keeps and steps \
-                     its own parameters, {:?} elements, and broadcasts them after the step",
+                    "ddp: optimizer state split over {} replicas ({zero}): each {received} its \
+                     own parameters, {:?} elements, and broadcasts them after the step",
                     self.replicas,
                     owners.elements()
                 );
+            }
+            if gradients {
+                // The reduced gradients this replica holds for the optimizer: its own part.
+                self.stats.grad_bytes = owners.my_grad_bytes() as u64;
             }
             self.owners = Some(owners);
         }
