@@ -239,30 +239,28 @@ clipping! {
     clipped_ddp_4: Ddp, 4;
 }
 
-/// Ddp with the optimizer state split among the replicas (ZeRO-1): the norm is still the
-/// whole model's, each owner clips its own parameters by it.
-mod clipped_zero1 {
+/// Ddp with the optimizer state split among the replicas (ZeRO-1), and the reduced gradients
+/// too (ZeRO-2): the norm is still the whole model's (under ZeRO-2 the sum of the owners'
+/// parts), each owner clips its own parameters by it.
+mod clipped_zero {
     use super::*;
 
-    fn zero1() -> StrategyConfigs {
+    fn zero(stage: ShardState) -> StrategyConfigs {
         let mut configs = configs(2, 1);
-        configs.ddp.shard_state = ShardState::Optimizer;
+        configs.ddp.shard_state = stage;
         configs
     }
 
     #[test]
     fn mlp_transformer_and_qlora_model_over_2_3_and_4_replicas() {
-        for world in [2, 3, 4] {
-            check_clipped_with("mlp", &mlp_case(2, 16), StrategyKind::Ddp, world, &zero1());
+        for stage in [ShardState::Optimizer, ShardState::Gradients] {
+            let ddp = StrategyKind::Ddp;
+            for world in [2, 3, 4] {
+                check_clipped_with("mlp", &mlp_case(2, 16), ddp, world, &zero(stage));
+            }
+            check_clipped_with("transformer", &transformer_case(), ddp, 3, &zero(stage));
+            check_clipped_with("QLoRA model", &qlora_case(), ddp, 2, &zero(stage));
         }
-        check_clipped_with(
-            "transformer",
-            &transformer_case(),
-            StrategyKind::Ddp,
-            3,
-            &zero1(),
-        );
-        check_clipped_with("QLoRA model", &qlora_case(), StrategyKind::Ddp, 2, &zero1());
     }
 }
 
@@ -409,19 +407,17 @@ fn rank_holding(batch: &[usize], world: usize, sample: usize) -> usize {
         .unwrap()
 }
 
-/// `model` trained by `kind` on `world` ranks (Ddp's optimizer state split among them with
-/// `split`) under `policy`, with sample `poisoned` poisoned.
+/// `model` trained by `kind` on `world` ranks (Ddp's state split among them as `stage` says)
+/// under `policy`, with sample `poisoned` poisoned.
 fn poisoned_strategy(
-    (kind, world, split): (StrategyKind, usize, bool),
+    (kind, world, stage): (StrategyKind, usize, ShardState),
     policy: NanPolicy,
     poisoned: Option<usize>,
     model: &Poisonable<B>,
 ) -> Box<dyn Strategy<B, Poisonable<B>>> {
     let spec = guarded(PerformanceConfig::new().with_nan_policy(policy));
     let mut configs = configs(1, 1);
-    if split {
-        configs.ddp.shard_state = ShardState::Optimizer;
-    }
+    configs.ddp.shard_state = stage;
     build(
         &plan(kind, world, &configs, world),
         vec![Default::default(); world],
@@ -434,16 +430,17 @@ fn poisoned_strategy(
 
 #[test]
 fn halt_names_the_parameter_rank_and_step_on_every_rank() {
-    for (kind, world, split) in [
-        (StrategyKind::Single, 1, false),
-        (StrategyKind::DataParallel, 3, false),
-        (StrategyKind::Ddp, 3, false),
-        (StrategyKind::Ddp, 3, true),
+    for (kind, world, stage) in [
+        (StrategyKind::Single, 1, ShardState::None),
+        (StrategyKind::DataParallel, 3, ShardState::None),
+        (StrategyKind::Ddp, 3, ShardState::None),
+        (StrategyKind::Ddp, 3, ShardState::Optimizer),
+        (StrategyKind::Ddp, 3, ShardState::Gradients),
     ] {
         let batches = poison_batches();
         let culprit = rank_holding(&batches[1], world, 17);
         let model = poisonable();
-        let run = (kind, world, split);
+        let run = (kind, world, stage);
         let mut strategy = poisoned_strategy(run, NanPolicy::Halt, Some(17), &model);
         strategy.step(&batches[0], LR).unwrap();
         let error = strategy.step(&batches[1], LR).unwrap_err();
@@ -491,18 +488,19 @@ fn halt_names_the_parameter_rank_and_step_on_every_rank() {
 
 #[test]
 fn skip_leaves_every_replica_unchanged_and_training_goes_on() {
-    for (kind, world, split) in [
-        (StrategyKind::Single, 1, false),
-        (StrategyKind::DataParallel, 3, false),
-        (StrategyKind::Ddp, 3, false),
-        (StrategyKind::Ddp, 4, false),
-        (StrategyKind::Ddp, 4, true),
+    for (kind, world, stage) in [
+        (StrategyKind::Single, 1, ShardState::None),
+        (StrategyKind::DataParallel, 3, ShardState::None),
+        (StrategyKind::Ddp, 3, ShardState::None),
+        (StrategyKind::Ddp, 4, ShardState::None),
+        (StrategyKind::Ddp, 4, ShardState::Optimizer),
+        (StrategyKind::Ddp, 4, ShardState::Gradients),
     ] {
         let batches = poison_batches();
         // One model for both runs: Burn's initialisation draws from a process-wide generator
         // that other tests use at the same time.
         let model = poisonable();
-        let run = (kind, world, split);
+        let run = (kind, world, stage);
         let mut strategy = poisoned_strategy(run, NanPolicy::Skip, Some(17), &model);
         let first = strategy.step(&batches[0], LR).unwrap();
         assert!(!first.guard.unwrap().skipped);

@@ -271,12 +271,14 @@ fn a_ddp_checkpoint_resumes_in_single_and_back() {
 }
 
 #[test]
-fn a_zero1_checkpoint_resumes_as_itself_as_plain_ddp_and_in_single() {
+fn a_zero_checkpoint_resumes_as_itself_as_another_stage_as_plain_ddp_and_in_single() {
     let case = mlp_case(2, 16);
     let fresh = || mlp_case(2, 16).model;
     let plain = configs(1);
     let mut zero1 = configs(1);
     zero1.ddp.shard_state = ShardState::Optimizer;
+    let mut zero2 = configs(1);
+    zero2.ddp.shard_state = ShardState::Gradients;
     let (ddp, single) = (StrategyKind::Ddp, StrategyKind::Single);
     // The owners step exactly what every replica of plain ddp steps: the same bits. Single
     // sums gradients in another order: equal within rounding, not bits.
@@ -285,6 +287,10 @@ fn a_zero1_checkpoint_resumes_as_itself_as_plain_ddp_and_in_single() {
         ((ddp, 3, &zero1), (ddp, 3, &plain), true),
         ((ddp, 2, &plain), (ddp, 2, &zero1), true),
         ((ddp, 3, &zero1), (single, 1, &plain), false),
+        ((ddp, 3, &zero2), (ddp, 3, &zero2), true),
+        ((ddp, 3, &zero2), (ddp, 3, &zero1), true),
+        ((ddp, 2, &zero1), (ddp, 2, &zero2), true),
+        ((ddp, 3, &zero2), (single, 1, &plain), false),
     ] {
         check_resume_with("mlp", &case, fresh, from, to, bits);
     }

@@ -256,6 +256,34 @@ fn split_optimizer_state_across_processes_trains_as_plain_ddp_and_resumes_bit_fo
         parts.iter().all(|&p| p < whole[0] / 2),
         "{parts:?} against {whole:?}"
     );
+    // ZeRO-2 across the processes: each owner receives its parameters' sums alone, and trains
+    // as plain ddp (no clipping here: the same sums, the same bits).
+    let zero2 = run(
+        "zero2",
+        Some(&two),
+        args("4", &["--shard-state", "gradients"]),
+    );
+    for key in ["param_sum", "param_sq_sum", "final_loss"] {
+        assert_eq!(plain[key], zero2[key], "ZeRO-2: {key}");
+    }
+    let grads = |report: &serde_json::Value| -> Vec<u64> {
+        let ranks = report["ranks"].as_array().unwrap();
+        ranks
+            .iter()
+            .map(|r| r["grad_bytes"].as_u64().unwrap())
+            .collect()
+    };
+    let (whole, parts) = (grads(&plain), grads(&zero2));
+    assert_eq!(
+        parts.iter().sum::<u64>(),
+        whole[0],
+        "{parts:?} against {whole:?}"
+    );
+    assert_eq!(
+        bytes(&zero2),
+        bytes(&zero),
+        "ZeRO-2 splits the optimizer state as ZeRO-1"
+    );
     // The parts, gathered from both processes into one checkpoint, resume across processes
     // (against processes too: MPI's sums need not round as the in-process collective's).
     // Three processes of one rank each: three owners, one a process.
