@@ -20,6 +20,14 @@ use kiln_kernels::cube::matmul::MatmulStrategies;
 use kiln_kernels::cube::tune::{self, CacheFile, Mode, Record, Settings, bucket, shortlist};
 use kiln_kernels::{Epilogue, KernelBackend, Product, Transpose};
 
+/// Products against the CPU's: f32 rounding, or TF32's on CUDA's tensor cores, which cubek's
+/// tensor-core strategies (Burn's default among them) use for f32.
+const TOL: f32 = if MATMUL_F32_TOL > 1e-5 {
+    MATMUL_F32_TOL
+} else {
+    1e-5
+};
+
 /// A product of `[m, k]·[k, n]` in f32.
 fn product(m: usize, k: usize, n: usize, transpose: Transpose) -> Product {
     Product {
@@ -79,7 +87,7 @@ fn reference(p: &Product, seed: u64) -> Vec<f32> {
 fn check_product<B: KernelBackend>(what: &str, p: &Product, seed: u64) {
     let [l, r] = operands(p, seed);
     let got = read::<B>(B::matmul(prim::<B>(&l), prim::<B>(&r), p.transpose));
-    assert_close(what, &got, &reference(p, seed), 1e-5);
+    assert_close(what, &got, &reference(p, seed), TOL);
 }
 
 /// `relu(x·w + b)` and `x·w + b + r` through `B`'s linear forward, against the reference.
@@ -97,7 +105,7 @@ fn check_linear<B: KernelBackend>(what: &str, p: &Product, seed: u64) {
             .tensor()
     };
     let got = B::linear_forward(prim::<B>(&x), prim::<B>(&w), Some(b()), Epilogue::Relu);
-    assert_close(&format!("{what} relu"), &read::<B>(got), &relu, 1e-5);
+    assert_close(&format!("{what} relu"), &read::<B>(got), &relu, TOL);
     let r = prim::<B>(&(residual, [p.m, p.n]));
     let got = B::linear_forward(
         prim::<B>(&x),
@@ -105,7 +113,7 @@ fn check_linear<B: KernelBackend>(what: &str, p: &Product, seed: u64) {
         Some(b()),
         Epilogue::Residual(r),
     );
-    assert_close(&format!("{what} residual"), &read::<B>(got), &res, 1e-5);
+    assert_close(&format!("{what} residual"), &read::<B>(got), &res, TOL);
 }
 
 fn settings(mode: Mode, budget: Duration, dir: &Path) -> Settings {

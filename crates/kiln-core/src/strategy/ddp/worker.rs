@@ -134,16 +134,13 @@ where
             let gradients = stage.splits_gradients();
             let owners = Owners::new(&plan, self.replicas, dp.rank(), cap, gradients);
             if dp.rank() == 0 {
-                let (zero, received) = match gradients {
-                    true => (
-                        "ZeRO-2",
-                        "receives the reduced gradients of, keeps and steps",
-                    ),
-                    false => ("ZeRO-1", "keeps and steps"),
+                let (zero, what) = match gradients {
+                    true => ("ZeRO-2", "optimizer state and reduced gradients"),
+                    false => ("ZeRO-1", "optimizer state"),
                 };
                 tracing::info!(
-                    "ddp: optimizer state split over {} replicas ({zero}): each {received} its \
-                     own parameters, {:?} elements, and broadcasts them after the step",
+                    "ddp: {what} split over {} replicas ({zero}): each keeps those of its own \
+                     parameters, {:?} elements, steps them and broadcasts them after the step",
                     self.replicas,
                     owners.elements()
                 );
