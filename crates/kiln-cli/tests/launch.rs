@@ -239,13 +239,12 @@ fn split_optimizer_state_across_processes_trains_as_plain_ddp_and_resumes_bit_fo
     for key in ["param_sum", "param_sq_sum", "final_loss"] {
         assert_eq!(plain[key], zero[key], "{key}");
     }
-    let bytes = |report: &serde_json::Value| -> Vec<u64> {
+    // Each rank's `key` in a run's report.
+    let per_rank = |report: &serde_json::Value, key: &str| -> Vec<u64> {
         let ranks = report["ranks"].as_array().unwrap();
-        ranks
-            .iter()
-            .map(|r| r["optimizer_bytes"].as_u64().unwrap())
-            .collect()
+        ranks.iter().map(|r| r[key].as_u64().unwrap()).collect()
     };
+    let bytes = |report: &serde_json::Value| per_rank(report, "optimizer_bytes");
     let (whole, parts) = (bytes(&plain), bytes(&zero));
     assert_eq!(
         parts.iter().sum::<u64>(),
@@ -266,14 +265,10 @@ fn split_optimizer_state_across_processes_trains_as_plain_ddp_and_resumes_bit_fo
     for key in ["param_sum", "param_sq_sum", "final_loss"] {
         assert_eq!(plain[key], zero2[key], "ZeRO-2: {key}");
     }
-    let grads = |report: &serde_json::Value| -> Vec<u64> {
-        let ranks = report["ranks"].as_array().unwrap();
-        ranks
-            .iter()
-            .map(|r| r["grad_bytes"].as_u64().unwrap())
-            .collect()
-    };
-    let (whole, parts) = (grads(&plain), grads(&zero2));
+    let (whole, parts) = (
+        per_rank(&plain, "grad_bytes"),
+        per_rank(&zero2, "grad_bytes"),
+    );
     assert_eq!(
         parts.iter().sum::<u64>(),
         whole[0],

@@ -29,19 +29,8 @@ pub fn all_reduce_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
     device: &B::Device,
     facts: &[f32],
 ) -> Result<(GradientsParams, Vec<f32>), CollectiveError> {
-    let mut flatten = FlattenGrads::<B> {
-        plan,
-        grads: &mut grads,
-        flats: vec![None; plan.slots.len()],
-    };
-    module.visit(&mut flatten);
-    let flats = flatten.flats;
-
-    let tail: Vec<f32> = flats
-        .iter()
-        .map(|f| f32::from(u8::from(f.is_some())))
-        .chain(facts.iter().copied())
-        .collect();
+    let flats = flatten_grads(module, &mut grads, plan);
+    let tail = presence_and_facts(&flats, facts);
     let flats = flats
         .into_iter()
         .zip(&plan.slots)
@@ -52,23 +41,68 @@ pub fn all_reduce_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
     let (reduced, tail) = plan.run(flats, Some(tail), |bucket| {
         collective.all_reduce(bucket, ReduceOp::Sum)
     })?;
+    let (presence, facts) = split_tail(tail.expect("the tail travels with the buckets"), plan);
+    let reduced = reduced.into_iter().map(Some).collect();
+    Ok((unflatten_grads(module, plan, reduced, presence), facts))
+}
+
+/// Each planned parameter's gradient taken out of `grads` as a flat tensor, in slot order
+/// (`None` where this rank has none).
+pub(super) fn flatten_grads<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    grads: &mut GradientsParams,
+    plan: &BucketPlan,
+) -> Vec<Option<Tensor<Inner<B>, 1>>> {
+    let mut flatten = FlattenGrads::<B> {
+        plan,
+        grads,
+        flats: vec![None; plan.slots.len()],
+    };
+    module.visit(&mut flatten);
+    flatten.flats
+}
+
+/// One presence flag per slot (1 where this rank has a gradient), then `facts`: what travels
+/// summed over the ranks beside the gradients.
+pub(super) fn presence_and_facts<T>(flats: &[Option<T>], facts: &[f32]) -> Vec<f32> {
+    flats
+        .iter()
+        .map(|f| f32::from(u8::from(f.is_some())))
+        .chain(facts.iter().copied())
+        .collect()
+}
+
+/// The summed [`presence_and_facts`] back on the host: the presence counts, and the facts.
+pub(super) fn split_tail<B: burn::tensor::backend::Backend>(
+    tail: Tensor<B, 1>,
+    plan: &BucketPlan,
+) -> (Vec<f32>, Vec<f32>) {
     let mut presence = tail
-        .expect("the tail travels with the buckets")
         .into_data()
         .convert::<f32>()
         .to_vec::<f32>()
-        .expect("the tail converts to f32");
+        .expect("the presence flags convert to f32");
     let facts = presence.split_off(plan.slots.len());
+    (presence, facts)
+}
 
+/// `reduced` (a flat tensor per slot, `None` where this rank holds none) registered as the
+/// gradients of their parameters, shaped as them, where some rank had a gradient.
+pub(super) fn unflatten_grads<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    plan: &BucketPlan,
+    reduced: Vec<Option<Tensor<Inner<B>, 1>>>,
+    presence: Vec<f32>,
+) -> GradientsParams {
     let mut unflatten = UnflattenGrads::<B> {
         plan,
         grads: GradientsParams::new(),
-        reduced: reduced.into_iter().map(Some).collect(),
+        reduced,
         presence,
         backend: PhantomData,
     };
     module.visit(&mut unflatten);
-    Ok((unflatten.grads, facts))
+    unflatten.grads
 }
 
 /// Replaces every parameter of `module` covered by `plan` with rank `root`'s value, one
@@ -101,11 +135,10 @@ pub fn broadcast_parameters<B: AutodiffBackend, M: AutodiffModule<B>>(
     Ok(module.map(&mut replace))
 }
 
-/// Takes each planned parameter's gradient out of `grads` as a flat tensor, in slot order.
-pub(super) struct FlattenGrads<'a, B: AutodiffBackend> {
-    pub(super) plan: &'a BucketPlan,
-    pub(super) grads: &'a mut GradientsParams,
-    pub(super) flats: Vec<Option<Tensor<Inner<B>, 1>>>,
+struct FlattenGrads<'a, B: AutodiffBackend> {
+    plan: &'a BucketPlan,
+    grads: &'a mut GradientsParams,
+    flats: Vec<Option<Tensor<Inner<B>, 1>>>,
 }
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for FlattenGrads<'_, B> {
@@ -119,14 +152,12 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for FlattenGrads<'_, B> {
     }
 }
 
-/// Registers each planned parameter's reduced flat tensor as its gradient, shaped as the
-/// parameter, where some rank had a gradient for it (`presence > 0`).
-pub(super) struct UnflattenGrads<'a, B: AutodiffBackend> {
-    pub(super) plan: &'a BucketPlan,
-    pub(super) grads: GradientsParams,
-    pub(super) reduced: Vec<Option<Tensor<Inner<B>, 1>>>,
-    pub(super) presence: Vec<f32>,
-    pub(super) backend: PhantomData<B>,
+struct UnflattenGrads<'a, B: AutodiffBackend> {
+    plan: &'a BucketPlan,
+    grads: GradientsParams,
+    reduced: Vec<Option<Tensor<Inner<B>, 1>>>,
+    presence: Vec<f32>,
+    backend: PhantomData<B>,
 }
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for UnflattenGrads<'_, B> {

@@ -6,13 +6,11 @@
 //! the guard's findings) cannot ride in a bucket that only its owner receives: it travels in a
 //! small all-reduce of its own first, one call per step.
 
-use std::marker::PhantomData;
-
 use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::tensor::{Tensor, backend::AutodiffBackend};
 
-use super::sync::{FlattenGrads, UnflattenGrads};
+use super::sync::{flatten_grads, presence_and_facts, split_tail, unflatten_grads};
 use super::{BucketPlan, Owners};
 use crate::collective::{Collective, CollectiveError, ReduceOp};
 
@@ -34,27 +32,10 @@ pub(crate) fn reduce_to_owners<B: AutodiffBackend, M: AutodiffModule<B>>(
     device: &B::Device,
     facts: &[f32],
 ) -> Result<(GradientsParams, Vec<f32>), CollectiveError> {
-    let mut flatten = FlattenGrads::<B> {
-        plan,
-        grads: &mut grads,
-        flats: vec![None; plan.slots.len()],
-    };
-    module.visit(&mut flatten);
-    let mut flats = flatten.flats;
-
-    let shared: Vec<f32> = flats
-        .iter()
-        .map(|f| f32::from(u8::from(f.is_some())))
-        .chain(facts.iter().copied())
-        .collect();
+    let mut flats = flatten_grads(module, &mut grads, plan);
+    let shared = presence_and_facts(&flats, facts);
     let shared = Tensor::<Inner<B>, 1>::from_floats(shared.as_slice(), device);
-    let mut presence = collective
-        .all_reduce(shared, ReduceOp::Sum)?
-        .into_data()
-        .convert::<f32>()
-        .to_vec::<f32>()
-        .expect("the presence flags convert to f32");
-    let facts = presence.split_off(plan.slots.len());
+    let (presence, facts) = split_tail(collective.all_reduce(shared, ReduceOp::Sum)?, plan);
 
     let mut reduced = vec![None; plan.slots.len()];
     for (root, part) in owners.parts().iter().enumerate() {
@@ -80,13 +61,5 @@ pub(crate) fn reduce_to_owners<B: AutodiffBackend, M: AutodiffModule<B>>(
         }
     }
 
-    let mut unflatten = UnflattenGrads::<B> {
-        plan,
-        grads: GradientsParams::new(),
-        reduced,
-        presence,
-        backend: PhantomData,
-    };
-    module.visit(&mut unflatten);
-    Ok((unflatten.grads, facts))
+    Ok((unflatten_grads(module, plan, reduced, presence), facts))
 }
