@@ -419,12 +419,19 @@ fn ddp_replica_check_names_a_parameter_one_ulp_off() {
 
 #[test]
 fn a_rank_that_fails_before_the_owners_broadcast_is_named_within_the_timeout() {
+    // ZeRO-1, and ZeRO-2 whose owners received their gradients alone first.
+    for stage in [ShardState::Optimizer, ShardState::Gradients] {
+        owner_fails_before_its_broadcast(stage);
+    }
+}
+
+fn owner_fails_before_its_broadcast(shard_state: ShardState) {
     let timeout = Duration::from_secs(20);
     let world = World::local(vec![Default::default(); 2]).unwrap();
     let config = DdpConfig {
         collective_timeout_s: timeout.as_secs_f64(),
         threads_per_rank: Some(1),
-        shard_state: ShardState::Optimizer,
+        shard_state,
         ..DdpConfig::default()
     };
     let case = mlp_case(1, 8);
@@ -450,6 +457,6 @@ fn a_rank_that_fails_before_the_owners_broadcast_is_named_within_the_timeout() {
                 ..
             })
         ),
-        "rank 0 waited in the owners' broadcast: {waiting}"
+        "{shard_state}: rank 0 waited in the owners' broadcast: {waiting}"
     );
 }
