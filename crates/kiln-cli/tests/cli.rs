@@ -543,7 +543,7 @@ fn flags_the_strategy_would_ignore_are_refused() {
     );
     assert_one_line_error(
         &["train", "--strategy", "ddp", "--shard-state", "parameters"],
-        "unknown shard_state \"parameters\"; use none or optimizer",
+        "unknown shard_state \"parameters\"; use none, optimizer or gradients",
     );
 }
 
