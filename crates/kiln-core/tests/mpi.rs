@@ -105,6 +105,17 @@ fn run(scenario: &str, mut c: MeshCollectives<Flex>) -> String {
                 w.reduce_scatter(x(&[1.0, 2.0, 3.0, 4.0]), ReduceOp::Sum)
                     .unwrap(),
             );
+            // To each rank in turn: a process's leader (0, 2) and not (1, 3), each process's.
+            let reduced: Vec<Option<Vec<f32>>> = (0..4)
+                .map(|root| {
+                    let op = if root == 0 {
+                        ReduceOp::Mean
+                    } else {
+                        ReduceOp::Sum
+                    };
+                    w.reduce(x(&[r, 1.0]), op, root).unwrap().map(floats)
+                })
+                .collect();
             // Point to point: around the ring 0 → 1 → 2 → 3 → 0 (1 → 2 and 3 → 0 cross
             // processes), two messages each, which must arrive in order.
             let (next, prev) = ((rank + 1) % 4, (rank + 3) % 4);
@@ -128,7 +139,8 @@ fn run(scenario: &str, mut c: MeshCollectives<Flex>) -> String {
             );
             format!(
                 "OPS rank {rank}: sum {sum:?} mean {mean:?} max {max:?} bcast {from3:?} gather \
-                 {gathered:?} scatter {scattered:?} recv {first:?} {second:?} dp {dp:?} pp {pp:?}"
+                 {gathered:?} scatter {scattered:?} reduce {reduced:?} recv {first:?} {second:?} \
+                 dp {dp:?} pp {pp:?}"
             )
         }
         "stall" => {
@@ -171,15 +183,24 @@ fn every_operation_across_two_processes_of_two_ranks() {
         );
         let dp = if rank % 2 == 0 { 2.0 } else { 4.0 };
         let pp = if rank < 2 { 1.0 } else { 5.0 };
+        // The root alone receives the reduction.
+        let reduced: Vec<Option<Vec<f32>>> = (0..4)
+            .map(|root| match (root == rank, root) {
+                (false, _) => None,
+                (true, 0) => Some(vec![1.5, 1.0]),
+                (true, _) => Some(vec![6.0, 4.0]),
+            })
+            .collect();
         let expected = format!(
             "OPS rank {rank}: sum {:?} mean {:?} max {:?} bcast {:?} gather {:?} scatter {:?} \
-             recv {:?} {:?} dp {:?} pp {:?}",
+             reduce {:?} recv {:?} {:?} dp {:?} pp {:?}",
             [6.0f32, 4.0],
             [1.5f32],
             [3.0f32],
             [30.0f32],
             g,
             [4.0 * (r + 1.0)],
+            reduced,
             [prev, 1.0],
             [prev, 2.0],
             [dp],

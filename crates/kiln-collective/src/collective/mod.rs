@@ -51,6 +51,13 @@ pub enum ReduceOp {
 pub enum CollectiveOp {
     /// [`Collective::all_reduce`].
     AllReduce(ReduceOp),
+    /// [`Collective::reduce`] to the given root rank.
+    Reduce {
+        /// How the tensors combine.
+        op: ReduceOp,
+        /// The rank that receives the result.
+        root: usize,
+    },
     /// [`Collective::broadcast`] from the given root rank.
     Broadcast {
         /// The rank whose tensor every rank receives.
@@ -78,6 +85,7 @@ impl fmt::Display for CollectiveOp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             CollectiveOp::AllReduce(op) => write!(f, "all_reduce({op:?})"),
+            CollectiveOp::Reduce { op, root } => write!(f, "reduce({op:?}, root {root})"),
             CollectiveOp::Broadcast { root } => write!(f, "broadcast(root {root})"),
             CollectiveOp::Barrier => f.write_str("barrier"),
             CollectiveOp::AllGather => f.write_str("all_gather"),
@@ -151,14 +159,10 @@ pub trait Collective<B: Backend>: Send {
         op: ReduceOp,
     ) -> Result<Tensor<B, 1>, CollectiveError>;
 
-    /// Combines the ranks' `tensor`s as [`Collective::all_reduce`] does and returns the result
-    /// on `root` alone (`None` elsewhere): a gradient bucket reduced to the one rank that steps
-    /// its parameters (ZeRO-2).
-    ///
-    /// The in-process and MPI groups build it, as their reduce-scatter, on the all-reduce:
-    /// the other ranks drop the result at once, so what a rank holds afterwards is exactly its
-    /// own, while the traffic is the all-reduce's (the volume ZeRO-2's reduce-scatter has in
-    /// DeepSpeed's accounting too).
+    /// Combines the ranks' `tensor`s as [`Collective::all_reduce`] does (in rank order, the
+    /// same bits) and returns the result on `root` alone, on the device of its input; the
+    /// others get `None` and receive nothing: a gradient bucket reduced to the one rank that
+    /// steps its parameters (ZeRO-2).
     ///
     /// # Errors
     /// As [`Collective::all_reduce`], and [`CollectiveError::InvalidRoot`] when `root` is not
@@ -168,14 +172,7 @@ pub trait Collective<B: Backend>: Send {
         tensor: Tensor<B, 1>,
         op: ReduceOp,
         root: usize,
-    ) -> Result<Option<Tensor<B, 1>>, CollectiveError> {
-        let world_size = self.world_size();
-        if root >= world_size {
-            return Err(CollectiveError::InvalidRoot { root, world_size });
-        }
-        let out = self.all_reduce(tensor, op)?;
-        Ok((self.rank() == root).then_some(out))
-    }
+    ) -> Result<Option<Tensor<B, 1>>, CollectiveError>;
 
     /// Sends `tensor` to rank `to`, where the matching [`Collective::recv`] takes it. Returns
     /// once the tensor is handed over, without waiting for the receiver (a buffered send):

@@ -48,8 +48,9 @@ pub(crate) fn reduce_to_owners<B: AutodiffBackend, M: AutodiffModule<B>>(
                     .unwrap_or_else(|| Tensor::zeros([slot.numel], device))
             })
             .collect();
-        // A replica that is not the root keeps its own packed bucket as the "result", which it
-        // drops with the rest of this part's results below: `run` unpacks every bucket.
+        // A replica that is not the root receives nothing: it keeps its own packed bucket as
+        // the "result", dropped with the rest of this part's below (`run` unpacks every
+        // bucket).
         let (sums, _) = part.run(part_flats, None, |bucket| {
             let sum = collective.reduce(bucket.clone(), ReduceOp::Sum, root)?;
             Ok::<_, CollectiveError>(sum.unwrap_or(bucket))

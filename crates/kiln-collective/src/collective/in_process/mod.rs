@@ -285,6 +285,20 @@ impl<B: Backend> Collective<B> for InProcess<B> {
         Ok(output.expect("an all-reduce produces a tensor"))
     }
 
+    fn reduce(
+        &mut self,
+        tensor: Tensor<B, 1>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<Option<Tensor<B, 1>>, CollectiveError> {
+        let world_size = self.shared.world_size;
+        if root >= world_size {
+            return Err(CollectiveError::InvalidRoot { root, world_size });
+        }
+        let output = self.rendezvous(CollectiveOp::Reduce { op, root }, Some(tensor))?;
+        Ok(output.filter(|_| self.rank == root))
+    }
+
     fn broadcast(
         &mut self,
         tensor: Tensor<B, 1>,

@@ -89,6 +89,11 @@ impl<B: Backend> InProcess<B> {
             if state.round > seq {
                 let output = take_output(&mut state, self.shared.world_size);
                 drop(state);
+                // A reduction's result is the root's alone: the others copy nothing.
+                let output = match op {
+                    CollectiveOp::Reduce { root, .. } if root != self.rank => None,
+                    _ => output,
+                };
                 return match (output, device) {
                     (Some(output), Some(device)) => self.own(op, seq, output, &device).map(Some),
                     (output, _) => Ok(output),
@@ -154,7 +159,9 @@ fn combine<B: Backend>(
             Some(Tensor::cat(inputs, 0))
         }
         // Each rank slices its chunk of the full reduction once it takes the output.
-        CollectiveOp::AllReduce(reduce) | CollectiveOp::ReduceScatter(reduce) => {
+        CollectiveOp::AllReduce(reduce)
+        | CollectiveOp::ReduceScatter(reduce)
+        | CollectiveOp::Reduce { op: reduce, .. } => {
             let mut inputs = inputs.into_iter().flatten();
             let first = inputs.next().expect("every rank deposits a tensor");
             let device = first.device();

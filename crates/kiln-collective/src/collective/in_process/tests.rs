@@ -193,6 +193,45 @@ fn reduce_scatter_gives_each_rank_its_chunk_of_the_reduction() {
 }
 
 #[test]
+fn reduce_gives_the_root_alone_the_all_reduce_s_bits() {
+    for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max] {
+        for root in 0..3 {
+            let results = on_ranks(3, LONG, |rank, mut c| {
+                let input = [rank as f32 * 0.1, 1.0 / (rank as f32 + 3.0)];
+                let reduced = c.reduce(tensor(&input), op, root).unwrap().map(values);
+                let all = values(c.all_reduce(tensor(&input), op).unwrap());
+                (reduced, all)
+            });
+            for (rank, (reduced, all)) in results.into_iter().enumerate() {
+                let expected = (rank == root).then_some(all);
+                assert_eq!(reduced, expected, "{op:?} to {root}, rank {rank}");
+            }
+        }
+    }
+}
+
+#[test]
+fn reduces_to_different_roots_are_reported_not_mixed() {
+    let results = on_ranks(2, LONG, |rank, mut c| {
+        c.reduce(tensor(&[1.0]), ReduceOp::Sum, rank)
+    });
+    assert!(
+        results
+            .iter()
+            .any(|r| matches!(r, Err(CollectiveError::Mismatch { .. }))),
+        "{results:?}"
+    );
+    let mut alone = InProcess::<Flex>::group(1, LONG).pop().unwrap();
+    assert_eq!(
+        alone.reduce(tensor(&[1.0]), ReduceOp::Sum, 1).unwrap_err(),
+        CollectiveError::InvalidRoot {
+            root: 1,
+            world_size: 1
+        }
+    );
+}
+
+#[test]
 fn reduce_scatter_refuses_a_length_that_does_not_split() {
     let results = on_ranks(2, LONG, |_, mut c| {
         c.reduce_scatter(tensor(&[1.0, 2.0, 3.0]), ReduceOp::Sum)

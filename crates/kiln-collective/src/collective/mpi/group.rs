@@ -149,6 +149,35 @@ impl ProcessGroup {
         Ok(output)
     }
 
+    /// Element-wise combination of every process's `data` (f32 or f64 values), on the process
+    /// `root` alone (`None` elsewhere: the others receive nothing).
+    pub fn reduce<T: Equivalence + Copy + Default + burn::tensor::Element>(
+        &self,
+        data: TensorData,
+        combine: Combine,
+        root: usize,
+        seq: u64,
+    ) -> Result<Option<TensorData>, Failure> {
+        let output = (self.index == root).then(|| self.buffers().take::<T>(&data));
+        let (input, output) = self.run(seq, move |comm| {
+            let mut output = output;
+            let input = data.as_slice::<T>().expect("the values' own dtype");
+            let root = comm.process_at_rank(root as i32);
+            match output.as_mut() {
+                Some(output) => {
+                    let into = output
+                        .as_mut_slice::<T>()
+                        .expect("a buffer of the values' dtype");
+                    root.reduce_into_root(input, into, combine.op());
+                }
+                None => root.reduce_into(input, combine.op()),
+            }
+            (data, output)
+        })?;
+        self.buffers().keep(input);
+        Ok(output)
+    }
+
     fn buffers(&self) -> std::sync::MutexGuard<'_, ReceiveBuffers> {
         self.buffers.lock().unwrap_or_else(|p| p.into_inner())
     }

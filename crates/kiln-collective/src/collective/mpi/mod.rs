@@ -181,6 +181,61 @@ impl<B: Backend> Collective<B> for Mpi<B> {
         })
     }
 
+    fn reduce(
+        &mut self,
+        tensor: Tensor<B, 1>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<Option<Tensor<B, 1>>, CollectiveError> {
+        if root >= self.size {
+            return Err(CollectiveError::InvalidRoot {
+                root,
+                world_size: self.size,
+            });
+        }
+        let Some(procs) = self.procs.clone() else {
+            self.next(tensor.dims()[0]);
+            let root = self.local_rank(root);
+            return self.local.reduce(tensor, op, root);
+        };
+        let (elements, device) = (tensor.dims()[0], tensor.device());
+        let seq = self.next(elements);
+        let (local_op, combine) = match op {
+            ReduceOp::Sum | ReduceOp::Mean => (ReduceOp::Sum, Combine::Sum),
+            ReduceOp::Max => (ReduceOp::Max, Combine::Max),
+        };
+        // This process's sum at its leader, then the processes' sum at the root's process.
+        let partial = self.local.reduce(tensor, local_op, 0)?;
+        let root_process = self.process_of[root];
+        let mut total = match (self.leader(), partial) {
+            (Some(procs), Some(partial)) => {
+                match staging::reduce(procs, partial.into_data(), combine, root_process, seq) {
+                    Ok(data) => data.map(|data| Tensor::from_data(data, &device)),
+                    Err(failure) => {
+                        let op = CollectiveOp::Reduce { op, root };
+                        return Err(self.fail(op, seq, failure));
+                    }
+                }
+            }
+            _ => None,
+        };
+        // In the root's process, its leader hands the sum to the root.
+        if root_process == procs.index && root != self.first_local {
+            if self.rank == self.first_local {
+                let sum = total
+                    .take()
+                    .expect("the root process's leader holds the sum");
+                self.local.send(sum, self.local_rank(root))?;
+            } else if self.rank == root {
+                total = Some(self.local.recv(0, elements, &device)?);
+            }
+        }
+        Ok(total.filter(|_| self.rank == root).map(|sum| match op {
+            ReduceOp::Mean => sum.div_scalar(self.size as f64),
+            _ => sum,
+        }))
+    }
+
     fn broadcast(
         &mut self,
         tensor: Tensor<B, 1>,

@@ -24,6 +24,25 @@ pub(super) fn all_reduce(
     }
 }
 
+/// Combines `data` with the other processes' onto the process `root` alone (`None` elsewhere).
+pub(super) fn reduce(
+    procs: &ProcessGroup,
+    data: TensorData,
+    combine: Combine,
+    root: usize,
+    seq: u64,
+) -> Result<Option<TensorData>, Failure> {
+    match data.dtype {
+        DType::F64 => procs.reduce::<f64>(data, combine, root, seq),
+        DType::F32 => procs.reduce::<f32>(data, combine, root, seq),
+        // Summed in f32, as the all-reduce does.
+        dtype => {
+            let summed = procs.reduce::<f32>(data.convert::<f32>(), combine, root, seq)?;
+            Ok(summed.map(|s| s.convert_dtype(dtype)))
+        }
+    }
+}
+
 /// The root process's `data` on every process, byte for byte.
 pub(super) fn broadcast(
     procs: &ProcessGroup,
