@@ -21,12 +21,13 @@ pub mod cache;
 pub mod settings;
 pub mod shortlist;
 
+use std::any::TypeId;
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use burn::tensor::backend::Backend;
+use burn::tensor::backend::{Backend, DeviceId, DeviceOps};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Distribution, Shape};
 use burn_cubecl::element::BoolElement;
@@ -104,9 +105,17 @@ struct DeviceChoices {
     cache: Option<CacheFile>,
 }
 
+/// A device handle as a map key (its type and id), so that its identity is worked out once
+/// rather than on every product. Two handles may name one device (`WgpuDevice::Cpu` and
+/// `DefaultDevice` on a machine whose only adapter is lavapipe): choices are kept by identity.
+type DeviceKey = (TypeId, DeviceId);
+
 struct Tuner {
     settings: Settings,
-    devices: HashMap<String, DeviceChoices>,
+    /// Each device handle's identity: its name, and whether `auto` tunes it.
+    identities: HashMap<DeviceKey, (Arc<str>, bool)>,
+    /// Each identity's choices.
+    devices: HashMap<Arc<str>, DeviceChoices>,
     stats: Stats,
     budget_told: bool,
 }
@@ -184,6 +193,7 @@ impl Tuner {
     fn new(settings: Settings) -> Self {
         Self {
             settings,
+            identities: HashMap::new(),
             devices: HashMap::new(),
             stats: Stats::default(),
             budget_told: false,
@@ -194,55 +204,62 @@ impl Tuner {
         if self.settings.mode == Mode::Off {
             return None;
         }
-        let identity = B::identity(device);
-        if !identity.tuned_by_default && self.settings.mode == Mode::Auto {
+        let device_key = (TypeId::of::<B::Device>(), device.id());
+        let (name, tuned_by_default) = self
+            .identities
+            .entry(device_key)
+            .or_insert_with(|| {
+                let identity = B::identity(device);
+                (identity.name.into(), identity.tuned_by_default)
+            })
+            .clone();
+        if !tuned_by_default && self.settings.mode == Mode::Auto {
             return None;
         }
-        let key = bucket(product);
-        if !self.devices.contains_key(&identity.name) {
-            let choices = self.open(&identity);
-            self.devices.insert(identity.name.clone(), choices);
+        if !self.devices.contains_key(&name) {
+            let choices = self.open(&name);
+            self.devices.insert(name.clone(), choices);
         }
-        if let Some(chosen) = self.devices[&identity.name].chosen.get(&key) {
+        let key = bucket(product);
+        if let Some(chosen) = self.devices[&name].chosen.get(&key) {
             return chosen.clone();
         }
-        let chosen = self.time::<B>(device, product, &key, &identity.name);
+        let chosen = self.time::<B>(device, product, &key, &name);
         self.devices
-            .get_mut(&identity.name)
+            .get_mut(&name)
             .expect("opened above")
             .chosen
             .insert(key, chosen.clone());
         chosen
     }
 
-    /// The device's choices from its cache file, if there is one.
-    fn open(&mut self, identity: &DeviceIdentity) -> DeviceChoices {
+    /// The choices of the device named `name` from its cache file, if there is one.
+    fn open(&mut self, name: &str) -> DeviceChoices {
+        let mut choices = DeviceChoices::default();
         let Some(dir) = &self.settings.cache_dir else {
             info!(
-                "matmul tuner on {}: no cache folder (set {}), choices kept for this run only",
-                identity.name,
+                "matmul tuner on {name}: no cache folder (set {}), choices kept for this run only",
                 settings::CACHE_VAR
             );
-            return DeviceChoices::default();
+            return choices;
         };
-        let file = CacheFile::new(dir, &identity.name);
-        let mut choices = DeviceChoices::default();
+        let file = CacheFile::new(dir, name);
+        let mut chosen = HashMap::new();
         match file.load() {
             Ok((records, unreadable)) => {
                 for record in records {
                     let list = shortlist(&record.product);
-                    let chosen = list.into_iter().find(|c| c.name == record.chosen);
-                    if let Some(chosen) = chosen {
-                        let strategy = (!chosen.is_burn_default()).then_some(chosen);
-                        choices.chosen.insert(record.product, strategy);
+                    let candidate = list.into_iter().find(|c| c.name == record.chosen);
+                    if let Some(candidate) = candidate {
+                        let strategy = (!candidate.is_burn_default()).then_some(candidate);
+                        chosen.insert(record.product, strategy);
                     }
                 }
-                self.stats.loaded += choices.chosen.len();
+                self.stats.loaded += chosen.len();
                 info!(
-                    "matmul tuner on {}: {} products' choices read from {} ({unreadable} \
+                    "matmul tuner on {name}: {} products' choices read from {} ({unreadable} \
                      unreadable lines); new products are timed, at most {:.1} s in this run",
-                    identity.name,
-                    choices.chosen.len(),
+                    chosen.len(),
                     file.path().display(),
                     self.settings.budget.as_secs_f64(),
                 );
@@ -252,6 +269,7 @@ impl Tuner {
                 file.path().display()
             ),
         }
+        choices.chosen = chosen;
         choices.cache = Some(file);
         choices
     }
