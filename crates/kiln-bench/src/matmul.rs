@@ -14,7 +14,7 @@ use serde::Serialize;
 use burn::tensor::{DType, Element};
 use kiln_kernels::Transpose;
 use kiln_kernels::cube::matmul::{Candidate, MatmulStrategies, candidates};
-use kiln_kernels::cube::tune::{self, MARGIN, Mode, Settings, Stats, Tunable, bucket, shortlist};
+use kiln_kernels::cube::tune::{self, Mode, Settings, Stats, Tunable, bucket, pick, shortlist};
 
 use crate::kernels::{Timing, time};
 
@@ -286,27 +286,22 @@ pub fn best(rows: &[Row]) -> Vec<&Row> {
 /// The row of `product` the tuner would choose from `rows` (a sweep in `dtype`): the fastest
 /// of its shortlist if it beats Burn's default by the tuner's margin, else the default's.
 pub fn shortlisted<'a>(rows: &'a [Row], product: &Product, dtype: DType) -> Option<&'a Row> {
-    let names: Vec<String> = shortlist(&bucket(&product.key(dtype)))
-        .into_iter()
-        .map(|c| c.name)
-        .collect();
-    let ran = |r: &&Row| r.product == product.name && r.seconds.is_some();
-    let mine: Vec<&Row> = rows
+    let list = shortlist(&bucket(&product.key(dtype)));
+    let ran = |name: &str| {
+        rows.iter()
+            .find(|r| r.product == product.name && r.strategy == name && r.seconds.is_some())
+    };
+    let micros: Vec<(String, Option<f64>)> = list
         .iter()
-        .filter(ran)
-        .filter(|r| names.contains(&r.strategy))
+        .map(|c| {
+            (
+                c.name.clone(),
+                ran(&c.name).and_then(|r| r.seconds).map(|s| s * 1e6),
+            )
+        })
         .collect();
-    let default = mine.iter().find(|r| r.strategy == names[0]).copied();
-    let fastest = mine
-        .iter()
-        .filter(|r| r.strategy != names[0])
-        .min_by(|a, b| a.seconds.partial_cmp(&b.seconds).expect("times are finite"))
-        .copied();
-    match (fastest, default) {
-        (Some(f), Some(d)) if f.seconds? < d.seconds? * MARGIN => Some(f),
-        (_, Some(d)) => Some(d),
-        (f, None) => f,
-    }
+    let chosen = pick(&list, &micros).map_or_else(|| list[0].name.clone(), |c| c.name);
+    ran(&chosen)
 }
 
 /// What the tuner's first run costs on `products`, and a later run's reading of its cache.

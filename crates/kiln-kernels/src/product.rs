@@ -2,7 +2,9 @@
 //! transposed, and its dtype. Named before any tensor exists, so that a backend can decide how
 //! to run it while the fusion backend is still recording the step.
 
-use burn::tensor::DType;
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, TensorMetadata};
 use serde::{Deserialize, Serialize};
 
 /// Which operand of `lhs·rhs` is passed as it is stored and multiplied transposed.
@@ -55,6 +57,16 @@ impl Product {
             transpose,
             dtype,
         }
+    }
+
+    /// The product of two matrices of `B` as stored, `transpose` applied, in `lhs`'s dtype.
+    pub fn of_operands<B: Backend>(
+        lhs: &FloatTensor<B>,
+        rhs: &FloatTensor<B>,
+        transpose: Transpose,
+    ) -> Self {
+        let dims = |t: &FloatTensor<B>| t.shape().dims::<2>();
+        Self::of(dims(lhs), dims(rhs), transpose, lhs.dtype())
     }
 
     /// The multiply-adds times two.

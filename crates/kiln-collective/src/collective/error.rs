@@ -107,6 +107,14 @@ pub enum CollectiveError {
 }
 
 impl CollectiveError {
+    /// [`CollectiveError::InvalidRoot`] unless `root` is a rank of a group of `world_size`.
+    pub(crate) fn check_root(root: usize, world_size: usize) -> Result<(), Self> {
+        match root < world_size {
+            true => Ok(()),
+            false => Err(Self::InvalidRoot { root, world_size }),
+        }
+    }
+
     /// The rank this error blames: the one that failed, did not arrive, or disagreed.
     pub fn culprit(&self) -> Option<usize> {
         match self {

@@ -141,6 +141,8 @@ where
     let mut compute = start.elapsed();
 
     let sync_start = Instant::now();
+    // Under ZeRO-2 each replica receives its own parameters' summed gradients alone.
+    let to_owners = owners.filter(|o| o.reduces_gradients());
     // A whole model's findings ride in its data-parallel all-reduce.
     let riding = split.is_none();
     let (grads, summed, mut dp) = match dp {
@@ -149,7 +151,7 @@ where
                 (Some(l), true) => Guard::codes(l, group.rank(), group.world_size()),
                 _ => Vec::new(),
             };
-            let (grads, facts) = match owners.filter(|o| o.reduces_gradients()) {
+            let (grads, facts) = match to_owners {
                 Some(owners) => {
                     reduce_to_owners(&model, grads, plan, owners, group, device, &mine)?
                 }
@@ -173,7 +175,7 @@ where
     let mut settle_communication = Duration::ZERO;
     let settled = match (&guard, split) {
         (None, _) => Settled::unguarded(grads),
-        (Some(g), None) => match (owners.filter(|o| o.reduces_gradients()), dp.as_deref_mut()) {
+        (Some(g), None) => match (to_owners, dp.as_deref_mut()) {
             (Some(_), Some(group)) => {
                 // Each owner holds its own parameters' sums: the norm adds the parts.
                 let part = optim.squares(&model, &grads, None);
@@ -204,8 +206,8 @@ where
     communication += settle_communication;
     // The guard has read every summed gradient, or under ZeRO-2 added the owners' norms (the
     // norm is the whole model's); under ZeRO-1 and -2 each replica then steps its own
-    // parameters and sends them to the others. A skipped
-    // step is skipped by every replica alike, so none broadcasts.
+    // parameters and sends them to the others. A skipped step is skipped by every replica
+    // alike, so none broadcasts.
     let mut broadcast = Duration::ZERO;
     let model = match (settled.grads, owners.zip(dp)) {
         (Some(grads), Some((owners, group))) => {

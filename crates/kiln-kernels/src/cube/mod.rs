@@ -24,7 +24,6 @@ pub mod tune;
 use burn::tensor::Shape;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
 use burn_cubecl::element::BoolElement;
-use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime, FloatElement, IntElement};
 
 pub use qlora::DENSE_ROWS as QLORA_DENSE_ROWS;
@@ -33,16 +32,6 @@ pub use qlora_vec::ROWS as QLORA_VECTOR_ROWS;
 use crate::backend::{KernelBackend, unwrap, wrap};
 use crate::quant::QuantizedPrimitive;
 use crate::{AdamWStep, Epilogue, FlatLayout, Product, Transpose};
-
-/// The product `lhs·rhs` names, `transpose` applied.
-fn product_of<R: CubeRuntime>(
-    lhs: &CubeTensor<R>,
-    rhs: &CubeTensor<R>,
-    transpose: Transpose,
-) -> Product {
-    let dims = |t: &CubeTensor<R>| t.meta.shape().dims::<2>();
-    Product::of(dims(lhs), dims(rhs), transpose, lhs.dtype)
-}
 
 fn weight<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
     w: QuantizedPrimitive<CubeBackend<R, F, I, BT>>,
@@ -82,7 +71,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> KernelBack
         rhs: FloatTensor<Self>,
         transpose: Transpose,
     ) -> FloatTensor<Self> {
-        let product = product_of(&lhs, &rhs, transpose);
+        let product = Product::of_operands::<Self>(&lhs, &rhs, transpose);
         tune::matmul::<Self>(lhs, rhs, &product)
     }
 

@@ -29,16 +29,6 @@ fn floats<B: FusionBackend, const N: usize>(tensors: [FloatTensor<B>; N]) -> Vec
     tensors.into_iter().map(Prim::Float).collect()
 }
 
-/// The product `lhs·rhs` names, `transpose` applied.
-fn product_of<B: FusionBackend>(
-    lhs: &FloatTensor<Fusion<B>>,
-    rhs: &FloatTensor<Fusion<B>>,
-    transpose: Transpose,
-) -> Product {
-    let dims = |t: &FloatTensor<Fusion<B>>| t.shape.dims::<2>();
-    Product::of(dims(lhs), dims(rhs), transpose, lhs.dtype)
-}
-
 /// `shape` with its last dimension dropped: a per-row statistic of a `[rows, d]` input.
 fn rows_of(shape: &Shape) -> Shape {
     Shape::new([shape[0]])
@@ -98,7 +88,7 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
         rhs: FloatTensor<Self>,
         transpose: Transpose,
     ) -> FloatTensor<Self> {
-        let product = product_of::<B>(&lhs, &rhs, transpose);
+        let product = Product::of_operands::<Self>(&lhs, &rhs, transpose);
         if !B::tuned_matmul(lhs.client.device(), &product) {
             // Burn's matmul, fused with the element-wise ops around it.
             let (lhs, rhs) = transposed::<Self>(lhs, rhs, transpose);
@@ -129,7 +119,7 @@ impl<B: FusionBackend + KernelBackend> KernelBackend for Fusion<B> {
         b: Option<FloatTensor<Self>>,
         epilogue: Epilogue<FloatTensor<Self>>,
     ) -> FloatTensor<Self> {
-        let product = product_of::<B>(&x, &w, Transpose::Neither);
+        let product = Product::of_operands::<Self>(&x, &w, Transpose::Neither);
         if !B::tuned_matmul(x.client.device(), &product) {
             return plain::linear_forward::<Self>(x, w, b, epilogue);
         }

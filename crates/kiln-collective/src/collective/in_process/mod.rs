@@ -291,10 +291,7 @@ impl<B: Backend> Collective<B> for InProcess<B> {
         op: ReduceOp,
         root: usize,
     ) -> Result<Option<Tensor<B, 1>>, CollectiveError> {
-        let world_size = self.shared.world_size;
-        if root >= world_size {
-            return Err(CollectiveError::InvalidRoot { root, world_size });
-        }
+        CollectiveError::check_root(root, self.shared.world_size)?;
         let output = self.rendezvous(CollectiveOp::Reduce { op, root }, Some(tensor))?;
         Ok(output.filter(|_| self.rank == root))
     }
@@ -304,10 +301,7 @@ impl<B: Backend> Collective<B> for InProcess<B> {
         tensor: Tensor<B, 1>,
         root: usize,
     ) -> Result<Tensor<B, 1>, CollectiveError> {
-        let world_size = self.shared.world_size;
-        if root >= world_size {
-            return Err(CollectiveError::InvalidRoot { root, world_size });
-        }
+        CollectiveError::check_root(root, self.shared.world_size)?;
         let output = self.rendezvous(CollectiveOp::Broadcast { root }, Some(tensor))?;
         Ok(output.expect("a broadcast produces a tensor"))
     }

@@ -187,12 +187,7 @@ impl<B: Backend> Collective<B> for Mpi<B> {
         op: ReduceOp,
         root: usize,
     ) -> Result<Option<Tensor<B, 1>>, CollectiveError> {
-        if root >= self.size {
-            return Err(CollectiveError::InvalidRoot {
-                root,
-                world_size: self.size,
-            });
-        }
+        CollectiveError::check_root(root, self.size)?;
         let Some(procs) = self.procs.clone() else {
             self.next(tensor.dims()[0]);
             let root = self.local_rank(root);
@@ -241,12 +236,7 @@ impl<B: Backend> Collective<B> for Mpi<B> {
         tensor: Tensor<B, 1>,
         root: usize,
     ) -> Result<Tensor<B, 1>, CollectiveError> {
-        if root >= self.size {
-            return Err(CollectiveError::InvalidRoot {
-                root,
-                world_size: self.size,
-            });
-        }
+        CollectiveError::check_root(root, self.size)?;
         let seq = self.next(tensor.dims()[0]);
         let op = CollectiveOp::Broadcast { root };
         let Some(procs) = self.procs.clone() else {

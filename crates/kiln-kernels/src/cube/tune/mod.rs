@@ -340,8 +340,10 @@ impl Tuner {
     }
 }
 
-/// The fastest candidate, if it beats Burn's default (`list[0]`) by [`MARGIN`].
-fn pick(list: &[Candidate], micros: &[(String, Option<f64>)]) -> Option<Candidate> {
+/// The fastest of `list` by `micros` (each candidate's name and microseconds per product,
+/// `None` where it could not run), if it beats Burn's default (`list[0]`) by [`MARGIN`]: the
+/// tuner's decision, which `kiln bench matmul` also reads off its sweep.
+pub fn pick(list: &[Candidate], micros: &[(String, Option<f64>)]) -> Option<Candidate> {
     let default = micros[0].1.unwrap_or(f64::INFINITY);
     let (best, time) = micros
         .iter()
