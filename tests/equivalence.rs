@@ -27,6 +27,8 @@ enum Kind {
     Zero1,
     /// Ddp with the optimizer state and the reduced gradients split among the replicas.
     Zero2,
+    /// Ddp with the parameters split between steps too.
+    Zero3,
 }
 
 fn train<M, I, Bt>(
@@ -71,7 +73,7 @@ where
             )
             .unwrap(),
         ),
-        Kind::Ddp | Kind::Zero1 | Kind::Zero2 => {
+        Kind::Ddp | Kind::Zero1 | Kind::Zero2 | Kind::Zero3 => {
             let config = DdpConfig {
                 grad_accumulation: accumulation,
                 check_replicas_every: Some(1),
@@ -80,6 +82,7 @@ where
                 shard_state: match kind {
                     Kind::Zero1 => ShardState::Optimizer,
                     Kind::Zero2 => ShardState::Gradients,
+                    Kind::Zero3 => ShardState::Parameters,
                     _ => ShardState::None,
                 },
                 ..DdpConfig::default()
@@ -196,6 +199,9 @@ equivalence! {
     zero2_world_2: Zero2, 2;
     zero2_world_3: Zero2, 3;
     zero2_world_4: Zero2, 4;
+    zero3_world_2: Zero3, 2;
+    zero3_world_3: Zero3, 3;
+    zero3_world_4: Zero3, 4;
 }
 
 #[test]
@@ -225,8 +231,9 @@ fn ddp_with_an_even_batch_and_tiny_buckets() {
     );
 }
 
-/// Per-rank (optimizer, reduced gradient) bytes after one step under `shard_state`.
-fn state_bytes(world: usize, shard_state: ShardState) -> Vec<(u64, u64)> {
+/// Per-rank bytes after one step under `shard_state`: the optimizer state's, the reduced
+/// gradients' and the parameters held between steps.
+fn state_bytes(world: usize, shard_state: ShardState) -> Vec<[u64; 3]> {
     let case = transformer_case();
     let batches = batches(case.dataset.len(), 8, 1);
     let optim = AdamWConfig::new().init::<B, _>();
@@ -241,7 +248,7 @@ fn state_bytes(world: usize, shard_state: ShardState) -> Vec<(u64, u64)> {
     let stats = ddp.stats();
     stats
         .iter()
-        .map(|s| (s.optimizer_bytes, s.grad_bytes))
+        .map(|s| [s.optimizer_bytes, s.grad_bytes, s.param_bytes])
         .collect()
 }
 
@@ -263,25 +270,29 @@ fn assert_shares(what: &str, whole: &[u64], parts: &[u64]) {
 
 #[test]
 fn split_replicas_each_hold_their_share_of_the_state() {
+    let column = |rows: &[[u64; 3]], i: usize| rows.iter().map(|r| r[i]).collect::<Vec<_>>();
     for world in [2, 4] {
         let whole = state_bytes(world, ShardState::None);
-        let (optimizer, gradients): (Vec<u64>, Vec<u64>) = whole.into_iter().unzip();
-        for stage in [ShardState::Optimizer, ShardState::Gradients] {
-            let (parts, grads): (Vec<u64>, Vec<u64>) =
-                state_bytes(world, stage).into_iter().unzip();
-            assert_shares(
-                &format!("{stage} world {world} optimizer"),
-                &optimizer,
-                &parts,
-            );
+        let [optimizer, gradients, params] = [0, 1, 2].map(|i| column(&whole, i));
+        for stage in [
+            ShardState::Optimizer,
+            ShardState::Gradients,
+            ShardState::Parameters,
+        ] {
+            let split = state_bytes(world, stage);
+            let what = |held: &str| format!("{stage} world {world} {held}");
+            assert_shares(&what("optimizer"), &optimizer, &column(&split, 0));
             match stage {
                 // ZeRO-1 reduces every gradient to every replica.
-                ShardState::Optimizer => assert_eq!(grads, gradients, "world {world}"),
-                _ => assert_shares(
-                    &format!("{stage} world {world} gradients"),
-                    &gradients,
-                    &grads,
-                ),
+                ShardState::Optimizer => assert_eq!(column(&split, 1), gradients, "world {world}"),
+                _ => assert_shares(&what("gradients"), &gradients, &column(&split, 1)),
+            }
+            match stage {
+                // Only ZeRO-3 releases parameters between steps.
+                ShardState::Parameters => {
+                    assert_shares(&what("parameters"), &params, &column(&split, 2))
+                }
+                _ => assert_eq!(column(&split, 2), params, "{stage} world {world}"),
             }
         }
     }

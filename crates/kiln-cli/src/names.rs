@@ -55,9 +55,10 @@ pub fn schedule_parser() -> Named<kiln_core::strategy::Schedule> {
     Named::new(&NAMES)
 }
 
-/// The `--shard-state` parser: `none` or `optimizer`, listed in `--help`.
+/// The `--shard-state` parser: `none`, `optimizer`, `gradients` or `parameters`, listed in
+/// `--help`.
 pub fn shard_state_parser() -> Named<kiln_core::strategy::ShardState> {
-    const NAMES: [&str; 3] = kiln_core::strategy::ShardState::ALL_NAMES;
+    const NAMES: [&str; 4] = kiln_core::strategy::ShardState::ALL_NAMES;
     Named::new(&NAMES)
 }
 

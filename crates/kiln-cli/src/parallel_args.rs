@@ -51,8 +51,9 @@ pub struct ParallelArgs {
     /// Which training state ddp's replicas split among themselves instead of each holding it
     /// whole: `optimizer` is ZeRO-1 (each replica keeps the optimizer state of about 1 / dp
     /// of the parameters and steps those; training is unchanged), `gradients` is ZeRO-2 (as
-    /// ZeRO-1, and each replica receives only those parameters' reduced gradients)
-    /// [default: none].
+    /// ZeRO-1, and each replica receives only those parameters' reduced gradients),
+    /// `parameters` is ZeRO-3 (as ZeRO-2, and between steps each replica holds only those
+    /// parameters, gathered from their owners before each forward) [default: none].
     #[arg(long, value_parser = shard_state_parser())]
     shard_state: Option<ShardState>,
     /// Under `auto`, what its planner may fill of some devices, by rank, as Accelerate's

@@ -109,9 +109,18 @@ pub struct ParamFingerprint {
 /// The values are read to the host, which costs one device synchronisation and a copy of the
 /// parameters: a check to run every so many steps, not every step of a long run.
 pub fn fingerprints<B: Backend, M: Module<B>>(module: &M) -> Vec<ParamFingerprint> {
+    fingerprints_except(module, Default::default())
+}
+
+/// [`fingerprints`] of every float parameter but those in `skip`.
+pub(crate) fn fingerprints_except<B: Backend, M: Module<B>>(
+    module: &M,
+    skip: std::collections::HashSet<burn::module::ParamId>,
+) -> Vec<ParamFingerprint> {
     let mut visitor = Fingerprints::<B> {
         stack: Vec::new(),
-        seen: std::collections::HashSet::new(),
+        // A parameter counts as seen once: the skipped ones are seen from the start.
+        seen: skip,
         found: Vec::new(),
         backend: PhantomData,
     };

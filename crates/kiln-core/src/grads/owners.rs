@@ -1,7 +1,8 @@
 //! Which replica owns which parameter when the optimizer state is split among the replicas
-//! (ZeRO-1, and ZeRO-2 which also reduces each gradient to its owner alone): the owner alone
-//! keeps the parameter's optimizer state and steps it, then broadcasts the new value to the
-//! others.
+//! (ZeRO-1, ZeRO-2 which also reduces each gradient to its owner alone, and ZeRO-3 which also
+//! releases the others' parameters between steps): the owner alone keeps the parameter's
+//! optimizer state and steps it, then broadcasts the new value to the others (after the step,
+//! or under ZeRO-3 before the next forward).
 //!
 //! Ownership is by whole parameters, not by flat slices of the buckets as DeepSpeed cuts them:
 //! Burn's optimizers keep their state per parameter and step whatever parameters the gradients
@@ -13,7 +14,7 @@
 
 use std::collections::HashSet;
 
-use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
+use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Tensor, backend::AutodiffBackend};
 
@@ -33,21 +34,18 @@ pub(crate) struct Owners {
     rank: usize,
     /// Whether each owner alone receives its parameters' reduced gradients (ZeRO-2).
     gradients: bool,
+    /// Whether each replica holds only its own parameters between steps (ZeRO-3).
+    parameters: bool,
 }
 
 impl Owners {
     /// Splits `plan`'s parameters among `replicas` by elements (the optimizer state's size:
     /// AdamW keeps two f32 moments per element whatever the parameter's dtype), largest first,
     /// each to the replica with the fewest so far (ties to the lowest rank). Every replica
-    /// computes the same split from the same plan. With `gradients`, the gradients are reduced
-    /// to their owners ([`super::reduce_to_owners`]) instead of to every replica.
-    pub(crate) fn new(
-        plan: &BucketPlan,
-        replicas: usize,
-        rank: usize,
-        cap_bytes: usize,
-        gradients: bool,
-    ) -> Self {
+    /// computes the same split from the same plan. The gradients are reduced to every replica
+    /// and the parameters kept whole: see [`Self::reducing_gradients`] and
+    /// [`Self::releasing_parameters`] for ZeRO-2 and ZeRO-3.
+    pub(crate) fn new(plan: &BucketPlan, replicas: usize, rank: usize, cap_bytes: usize) -> Self {
         let mut order: Vec<usize> = (0..plan.slots.len()).collect();
         // Stable: equal sizes keep the module's order, so the split is the same everywhere.
         order.sort_by_key(|&i| std::cmp::Reverse(plan.slots[i].numel));
@@ -74,13 +72,38 @@ impl Owners {
             parts,
             mine,
             rank,
-            gradients,
+            gradients: false,
+            parameters: false,
+        }
+    }
+
+    /// With `yes`, the gradients are reduced to their owners ([`super::reduce_to_owners`])
+    /// instead of to every replica (ZeRO-2).
+    pub(crate) fn reducing_gradients(self, yes: bool) -> Self {
+        Self {
+            gradients: yes,
+            ..self
+        }
+    }
+
+    /// With `yes`, each replica holds only its own parameters between steps (ZeRO-3): the
+    /// others are [released](Self::release) after the step and [gathered](Self::broadcast)
+    /// before the next forward, in place of the broadcast after the step.
+    pub(crate) fn releasing_parameters(self, yes: bool) -> Self {
+        Self {
+            parameters: yes,
+            ..self
         }
     }
 
     /// Whether each owner alone receives its parameters' reduced gradients (ZeRO-2).
     pub(crate) fn reduces_gradients(&self) -> bool {
         self.gradients
+    }
+
+    /// Whether each replica holds only its own parameters between steps (ZeRO-3).
+    pub(crate) fn releases_parameters(&self) -> bool {
+        self.parameters
     }
 
     /// Per replica, the plan of the parameters it owns, in rank order.
@@ -101,6 +124,17 @@ impl Owners {
     /// The parameters this replica owns.
     pub(crate) fn mine(&self) -> &HashSet<ParamId> {
         &self.mine
+    }
+
+    /// Bytes of the parameters other replicas own: what [`Self::release`] frees.
+    pub(crate) fn others_bytes(&self) -> usize {
+        let all: usize = self
+            .parts
+            .iter()
+            .flat_map(|p| &p.slots)
+            .map(|s| s.bytes)
+            .sum();
+        all - self.my_grad_bytes()
     }
 
     /// Elements each replica owns, in rank order.
@@ -126,7 +160,8 @@ impl Owners {
     }
 
     /// Every replica's parameters from their owner: one broadcast per bucket of each part, in
-    /// rank order, so every replica ends with the owners' values bit for bit.
+    /// rank order, so every replica ends with the owners' values bit for bit. A released
+    /// parameter's placeholder only sizes the buffer that receives it.
     ///
     /// # Errors
     /// The first [`CollectiveError`]; the group is then poisoned.
@@ -139,6 +174,44 @@ impl Owners {
             module = broadcast_parameters(module, part, collective, root)?;
         }
         Ok(module)
+    }
+
+    /// `module` with every parameter another replica owns replaced by a placeholder of its
+    /// shape, dtype and `require_grad` that holds one element: a zero broadcast to the shape,
+    /// a view with zero strides on Burn's backends. Only [`Self::broadcast`] reads it, for its
+    /// shape, and replaces it with the owner's value.
+    pub(crate) fn release<B: AutodiffBackend, M: AutodiffModule<B>>(&self, module: M) -> M {
+        let mut release = Release::<B> {
+            owners: self,
+            backend: std::marker::PhantomData,
+        };
+        module.map(&mut release)
+    }
+
+    /// Whether `id` is a parameter another replica owns (released under ZeRO-3).
+    fn is_others(&self, id: ParamId) -> bool {
+        !self.mine.contains(&id) && self.parts.iter().any(|p| p.index.contains_key(&id))
+    }
+}
+
+struct Release<'a, B: AutodiffBackend> {
+    owners: &'a Owners,
+    backend: std::marker::PhantomData<B>,
+}
+
+impl<B: AutodiffBackend> ModuleMapper<B> for Release<'_, B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        if !self.owners.is_others(param.id) {
+            return param;
+        }
+        let (id, tensor, mapper) = param.consume();
+        let require_grad = tensor.is_require_grad();
+        let (dims, device, dtype) = (tensor.dims(), tensor.device(), tensor.dtype());
+        // Dropping `tensor` here frees the value once no other handle holds it.
+        drop(tensor);
+        let one = Tensor::<Inner<B>, D>::zeros([1; D], (&device, dtype));
+        let placeholder = Tensor::from_inner(one.expand(dims)).set_require_grad(require_grad);
+        Param::from_mapped_value(id, placeholder, mapper)
     }
 }
 
@@ -190,7 +263,7 @@ mod tests {
         let plan = BucketPlan::new(&model, 1 << 20, ParamSelection::Trainable);
         for replicas in 1..=4 {
             let owners: Vec<Owners> = (0..replicas)
-                .map(|r| Owners::new(&plan, replicas, r, 1 << 20, false))
+                .map(|r| Owners::new(&plan, replicas, r, 1 << 20))
                 .collect();
             let mut seen = HashSet::new();
             for o in &owners {
@@ -222,10 +295,66 @@ mod tests {
     }
 
     #[test]
+    fn release_keeps_a_placeholder_and_a_gather_restores_the_owners_values() {
+        use burn::backend::flex::FlexTensor;
+        use burn::tensor::TensorPrimitive;
+
+        /// The storage behind a parameter's value.
+        fn storage<const D: usize>(param: &Param<Tensor<B, D>>) -> FlexTensor {
+            match param.val().inner().into_primitive() {
+                TensorPrimitive::Float(t) => t,
+                TensorPrimitive::QFloat(_) => unreachable!("float parameters"),
+            }
+        }
+        let model = widths(&[64, 48, 32]);
+        let plan = BucketPlan::new(&model, 1 << 20, ParamSelection::Trainable);
+        let replicas = 2;
+        let owners: Vec<Owners> = (0..replicas)
+            .map(|r| Owners::new(&plan, replicas, r, 1 << 20).releasing_parameters(true))
+            .collect();
+        let handles = crate::collective::InProcess::<Flex>::group(
+            replicas,
+            std::time::Duration::from_secs(10),
+        );
+        let gathered: Vec<Widths<B>> = std::thread::scope(|s| {
+            let jobs: Vec<_> = handles
+                .into_iter()
+                .zip(&owners)
+                .map(|(mut group, owners)| {
+                    let model = model.clone();
+                    s.spawn(move || {
+                        let dims: Vec<_> = model.layers.iter().map(|l| l.weight.dims()).collect();
+                        let released = owners.release::<B, _>(model);
+                        for (layer, dims) in released.layers.iter().zip(dims) {
+                            let mine = owners.mine().contains(&layer.weight.id);
+                            // The placeholder holds one element, with the value's shape.
+                            let bytes = storage(&layer.weight).bytes().len();
+                            assert_eq!(bytes <= 4, !mine, "{bytes} bytes held");
+                            assert_eq!(layer.weight.dims(), dims);
+                            assert!(layer.weight.val().is_require_grad());
+                        }
+                        owners.broadcast::<B, _>(released, &mut group).unwrap()
+                    })
+                })
+                .collect();
+            jobs.into_iter().map(|j| j.join().unwrap()).collect()
+        });
+        for replica in gathered {
+            for (got, want) in replica.layers.iter().zip(&model.layers) {
+                assert_eq!(
+                    got.weight.val().into_data(),
+                    want.weight.val().into_data(),
+                    "gathered from its owner, bit for bit"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn keep_mine_drops_the_gradients_of_other_owners() {
         let model = widths(&[3, 5, 7]);
         let plan = BucketPlan::new(&model, 1 << 20, ParamSelection::Trainable);
-        let owners = Owners::new(&plan, 2, 1, 1 << 20, false);
+        let owners = Owners::new(&plan, 2, 1, 1 << 20);
         let device = Default::default();
         let loss = model
             .layers

@@ -204,19 +204,24 @@ where
         }
     };
     communication += settle_communication;
-    // The guard has read every summed gradient, or under ZeRO-2 added the owners' norms (the
-    // norm is the whole model's); under ZeRO-1 and -2 each replica then steps its own
-    // parameters and sends them to the others. A skipped step is skipped by every replica
-    // alike, so none broadcasts.
+    // The guard has read every summed gradient, or under ZeRO-2 and -3 added the owners' norms
+    // (the norm is the whole model's); under ZeRO-1 and -2 each replica then steps its own
+    // parameters and sends them to the others. Under ZeRO-3 the others gather them before
+    // their next forward instead. A skipped step is skipped by every replica alike, so none
+    // broadcasts.
     let mut broadcast = Duration::ZERO;
     let model = match (settled.grads, owners.zip(dp)) {
         (Some(grads), Some((owners, group))) => {
             let grads = owners.keep_mine::<B, M>(&model, grads);
             let model = optim.step_scaled(lr, model, grads, settled.factor);
-            let start = Instant::now();
-            let model = owners.broadcast::<B, M>(model, group)?;
-            broadcast = start.elapsed();
-            model
+            if owners.releases_parameters() {
+                model
+            } else {
+                let start = Instant::now();
+                let model = owners.broadcast::<B, M>(model, group)?;
+                broadcast = start.elapsed();
+                model
+            }
         }
         (Some(grads), None) => optim.step_scaled(lr, model, grads, settled.factor),
         (None, _) => model,

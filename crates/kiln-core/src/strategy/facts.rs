@@ -32,7 +32,7 @@ pub(crate) struct RankFacts {
     pub stop: bool,
 }
 
-const FIELDS: usize = 22;
+const FIELDS: usize = 23;
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
@@ -65,6 +65,7 @@ impl RankFacts {
             u64::from(self.stop),
             // 0 for "not counted", else one more than the bytes.
             s.peak_bytes.map_or(0, |b| b + 1),
+            s.held_bytes.map_or(0, |b| b + 1),
         ]
     }
 
@@ -97,6 +98,7 @@ impl RankFacts {
                     time: d(w[19]),
                 },
                 peak_bytes: w[21].checked_sub(1),
+                held_bytes: w[22].checked_sub(1),
             },
             stop: w[20] != 0,
         }
@@ -145,6 +147,7 @@ mod tests {
                 param_bytes: u64::MAX - rank as u64,
                 optimizer_bytes: 1 << 40,
                 peak_bytes: (rank > 0).then_some(u64::MAX - 1 - rank as u64),
+                held_bytes: (rank != 1).then_some(u64::MAX - 1 - rank as u64),
                 ..Default::default()
             },
             stop: rank == 1,

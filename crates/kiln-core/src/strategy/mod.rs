@@ -116,6 +116,11 @@ pub struct RankStats {
     /// not count its memory (its global allocator is not [`Counted`](crate::memory::Counted),
     /// or `KILN_COUNT_MEMORY` is not `1`).
     pub peak_bytes: Option<u64>,
+    /// Bytes the rank held after its last step (or its start), counted on the host as
+    /// [`Self::peak_bytes`] is: what it keeps between steps, its parameters, optimizer state
+    /// and buffers. `None` when not counted, and on a device with memory of its own, whose
+    /// watch reads peaks only.
+    pub held_bytes: Option<u64>,
 }
 
 impl RankStats {
@@ -182,6 +187,10 @@ pub struct RankReport {
     /// Most bytes the rank held at once, on the host or on its device
     /// ([`RankStats::peak_bytes`]); `null` when not counted.
     pub peak_bytes: Option<u64>,
+    /// Bytes the rank held after its last step, on the host ([`RankStats::held_bytes`]);
+    /// `null` when not counted.
+    #[serde(default)]
+    pub held_bytes: Option<u64>,
 }
 
 impl From<RankStats> for RankReport {
@@ -203,6 +212,7 @@ impl From<RankStats> for RankReport {
             tp_elements: s.shard_traffic.elements,
             tp_communication_s: s.shard_traffic.time.as_secs_f64(),
             peak_bytes: s.peak_bytes,
+            held_bytes: s.held_bytes,
         }
     }
 }

@@ -82,6 +82,9 @@ impl RankDone {
         device: &B::Device,
     ) -> Result<Self, RankError> {
         self.stats.peak_bytes = crate::memory::rank_peak(self.stats.rank, device);
+        self.stats.held_bytes = (!crate::memory::device::has_own_memory(device))
+            .then(|| crate::memory::rank(self.stats.rank).map(|c| c.live))
+            .flatten();
         self.world = share(world, &self.facts(), device)?;
         Ok(self)
     }
@@ -250,6 +253,9 @@ enum Command<R> {
     Step { shard: Shard, lr: f64 },
     /// Send back what the rank holds (its replica, or its stage).
     Hand(Sender<Option<R>>),
+    /// Send back the rank's module whole, gathered with the other ranks where they hold parts
+    /// of it.
+    Gather(Sender<Result<R, RankError>>),
     /// Send back the rank's optimizer state, encoded.
     SaveOptimizer(Sender<Result<Vec<u8>, RankError>>),
     /// Replace the rank's optimizer state with this one.
@@ -271,6 +277,11 @@ pub(crate) trait RankWork {
     fn step(&mut self, shard: &Shard, lr: f64) -> Result<RankDone, RankError>;
     /// A copy of what the rank holds, readable from another thread; `None` when it cannot.
     fn hand(&mut self) -> Option<Self::Held>;
+    /// What the rank holds, whole: where the ranks hold parts of it between steps (ZeRO-3),
+    /// every rank of the group makes this call together. By default, [`Self::hand`].
+    fn gather(&mut self) -> Result<Self::Held, RankError> {
+        self.hand().ok_or(RankError::Gone)
+    }
     /// The rank's optimizer state, encoded.
     fn save_optimizer(&mut self) -> Result<Vec<u8>, RankError>;
     /// Replaces the rank's optimizer state with `bytes` (from [`Self::save_optimizer`]).
@@ -340,11 +351,16 @@ fn serve<W: RankWork>(
                 } else {
                     work.share(what)
                 };
-                if let Err(error) = &result {
-                    // The other ranks wait for this one in the gather: release them.
-                    work.abort(&error.to_string());
-                    failed = true;
-                }
+                failed |= aborted_on_error(&mut work, &result);
+                let _ = reply.send(result);
+            }
+            Command::Gather(reply) => {
+                let result = if failed {
+                    Err(RankError::Gone)
+                } else {
+                    work.gather()
+                };
+                failed |= aborted_on_error(&mut work, &result);
                 let _ = reply.send(result);
             }
             Command::LoadOptimizer(bytes, reply) => {
@@ -357,6 +373,18 @@ fn serve<W: RankWork>(
             }
             Command::Stop => return,
         }
+    }
+}
+
+/// Whether `result` of a call every rank makes together failed: the rank then aborts its
+/// groups, since the other ranks wait for it in that call.
+fn aborted_on_error<W: RankWork, T>(work: &mut W, result: &Result<T, RankError>) -> bool {
+    match result {
+        Err(error) => {
+            work.abort(&error.to_string());
+            true
+        }
+        Ok(_) => false,
     }
 }
 
@@ -457,6 +485,16 @@ impl<R: Send + 'static> RankThreads<R> {
                 culprit: self.broken.unwrap_or(self.first + rank),
             }),
         }
+    }
+
+    /// What the process's first rank holds, whole, gathered by every rank of this process
+    /// (every process must ask at the same point; see [`RankWork::gather`]).
+    pub fn gather(&self) -> Result<R, StrategyError> {
+        let held = self.ask_each(|_, reply| Command::Gather(reply))?;
+        Ok(held
+            .into_iter()
+            .next()
+            .expect("a process has at least one rank"))
     }
 
     /// Rank `rank`'s optimizer state, encoded.

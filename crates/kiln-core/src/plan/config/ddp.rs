@@ -43,21 +43,30 @@ pub enum ShardState {
     /// a replica holds about `1 / dp` of the reduced gradients; the clipping norm adds the
     /// owners' parts. Training is exactly plain `ddp`'s.
     Gradients,
+    /// ZeRO-3: as [`ShardState::Gradients`], and between steps each replica holds only its own
+    /// trainable parameters: the others' are released after the step and gathered from their
+    /// owners (one broadcast per bucket of each part) before the next forward. Frozen
+    /// parameters stay whole. Training is exactly plain `ddp`'s. Burn's autodiff keeps every
+    /// parameter a forward used until its backward, so the gathered model lives whole through
+    /// the step: this cuts what a replica holds between steps, not its peak.
+    Parameters,
 }
 
 impl ShardState {
     /// Every setting.
-    pub const ALL: [ShardState; 3] = [
+    pub const ALL: [ShardState; 4] = [
         ShardState::None,
         ShardState::Optimizer,
         ShardState::Gradients,
+        ShardState::Parameters,
     ];
 
     /// Their names, as [`ShardState::ALL`] lists them.
-    pub const ALL_NAMES: [&'static str; 3] = [
+    pub const ALL_NAMES: [&'static str; 4] = [
         Self::ALL[0].name(),
         Self::ALL[1].name(),
         Self::ALL[2].name(),
+        Self::ALL[3].name(),
     ];
 
     /// The name configs and command lines use.
@@ -66,6 +75,7 @@ impl ShardState {
             Self::None => "none",
             Self::Optimizer => "optimizer",
             Self::Gradients => "gradients",
+            Self::Parameters => "parameters",
         }
     }
 
@@ -76,7 +86,22 @@ impl ShardState {
 
     /// Whether each replica receives the reduced gradients of its own parameters only.
     pub const fn splits_gradients(self) -> bool {
-        matches!(self, Self::Gradients)
+        matches!(self, Self::Gradients | Self::Parameters)
+    }
+
+    /// Whether each replica holds only its own trainable parameters between steps.
+    pub const fn splits_parameters(self) -> bool {
+        matches!(self, Self::Parameters)
+    }
+
+    /// DeepSpeed's number for the stage: 0 to 3.
+    pub const fn zero_stage(self) -> u8 {
+        match self {
+            Self::None => 0,
+            Self::Optimizer => 1,
+            Self::Gradients => 2,
+            Self::Parameters => 3,
+        }
     }
 }
 
@@ -93,7 +118,9 @@ impl std::str::FromStr for ShardState {
         Self::ALL
             .into_iter()
             .find(|state| state.name() == s)
-            .ok_or_else(|| format!("unknown shard_state {s:?}; use none, optimizer or gradients"))
+            .ok_or_else(|| {
+                format!("unknown shard_state {s:?}; use none, optimizer, gradients or parameters")
+            })
     }
 }
 

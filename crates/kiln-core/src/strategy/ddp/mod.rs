@@ -14,7 +14,10 @@
 //! replicas stay identical while each holds a part of the state. A checkpoint gathers the parts
 //! into the state plain `ddp` saves. With `shard_state = "gradients"` (ZeRO-2) the all-reduce
 //! becomes a reduction to each parameter's owner, so each replica also holds only its own
-//! parameters' reduced gradients, and the guard's norm adds the owners' parts.
+//! parameters' reduced gradients, and the guard's norm adds the owners' parts. With
+//! `shard_state = "parameters"` (ZeRO-3) each replica also releases the others' parameters
+//! after the step and gathers them from their owners before the next forward, so between steps
+//! it holds its own part alone; [`Ddp::model`] then gathers with every replica.
 //!
 //! The ranks all-reduce over the `dp` axis of the world's mesh, which for Ddp is the whole
 //! world (a mesh that also splits the model is refused). The calling thread only dispatches
@@ -345,6 +348,10 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Strategy<B, M> for Ddp<B, M> {
     }
 
     fn model(&self) -> Result<M, StrategyError> {
+        // Under ZeRO-3 each replica holds a part: every replica joins the gather.
+        if self.config.shard_state.splits_parameters() && self.mesh.degree(Mesh::DP) > 1 {
+            return self.threads.gather();
+        }
         // Every replica is the same: this process's first stands for rank 0's.
         self.threads.hand(0)
     }

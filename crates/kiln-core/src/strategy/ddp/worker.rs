@@ -12,7 +12,9 @@ use crate::grads::{BucketPlan, Owners, ParamSelection, broadcast_parameters};
 use crate::model::TrainModel;
 use crate::optim::step::{Findings, Split, Sync, guarded_step};
 use crate::optim::{GuardedOptimizer, decode, encode, tensor_bytes};
-use crate::params::{fingerprints, floats_to_hashes, hashes_to_floats, param_bytes, signature};
+use crate::params::{
+    fingerprints_except, floats_to_hashes, hashes_to_floats, param_bytes, signature,
+};
 use crate::plan::DdpConfig;
 use crate::strategy::agree::{Fact, agree, dtype_fact};
 use crate::strategy::exchange::{self, Share, encode_module};
@@ -66,6 +68,12 @@ where
         self.model.clone()
     }
 
+    fn gather(&mut self) -> Result<M, RankError> {
+        let model = self.gathered()?;
+        sync_device::<B>(&self.device)?;
+        Ok(model)
+    }
+
     fn save_optimizer(&mut self) -> Result<Vec<u8>, RankError> {
         Ok(encode(&self.optim)?)
     }
@@ -85,8 +93,9 @@ where
     fn share(&mut self, what: Share) -> Result<Vec<Vec<u8>>, RankError> {
         let mine = match what {
             Share::Module => {
+                let model = self.gathered()?;
                 sync_device::<B>(&self.device)?;
-                encode_module::<B, M>(self.model.as_ref().ok_or(RankError::Gone)?)
+                encode_module::<B, M>(&model)
             }
             Share::Optimizer => encode(&self.optim),
         };
@@ -129,25 +138,41 @@ where
         self.stats.grad_bytes = bytes.grads;
         let plan = BucketPlan::new(&model, cap, ParamSelection::Trainable);
         let stage = self.config.shard_state;
+        let mut model = model;
         if stage.splits_optimizer() && self.replicas > 1 {
             let dp = self.groups.axis(Mesh::DP).expect("a Ddp mesh has dp");
-            let gradients = stage.splits_gradients();
-            let owners = Owners::new(&plan, self.replicas, dp.rank(), cap, gradients);
+            let owners = Owners::new(&plan, self.replicas, dp.rank(), cap)
+                .reducing_gradients(stage.splits_gradients())
+                .releasing_parameters(stage.splits_parameters());
             if dp.rank() == 0 {
-                let (zero, what) = match gradients {
-                    true => ("ZeRO-2", "optimizer state and reduced gradients"),
-                    false => ("ZeRO-1", "optimizer state"),
+                let (what, when) = match stage.zero_stage() {
+                    1 => ("optimizer state", "broadcasts them after the step"),
+                    2 => (
+                        "optimizer state and reduced gradients",
+                        "broadcasts them after the step",
+                    ),
+                    _ => (
+                        "optimizer state, reduced gradients and parameters",
+                        "the others gather them before each forward",
+                    ),
                 };
                 tracing::info!(
-                    "ddp: {what} split over {} replicas ({zero}): each keeps those of its own \
-                     parameters, {:?} elements, steps them and broadcasts them after the step",
+                    "ddp: {what} split over {} replicas (ZeRO-{}): each keeps those of its own \
+                     parameters, {:?} elements, steps them, and {when}",
                     self.replicas,
+                    stage.zero_stage(),
                     owners.elements()
                 );
             }
-            if gradients {
+            if owners.reduces_gradients() {
                 // The reduced gradients this replica holds for the optimizer: its own part.
                 self.stats.grad_bytes = owners.my_grad_bytes() as u64;
+            }
+            if owners.releases_parameters() {
+                model = owners.release(model);
+                // What the replica holds between steps: its own part of the trainable
+                // parameters, and the frozen ones whole.
+                self.stats.param_bytes -= owners.others_bytes() as u64;
             }
             self.owners = Some(owners);
         }
@@ -167,7 +192,11 @@ where
     /// Forward/backward over the shard → the guarded step (all-reduce over `dp`) → replica
     /// check → stats.
     fn step_rank(&mut self, shard: &Shard, lr: f64) -> Result<RankDone, RankError> {
-        let model = self.model.take().ok_or(RankError::Gone)?;
+        let gather_start = Instant::now();
+        let model = self.gathered()?;
+        // The model whole: a released part's placeholders are dropped with the old handle.
+        self.model = None;
+        let gather = gather_start.elapsed();
         let local = local_gradients(
             &model,
             &self.data,
@@ -208,7 +237,7 @@ where
             lr,
             self.steps + 1,
         )?;
-        let mut communication = stepped.communication;
+        let mut communication = stepped.communication + gather;
         self.steps += 1;
         if self.steps == 1 {
             self.stats.optimizer_bytes = tensor_bytes(&encode(&self.optim)?);
@@ -220,7 +249,10 @@ where
             self.check_replicas(&stepped.model)?;
             communication += check_start.elapsed();
         }
-        self.model = Some(stepped.model);
+        self.model = Some(match &self.owners {
+            Some(owners) if owners.releases_parameters() => owners.release(stepped.model),
+            _ => stepped.model,
+        });
 
         let compute = local.compute + stepped.compute;
         self.stats.steps += 1;
@@ -240,6 +272,19 @@ where
         .shared(self.groups.world(), &self.device)
     }
 
+    /// The model whole: this replica's own, or under ZeRO-3 its part with every other
+    /// parameter gathered from its owner (every replica of `dp` makes this call together).
+    fn gathered(&mut self) -> Result<M, RankError> {
+        let model = self.model.clone().ok_or(RankError::Gone)?;
+        match &self.owners {
+            Some(owners) if owners.releases_parameters() => {
+                let dp = self.groups.axis(Mesh::DP).expect("a Ddp mesh has dp");
+                Ok(owners.broadcast::<B, M>(model, dp)?)
+            }
+            _ => Ok(model),
+        }
+    }
+
     fn record_traffic(&mut self) {
         self.stats.collective = self.groups.counters();
         if let Some(shard) = &self.shard {
@@ -249,9 +294,17 @@ where
 
     /// Compares this replica's parameters with the first replica's, bit for bit: every
     /// parameter's fingerprint (its exact bits, hashed on the host) against the first
-    /// replica's, the first that differs named.
+    /// replica's, the first that differs named. Under ZeRO-3 a trainable parameter has one
+    /// holder between steps, and the gather gives every replica its owner's bits: the frozen
+    /// ones, which every replica holds, are compared.
     fn check_replicas(&mut self, model: &M) -> Result<(), RankError> {
-        let mine = fingerprints::<B, M>(model);
+        let skip = match (&self.owners, &self.plan) {
+            (Some(owners), Some(plan)) if owners.releases_parameters() => {
+                plan.index.keys().copied().collect()
+            }
+            _ => Default::default(),
+        };
+        let mine = fingerprints_except::<B, M>(model, skip);
         let floats = hashes_to_floats(mine.iter().map(|f| f.hash));
         let floats = Tensor::<B::InnerBackend, 1>::from_floats(floats.as_slice(), &self.device);
         let dp = self.groups.axis(Mesh::DP).expect("a Ddp mesh has dp");
