@@ -425,6 +425,43 @@ fn a_rank_that_fails_before_the_owners_broadcast_is_named_within_the_timeout() {
     }
 }
 
+#[test]
+fn under_zero3_a_rank_that_fails_is_named_and_no_gather_waits_for_it() {
+    // Rank 1 fails in its optimizer step, after the gradients reached their owners. Rank 0
+    // does not wait for a broadcast after the step (its gather comes with the next step), so
+    // it finishes; the step names rank 1, and what would gather next (a step, the model) is
+    // refused at once instead of waiting in a gather rank 1 never joins.
+    let timeout = Duration::from_secs(20);
+    let world = World::local(vec![Default::default(); 2]).unwrap();
+    let config = DdpConfig {
+        collective_timeout_s: timeout.as_secs_f64(),
+        threads_per_rank: Some(1),
+        shard_state: ShardState::Parameters,
+        ..DdpConfig::default()
+    };
+    let case = mlp_case(1, 8);
+    let optim = OnRank1(AdamWConfig::new().init(), Rank1::Panics);
+    let mut ddp = Ddp::new(&world, case.model.clone(), optim, case.source(), config).unwrap();
+    let start = Instant::now();
+    let error = ddp.step(&[0, 1, 2, 3], LR).unwrap_err();
+    let StrategyError::Failed { culprit, failures } = &error else {
+        panic!("expected a rank failure, got {error}");
+    };
+    assert_eq!(*culprit, 1, "{error}");
+    assert!(
+        failures.iter().any(|f| f.rank == 1
+            && matches!(&f.error, RankError::Panicked(m) if m.contains("optimizer step fails"))),
+        "{error}"
+    );
+    for error in [
+        ddp.step(&[0, 1, 2, 3], LR).unwrap_err(),
+        ddp.model().err().expect("no model from a broken world"),
+    ] {
+        assert_eq!(error, StrategyError::Broken { culprit: 1 });
+    }
+    assert!(start.elapsed() < timeout / 2, "took {:?}", start.elapsed());
+}
+
 fn owner_fails_before_its_broadcast(shard_state: ShardState) {
     let timeout = Duration::from_secs(20);
     let world = World::local(vec![Default::default(); 2]).unwrap();

@@ -239,9 +239,10 @@ clipping! {
     clipped_ddp_4: Ddp, 4;
 }
 
-/// Ddp with the optimizer state split among the replicas (ZeRO-1), and the reduced gradients
-/// too (ZeRO-2): the norm is still the whole model's (under ZeRO-2 the sum of the owners'
-/// parts), each owner clips its own parameters by it.
+/// Ddp with the optimizer state split among the replicas (ZeRO-1), the reduced gradients too
+/// (ZeRO-2), and the parameters between steps (ZeRO-3): the norm is still the whole model's
+/// (under ZeRO-2 and -3 the sum of the owners' parts), each owner clips its own parameters by
+/// it.
 mod clipped_zero {
     use super::*;
 
@@ -253,7 +254,11 @@ mod clipped_zero {
 
     #[test]
     fn mlp_transformer_and_qlora_model_over_2_3_and_4_replicas() {
-        for stage in [ShardState::Optimizer, ShardState::Gradients] {
+        for stage in [
+            ShardState::Optimizer,
+            ShardState::Gradients,
+            ShardState::Parameters,
+        ] {
             let ddp = StrategyKind::Ddp;
             for world in [2, 3, 4] {
                 check_clipped_with("mlp", &mlp_case(2, 16), ddp, world, &zero(stage));
@@ -436,6 +441,7 @@ fn halt_names_the_parameter_rank_and_step_on_every_rank() {
         (StrategyKind::Ddp, 3, ShardState::None),
         (StrategyKind::Ddp, 3, ShardState::Optimizer),
         (StrategyKind::Ddp, 3, ShardState::Gradients),
+        (StrategyKind::Ddp, 3, ShardState::Parameters),
     ] {
         let batches = poison_batches();
         let culprit = rank_holding(&batches[1], world, 17);
@@ -495,6 +501,7 @@ fn skip_leaves_every_replica_unchanged_and_training_goes_on() {
         (StrategyKind::Ddp, 4, ShardState::None),
         (StrategyKind::Ddp, 4, ShardState::Optimizer),
         (StrategyKind::Ddp, 4, ShardState::Gradients),
+        (StrategyKind::Ddp, 4, ShardState::Parameters),
     ] {
         let batches = poison_batches();
         // One model for both runs: Burn's initialisation draws from a process-wide generator

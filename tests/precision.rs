@@ -388,16 +388,18 @@ fn split_state_trains_bf16_and_f16_as_whole_state() {
                 "{precision}: parameter {i} differs"
             );
         }
-        // ZeRO-2's clipping norm adds the owners' parts (in f32): the same training to that
-        // sum's rounding, not bits. The f32 master weights are compared.
-        let split = ad_ddp_params(precision, ShardState::Gradients, 4);
-        for (i, (a, b)) in whole.iter().zip(&split).enumerate() {
-            let scale = a.iter().fold(1e-6f32, |m, x| m.max(x.abs()));
-            let worst = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-            assert!(
-                worst <= 1e-5 * scale,
-                "{precision} ZeRO-2: parameter {i} off by {worst} of {scale}"
-            );
+        // ZeRO-2's and ZeRO-3's clipping norm adds the owners' parts (in f32): the same
+        // training to that sum's rounding, not bits. The f32 master weights are compared.
+        for stage in [ShardState::Gradients, ShardState::Parameters] {
+            let split = ad_ddp_params(precision, stage, 4);
+            for (i, (a, b)) in whole.iter().zip(&split).enumerate() {
+                let scale = a.iter().fold(1e-6f32, |m, x| m.max(x.abs()));
+                let worst = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+                assert!(
+                    worst <= 1e-5 * scale,
+                    "{precision} {stage}: parameter {i} off by {worst} of {scale}"
+                );
+            }
         }
     }
 }

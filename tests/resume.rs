@@ -279,6 +279,8 @@ fn a_zero_checkpoint_resumes_as_itself_as_another_stage_as_plain_ddp_and_in_sing
     zero1.ddp.shard_state = ShardState::Optimizer;
     let mut zero2 = configs(1);
     zero2.ddp.shard_state = ShardState::Gradients;
+    let mut zero3 = configs(1);
+    zero3.ddp.shard_state = ShardState::Parameters;
     let (ddp, single) = (StrategyKind::Ddp, StrategyKind::Single);
     // The owners step exactly what every replica of plain ddp steps: the same bits. Single
     // sums gradients in another order: equal within rounding, not bits.
@@ -291,6 +293,10 @@ fn a_zero_checkpoint_resumes_as_itself_as_another_stage_as_plain_ddp_and_in_sing
         ((ddp, 3, &zero2), (ddp, 3, &zero1), true),
         ((ddp, 2, &zero1), (ddp, 2, &zero2), true),
         ((ddp, 3, &zero2), (single, 1, &plain), false),
+        ((ddp, 3, &zero3), (ddp, 3, &zero3), true),
+        ((ddp, 3, &zero3), (ddp, 3, &zero1), true),
+        ((ddp, 2, &zero2), (ddp, 2, &zero3), true),
+        ((ddp, 3, &zero3), (single, 1, &plain), false),
     ] {
         check_resume_with("mlp", &case, fresh, from, to, bits);
     }
