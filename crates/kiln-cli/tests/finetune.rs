@@ -1234,14 +1234,21 @@ fn full_fine_tuning_trains_every_weight_alike_under_single_and_ddp_with_the_stat
     for (a, b) in single.iter().flatten().zip(trained.iter().flatten()) {
         assert!((a - b).abs() <= 1e-5 * largest, "{a} vs {b}");
     }
-    // The reduced gradients split too (ZeRO-2): the same training.
-    let zero2_dir = scratch("full-zero2");
-    let zero2 = [&split[..4], &["--shard-state", "gradients"]].concat();
-    let zero2 = run(&zero2_dir, "2", &zero2);
-    for (a, b) in single.iter().flatten().zip(zero2.iter().flatten()) {
-        assert!((a - b).abs() <= 1e-5 * largest, "ZeRO-2: {a} vs {b}");
+    // The reduced gradients split too (ZeRO-2), and the parameters between steps (ZeRO-3,
+    // whose saved model is gathered from both replicas): the same training.
+    for stage in ["gradients", "parameters"] {
+        let dir = scratch(&format!("full-{stage}"));
+        let zero = run(
+            &dir,
+            "2",
+            &[&split[..4], &["--shard-state", stage]].concat(),
+        );
+        assert_eq!(zero.len(), base.len(), "{stage}");
+        for (a, b) in single.iter().flatten().zip(zero.iter().flatten()) {
+            assert!((a - b).abs() <= 1e-5 * largest, "{stage}: {a} vs {b}");
+        }
+        std::fs::remove_dir_all(dir).ok();
     }
-    std::fs::remove_dir_all(zero2_dir).ok();
     for file in ["config.json", "tokenizer.json"] {
         assert!(single_dir.join("model").join(file).is_file(), "{file}");
     }

@@ -279,16 +279,36 @@ fn split_optimizer_state_across_processes_trains_as_plain_ddp_and_resumes_bit_fo
         bytes(&zero),
         "ZeRO-2 splits the optimizer state as ZeRO-1"
     );
+    // ZeRO-3 across the processes: each replica gathers the others' parameters from their
+    // owners, in its own process or the other, before each forward, and the model the report
+    // reads is gathered by every rank of both processes.
+    let zero3 = run(
+        "zero3",
+        Some(&two),
+        args("4", &["--shard-state", "parameters"]),
+    );
+    for key in ["param_sum", "param_sq_sum", "final_loss"] {
+        assert_eq!(plain[key], zero3[key], "ZeRO-3: {key}");
+    }
+    let (whole, parts) = (
+        per_rank(&plain, "param_bytes"),
+        per_rank(&zero3, "param_bytes"),
+    );
+    assert_eq!(
+        parts.iter().sum::<u64>(),
+        whole[0],
+        "ZeRO-3 parameters held between steps: {parts:?} against {whole:?}"
+    );
     // The parts, gathered from both processes into one checkpoint, resume across processes
     // (against processes too: MPI's sums need not round as the in-process collective's).
     // Three processes of one rank each: three owners, one a process.
     let three = ["--nproc-per-node", "3"];
     let plain3 = run("plain3", Some(&three), args_of("3", "4", &[]));
-    let zero3 = run("zero3", Some(&three), args_of("3", "4", &split));
+    let split3 = run("split3", Some(&three), args_of("3", "4", &split));
     for key in ["param_sum", "param_sq_sum", "final_loss"] {
-        assert_eq!(plain3[key], zero3[key], "3 processes: {key}");
+        assert_eq!(plain3[key], split3[key], "3 processes: {key}");
     }
-    let (whole3, parts3) = (bytes(&plain3), bytes(&zero3));
+    let (whole3, parts3) = (bytes(&plain3), bytes(&split3));
     assert_eq!(parts3.len(), 3);
     assert_eq!(parts3.iter().sum::<u64>(), whole3[0], "{parts3:?}");
     let straight = run("straight", Some(&two), args("6", &split));
