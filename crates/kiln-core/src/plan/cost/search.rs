@@ -437,8 +437,9 @@ fn candidates(
                 continue;
             }
             // Plain replicas may also split their optimizer state (`ddp`'s ZeRO-1): a layout
-            // of its own, less memory for one more broadcast a step. Not ZeRO-2: Burn's
-            // backward returns every gradient at once, so its peak is ZeRO-1's.
+            // of its own, less memory for one more broadcast a step. Not ZeRO-2 or ZeRO-3:
+            // Burn's backward returns every gradient at once, and its autodiff keeps every
+            // parameter a forward used until the backward, so their peak is ZeRO-1's.
             let state_splits: &[bool] = match dp > 1 && pp == 1 && tp == 1 && !fixed.staged {
                 true => &[false, true],
                 false => &[false],
