@@ -16,6 +16,7 @@ use kiln::core::strategy::{
     DataParallel, DataParallelConfig, Ddp, DdpConfig, RankError, ShardState, Strategy,
     StrategyError,
 };
+use kiln::nn::models::Mlp;
 use kiln::nn::tasks::{ClassificationBatch, ClassificationBatcher, ClassificationItem};
 
 const POISON: f32 = 1.0e30;
@@ -432,16 +433,7 @@ fn under_zero3_a_rank_that_fails_is_named_and_no_gather_waits_for_it() {
     // it finishes; the step names rank 1, and what would gather next (a step, the model) is
     // refused at once instead of waiting in a gather rank 1 never joins.
     let timeout = Duration::from_secs(20);
-    let world = World::local(vec![Default::default(); 2]).unwrap();
-    let config = DdpConfig {
-        collective_timeout_s: timeout.as_secs_f64(),
-        threads_per_rank: Some(1),
-        shard_state: ShardState::Parameters,
-        ..DdpConfig::default()
-    };
-    let case = mlp_case(1, 8);
-    let optim = OnRank1(AdamWConfig::new().init(), Rank1::Panics);
-    let mut ddp = Ddp::new(&world, case.model.clone(), optim, case.source(), config).unwrap();
+    let mut ddp = rank_1_panics_in_its_step(ShardState::Parameters, timeout);
     let start = Instant::now();
     let error = ddp.step(&[0, 1, 2, 3], LR).unwrap_err();
     let StrategyError::Failed { culprit, failures } = &error else {
@@ -462,8 +454,9 @@ fn under_zero3_a_rank_that_fails_is_named_and_no_gather_waits_for_it() {
     assert!(start.elapsed() < timeout / 2, "took {:?}", start.elapsed());
 }
 
-fn owner_fails_before_its_broadcast(shard_state: ShardState) {
-    let timeout = Duration::from_secs(20);
+/// A Ddp of two ranks splitting its state as `shard_state` says, whose rank 1 panics in its
+/// optimizer step.
+fn rank_1_panics_in_its_step(shard_state: ShardState, timeout: Duration) -> Ddp<B, Mlp<B>> {
     let world = World::local(vec![Default::default(); 2]).unwrap();
     let config = DdpConfig {
         collective_timeout_s: timeout.as_secs_f64(),
@@ -473,7 +466,12 @@ fn owner_fails_before_its_broadcast(shard_state: ShardState) {
     };
     let case = mlp_case(1, 8);
     let optim = OnRank1(AdamWConfig::new().init(), Rank1::Panics);
-    let mut ddp = Ddp::new(&world, case.model.clone(), optim, case.source(), config).unwrap();
+    Ddp::new(&world, case.model.clone(), optim, case.source(), config).unwrap()
+}
+
+fn owner_fails_before_its_broadcast(shard_state: ShardState) {
+    let timeout = Duration::from_secs(20);
+    let mut ddp = rank_1_panics_in_its_step(shard_state, timeout);
     let start = Instant::now();
     let error = ddp.step(&[0, 1, 2, 3], LR).unwrap_err();
     assert!(start.elapsed() < timeout / 2, "took {:?}", start.elapsed());

@@ -73,8 +73,8 @@ pub enum CollectiveError {
         /// The backend's message.
         reason: String,
     },
-    /// A broadcast root outside the group.
-    #[error("broadcast root {root} is not a rank of this group of {world_size}")]
+    /// A broadcast or reduction root outside the group.
+    #[error("root {root} is not a rank of this group of {world_size}: name a rank below it")]
     InvalidRoot {
         /// The requested root.
         root: usize,
