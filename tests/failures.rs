@@ -447,7 +447,7 @@ fn under_zero3_a_rank_that_fails_is_named_and_no_gather_waits_for_it() {
     );
     for error in [
         ddp.step(&[0, 1, 2, 3], LR).unwrap_err(),
-        ddp.model().err().expect("no model from a broken world"),
+        ddp.model().expect_err("no model from a broken world"),
     ] {
         assert_eq!(error, StrategyError::Broken { culprit: 1 });
     }
