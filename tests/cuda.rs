@@ -18,7 +18,7 @@ use burn::backend::{Autodiff, Cuda};
 use burn::module::Module;
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use common::*;
-use kiln::core::strategy::{Single, SingleConfig, Strategy};
+use kiln::core::strategy::{ShardState, Single, SingleConfig, Strategy};
 use kiln::kernels::FusedAdamWConfig;
 
 type G = Autodiff<Cuda>;
@@ -27,18 +27,23 @@ type G = Autodiff<Cuda>;
 const CUDA_TOLERANCE: f32 = 2e-3;
 
 /// Two ranks on the one GPU: what `kiln train --devices 0,0` builds.
-fn shared_gpu(data_parallel: bool) {
-    shared_device_matches_single::<G>(CudaDevice::default(), 2, data_parallel, CUDA_TOLERANCE);
+fn shared_gpu(on: OnOneDevice) {
+    shared_device_matches_single::<G>(CudaDevice::default(), 2, on, CUDA_TOLERANCE);
 }
 
 #[test]
 fn ddp_with_two_ranks_on_one_gpu_matches_single_device() {
-    shared_gpu(false);
+    shared_gpu(OnOneDevice::Ddp(ShardState::None));
+}
+
+#[test]
+fn zero3_with_two_ranks_on_one_gpu_matches_single_device() {
+    shared_gpu(OnOneDevice::Ddp(ShardState::Parameters));
 }
 
 #[test]
 fn data_parallel_with_two_ranks_on_one_gpu_matches_single_device() {
-    shared_gpu(true);
+    shared_gpu(OnOneDevice::DataParallel);
 }
 
 /// The QLoRA transformer (the kernels' forward and backward, the fused AdamW) from the same

@@ -12,6 +12,7 @@ mod common;
 use burn::backend::Autodiff;
 use burn::backend::wgpu::{CubeBackend, WgpuDevice, WgpuRuntime};
 use common::*;
+use kiln::core::strategy::ShardState;
 
 type G = Autodiff<CubeBackend<WgpuRuntime, f32, i32, u32>>;
 /// `kiln_kernels::backends::Wgpu`, which `kiln --backend wgpu` trains on (named here in full:
@@ -25,36 +26,28 @@ type Fused = Autodiff<burn_fusion::Fusion<CubeBackend<WgpuRuntime, f32, i32, u32
 /// itself moves between runs by as much.
 const FUSED_TOLERANCE: f32 = 2.0 * RELATIVE_TOLERANCE;
 
-fn check(world: usize, data_parallel: bool) {
-    shared_device_matches_single::<G>(
-        WgpuDevice::default(),
-        world,
-        data_parallel,
-        RELATIVE_TOLERANCE,
-    );
+fn check(world: usize, on: OnOneDevice) {
+    shared_device_matches_single::<G>(WgpuDevice::default(), world, on, RELATIVE_TOLERANCE);
 }
 
-fn check_fused(world: usize, data_parallel: bool) {
-    shared_device_matches_single::<Fused>(
-        WgpuDevice::default(),
-        world,
-        data_parallel,
-        FUSED_TOLERANCE,
-    );
+fn check_fused(world: usize, on: OnOneDevice) {
+    shared_device_matches_single::<Fused>(WgpuDevice::default(), world, on, FUSED_TOLERANCE);
 }
+
+const DDP: OnOneDevice = OnOneDevice::Ddp(ShardState::None);
 
 #[test]
 fn ddp_world_2_matches_single_device() {
     // Repeated: the race this guards against did not show on every run.
     for _ in 0..3 {
-        check(2, false);
+        check(2, DDP);
     }
 }
 
 #[test]
 fn data_parallel_world_2_matches_single_device() {
     for _ in 0..3 {
-        check(2, true);
+        check(2, OnOneDevice::DataParallel);
     }
 }
 
@@ -64,15 +57,24 @@ fn data_parallel_world_2_matches_single_device() {
 #[test]
 fn fused_ddp_world_2_matches_single_device() {
     for _ in 0..3 {
-        check_fused(2, false);
+        check_fused(2, DDP);
     }
 }
 
 #[test]
 fn fused_data_parallel_world_2_matches_single_device() {
     for _ in 0..3 {
-        check_fused(2, true);
+        check_fused(2, OnOneDevice::DataParallel);
     }
+}
+
+/// ZeRO-3 on one device: the released parameters' placeholders (a zero-stride view of one
+/// element) survive the queue, plain and under fusion, and the gather refills them.
+#[test]
+fn zero3_world_2_matches_single_device() {
+    let zero3 = OnOneDevice::Ddp(ShardState::Parameters);
+    check(2, zero3);
+    check_fused(2, zero3);
 }
 
 /// Tensor parallelism (tp 2, both ranks on the one device) on the transformer, three steps,

@@ -302,13 +302,23 @@ pub fn assert_equivalent_within<Bk: Backend, M: Module<Bk>>(
     );
 }
 
+/// Which strategy [`shared_device_matches_single`] runs on one device.
+#[derive(Debug, Clone, Copy)]
+pub enum OnOneDevice {
+    /// `DataParallel`: one thread per device.
+    DataParallel,
+    /// `Ddp`, its state split as the
+    /// [`ShardState`](kiln::core::strategy::ShardState) says.
+    Ddp(kiln::core::strategy::ShardState),
+}
+
 /// Ddp (replica check every step) or DataParallel with `world` ranks sharing one `device`,
 /// three steps of the MLP, against single-device training on that device, within
 /// `tolerance`: the check of a backend whose work is queued per thread (wgpu, CUDA).
 pub fn shared_device_matches_single<Ab: AutodiffBackend>(
     device: Ab::Device,
     world: usize,
-    data_parallel: bool,
+    on: OnOneDevice,
     tolerance: f32,
 ) {
     use kiln::core::World;
@@ -317,20 +327,10 @@ pub fn shared_device_matches_single<Ab: AutodiffBackend>(
     let batches = batches(case.dataset.len(), 13, 3);
     let expected = reference_on(&case, &batches, &device);
     let devices = vec![device; world];
-    let mut strategy: Box<dyn Strategy<Ab, _>> = if data_parallel {
-        Box::new(
-            DataParallel::new(
-                case.model.clone(),
-                AdamWConfig::new().init(),
-                case.source(),
-                devices,
-                DataParallelConfig::default(),
-            )
-            .unwrap(),
-        )
-    } else {
+    let mut strategy: Box<dyn Strategy<Ab, _>> = if let OnOneDevice::Ddp(shard_state) = on {
         let config = DdpConfig {
             check_replicas_every: Some(1),
+            shard_state,
             ..DdpConfig::default()
         };
         Box::new(
@@ -343,18 +343,22 @@ pub fn shared_device_matches_single<Ab: AutodiffBackend>(
             )
             .unwrap(),
         )
+    } else {
+        Box::new(
+            DataParallel::new(
+                case.model.clone(),
+                AdamWConfig::new().init(),
+                case.source(),
+                devices,
+                DataParallelConfig::default(),
+            )
+            .unwrap(),
+        )
     };
     for batch in &batches {
         strategy.step(batch, LR).unwrap();
     }
-    let what = format!(
-        "{} world {world} on one device",
-        if data_parallel {
-            "data_parallel"
-        } else {
-            "ddp"
-        }
-    );
+    let what = format!("{on:?} world {world} on one device");
     assert_equivalent_within(
         &strategy.model().unwrap(),
         &expected,
