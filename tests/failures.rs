@@ -176,6 +176,14 @@ fn impossible_configs_are_rejected() {
             },
             "collective_timeout_s",
         ),
+        (
+            DdpConfig {
+                shard_state: ShardState::Gradients,
+                gather_units: true,
+                ..DdpConfig::default()
+            },
+            "gather_units gathers released parameters unit by unit, but shard_state is \"gradients\"",
+        ),
     ] {
         let error = Ddp::new(
             &world,
@@ -452,6 +460,35 @@ fn under_zero3_a_rank_that_fails_is_named_and_no_gather_waits_for_it() {
         assert_eq!(error, StrategyError::Broken { culprit: 1 });
     }
     assert!(start.elapsed() < timeout / 2, "took {:?}", start.elapsed());
+}
+
+#[test]
+fn a_model_that_does_not_gather_its_units_is_refused_before_its_update() {
+    // `gather_units` with a model that runs its layers without gathering them: the step would
+    // have run on placeholders, so it fails, naming a parameter it left ungathered, and the
+    // replicas keep the parameters they started with.
+    let world = World::local(vec![Default::default(); 2]).unwrap();
+    let config = DdpConfig {
+        threads_per_rank: Some(1),
+        shard_state: ShardState::Parameters,
+        gather_units: true,
+        ..DdpConfig::default()
+    };
+    let case = mlp_case(1, 8);
+    let optim = AdamWConfig::new().init();
+    let mut ddp = Ddp::new(&world, case.model.clone(), optim, case.source(), config).unwrap();
+    let error = ddp.step(&[0, 1, 2, 3], LR).unwrap_err();
+    let StrategyError::Failed { failures, .. } = &error else {
+        panic!("expected a rank failure, got {error}");
+    };
+    assert_eq!(failures.len(), 2, "{error}");
+    for failure in failures {
+        assert!(
+            matches!(&failure.error, RankError::Ungathered { param } if param.contains("weight") || param.contains("bias")),
+            "{error}"
+        );
+    }
+    assert!(error.to_string().contains("did not gather it"), "{error}");
 }
 
 /// A Ddp of two ranks splitting its state as `shard_state` says, whose rank 1 panics in its

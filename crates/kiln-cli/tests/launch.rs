@@ -625,6 +625,20 @@ fn finetune_across_processes_writes_the_adapters_of_one_process() {
     let evals = |d: &Path| report(&d.join("run.json"))["evals"].clone();
     assert_eq!(evals(&processes).as_array().map(Vec::len), Some(2));
     assert_eq!(evals(&processes), evals(&threads));
+    // ZeRO-3 with the layers recomputed: each layer gathered from the owners in both
+    // processes as it runs, and the model gathered for the evaluations. The same training.
+    let by_layer = dir.join("by-layer");
+    let mut launched = args(&by_layer);
+    launched.extend(["--shard-state", "parameters", "--gradient-checkpointing"].map(String::from));
+    let refs: Vec<&str> = launched.iter().map(String::as_str).collect();
+    let out = launch(&["--nproc-per-node", "2"], &refs);
+    assert!(out.status.success(), "{}", text(&out));
+    let losses = |d: &Path| report(&d.join("run.json"))["losses"].clone();
+    let (a, b) = (losses(&threads), losses(&by_layer));
+    for (x, y) in a.as_array().unwrap().iter().zip(b.as_array().unwrap()) {
+        let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+        assert!((x - y).abs() <= 1e-5 * x.abs(), "by layer: {x} vs {y}");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

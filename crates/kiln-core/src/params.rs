@@ -162,6 +162,43 @@ impl<B: Backend> ModuleVisitor<B> for Fingerprints<B> {
     }
 }
 
+/// The module path of `module`'s float parameter `id` (`layers.0.attn.q_proj.weight`), or its
+/// id where the module holds none.
+pub(crate) fn param_path<B: Backend, M: Module<B>>(
+    module: &M,
+    id: burn::module::ParamId,
+) -> String {
+    struct Find<B> {
+        stack: Vec<String>,
+        id: burn::module::ParamId,
+        found: Option<String>,
+        backend: PhantomData<B>,
+    }
+    impl<B: Backend> ModuleVisitor<B> for Find<B> {
+        fn enter_module(&mut self, name: &str, _container_type: &str) {
+            self.stack.push(name.to_string());
+        }
+
+        fn exit_module(&mut self, _name: &str, _container_type: &str) {
+            self.stack.pop();
+        }
+
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if param.id == self.id && self.found.is_none() {
+                self.found = Some(self.stack.join("."));
+            }
+        }
+    }
+    let mut find = Find::<B> {
+        stack: Vec::new(),
+        id,
+        found: None,
+        backend: PhantomData,
+    };
+    module.visit(&mut find);
+    find.found.unwrap_or_else(|| id.to_string())
+}
+
 /// `hashes` as floats that a collective moves exactly: four 16-bit pieces per hash, each an
 /// integer below 2¹⁶ (exact in f32, and in the bf16 or f16 of no collective Kiln uses).
 pub(crate) fn hashes_to_floats(hashes: impl IntoIterator<Item = u64>) -> Vec<f32> {

@@ -268,6 +268,10 @@ impl FinetuneArgs {
             if c.train.parallel.auto.recompute.is_none() {
                 c.train.parallel.auto.recompute = Some(true);
             }
+            // Under ZeRO-3 each recomputed layer gathers its own parameters as it runs, so a
+            // step holds the replica's part and one layer instead of the whole model.
+            let ddp = &mut c.train.parallel.ddp;
+            ddp.gather_units |= ddp.shard_state.splits_parameters();
         }
         self.checkpoint.apply(&mut c.checkpoint);
         c.validate()?;

@@ -613,6 +613,7 @@ impl Job for FinetuneJob<'_> {
             wall_s: record.wall_s,
             tokens_per_s: tokens_per_step * steps as f64 / record.wall_s.max(f64::MIN_POSITIVE),
             peak_host_bytes: kiln_bench::memory::peak_host_bytes(),
+            ranks: record.ranks.clone(),
             adapters: config.output.display().to_string(),
             merged: config.merged.as_ref().map(|m| m.display().to_string()),
             evals: evaluator

@@ -37,6 +37,9 @@ pub struct FinetuneReport {
     pub tokens_per_s: f64,
     /// The process's peak resident memory, every rank of it together (Linux), in bytes.
     pub peak_host_bytes: Option<u64>,
+    /// Each rank's totals, as `kiln train --json` reports them: times, traffic, the bytes it
+    /// holds, and its counted peak and held bytes (with `KILN_COUNT_MEMORY=1`).
+    pub ranks: Vec<kiln_core::strategy::RankReport>,
     /// The adapters' folder; with `full`, the whole model's.
     pub adapters: String,
     /// The merged model's folder, if written.

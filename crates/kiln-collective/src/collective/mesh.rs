@@ -54,9 +54,9 @@ impl<B: Backend> MeshCollectives<B> {
         }
     }
 
-    /// Adds the rank's group along `axis`.
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
-    pub(crate) fn push_axis(&mut self, axis: &str, group: Box<dyn Collective<B>>) {
+    /// Adds the rank's group along `axis` (one built with the others, or one
+    /// [`Self::take_axis`] took out).
+    pub fn push_axis(&mut self, axis: &str, group: Box<dyn Collective<B>>) {
         self.axes.push((axis.to_string(), group));
     }
 

@@ -8,6 +8,7 @@ mod bucket;
 mod owners;
 mod sync;
 mod to_owners;
+mod units;
 
 use std::marker::PhantomData;
 
@@ -19,6 +20,8 @@ pub use bucket::{BucketPlan, ParamSelection};
 pub(crate) use owners::Owners;
 pub use sync::{all_reduce_gradients, broadcast_parameters};
 pub(crate) use to_owners::reduce_to_owners;
+pub use units::gather_unit;
+pub(crate) use units::lend;
 
 /// Adds `weight · grads` into `acc`, parameter by parameter, moving `grads` to `device`.
 ///

@@ -36,6 +36,8 @@ pub(crate) struct Owners {
     gradients: bool,
     /// Whether each replica holds only its own parameters between steps (ZeRO-3).
     parameters: bool,
+    /// The largest bucket of a broadcast.
+    cap_bytes: usize,
 }
 
 impl Owners {
@@ -74,6 +76,7 @@ impl Owners {
             rank,
             gradients: false,
             parameters: false,
+            cap_bytes,
         }
     }
 
@@ -159,9 +162,11 @@ impl Owners {
         grads
     }
 
-    /// Every replica's parameters from their owner: one broadcast per bucket of each part, in
-    /// rank order, so every replica ends with the owners' values bit for bit. A released
-    /// parameter's placeholder only sizes the buffer that receives it.
+    /// The owned parameters `module` holds (the whole model, or one unit of it) from their
+    /// owners: one broadcast per bucket of each owner's parameters in `module`, in rank order,
+    /// so every replica ends with the owners' values bit for bit. A released parameter's
+    /// placeholder only sizes the buffer that receives it. Every replica calls this with the
+    /// same part of the model.
     ///
     /// # Errors
     /// The first [`CollectiveError`]; the group is then poisoned.
@@ -170,8 +175,17 @@ impl Owners {
         mut module: M,
         collective: &mut dyn Collective<Inner<B>>,
     ) -> Result<M, CollectiveError> {
+        let held = param_ids::<B, M>(&module);
         for (root, part) in self.parts.iter().enumerate() {
-            module = broadcast_parameters(module, part, collective, root)?;
+            let part = match part.slots.iter().all(|s| held.contains(&s.id)) {
+                true => std::borrow::Cow::Borrowed(part),
+                false => {
+                    std::borrow::Cow::Owned(part.subset(|id| held.contains(&id), self.cap_bytes))
+                }
+            };
+            if part.num_params() > 0 {
+                module = broadcast_parameters(module, &part, collective, root)?;
+            }
         }
         Ok(module)
     }
@@ -189,9 +203,28 @@ impl Owners {
     }
 
     /// Whether `id` is a parameter another replica owns (released under ZeRO-3).
-    fn is_others(&self, id: ParamId) -> bool {
+    pub(crate) fn is_others(&self, id: ParamId) -> bool {
         !self.mine.contains(&id) && self.parts.iter().any(|p| p.index.contains_key(&id))
     }
+}
+
+/// The ids of `module`'s float parameters.
+pub(crate) fn param_ids<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M) -> HashSet<ParamId> {
+    struct Ids<'a, B> {
+        ids: &'a mut HashSet<ParamId>,
+        backend: std::marker::PhantomData<B>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Ids<'_, B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            self.ids.insert(param.id);
+        }
+    }
+    let mut ids = HashSet::new();
+    module.visit(&mut Ids::<B> {
+        ids: &mut ids,
+        backend: std::marker::PhantomData,
+    });
+    ids
 }
 
 struct Release<'a, B: AutodiffBackend> {

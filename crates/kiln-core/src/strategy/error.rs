@@ -54,6 +54,17 @@ pub enum RankError {
         /// This rank's value.
         value: String,
     },
+    /// Under ZeRO-3 with `gather_units`, the model ran without gathering a parameter the
+    /// replica had released: the step is abandoned before its update.
+    #[error(
+        "parameter {param} is released between steps (ZeRO-3) but the model did not gather it \
+         (kiln_core::grads::gather_unit): gather_units needs a model that gathers every unit \
+         it runs, such as kiln-nn's LLMs with gradient checkpointing; leave it off otherwise"
+    )]
+    Ungathered {
+        /// The module path of the first parameter left ungathered.
+        param: String,
+    },
     /// The rank did not report in time after another rank failed.
     #[error("did not report within {0:?} after another rank failed")]
     Silent(std::time::Duration),

@@ -15,9 +15,11 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 use burn::train::SequenceOutput;
 
+use super::model::Decoder;
 use super::train::masked_loss;
 use super::{CausalLm, LmBatch};
 use crate::tensor_parallel::ShardedBackend;
+use kiln_core::grads::gather_unit;
 
 impl<B: ShardedBackend> CausalLm<B> {
     /// This model with activation checkpointing on or off: a training step recomputes each
@@ -49,10 +51,14 @@ where
         loss_scale: f64,
     ) -> (GradientsParams, SequenceOutput<B>) {
         let device = batch.inputs.device();
+        // Under ZeRO-3 with units gathered (`gather_units`), each unit's parameters come from
+        // their owners just before it runs, and go with it: the embedding, the final norm and
+        // the head for the step, each layer for its forward and again for its backward.
+        // Elsewhere `gather_unit` gives the unit back as it is.
+        let edges = gather_unit(self.edges());
         // The forward, without a graph: each layer's input is all it keeps.
         let decoder = &self.model;
-        let mut x = decoder
-            .embed_tokens
+        let mut x = (edges.model.embed_tokens)
             .valid()
             .forward(batch.inputs.clone().inner());
         let ([rows, seq, _], dtype) = (x.dims(), x.dtype());
@@ -64,42 +70,56 @@ where
         let mut inputs = Vec::with_capacity(decoder.layers.len());
         for layer in &decoder.layers {
             inputs.push(x.clone());
-            x = layer.valid().forward(x, &inner_rope);
+            x = gather_unit(layer.clone()).valid().forward(x, &inner_rope);
         }
 
         // The head and the loss, under autodiff from the last layer's output.
         let hidden = Tensor::<B, 3>::from_inner(x).require_grad();
-        let logits = self.head(hidden.clone());
+        let logits = edges.head(hidden.clone());
         let loss = masked_loss(logits.clone(), batch.targets.clone(), batch.mask);
         let seed = match loss_scale == 1.0 {
             true => loss.clone(),
             false => loss.clone().mul_scalar(loss_scale),
         };
-        let (mut acc, mut grad) = self.gradients(seed, &hidden, GradientsParams::new(), &device);
+        let (mut acc, mut grad) =
+            self.gradients(&edges, seed, &hidden, GradientsParams::new(), &device);
 
         // Each layer again, last first, seeded with the gradient of its output.
         let rope = decoder
             .rope
             .positions(rows, 0..seq, batch.packed.as_ref(), &device, dtype);
         for (layer, input) in decoder.layers.iter().zip(inputs).rev() {
+            let layer = gather_unit(layer.clone());
             let x = Tensor::<B, 3>::from_inner(input).require_grad();
             let y = layer.forward(x.clone(), &rope);
             let seed = (y * Tensor::from_inner(grad)).sum();
-            (acc, grad) = self.gradients(seed, &x, acc, &device);
+            (acc, grad) = self.gradients(&layer, seed, &x, acc, &device);
         }
         // The embedding, when it trains (full fine-tuning): the gradient of its lookup.
-        let embedding = &decoder.embed_tokens;
+        let embedding = &edges.model.embed_tokens;
         if embedding.weight.is_require_grad() {
             let seed = (embedding.forward(batch.inputs) * Tensor::from_inner(grad)).sum();
-            acc = self.add_params(seed.backward(), acc, &device);
+            acc = self.add_params(embedding, seed.backward(), acc, &device);
         }
         (acc, SequenceOutput::new(loss, logits, None, batch.targets))
     }
 
-    /// Backpropagates `seed`: the parameters' gradients added into `acc`, and the gradient of
-    /// the segment's input `x`.
-    fn gradients(
+    /// This model without its layers: the embedding, the final norm and the head.
+    fn edges(&self) -> Self {
+        CausalLm {
+            model: Decoder {
+                layers: Vec::new(),
+                ..self.model.clone()
+            },
+            lm_head: self.lm_head.clone(),
+        }
+    }
+
+    /// Backpropagates `seed` through `segment` (the part of this model it ran): its
+    /// parameters' gradients added into `acc`, and the gradient of the segment's input `x`.
+    fn gradients<S: AutodiffModule<B>>(
         &self,
+        segment: &S,
         seed: Tensor<B, 1>,
         x: &Tensor<B, 3>,
         acc: GradientsParams,
@@ -109,17 +129,20 @@ where
         let input = x
             .grad_remove(&mut grads)
             .expect("the segment's input requires its gradient");
-        (self.add_params(grads, acc, device), input)
+        (self.add_params(segment, grads, acc, device), input)
     }
 
-    /// `acc` with the parameters' gradients of one segment's backward added.
-    fn add_params(
+    /// `acc` with the gradients of `segment`'s parameters from one segment's backward added.
+    fn add_params<S: AutodiffModule<B>>(
         &self,
+        segment: &S,
         grads: B::Gradients,
         acc: GradientsParams,
         device: &B::Device,
     ) -> GradientsParams {
-        let params = GradientsParams::from_grads(grads, self);
+        // Read from the segment that ran: a gathered unit's parameters are other tensors
+        // than the ones this model holds, under the same ids.
+        let params = GradientsParams::from_grads(grads, segment);
         kiln_core::grads::add_weighted(self, acc, params, 1.0, device)
     }
 }

@@ -24,6 +24,13 @@ pub struct DdpConfig {
     /// Which training state the replicas split among themselves instead of each holding it
     /// whole (ZeRO's stages). Default none.
     pub shard_state: ShardState,
+    /// Under ZeRO-3, the model gathers its units' parameters one unit at a time
+    /// ([`gather_unit`](crate::grads::gather_unit)), each before it runs and again for its
+    /// backward, instead of the strategy gathering the whole model before the step: the
+    /// step's peak holds the replica's part and one unit. For a model that does (kiln-nn's
+    /// LLMs with gradient checkpointing); a step whose model leaves a released parameter
+    /// ungathered fails before its update. Default off.
+    pub gather_units: bool,
 }
 
 /// Which training state `ddp`'s replicas split among themselves: ZeRO's stages, as DeepSpeed
@@ -134,12 +141,16 @@ impl Default for DdpConfig {
             check_replicas_every: None,
             threads_per_rank: None,
             shard_state: ShardState::None,
+            gather_units: false,
         }
     }
 }
 
 impl DdpConfig {
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if self.gather_units && !self.shard_state.splits_parameters() {
+            return Err(ConfigError::GatherUnitsWithoutZero3(self.shard_state));
+        }
         super::error::check_shared_settings(
             self.grad_accumulation,
             self.bucket_cap_mb,

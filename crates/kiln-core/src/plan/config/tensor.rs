@@ -86,6 +86,7 @@ impl TensorConfig {
             // Tensor shards' replicas hold their state whole: ZeRO over `dp` under `tensor`
             // is not built.
             shard_state: ShardState::None,
+            gather_units: false,
         }
     }
 

@@ -1,6 +1,7 @@
 //! One Ddp rank: its replica (or tensor-parallel shard), optimizer and collectives, driven by
 //! commands.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use burn::tensor::Tensor;
@@ -8,12 +9,12 @@ use burn::tensor::backend::AutodiffBackend;
 
 use crate::collective::MeshCollectives;
 use crate::data::DataSource;
-use crate::grads::{BucketPlan, Owners, ParamSelection, broadcast_parameters};
+use crate::grads::{BucketPlan, Owners, ParamSelection, broadcast_parameters, lend};
 use crate::model::TrainModel;
 use crate::optim::step::{Findings, Split, Sync, guarded_step};
 use crate::optim::{GuardedOptimizer, decode, encode, tensor_bytes};
 use crate::params::{
-    fingerprints_except, floats_to_hashes, hashes_to_floats, param_bytes, signature,
+    fingerprints_except, floats_to_hashes, hashes_to_floats, param_bytes, param_path, signature,
 };
 use crate::plan::DdpConfig;
 use crate::strategy::agree::{Fact, agree, dtype_fact};
@@ -39,7 +40,8 @@ pub(super) struct Worker<B: AutodiffBackend, M: TrainModel<B>, O, I> {
     pub plan: Option<BucketPlan>,
     /// Which replica steps which parameters (and, under ZeRO-2, receives their reduced
     /// gradients), under a split optimizer state with more than one replica; set at start.
-    pub owners: Option<Owners>,
+    /// Shared with the units' gathers under ZeRO-3 (`gather_units`).
+    pub owners: Option<Arc<Owners>>,
     pub stats: RankStats,
     pub steps: u64,
     /// What the ranks check they agree on at start-up (with the model and the settings).
@@ -151,6 +153,10 @@ where
                         "optimizer state and reduced gradients",
                         "broadcasts them after the step",
                     ),
+                    _ if self.config.gather_units => (
+                        "optimizer state, reduced gradients and parameters",
+                        "the others gather them one unit at a time, as the model runs it",
+                    ),
                     _ => (
                         "optimizer state, reduced gradients and parameters",
                         "the others gather them before each forward",
@@ -174,7 +180,7 @@ where
                 // parameters, and the frozen ones whole.
                 self.stats.param_bytes -= owners.others_bytes() as u64;
             }
-            self.owners = Some(owners);
+            self.owners = Some(Arc::new(owners));
         }
         self.plan = Some(plan);
         self.model = Some(model);
@@ -192,20 +198,33 @@ where
     /// Forward/backward over the shard → the guarded step (all-reduce over `dp`) → replica
     /// check → stats.
     fn step_rank(&mut self, shard: &Shard, lr: f64) -> Result<RankDone, RankError> {
+        let by_units = self.config.gather_units && self.releases_parameters();
         let gather_start = Instant::now();
-        let model = self.gathered()?;
-        // The model whole: a released part's placeholders are dropped with the old handle.
+        let model = match by_units {
+            // The model gathers each unit as it runs it.
+            true => self.model.clone().ok_or(RankError::Gone)?,
+            false => self.gathered()?,
+        };
+        // A released part's placeholders are dropped with the old handle.
         self.model = None;
         let gather = gather_start.elapsed();
-        let local = local_gradients(
-            &model,
-            &self.data,
-            &shard.indices,
-            shard.global_samples,
-            self.config.grad_accumulation,
-            &self.device,
-            shard.keep_items,
-        )?;
+        let local = |model: &M| {
+            local_gradients(
+                model,
+                &self.data,
+                &shard.indices,
+                shard.global_samples,
+                self.config.grad_accumulation,
+                &self.device,
+                shard.keep_items,
+            )
+        };
+        let local = match (by_units, &self.owners) {
+            (true, Some(owners)) => {
+                step_by_units::<B, M, _>(&mut self.groups, owners.clone(), &model, local)?
+            }
+            _ => local(&model)?,
+        };
         let plan = self.plan.as_ref().expect("a started rank has a plan");
         let (world, dp) = self
             .groups
@@ -222,7 +241,7 @@ where
                 first_replica: replica == 0,
                 replicated: &s.replicated,
             }),
-            owners: self.owners.as_ref(),
+            owners: self.owners.as_deref(),
             device: &self.device,
         };
         let findings = Findings::Inspect {
@@ -270,6 +289,13 @@ where
         .with_items(local.items)
         .with_stop(shard.stop)
         .shared(self.groups.world(), &self.device)
+    }
+
+    /// Whether the replica holds its own parameters alone between steps (ZeRO-3).
+    fn releases_parameters(&self) -> bool {
+        self.owners
+            .as_ref()
+            .is_some_and(|o| o.releases_parameters())
     }
 
     /// The model whole: this replica's own, or under ZeRO-3 its part with every other
@@ -322,5 +348,36 @@ where
             }),
             None => Ok(()),
         }
+    }
+}
+
+/// `step` on `model`, whose units gather their parameters from their owners as they run
+/// (`gather_units`), the replica's `dp` group lent to them; fails if a released parameter
+/// was left ungathered.
+fn step_by_units<B: AutodiffBackend, M: TrainModel<B>, R>(
+    groups: &mut MeshCollectives<B::InnerBackend>,
+    owners: Arc<Owners>,
+    model: &M,
+    step: impl FnOnce(&M) -> Result<R, RankError>,
+) -> Result<R, RankError> {
+    let group = groups.take_axis(Mesh::DP).expect("a Ddp mesh has dp");
+    let returned = lend::<B, _>(owners.clone(), group, || step(model));
+    // The group back before anything else, so that a failure aborts it too.
+    groups.push_axis(Mesh::DP, returned.group);
+    if let Some(error) = returned.error {
+        return Err(error.into());
+    }
+    let result = match returned.result {
+        Ok(result) => result?,
+        Err(panic) => std::panic::resume_unwind(panic),
+    };
+    let ungathered = (owners.parts().iter())
+        .flat_map(|part| part.slots.iter().map(|slot| slot.id))
+        .find(|id| owners.is_others(*id) && !returned.gathered.contains(id));
+    match ungathered {
+        Some(id) => Err(RankError::Ungathered {
+            param: param_path::<B, M>(model, id),
+        }),
+        None => Ok(result),
     }
 }
