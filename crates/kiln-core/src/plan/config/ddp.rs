@@ -149,7 +149,9 @@ impl Default for DdpConfig {
 impl DdpConfig {
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if self.gather_units && !self.shard_state.splits_parameters() {
-            return Err(ConfigError::GatherUnitsWithoutZero3(self.shard_state));
+            return Err(ConfigError::GatherUnitsWithoutZero3(
+                self.shard_state.name(),
+            ));
         }
         super::error::check_shared_settings(
             self.grad_accumulation,

@@ -138,7 +138,7 @@ pub enum ConfigError {
         "gather_units gathers released parameters unit by unit, but shard_state is \"{0}\"; \
          set shard_state = \"parameters\" or leave gather_units off"
     )]
-    GatherUnitsWithoutZero3(super::ShardState),
+    GatherUnitsWithoutZero3(&'static str),
     /// A strategy asked of a model that lacks the contract it needs.
     #[error(
         "{strategy} needs a model that implements kiln_core::model::{contract}, but this one \
