@@ -172,10 +172,20 @@ impl Owners {
     /// The first [`CollectiveError`]; the group is then poisoned.
     pub(crate) fn broadcast<B: AutodiffBackend, M: AutodiffModule<B>>(
         &self,
-        mut module: M,
+        module: M,
         collective: &mut dyn Collective<Inner<B>>,
     ) -> Result<M, CollectiveError> {
         let held = param_ids::<B, M>(&module);
+        self.broadcast_held(module, &held, collective)
+    }
+
+    /// [`Self::broadcast`] of `module`, whose parameters' ids are `held`.
+    pub(crate) fn broadcast_held<B: AutodiffBackend, M: AutodiffModule<B>>(
+        &self,
+        mut module: M,
+        held: &HashSet<ParamId>,
+        collective: &mut dyn Collective<Inner<B>>,
+    ) -> Result<M, CollectiveError> {
         for (root, part) in self.parts.iter().enumerate() {
             let part = match part.slots.iter().all(|s| held.contains(&s.id)) {
                 true => std::borrow::Cow::Borrowed(part),

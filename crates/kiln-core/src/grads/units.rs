@@ -61,8 +61,12 @@ pub fn gather_unit<B: AutodiffBackend, M: AutodiffModule<B>>(unit: M) -> M {
         let Some(lent) = lent.as_mut().and_then(|l| l.downcast_mut::<Lent<B>>()) else {
             return unit;
         };
-        lent.gathered.extend(param_ids::<B, M>(&unit));
-        match lent.owners.broadcast::<B, M>(unit, lent.group.as_mut()) {
+        let held = param_ids::<B, M>(&unit);
+        let gathered = lent
+            .owners
+            .broadcast_held::<B, M>(unit, &held, lent.group.as_mut());
+        lent.gathered.extend(held);
+        match gathered {
             Ok(unit) => unit,
             Err(error) => {
                 let message = error.to_string();

@@ -348,8 +348,9 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Strategy<B, M> for Ddp<B, M> {
     }
 
     fn model(&self) -> Result<M, StrategyError> {
-        // Under ZeRO-3 each replica holds a part: every replica joins the gather.
-        if self.config.shard_state.splits_parameters() && self.mesh.degree(Mesh::DP) > 1 {
+        // Under ZeRO-3 each replica holds a part: every replica joins the gather (a replica
+        // alone holds the whole and hands it over).
+        if self.config.shard_state.splits_parameters() {
             return self.threads.gather();
         }
         // Every replica is the same: this process's first stands for rank 0's.

@@ -16,7 +16,7 @@ use crate::optim::{GuardedOptimizer, decode, encode, tensor_bytes};
 use crate::params::{
     fingerprints_except, floats_to_hashes, hashes_to_floats, param_bytes, param_path, signature,
 };
-use crate::plan::DdpConfig;
+use crate::plan::{DdpConfig, ShardState};
 use crate::strategy::agree::{Fact, agree, dtype_fact};
 use crate::strategy::exchange::{self, Share, encode_module};
 use crate::strategy::handover::sync_device;
@@ -128,7 +128,7 @@ where
         facts.push(("ddp settings".into(), format!("{:?}", self.config)));
         agree(self.groups.world(), &facts, &self.device)?;
         let cap = self.config.bucket_cap_bytes();
-        let model = if self.replicas > 1 {
+        let mut model = if self.replicas > 1 {
             let every_param = BucketPlan::new(&model, cap, ParamSelection::All);
             let dp = self.groups.axis(Mesh::DP).expect("a Ddp mesh has dp");
             broadcast_parameters(model, &every_param, dp, 0)?
@@ -140,16 +140,15 @@ where
         self.stats.grad_bytes = bytes.grads;
         let plan = BucketPlan::new(&model, cap, ParamSelection::Trainable);
         let stage = self.config.shard_state;
-        let mut model = model;
         if stage.splits_optimizer() && self.replicas > 1 {
             let dp = self.groups.axis(Mesh::DP).expect("a Ddp mesh has dp");
             let owners = Owners::new(&plan, self.replicas, dp.rank(), cap)
                 .reducing_gradients(stage.splits_gradients())
                 .releasing_parameters(stage.splits_parameters());
             if dp.rank() == 0 {
-                let (what, when) = match stage.zero_stage() {
-                    1 => ("optimizer state", "broadcasts them after the step"),
-                    2 => (
+                let (what, when) = match stage {
+                    ShardState::Optimizer => ("optimizer state", "broadcasts them after the step"),
+                    ShardState::Gradients => (
                         "optimizer state and reduced gradients",
                         "broadcasts them after the step",
                     ),
@@ -198,12 +197,13 @@ where
     /// Forward/backward over the shard → the guarded step (all-reduce over `dp`) → replica
     /// check → stats.
     fn step_rank(&mut self, shard: &Shard, lr: f64) -> Result<RankDone, RankError> {
-        let by_units = self.config.gather_units && self.releases_parameters();
+        // Under ZeRO-3 with `gather_units`, the owners the model's units gather from.
+        let by_units = (self.releasing().cloned()).filter(|_| self.config.gather_units);
         let gather_start = Instant::now();
         let model = match by_units {
             // The model gathers each unit as it runs it.
-            true => self.model.clone().ok_or(RankError::Gone)?,
-            false => self.gathered()?,
+            Some(_) => self.model.clone().ok_or(RankError::Gone)?,
+            None => self.gathered()?,
         };
         // A released part's placeholders are dropped with the old handle.
         self.model = None;
@@ -219,11 +219,9 @@ where
                 shard.keep_items,
             )
         };
-        let local = match (by_units, &self.owners) {
-            (true, Some(owners)) => {
-                step_by_units::<B, M, _>(&mut self.groups, owners.clone(), &model, local)?
-            }
-            _ => local(&model)?,
+        let local = match by_units {
+            Some(owners) => step_by_units::<B, M, _>(&mut self.groups, owners, &model, local)?,
+            None => local(&model)?,
         };
         let plan = self.plan.as_ref().expect("a started rank has a plan");
         let (world, dp) = self
@@ -268,10 +266,11 @@ where
             self.check_replicas(&stepped.model)?;
             communication += check_start.elapsed();
         }
-        self.model = Some(match &self.owners {
-            Some(owners) if owners.releases_parameters() => owners.release(stepped.model),
-            _ => stepped.model,
-        });
+        let model = match self.releasing() {
+            Some(owners) => owners.release(stepped.model),
+            None => stepped.model,
+        };
+        self.model = Some(model);
 
         let compute = local.compute + stepped.compute;
         self.stats.steps += 1;
@@ -291,23 +290,21 @@ where
         .shared(self.groups.world(), &self.device)
     }
 
-    /// Whether the replica holds its own parameters alone between steps (ZeRO-3).
-    fn releases_parameters(&self) -> bool {
-        self.owners
-            .as_ref()
-            .is_some_and(|o| o.releases_parameters())
+    /// The owners, when the replica holds its own parameters alone between steps (ZeRO-3).
+    fn releasing(&self) -> Option<&Arc<Owners>> {
+        self.owners.as_ref().filter(|o| o.releases_parameters())
     }
 
     /// The model whole: this replica's own, or under ZeRO-3 its part with every other
     /// parameter gathered from its owner (every replica of `dp` makes this call together).
     fn gathered(&mut self) -> Result<M, RankError> {
         let model = self.model.clone().ok_or(RankError::Gone)?;
-        match &self.owners {
-            Some(owners) if owners.releases_parameters() => {
+        match self.releasing().cloned() {
+            Some(owners) => {
                 let dp = self.groups.axis(Mesh::DP).expect("a Ddp mesh has dp");
                 Ok(owners.broadcast::<B, M>(model, dp)?)
             }
-            _ => Ok(model),
+            None => Ok(model),
         }
     }
 
@@ -324,10 +321,8 @@ where
     /// holder between steps, and the gather gives every replica its owner's bits: the frozen
     /// ones, which every replica holds, are compared.
     fn check_replicas(&mut self, model: &M) -> Result<(), RankError> {
-        let skip = match (&self.owners, &self.plan) {
-            (Some(owners), Some(plan)) if owners.releases_parameters() => {
-                plan.index.keys().copied().collect()
-            }
+        let skip = match (self.releasing(), &self.plan) {
+            (Some(_), Some(plan)) => plan.index.keys().copied().collect(),
             _ => Default::default(),
         };
         let mine = fingerprints_except::<B, M>(model, skip);
