@@ -389,12 +389,13 @@ fn poison_items(poisoned: Option<usize>) -> Vec<PoisonItem> {
 
 fn poisonable() -> Poisonable<B> {
     let device = Default::default();
-    B::seed(&device, 5);
-    Poisonable {
-        first: LinearConfig::new(4, 8).init(&device),
-        second: LinearConfig::new(8, 1).init(&device),
-    }
-    .fork(&device)
+    seeded::<B, _>(&device, 5, || {
+        Poisonable {
+            first: LinearConfig::new(4, 8).init(&device),
+            second: LinearConfig::new(8, 1).init(&device),
+        }
+        .fork(&device)
+    })
 }
 
 /// Three steps of 12 samples: 0..12, 12..24 (sample 17 may be poisoned), 0..12 again.

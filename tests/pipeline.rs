@@ -164,10 +164,14 @@ fn the_mlp_pipelines_like_single_device_training() {
 fn the_transformer_pipelines_like_single_device_training() {
     let base = transformer_case();
     let device = Default::default();
-    <B as burn::tensor::backend::Backend>::seed(&device, 7);
-    let model = TransformerConfig::new().with_layers(4).init::<B>(&device);
+    let model = seeded::<B, _>(&device, 7, || {
+        TransformerConfig::new()
+            .with_layers(4)
+            .init::<B>(&device)
+            .fork(&device)
+    });
     let case = Case {
-        model: model.fork(&device),
+        model,
         dataset: base.dataset,
         batcher: base.batcher,
     };
@@ -180,22 +184,23 @@ fn the_ad_model_pipelines_like_single_device_training() {
     use kiln::ad::model::AdModelConfig;
     let base = ad_case();
     let device = Default::default();
-    <B as burn::tensor::backend::Backend>::seed(&device, 7);
     // `ad_case`'s model with 4 blocks: the same room and windows.
     let room = DarkRoomConfig {
         size: 5,
         horizon: 6,
     };
-    let model = AdModelConfig {
+    let config = AdModelConfig {
         context: 10,
         d_model: 16,
         d_ff: 32,
         layers: 4,
         ..AdModelConfig::default()
-    }
-    .init::<B>(&room, &device);
+    };
+    let model = seeded::<B, _>(&device, 7, || {
+        config.init::<B>(&room, &device).fork(&device)
+    });
     let case = Case {
-        model: model.fork(&device),
+        model,
         dataset: base.dataset,
         batcher: base.batcher,
     };
@@ -209,14 +214,16 @@ fn the_qlora_model_pipelines_like_single_device_training() {
     use kiln::nn::models::LoraTransformerConfig;
     let base = qlora_case();
     let device = Default::default();
-    <B as burn::tensor::backend::Backend>::seed(&device, 7);
-    let model = LoraTransformerConfig::new()
-        .with_layers(4)
-        .with_lora(LoraConfig::new().with_rank(4))
-        .with_kind(LoraKind::QLora(QuantConfig::new()))
-        .init::<B>(&device);
+    let model = seeded::<B, _>(&device, 7, || {
+        LoraTransformerConfig::new()
+            .with_layers(4)
+            .with_lora(LoraConfig::new().with_rank(4))
+            .with_kind(LoraKind::QLora(QuantConfig::new()))
+            .init::<B>(&device)
+            .fork(&device)
+    });
     let case = Case {
-        model: model.fork(&device),
+        model,
         dataset: base.dataset,
         batcher: base.batcher,
     };

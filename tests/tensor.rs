@@ -251,15 +251,16 @@ fn lora_case(
     layers: usize,
 ) -> Case<LoraTransformer<B>, SequenceItem, SequenceBatcher> {
     let device = Default::default();
-    <B as Backend>::seed(&device, 7);
-    let model = LoraTransformerConfig::new()
-        .with_layers(layers)
-        .with_d_model(width)
-        .with_d_ff(width)
-        .with_lora(LoraConfig::new().with_rank(4))
-        .with_kind(kind)
-        .init(&device)
-        .fork(&device);
+    let model = seeded::<B, _>(&device, 7, || {
+        LoraTransformerConfig::new()
+            .with_layers(layers)
+            .with_d_model(width)
+            .with_d_ff(width)
+            .with_lora(LoraConfig::new().with_rank(4))
+            .with_kind(kind)
+            .init(&device)
+            .fork(&device)
+    });
     Case {
         model,
         dataset: FibonacciTask {

@@ -71,6 +71,21 @@ impl<I: Clone + Send + Sync> CloneItems<I> for InMemDataset<I> {
     }
 }
 
+/// `init()` with `device`'s generator seeded with `seed`, under a lock held by every test of
+/// the binary that initialises this way. Burn's seed belongs to the backend, not the thread:
+/// two tests initialising at once interleave their draws, and each starts from weights its seed
+/// did not choose. Then the reference itself moves between runs, and an equivalence check at a
+/// fixed tolerance passes or fails with the weights it drew (measured on wgpu: 1.6e-7 alone,
+/// up to 2.1e-5 beside another test).
+pub fn seeded<Bk: Backend, T>(device: &Bk::Device, seed: u64, init: impl FnOnce() -> T) -> T {
+    static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _held = INIT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    Bk::seed(device, seed);
+    init()
+}
+
 pub fn mlp_case(
     layers: usize,
     hidden: usize,
@@ -84,13 +99,14 @@ pub fn mlp_case_on<Ab: AutodiffBackend>(
     device: &Ab::Device,
 ) -> Case<Mlp<Ab>, ClassificationItem, ClassificationBatcher> {
     let device = device.clone();
-    Ab::seed(&device, 7);
     Case {
-        model: MlpConfig::new()
-            .with_layers(layers)
-            .with_hidden(hidden)
-            .init(&device)
-            .fork(&device),
+        model: seeded::<Ab, _>(&device, 7, || {
+            MlpConfig::new()
+                .with_layers(layers)
+                .with_hidden(hidden)
+                .init(&device)
+                .fork(&device)
+        }),
         dataset: TeacherTask {
             samples: 256,
             features: 32,
@@ -110,9 +126,10 @@ pub fn transformer_case_on<Ab: AutodiffBackend>(
     device: &Ab::Device,
 ) -> Case<Transformer<Ab>, SequenceItem, SequenceBatcher> {
     let device = device.clone();
-    Ab::seed(&device, 7);
     Case {
-        model: TransformerConfig::new().init(&device).fork(&device),
+        model: seeded::<Ab, _>(&device, 7, || {
+            TransformerConfig::new().init(&device).fork(&device)
+        }),
         dataset: FibonacciTask {
             samples: 128,
             len: 12,
@@ -134,13 +151,14 @@ pub fn qlora_case_on<Ab: AutodiffBackend + kiln::kernels::KernelBackend>(
     device: &Ab::Device,
 ) -> Case<LoraTransformer<Ab>, SequenceItem, SequenceBatcher> {
     let device = device.clone();
-    Ab::seed(&device, 7);
-    let model = LoraTransformerConfig::new()
-        .with_layers(1)
-        .with_lora(LoraConfig::new().with_rank(4))
-        .with_kind(LoraKind::QLora(QuantConfig::new()))
-        .init(&device)
-        .fork(&device);
+    let model = seeded::<Ab, _>(&device, 7, || {
+        LoraTransformerConfig::new()
+            .with_layers(1)
+            .with_lora(LoraConfig::new().with_rank(4))
+            .with_kind(LoraKind::QLora(QuantConfig::new()))
+            .init(&device)
+            .fork(&device)
+    });
     Case {
         model,
         dataset: FibonacciTask {
@@ -158,7 +176,6 @@ pub fn qlora_case_on<Ab: AutodiffBackend + kiln::kernels::KernelBackend>(
 /// histories in a 5×5 room.
 pub fn ad_case() -> Case<AdTransformer<B>, WindowRef, WindowBatcher> {
     let device = Default::default();
-    B::seed(&device, 7);
     let room = DarkRoomConfig {
         size: 5,
         horizon: 6,
@@ -177,7 +194,7 @@ pub fn ad_case() -> Case<AdTransformer<B>, WindowRef, WindowBatcher> {
     };
     let windows = WindowDataset::new(histories.clone(), model.context).unwrap();
     Case {
-        model: model.init(&room, &device).fork(&device),
+        model: seeded::<B, _>(&device, 7, || model.init(&room, &device).fork(&device)),
         dataset: InMemDataset::new(windows.iter().collect()),
         batcher: WindowBatcher::new(histories, model.context),
     }
