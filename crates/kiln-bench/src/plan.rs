@@ -216,7 +216,10 @@ fn layout(row: &PlanRow) -> String {
         l.micro_batches,
         l.micro_batch,
         if l.recompute { " rec" } else { "" },
-        if l.split_optimizer { " split" } else { "" },
+        match l.shard_state.zero_stage() {
+            0 => String::new(),
+            stage => format!(" zero{stage}"),
+        },
         match l.split {
             StageSplit::Even => String::new(),
             split => format!(" {} {}", split.name(), blocks.join("+")),
@@ -390,7 +393,7 @@ mod tests {
                 micro_batches: 1,
                 micro_batch: 8,
                 recompute: false,
-                split_optimizer: false,
+                shard_state: kiln_core::plan::ShardState::None,
                 split: StageSplit::Even,
             },
             blocks: Vec::new(),

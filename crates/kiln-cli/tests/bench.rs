@@ -245,15 +245,19 @@ fn the_plan_bench_sets_every_candidate_s_prediction_beside_its_measurement() {
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("plan.json")).unwrap()).unwrap();
     let rows = report["rows"].as_array().unwrap();
-    // Single at world 1; Ddp (its optimizer state whole and split), pipeline and tensor at
-    // world 2.
-    assert_eq!(rows.len(), 5, "{report}");
-    let split = rows
+    // Single at world 1; Ddp (its state whole and at each ZeRO stage), pipeline and tensor
+    // at world 2.
+    assert_eq!(rows.len(), 7, "{report}");
+    let mut split = rows
         .iter()
-        .filter(|r| r["layout"]["split_optimizer"] == true)
+        .filter(|r| r["layout"]["shard_state"] != "none")
+        .map(|r| {
+            assert_eq!(r["strategy"], "ddp", "{r}");
+            r["layout"]["shard_state"].as_str().unwrap()
+        })
         .collect::<Vec<_>>();
-    assert_eq!(split.len(), 1, "{report}");
-    assert_eq!(split[0]["strategy"], "ddp");
+    split.sort_unstable();
+    assert_eq!(split, ["gradients", "optimizer", "parameters"], "{report}");
     // Each round calibrates afresh, and each row holds every round's prediction and timing,
     // the row's own being one of them.
     let calibrated: Vec<u64> = report["calibrations"]

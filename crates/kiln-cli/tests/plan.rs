@@ -56,12 +56,12 @@ fn a_70b_model_on_64_gpus_is_split_and_every_layout_is_listed() {
     let candidates = report["candidates"].as_array().unwrap();
     // Every mesh of 64 devices whose tp divides the 8 key-value heads and pp the 80 blocks,
     // and whose dp divides the batch: tp ∈ {1, 2, 4, 8}, pp ∈ divisors of 64 / tp; and the
-    // plain replicas (dp 64) once more with their optimizer state split.
+    // plain replicas (dp 64) three more times, at each ZeRO stage.
     let even: Vec<_> = candidates
         .iter()
         .filter(|c| c["layout"]["split"] == "even")
         .collect();
-    assert_eq!(even.len(), 7 + 6 + 5 + 4 + 1, "{report}");
+    assert_eq!(even.len(), 7 + 6 + 5 + 4 + 3, "{report}");
     // Meshes with stages may also be listed balanced (the head's stage lighter), where that
     // cuts other blocks than the even split; every cut adds up to the model's 80 blocks.
     for c in candidates {
@@ -76,12 +76,17 @@ fn a_70b_model_on_64_gpus_is_split_and_every_layout_is_listed() {
             assert_eq!(c["layout"]["split"], "balanced", "{c}");
         }
     }
-    let split: Vec<_> = candidates
+    // Plain replicas also split their state, at each ZeRO stage.
+    let mut stages: Vec<_> = candidates
         .iter()
-        .filter(|c| c["layout"]["split_optimizer"] == true)
+        .filter(|c| c["layout"]["shard_state"] != "none")
+        .map(|c| {
+            assert_eq!(c["layout"]["dp"], 64, "{c}");
+            c["layout"]["shard_state"].as_str().unwrap()
+        })
         .collect();
-    assert_eq!(split.len(), 1, "{report}");
-    assert_eq!(split[0]["layout"]["dp"], 64);
+    stages.sort_unstable();
+    assert_eq!(stages, ["gradients", "optimizer", "parameters"], "{report}");
     for c in candidates {
         let l = &c["layout"];
         let devices = ["dp", "pp", "tp"].map(|k| l[k].as_u64().unwrap());
@@ -143,8 +148,8 @@ fn the_table_shows_the_best_and_the_choice() {
         "{text}"
     );
     assert_eq!(text.matches("| fits |").count(), 3, "{text}");
-    // 23 meshes (as the JSON test counts them), 8 of them also listed with balanced stages.
-    assert!(text.contains("(28 more: --top 31 or --json)"), "{text}");
+    // 25 layouts of even stages (as the JSON test counts them), 8 also listed balanced.
+    assert!(text.contains("(30 more: --top 33 or --json)"), "{text}");
     assert!(text.contains("\nChosen: "), "{text}");
 }
 
@@ -343,6 +348,7 @@ fn memory_predictions_match_the_bytes_kiln_s_strategies_hold() {
         global_batch: 8,
         fixed_bytes: 0.0,
         stage_activation_scale: 1.0,
+        recomputes_blocks: false,
     };
     let layout = |dp, pp, tp| Layout {
         dp,
@@ -351,7 +357,7 @@ fn memory_predictions_match_the_bytes_kiln_s_strategies_hold() {
         micro_batches: 2,
         micro_batch: 8 / dp / 2,
         recompute: false,
-        split_optimizer: false,
+        shard_state: kiln_core::plan::ShardState::None,
         split: StageSplit::Even,
     };
     let most = |report: &serde_json::Value, keys: &[&str]| -> f64 {
@@ -369,6 +375,25 @@ fn memory_predictions_match_the_bytes_kiln_s_strategies_hold() {
             vec!["--strategy", "ddp", "--world", "2"],
             layout(2, 1, 1),
             0.0,
+        ),
+        // ZeRO-1: the moments halved. (ZeRO-2's and ZeRO-3's reports give what a replica holds
+        // between steps, where the planner predicts the step's peak, the gradients whole.)
+        (
+            "zero1",
+            vec![
+                "--strategy",
+                "ddp",
+                "--world",
+                "2",
+                "--shard-state",
+                "optimizer",
+            ],
+            Layout {
+                shard_state: kiln_core::plan::ShardState::Optimizer,
+                ..layout(2, 1, 1)
+            },
+            // Owners own whole parameters, balanced by elements: one holds 64 bytes more.
+            0.001,
         ),
         (
             "pipeline",
@@ -465,12 +490,13 @@ fn every_plan_auto_can_choose_here_trains_as_one_device_does() {
             }
             let parallel = toml::Value::try_from(c.configs(&StrategyConfigs::default())).unwrap();
             let name = format!(
-                "{}-{}-{}-{}-{}",
+                "{}-{}-{}-{}-{}-zero{}",
                 c.strategy.name(),
                 c.layout.dp,
                 c.layout.pp,
                 c.layout.tp,
-                c.layout.micro_batches
+                c.layout.micro_batches,
+                c.layout.shard_state.zero_stage()
             );
             let report = run(&name, c.strategy.name(), c.ranks(), Some(parallel));
             assert_eq!(
@@ -486,8 +512,9 @@ fn every_plan_auto_can_choose_here_trains_as_one_device_does() {
             layouts += 1;
         }
     }
-    // Ddp, pipeline and tensor at 2 ranks; at 4, their meshes and the 3-D one.
-    assert!(layouts >= 6, "{layouts} layouts");
+    // Ddp (whole and at each ZeRO stage), pipeline and tensor at 2 ranks; at 4, their meshes
+    // and the 3-D one.
+    assert!(layouts >= 12, "{layouts} layouts");
 }
 
 #[test]

@@ -62,7 +62,7 @@ where
         micro_batches: 1,
         micro_batch: batch,
         recompute: false,
-        split_optimizer: false,
+        shard_state: kiln_core::plan::ShardState::None,
         split: StageSplit::Even,
     };
     let (work, cluster) = (&mut planner.workload, &planner.cluster);

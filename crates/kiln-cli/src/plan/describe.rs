@@ -123,6 +123,8 @@ pub fn workload(args: &PlanArgs) -> Result<(String, Workload), DescribeError> {
                 global_batch: batch(args)?,
                 fixed_bytes: 0.0,
                 stage_activation_scale: 1.0,
+                // Totals say nothing of the model's blocks: no recomputation without stages.
+                recomputes_blocks: false,
             },
         ));
     }
@@ -167,8 +169,16 @@ pub fn workload(args: &PlanArgs) -> Result<(String, Workload), DescribeError> {
     Ok((name, of_shape(args, &shape)?))
 }
 
-/// Training all of `shape`, or its LoRA adapters over a (4-bit) frozen base.
+/// Training all of `shape`, or its LoRA adapters over a (4-bit) frozen base, as `kiln
+/// finetune` trains Kiln's LLM of that shape (which may recompute one block at a time).
 fn of_shape(args: &PlanArgs, shape: &TransformerShape) -> Result<Workload, DescribeError> {
+    of_shape_as_trained(args, shape).map(Workload::as_llm)
+}
+
+fn of_shape_as_trained(
+    args: &PlanArgs,
+    shape: &TransformerShape,
+) -> Result<Workload, DescribeError> {
     let (precision, batch) = (args.precision.into(), batch(args)?);
     match (args.lora_rank, args.load_in_4bit) {
         (None, false) => Ok(Workload::transformer(shape, precision, batch)),

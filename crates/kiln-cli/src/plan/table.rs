@@ -153,16 +153,20 @@ fn row(i: usize, c: &Candidate, by_device: bool) -> String {
     format!(
         "| {i} | {} | {} | {} | {} | {} × {}{}{} | {}{} ({} + {} + {} + {}) \
          | {} ms ({} + {} + {} + {} + {} + {} + {}) | {:.0} % | {} |",
-        match l.split_optimizer {
-            true => format!("{}, optimizer state split", c.strategy.name()),
-            false => c.strategy.name().to_string(),
+        match l.shard_state.zero_stage() {
+            0 => c.strategy.name().to_string(),
+            stage => format!("{} ZeRO-{stage}", c.strategy.name()),
         },
         l.dp,
         l.pp,
         l.tp,
         l.micro_batches,
         l.micro_batch,
-        if l.recompute { ", recomputed" } else { "" },
+        match (l.recompute, l.pp > 1) {
+            (false, _) => "",
+            (true, true) => ", recomputed",
+            (true, false) => ", blocks recomputed",
+        },
         match l.split {
             StageSplit::Even => String::new(),
             split => format!(", {} stages of {}", split.name(), join(&c.blocks)),

@@ -173,8 +173,11 @@ pub fn layout_configs(
     configs.pipeline.stage_blocks = stage_blocks.map(<[usize]>::to_vec);
     configs.tensor.tp = layout.tp;
     configs.tensor.stages = layout.pp;
-    if layout.split_optimizer {
-        configs.ddp.shard_state = ShardState::Optimizer;
+    if layout.shard_state != ShardState::None {
+        configs.ddp.shard_state = layout.shard_state;
+        // Without stages a layout recomputes only in a model that recomputes its blocks
+        // (gradient checkpointing), which then gathers each as it runs it.
+        configs.ddp.gather_units = layout.shard_state.splits_parameters() && layout.recompute;
     }
     configs
 }
@@ -360,7 +363,7 @@ mod tests {
             micro_batches: 1,
             micro_batch: 4,
             recompute: false,
-            split_optimizer: true,
+            shard_state: ShardState::Optimizer,
             split: StageSplit::Even,
         };
         let split = layout_configs(
@@ -371,7 +374,7 @@ mod tests {
         );
         assert_eq!(split.ddp.shard_state, ShardState::Optimizer);
         let whole = Layout {
-            split_optimizer: false,
+            shard_state: ShardState::None,
             ..layout
         };
         let whole = layout_configs(StrategyKind::Ddp, &whole, None, &StrategyConfigs::default());
@@ -387,7 +390,7 @@ mod tests {
             micro_batches: 2,
             micro_batch: 2,
             recompute: false,
-            split_optimizer: false,
+            shard_state: ShardState::None,
             split: StageSplit::Balanced,
         };
         let base = StrategyConfigs::default();

@@ -66,6 +66,8 @@ impl TransformerConfig {
             global_batch,
             fixed_bytes: 0.0,
             stage_activation_scale: 1.0,
+            // Recomputed only as pipeline stages.
+            recomputes_blocks: false,
         }
     }
 }
@@ -107,6 +109,8 @@ impl MlpConfig {
             global_batch,
             fixed_bytes: 0.0,
             stage_activation_scale: 1.0,
+            // Recomputed only as pipeline stages.
+            recomputes_blocks: false,
         }
     }
 }

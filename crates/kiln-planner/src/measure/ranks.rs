@@ -102,7 +102,7 @@ where
         micro_batches: 1,
         micro_batch: 1,
         recompute: false,
-        split_optimizer: false,
+        shard_state: kiln_core::plan::ShardState::None,
         split: StageSplit::Even,
     };
     let ddp = time_ranks(&timing_plan(StrategyKind::Ddp, 2, batch, 1)?, budget)?;
@@ -346,7 +346,7 @@ mod tests {
             micro_batches: 1,
             micro_batch: 32,
             recompute: false,
-            split_optimizer: false,
+            shard_state: kiln_core::plan::ShardState::None,
             split: StageSplit::Even,
         };
         recovers(
@@ -368,7 +368,7 @@ mod tests {
             micro_batches: 1,
             micro_batch: 32,
             recompute: false,
-            split_optimizer: false,
+            shard_state: kiln_core::plan::ShardState::None,
             split: StageSplit::Even,
         };
         let predict = |p: &Planner, layout: Layout| {
@@ -409,7 +409,7 @@ mod tests {
             micro_batches: 1,
             micro_batch: 32,
             recompute: false,
-            split_optimizer: false,
+            shard_state: kiln_core::plan::ShardState::None,
             split: StageSplit::Even,
         };
         recovers(

@@ -35,7 +35,19 @@ pub struct DdpConfig {
 
 /// Which training state `ddp`'s replicas split among themselves: ZeRO's stages, as DeepSpeed
 /// numbers them, and FSDP's `SHARD_GRAD_OP` / `FULL_SHARD` beyond.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum ShardState {
     /// Every replica holds the parameters, the gradients and the optimizer state whole.

@@ -9,9 +9,13 @@
 //! upper bound where a framework overlaps).
 
 use super::layout::{Layout, Memory, StepTime};
-use super::stage_cost::{gradients, stage_memory, stage_path, stage_seconds};
+use super::stage_cost::{
+    PARAMETER_BYTES, gathered_bytes, gathers_blocks, gradients, shard_state, stage_memory,
+    stage_path, stage_seconds,
+};
 use super::stages::{self, stage_limit};
 use super::{Cluster, Workload};
+use crate::plan::ShardState;
 
 /// The device memory `layout` needs for `work` on `cluster`: that of the device nearest its
 /// limit (on equal devices, the first stage's, with the embeddings and the most micro-batches
@@ -70,7 +74,7 @@ fn stage_memories(
         .collect()
 }
 
-/// Seconds for every replica to receive the `bytes` of parameters their owners stepped, when
+/// Seconds for every replica to receive the `bytes` of parameters their owners hold, when
 /// the replicas split the optimizer state: one broadcast per owner's part. Over a ring each
 /// part is pipelined around it once (every link carries every byte once, and each part pays
 /// the ring's `n - 1` hops); between ranks sharing a CPU, each part is a meeting after which
@@ -83,6 +87,57 @@ fn broadcast(cluster: &Cluster, bytes: f64, n: usize, (bandwidth, latency): (f64
     match cluster.cores.is_some() {
         true => n_f * latency + (n_f - 1.0) / n_f * bytes / bandwidth,
         false => bytes / bandwidth + n_f * (n_f - 1.0) * latency,
+    }
+}
+
+/// Seconds for each of `n` owners to receive the sum of its part of `bytes` (ZeRO-2's and
+/// ZeRO-3's reduction): over a ring, a reduce-scatter (`n - 1` steps, each moving `bytes / n`
+/// over each link: half an all-reduce's traffic); between ranks sharing a CPU, a meeting per
+/// owner, each owner summing its part of the `n` tensors.
+fn reduce_scatter(
+    cluster: &Cluster,
+    bytes: f64,
+    n: usize,
+    (bandwidth, latency): (f64, f64),
+) -> f64 {
+    if n <= 1 {
+        return 0.0;
+    }
+    let n_f = n as f64;
+    match cluster.cores.is_some() {
+        true => n_f * latency + (n_f - 1.0) / n_f * bytes / bandwidth,
+        false => (n_f - 1.0) / n_f * bytes / bandwidth + (n_f - 1.0) * latency,
+    }
+}
+
+/// Seconds of the replicas' collectives in a step of `layout`, whose busiest device reduces
+/// `grads` bytes of gradients, by what the replicas split:
+/// - nothing: the gradients' all-reduce;
+/// - the optimizer state (ZeRO-1): the all-reduce, then each owner's broadcast of the f32
+///   parameters it stepped;
+/// - the gradients (ZeRO-2), or the parameters gathered whole (ZeRO-3): each owner's
+///   reduction, then the broadcast (ZeRO-3's gather before the forward moves what ZeRO-2's
+///   broadcast after the step does): an all-reduce's traffic, as DeepSpeed counts them;
+/// - the parameters gathered one block at a time: the reduction, and every block gathered
+///   for its forward and again for its recomputation, 1.5 all-reduces' traffic.
+fn data_parallel(
+    work: &Workload,
+    cluster: &Cluster,
+    layout: &Layout,
+    grads: f64,
+    link: (f64, f64),
+) -> f64 {
+    let dp = layout.dp;
+    let params = grads / work.gradient_bytes.max(f64::MIN_POSITIVE);
+    let stepped = broadcast(cluster, params * PARAMETER_BYTES, dp, link);
+    match (shard_state(layout), gathers_blocks(layout)) {
+        (ShardState::None, _) => all_reduce(cluster, grads, dp, link),
+        (ShardState::Optimizer, _) => all_reduce(cluster, grads, dp, link) + stepped,
+        (_, false) => reduce_scatter(cluster, grads, dp, link) + stepped,
+        (_, true) => {
+            reduce_scatter(cluster, grads, dp, link)
+                + 2.0 * broadcast(cluster, params * gathered_bytes(work), dp, link)
+        }
     }
 }
 
@@ -145,7 +200,6 @@ pub fn step_time_with(
         tp,
         micro_batches,
         micro_batch,
-        split_optimizer,
         ..
     } = *layout;
     // One micro-batch's forward and backward, and the update, on a device of each stage.
@@ -182,15 +236,9 @@ pub fn step_time_with(
         update *= stretch;
         bubble *= stretch;
     }
-    // The most loaded device's gradients (every replica group all-reduces at once).
+    // The most loaded device's gradients (every replica group reduces at once).
     let grads = gradients(work, layout, memory(work, cluster, layout).trainable_state);
-    let (bw, lat) = link(cluster, pp * tp, dp);
-    // Replicas that split the optimizer state then receive the parameters they do not own.
-    let owners = match split_optimizer {
-        true => broadcast(cluster, grads, dp, (bw, lat)),
-        false => 0.0,
-    };
-    let data_parallel = all_reduce(cluster, grads, dp, (bw, lat)) + owners;
+    let data_parallel = data_parallel(work, cluster, layout, grads, link(cluster, pp * tp, dp));
     // The stage of the most blocks makes the most calls.
     let blocks = blocks.iter().copied().max().unwrap_or(0) as f64;
     let (bw, lat) = link(cluster, 1, tp);

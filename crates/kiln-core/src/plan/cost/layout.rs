@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::plan::ShardState;
+
 /// How a step runs: the mesh and how each replica's share of the batch is cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Layout {
@@ -17,13 +19,19 @@ pub struct Layout {
     pub micro_batches: usize,
     /// Samples per micro-batch.
     pub micro_batch: usize,
-    /// Stages keep only each micro-batch's input and recompute their forward in the backward
-    /// (Kiln's `[parallel.pipeline] recompute`; with stages only).
+    /// The forward is recomputed in the backward. With stages, each stage keeps only its
+    /// micro-batches' inputs and recomputes its whole forward (Kiln's
+    /// `[parallel.pipeline] recompute`). Without, the model keeps each block's input and
+    /// recomputes one block at a time (gradient checkpointing, `kiln finetune
+    /// --gradient-checkpointing`), which only a workload that
+    /// [recomputes its blocks](super::Workload::recomputes_blocks) does.
     pub recompute: bool,
-    /// The replicas split the optimizer state (ZeRO-1, `ddp`'s `shard_state = "optimizer"`):
-    /// plain replicas only (`pp = tp = 1`).
+    /// What the replicas split among themselves (`ddp`'s ZeRO stage, `shard_state`): plain
+    /// replicas only (`pp = tp = 1`). Parameters split with [`Self::recompute`] are gathered one
+    /// block at a time as the model runs it (`gather_units`); without it, whole before the
+    /// forward.
     #[serde(default)]
-    pub split_optimizer: bool,
+    pub shard_state: ShardState,
     /// How the blocks are cut into the stages (with stages only; [`StageSplit::Even`] without).
     #[serde(default)]
     pub split: StageSplit,
@@ -97,8 +105,9 @@ pub struct StepTime {
     pub update: f64,
     /// Stages waiting for the pipeline to fill and drain.
     pub bubble: f64,
-    /// The gradients' all-reduce over the replicas, and the owners' broadcast of what they
-    /// stepped when the replicas split the optimizer state.
+    /// The replicas' collectives: the gradients' all-reduce, or under ZeRO the reduction to
+    /// each owner and the owners' broadcasts of their parameters (after the step, or as
+    /// ZeRO-3's gathers).
     pub data_parallel: f64,
     /// The shards' all-reduces inside every block, forward and backward.
     pub tensor_parallel: f64,

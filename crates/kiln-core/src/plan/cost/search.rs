@@ -7,7 +7,7 @@ use super::estimate::{memory, step_time};
 use super::layout::{Layout, Memory, StageSplit, StepTime};
 use super::stages;
 use super::{Cluster, Workload};
-use crate::plan::StrategyKind;
+use crate::plan::{ShardState, StrategyKind};
 
 /// What a run fixes of its layout: the planner lays out the rest. `None` leaves a setting to
 /// the planner.
@@ -24,8 +24,9 @@ pub struct Fixed {
     /// Micro-batches per replica and step ([`Layout::micro_batches`]).
     #[serde(default)]
     pub micro_batches: Option<usize>,
-    /// Whether stages recompute their forward ([`Layout::recompute`]), in the layouts that
-    /// have stages (those without have nothing to recompute).
+    /// Whether the forward is recomputed ([`Layout::recompute`]), in the layouts that can: those
+    /// with stages, and those without where the model recomputes its blocks
+    /// ([`Workload::recomputes_blocks`]).
     #[serde(default)]
     pub recompute: Option<bool>,
 }
@@ -41,10 +42,10 @@ impl Fixed {
         self.micro_batches.is_none_or(|m| m == micro_batches)
     }
 
-    /// Whether a layout of `pp` stages may recompute or not, as it fixes: only stages
-    /// recompute, the planner's choice unless fixed.
-    fn recomputations(&self, pp: usize) -> &'static [bool] {
-        match (pp > 1, self.recompute) {
+    /// Whether a layout that `can` recompute may recompute or not, as it fixes: the
+    /// planner's choice unless fixed.
+    fn recomputations(&self, can: bool) -> &'static [bool] {
+        match (can, self.recompute) {
             (false, _) => &[false],
             (true, Some(true)) => &[true],
             (true, Some(false)) => &[false],
@@ -221,13 +222,24 @@ fn describe(layout: &Layout, blocks: &[usize]) -> String {
             StageSplit::Even => String::new(),
             split => format!(", {} stages of {} blocks", split.name(), join(blocks)),
         },
-        if layout.recompute { ", recomputed" } else { "" },
-        if layout.split_optimizer {
-            ", optimizer state split over the replicas"
-        } else {
-            ""
-        }
+        match (layout.recompute, layout.pp > 1) {
+            (false, _) => "",
+            (true, true) => ", recomputed",
+            (true, false) => ", blocks recomputed",
+        },
+        zero(layout)
     )
+}
+
+/// What the replicas split, as the plan's reason says it.
+fn zero(layout: &Layout) -> &'static str {
+    match (layout.shard_state, layout.recompute) {
+        (ShardState::None, _) => "",
+        (ShardState::Optimizer, _) => ", ZeRO-1 (optimizer state split over the replicas)",
+        (ShardState::Gradients, _) => ", ZeRO-2 (optimizer state and gradients split)",
+        (ShardState::Parameters, false) => ", ZeRO-3 (parameters gathered whole for the step)",
+        (ShardState::Parameters, true) => ", ZeRO-3 (parameters gathered one block at a time)",
+    }
 }
 
 /// Blocks per stage as `6+10+10+6`.
@@ -269,7 +281,7 @@ fn best_micro_batching(
     cluster: &Cluster,
     (dp, pp, tp): (usize, usize, usize),
     fixed: Fixed,
-    (split_optimizer, split): (bool, StageSplit),
+    (shard_state, split): (ShardState, StageSplit),
 ) -> Option<Candidate> {
     // Replicas of a batch that does not divide take one sample more or less (Kiln's uneven
     // shards): the largest sets the pace and the memory, and the smallest must fill every
@@ -284,7 +296,7 @@ fn best_micro_batching(
             micro_batches,
             micro_batch: per_replica / micro_batches,
             recompute,
-            split_optimizer,
+            shard_state,
             split,
         };
         let (memory, time) = (
@@ -305,7 +317,10 @@ fn best_micro_batching(
             rejected: None,
         }
     };
-    let recompute = fixed.recomputations(pp);
+    // Stages recompute whole; without stages, a model that recomputes its blocks (under
+    // replicas, not shards) recomputes one at a time.
+    let can = pp > 1 || (tp == 1 && work.recomputes_blocks && !fixed.staged);
+    let recompute = fixed.recomputations(can);
     let all: Vec<Candidate> = divisors(per_replica)
         .filter(|&m| m <= smallest && fixed.allows_micro_batches(m))
         .flat_map(|m| recompute.iter().map(move |&r| (m, r)))
@@ -366,7 +381,13 @@ pub fn search_within(
         .filter(|(_, c)| c.time.total <= fastest * (1.0 + tolerance))
         .min_by_key(|(_, c)| {
             let l = &c.layout;
-            (l.pp * l.tp, l.micro_batches, l.recompute, l.split)
+            (
+                l.pp * l.tp,
+                l.micro_batches,
+                l.recompute,
+                l.shard_state,
+                l.split,
+            )
         })
         .map(|(i, _)| i)
         .expect("the fastest is close to itself");
@@ -436,13 +457,14 @@ fn candidates(
             if work.global_batch < dp {
                 continue;
             }
-            // Plain replicas may also split their optimizer state (`ddp`'s ZeRO-1): a layout
-            // of its own, less memory for one more broadcast a step. Not ZeRO-2 or ZeRO-3:
-            // Burn's backward returns every gradient at once, and its autodiff keeps every
-            // parameter a forward used until the backward, so their peak is ZeRO-1's.
-            let state_splits: &[bool] = match dp > 1 && pp == 1 && tp == 1 && !fixed.staged {
-                true => &[false, true],
-                false => &[false],
+            // Plain replicas may also split their state (`ddp`'s ZeRO stages): a layout each,
+            // less memory for other collectives. Burn's backward returns every gradient at
+            // once, and its autodiff keeps every parameter a forward used until the
+            // backward, so ZeRO-2 and ZeRO-3 gathered whole peak as ZeRO-1 does; ZeRO-3 cuts
+            // the peak where the model recomputes its blocks and gathers each as it runs it.
+            let state_splits: &[ShardState] = match dp > 1 && pp == 1 && tp == 1 && !fixed.staged {
+                true => &ShardState::ALL,
+                false => &[ShardState::None],
             };
             // Stages may be cut evenly, balanced, or (on devices that differ) filled in turn:
             // each a layout of its own where its blocks differ from the even split's.

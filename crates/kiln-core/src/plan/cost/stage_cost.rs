@@ -8,27 +8,65 @@
 
 use super::layout::{Layout, Memory};
 use super::{Cluster, Workload};
+use crate::plan::ShardState;
 
-/// Bytes per trainable parameter that replicas splitting the optimizer state divide among
-/// themselves: AdamW's two f32 moments. Kiln's master weights are the model's own f32
-/// parameters, which every replica holds whole.
+/// Bytes per trainable parameter of AdamW's two f32 moments: what every ZeRO stage splits.
 const MOMENT_BYTES: f64 = 8.0;
 
+/// Bytes per trainable parameter of its f32 master copy where the weights are copies in a
+/// lower precision (mixed precision): what the workload keeps besides the gradient and the
+/// moments. 0 in f32, where the weights are the parameters themselves.
+fn master_bytes(work: &Workload) -> f64 {
+    (work.trainable_extra_bytes - work.gradient_bytes - MOMENT_BYTES).max(0.0)
+}
+
+/// Bytes of a trainable parameter as the model holds it: f32, the master copy under mixed
+/// precision (what ZeRO-1's owners broadcast after their step).
+pub(super) const PARAMETER_BYTES: f64 = 4.0;
+
+/// Bytes per trainable parameter that gathering a block moves: its weight as the forward
+/// reads it (a low-precision copy under mixed precision, the f32 parameter otherwise).
+pub(super) fn gathered_bytes(work: &Workload) -> f64 {
+    match master_bytes(work) > 0.0 {
+        true => work.weight_bytes,
+        false => PARAMETER_BYTES,
+    }
+}
+
+/// What the replicas of `layout` split: its ZeRO stage where it has replicas and neither
+/// stages nor shards (Kiln's ZeRO is `ddp`'s), nothing otherwise.
+pub(super) fn shard_state(layout: &Layout) -> ShardState {
+    match layout.dp > 1 && layout.pp == 1 && layout.tp == 1 {
+        true => layout.shard_state,
+        false => ShardState::None,
+    }
+}
+
+/// Whether the replicas hold their own parameters and one block at a time through the step:
+/// ZeRO-3 in a model that recomputes its blocks (`gather_units`). Gathered whole before the
+/// forward, the parameters stand whole at the peak, as under ZeRO-2.
+pub(super) fn gathers_blocks(layout: &Layout) -> bool {
+    shard_state(layout).splits_parameters() && layout.recompute
+}
+
 /// Bytes per trainable parameter a device keeps besides its weight: all of the workload's
-/// ([`Workload::trainable_extra_bytes`]) less its part of the moments the replicas split.
+/// ([`Workload::trainable_extra_bytes`]) less its part of what the replicas split. Burn's
+/// backward returns every gradient at once, so the whole gradients stand at the peak under
+/// every stage (ZeRO-2 and ZeRO-3 cut what a replica holds after the reduction); the master
+/// copies split where ZeRO-3 releases them through the step.
 fn kept_extra_bytes(work: &Workload, layout: &Layout) -> f64 {
     let extra = work.trainable_extra_bytes;
-    match layout.split_optimizer && layout.dp > 1 {
-        true => {
-            let moments = MOMENT_BYTES.min(extra - work.gradient_bytes).max(0.0);
-            extra - moments * (1.0 - 1.0 / layout.dp as f64)
-        }
-        false => extra,
+    let moments = MOMENT_BYTES.min(extra - work.gradient_bytes).max(0.0);
+    let others = 1.0 - 1.0 / layout.dp as f64;
+    match (shard_state(layout), gathers_blocks(layout)) {
+        (ShardState::None, _) => extra,
+        (_, true) => extra - (moments + master_bytes(work)) * others,
+        (_, false) => extra - moments * others,
     }
 }
 
 /// Bytes of the gradients within `trainable_state` (a device's gradients, moments and master
-/// copies under `layout`): what its replicas all-reduce.
+/// copies under `layout`): what its replicas reduce.
 pub(super) fn gradients(work: &Workload, layout: &Layout, trainable_state: f64) -> f64 {
     trainable_state / kept_extra_bytes(work, layout).max(f64::MIN_POSITIVE) * work.gradient_bytes
 }
@@ -58,7 +96,21 @@ pub(super) fn stage_memory(
     let micro_batch = layout.micro_batch as f64;
     let blocks = blocks as f64;
     let params = per_block_params * blocks / layout.tp as f64 + edges;
-    let weights = params * work.weight_bytes;
+    let weights = match gathers_blocks(layout) && master_bytes(work) == 0.0 {
+        // ZeRO-3 one block at a time, where the weights are the parameters (f32): the
+        // replica's own trainable part, the frozen rest, one block gathered, and the edges,
+        // gathered once for the step. Under mixed precision the low-precision copies are
+        // cast whole before the forward (a released parameter's too), so only the masters
+        // split.
+        true => {
+            let own = 1.0 / layout.dp as f64;
+            let blocks_params = per_block_params * blocks;
+            let split = blocks_params * trainable_share * (1.0 - own);
+            let gathered = per_block_params * trainable_share * blocks.min(1.0);
+            (params - split + gathered) * work.weight_bytes
+        }
+        false => params * work.weight_bytes,
+    };
     let trainable_state = params * trainable_share * kept_extra_bytes(work, layout);
     let buckets = match layout.dp > 1 {
         true => gradients(work, layout, trainable_state) * cluster.bucket_copies(),
@@ -77,11 +129,13 @@ pub(super) fn stage_memory(
     let in_flight = in_flight(layout, s);
     let activations = head_activations
         + passing
-        + match layout.recompute {
+        + match (layout.recompute, layout.pp > 1) {
             // The inputs of the micro-batches in flight, and one micro-batch's stage
             // recomputed.
-            true => work.boundary_bytes * micro_batch * in_flight + kept,
-            false => kept * in_flight,
+            (true, true) => work.boundary_bytes * micro_batch * in_flight + kept,
+            // Gradient checkpointing: every block's input, and one block recomputed.
+            (true, false) => work.boundary_bytes * micro_batch * blocks + per_block * micro_batch,
+            (false, _) => kept * in_flight,
         };
     Memory {
         device: 0,

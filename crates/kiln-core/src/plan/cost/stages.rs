@@ -329,7 +329,7 @@ mod tests {
             micro_batches: 8,
             micro_batch: 1,
             recompute: false,
-            split_optimizer: false,
+            shard_state: crate::plan::ShardState::None,
             split: StageSplit::Balanced,
         };
         let work = |vocab| Workload::lora(&fixture(vocab), Precision::F32, 8, 4, false);

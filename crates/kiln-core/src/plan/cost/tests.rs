@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::optim::Precision;
-use crate::plan::StrategyKind;
+use crate::plan::{ShardState, StrategyKind};
 
 /// The transformer the planner's tests on a measured machine use: 4 blocks of width 64, 4
 /// heads, an FFN of 256, 16 tokens of a 16-symbol vocabulary.
@@ -208,7 +208,7 @@ fn replicas_hold_sixteen_bytes_a_parameter_and_their_activations() {
         micro_batches: 8,
         micro_batch: 1,
         recompute: false,
-        split_optimizer: false,
+        shard_state: ShardState::None,
         split: StageSplit::Even,
     };
     let m = memory(&w, &h100(1), &layout);
@@ -249,7 +249,7 @@ fn replicas_also_hold_their_gradients_packed_into_buckets() {
         micro_batches: 4,
         micro_batch: 1,
         recompute: false,
-        split_optimizer: false,
+        shard_state: ShardState::None,
         split: StageSplit::Even,
     };
     let replicated = Layout { dp: 4, ..alone };
@@ -328,7 +328,7 @@ fn the_bubble_shrinks_with_micro_batches_and_rings_cost_by_their_link() {
         micro_batches,
         micro_batch: 32 / micro_batches,
         recompute: false,
-        split_optimizer: false,
+        shard_state: ShardState::None,
         split: StageSplit::Even,
     };
     let few = step_time(&w, &cluster, &layout(8));
@@ -393,7 +393,7 @@ fn layout(dp: usize, pp: usize, micro_batches: usize, micro_batch: usize) -> Lay
         micro_batches,
         micro_batch,
         recompute: false,
-        split_optimizer: false,
+        shard_state: ShardState::None,
         split: StageSplit::Even,
     }
 }
@@ -688,7 +688,7 @@ fn memory_grows_with_every_size_of_the_model() {
         micro_batches: 1,
         micro_batch: 1,
         recompute: false,
-        split_optimizer: false,
+        shard_state: ShardState::None,
         split: StageSplit::Even,
     };
     let halved = {
@@ -747,11 +747,11 @@ fn replicas_split_the_optimizer_state_only_where_the_whole_does_not_fit() {
         micro_batches: 2,
         micro_batch: 1,
         recompute: false,
-        split_optimizer: false,
+        shard_state: ShardState::None,
         split: StageSplit::Even,
     };
     let split = Layout {
-        split_optimizer: true,
+        shard_state: ShardState::Optimizer,
         ..plain
     };
     let cluster = h100(2);
@@ -779,11 +779,11 @@ fn replicas_split_the_optimizer_state_only_where_the_whole_does_not_fit() {
             ..h100(2)
         };
         let planned = search(&w, &cluster).unwrap();
-        let fits = |split: bool| {
+        let fits = |split: ShardState| {
             let c = planned
                 .candidates
                 .iter()
-                .find(|c| c.layout.dp == 2 && c.layout.split_optimizer == split);
+                .find(|c| c.layout.dp == 2 && c.layout.shard_state == split);
             c.expect("both layouts of 2 replicas").rejected.is_none()
         };
         let first = planned
@@ -791,12 +791,175 @@ fn replicas_split_the_optimizer_state_only_where_the_whole_does_not_fit() {
             .iter()
             .find(|c| c.layout.dp == 2)
             .unwrap();
-        (fits(false), fits(true), first.layout.split_optimizer)
+        (
+            fits(ShardState::None),
+            fits(ShardState::Optimizer),
+            first.layout.shard_state != ShardState::None,
+        )
     };
-    // Ample memory: both fit, and the whole state is faster. Less: only the split fits.
-    // Less again: neither.
+    // Ample memory: both fit, and the whole state is faster. Less: only a split fits (any
+    // stage: without recomputation they peak alike). Less again: neither.
     assert_eq!(verdicts(80), (true, true, false));
     assert_eq!(verdicts(32), (false, true, true));
     let (whole, split, _) = verdicts(16);
     assert!(!whole && !split, "neither fits 16 GiB");
+}
+
+/// A plain-replica layout of `dp` replicas, one micro-batch of `micro_batch`, splitting
+/// `shard_state`.
+fn replicas(dp: usize, micro_batch: usize, shard_state: ShardState, recompute: bool) -> Layout {
+    Layout {
+        dp,
+        pp: 1,
+        tp: 1,
+        micro_batches: 1,
+        micro_batch,
+        recompute,
+        shard_state,
+        split: StageSplit::Even,
+    }
+}
+
+#[test]
+fn zero_2_and_zero_3_gathered_whole_peak_as_zero_1_and_move_less() {
+    let w = work(&shape(8, 1024, 8, 4096), 8);
+    let cluster = h100(4);
+    let at = |state| {
+        let layout = replicas(4, 2, state, false);
+        (
+            memory(&w, &cluster, &layout),
+            step_time(&w, &cluster, &layout),
+        )
+    };
+    let (one, two, three) = (
+        at(ShardState::Optimizer),
+        at(ShardState::Gradients),
+        at(ShardState::Parameters),
+    );
+    // Burn's backward returns every gradient at once and its autodiff keeps every parameter a
+    // forward used: the peak is ZeRO-1's.
+    assert_eq!(two.0, one.0);
+    assert_eq!(three.0, one.0);
+    // A reduction to each owner is half an all-reduce's traffic; ZeRO-3's gather moves what
+    // ZeRO-2's broadcast does.
+    assert!(two.1.data_parallel < one.1.data_parallel);
+    assert_eq!(three.1.data_parallel, two.1.data_parallel);
+    assert_eq!(three.1.compute, one.1.compute);
+}
+
+#[test]
+fn zero_3_one_block_at_a_time_holds_its_part_and_one_block() {
+    // In f32 the weights are the parameters ZeRO-3 releases.
+    let model = shape(8, 1024, 8, 4096);
+    let w = Workload::transformer(&model, Precision::F32, 8).as_llm();
+    let cluster = h100(4);
+    let (dp, micro_batch) = (4, 2);
+    let plain = replicas(dp, micro_batch, ShardState::Parameters, false);
+    let by_block = replicas(dp, micro_batch, ShardState::Parameters, true);
+    let (whole, part) = (
+        memory(&w, &cluster, &plain),
+        memory(&w, &cluster, &by_block),
+    );
+    let block = model.block_params() as f64;
+    let edges = (w.embedding_params + w.head_params) as f64;
+    let blocks = block * model.layers as f64;
+    // The replica's quarter of the blocks, one block gathered, the edges whole, in f32.
+    let expected = (blocks / dp as f64 + block + edges) * 4.0;
+    assert!(
+        (part.weights - expected).abs() < 1.0,
+        "{} vs {expected}",
+        part.weights
+    );
+    assert_eq!(whole.weights, w.params as f64 * 4.0);
+    // Gradients stay whole (Burn's backward returns them at once); the moments split.
+    let params = w.params as f64;
+    let state = params * (4.0 + 8.0 / dp as f64);
+    assert!((part.trainable_state - state).abs() < 1.0);
+    assert_eq!(part.buckets, whole.buckets);
+    // Every block's input kept, one block's activations recomputed at a time.
+    let kept = w.boundary_bytes * micro_batch as f64 * model.layers as f64
+        + w.block_activation_bytes[0] * micro_batch as f64
+        + w.head_activation_bytes * micro_batch as f64;
+    assert!((part.activations - kept).abs() < 1.0);
+    assert!(part.total < whole.total);
+    // A second forward, and each block gathered twice: 1.5 all-reduces' traffic with the
+    // reduction (each owner's gather of its part is a broadcast of the whole model).
+    let (t_whole, t_part) = (
+        step_time(&w, &cluster, &plain),
+        step_time(&w, &cluster, &by_block),
+    );
+    assert!((t_part.compute / t_whole.compute - 4.0 / 3.0).abs() < 1e-9);
+    assert!(t_part.data_parallel > t_whole.data_parallel);
+}
+
+#[test]
+fn only_a_model_that_recomputes_its_blocks_recomputes_without_stages() {
+    let model = shape(8, 1024, 8, 4096);
+    let cluster = h100(4);
+    // Recomputation fixed on: every layout that can recompute does.
+    let recomputed = Fixed {
+        recompute: Some(true),
+        ..Fixed::default()
+    };
+    let unstaged_recomputed = |w: &Workload| {
+        let planned = search_within(w, &cluster, recomputed).unwrap();
+        planned
+            .candidates
+            .iter()
+            .filter(|c| c.layout.pp == 1 && c.layout.recompute)
+            .map(|c| c.layout.tp)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(unstaged_recomputed(&work(&model, 8)), Vec::<usize>::new());
+    // Kiln's LLM recomputes one block at a time under replicas, never under shards.
+    let llm = unstaged_recomputed(&work(&model, 8).as_llm());
+    assert!(!llm.is_empty());
+    assert!(llm.iter().all(|&tp| tp == 1), "{llm:?}");
+}
+
+#[test]
+fn zero_3_by_block_is_chosen_where_nothing_else_fits_and_runs_with_gather_units() {
+    // 7B in f32 on 4 devices of 80 GB: whole replicas need 16 bytes a parameter (108 GB);
+    // ZeRO-1 still 8 whole; ZeRO-3 a block at a time holds a quarter of the weights and the
+    // moments. Stages and shards are fixed out.
+    let model = TransformerShape {
+        seq: 1024,
+        ..llama(7)
+    };
+    let w = Workload::transformer(&model, Precision::F32, 8).as_llm();
+    let fixed = Fixed {
+        pp: Some(1),
+        tp: Some(1),
+        ..Fixed::default()
+    };
+    let planned = search_within(&w, &h100(4), fixed).unwrap();
+    let chosen = planned.chosen();
+    assert_eq!(chosen.strategy, StrategyKind::Ddp);
+    assert_eq!(
+        (chosen.layout.shard_state, chosen.layout.recompute),
+        (ShardState::Parameters, true),
+        "{}",
+        planned.reason
+    );
+    assert!(planned.reason.contains("ZeRO-3"), "{}", planned.reason);
+    for stage in [
+        ShardState::None,
+        ShardState::Optimizer,
+        ShardState::Gradients,
+    ] {
+        let c = planned
+            .candidates
+            .iter()
+            .find(|c| c.layout.shard_state == stage)
+            .unwrap();
+        assert!(c.rejected.is_some(), "{stage:?} fits: {:?}", c.memory);
+    }
+    let configs = crate::plan::layout_configs(
+        chosen.strategy,
+        &chosen.layout,
+        None,
+        &crate::plan::StrategyConfigs::default(),
+    );
+    assert_eq!(configs.ddp.shard_state, ShardState::Parameters);
+    assert!(configs.ddp.gather_units);
 }

@@ -192,6 +192,12 @@ pub struct Workload {
     /// or the head's own): measured on a machine that is here, 1 for a described model.
     #[serde(default = "super::measured::one")]
     pub stage_activation_scale: f64,
+    /// The model can keep only each block's input and recompute the block in the backward
+    /// without pipeline stages, gathering each block from its owners as it runs it under
+    /// ZeRO-3: Kiln's LLMs under gradient checkpointing (`kiln finetune
+    /// --gradient-checkpointing`). Kiln's built-in models recompute only as pipeline stages.
+    #[serde(default)]
+    pub recomputes_blocks: bool,
 }
 
 impl Workload {
@@ -229,6 +235,7 @@ impl Workload {
             global_batch,
             fixed_bytes: 0.0,
             stage_activation_scale: 1.0,
+            recomputes_blocks: false,
         }
     }
 
@@ -271,6 +278,15 @@ impl Workload {
             gradient_bytes: 4.0,
             backward_passes: 1.0,
             ..whole
+        }
+    }
+
+    /// Kiln's LLM of this workload's shape (`kiln finetune`), which recomputes one block at a
+    /// time under gradient checkpointing ([`Self::recomputes_blocks`]).
+    pub fn as_llm(self) -> Self {
+        Self {
+            recomputes_blocks: true,
+            ..self
         }
     }
 
