@@ -66,8 +66,10 @@ pub enum ShardState {
     /// trainable parameters: the others' are released after the step and gathered from their
     /// owners (one broadcast per bucket of each part) before the next forward. Frozen
     /// parameters stay whole. Training is exactly plain `ddp`'s. Burn's autodiff keeps every
-    /// parameter a forward used until its backward, so the gathered model lives whole through
-    /// the step: this cuts what a replica holds between steps, not its peak.
+    /// parameter a forward used until its backward, so a model gathered whole lives whole
+    /// through the step: that cuts what a replica holds between steps, not its peak. A model
+    /// that recomputes its units gathers each as it runs it (`gather_units`), and then the
+    /// step holds the replica's part and one unit.
     Parameters,
 }
 
