@@ -357,8 +357,15 @@ fn f16_from_copies_trains_as_from_casts_on_the_cpu() {
 
 /// The parameters after `steps` steps of the AD model in `precision` over 3 Ddp replicas with
 /// the fused AdamW under a clipping guard (f16 with a loss scale), the optimizer state whole
-/// on every replica or split among them.
-fn ad_ddp_params(precision: Precision, shard_state: ShardState, steps: usize) -> Vec<Vec<f32>> {
+/// on every replica or split among them, the replicas holding the others' parameters in the
+/// compute dtype where `low_others` (as `fit` sets it); and the most parameter bytes a replica
+/// holds between steps.
+fn ad_ddp_params(
+    precision: Precision,
+    shard_state: ShardState,
+    low_others: bool,
+    steps: usize,
+) -> (Vec<Vec<f32>>, u64) {
     let case = ad_case();
     let (optim, model) = fused_in(precision, case.model.clone());
     let world = World::local(vec![Default::default(); 3]).unwrap();
@@ -366,38 +373,57 @@ fn ad_ddp_params(precision: Precision, shard_state: ShardState, steps: usize) ->
         threads_per_rank: Some(1),
         check_replicas_every: Some(1),
         shard_state,
+        compute_dtype: low_others.then(|| precision.dtype()),
         ..DdpConfig::default()
     };
     let mut ddp = Ddp::new(&world, model, optim, case.source(), config).unwrap();
     for batch in batches(case.dataset.len(), 13, steps) {
         ddp.step(&batch, LR).unwrap();
     }
-    parameters(&ddp.model().unwrap().model)
+    let held = ddp.stats().iter().map(|s| s.param_bytes).max().unwrap();
+    (parameters(&ddp.model().unwrap().model), held)
 }
 
 #[test]
 fn split_state_trains_bf16_and_f16_as_whole_state() {
     let _seeded = seeded();
     for precision in [Precision::Bf16, Precision::F16] {
-        let whole = ad_ddp_params(precision, ShardState::None, 4);
-        let split = ad_ddp_params(precision, ShardState::Optimizer, 4);
-        assert_eq!(whole.len(), split.len());
-        for (i, (a, b)) in whole.iter().zip(&split).enumerate() {
+        let (whole, whole_bytes) = ad_ddp_params(precision, ShardState::None, false, 4);
+        // ZeRO-1, the masters whole or split (the others' parameters held in the compute
+        // dtype, as their owners cast them): plain ddp's bits.
+        for low_others in [false, true] {
+            let (split, bytes) = ad_ddp_params(precision, ShardState::Optimizer, low_others, 4);
+            assert_eq!(whole.len(), split.len());
+            for (i, (a, b)) in whole.iter().zip(&split).enumerate() {
+                assert!(
+                    a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{precision} (others low: {low_others}): parameter {i} differs"
+                );
+            }
+            // Every parameter of the AD model trains: with the masters split a replica holds
+            // its own third in f32 and the rest in 2 bytes, about 2/3 of the f32 model's.
+            let expected = if low_others { 2.0 / 3.0 } else { 1.0 };
+            let ratio = bytes as f64 / whole_bytes as f64;
             assert!(
-                a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
-                "{precision}: parameter {i} differs"
+                (ratio - expected).abs() < 0.05,
+                "{precision} (others low: {low_others}): {bytes} of {whole_bytes} bytes"
             );
         }
         // ZeRO-2's and ZeRO-3's clipping norm adds the owners' parts (in f32): the same
         // training to that sum's rounding, not bits. The f32 master weights are compared.
-        for stage in [ShardState::Gradients, ShardState::Parameters] {
-            let split = ad_ddp_params(precision, stage, 4);
+        for (stage, low_others) in [
+            (ShardState::Gradients, false),
+            (ShardState::Gradients, true),
+            (ShardState::Parameters, false),
+        ] {
+            let (split, _) = ad_ddp_params(precision, stage, low_others, 4);
             for (i, (a, b)) in whole.iter().zip(&split).enumerate() {
                 let scale = a.iter().fold(1e-6f32, |m, x| m.max(x.abs()));
                 let worst = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
                 assert!(
                     worst <= 1e-5 * scale,
-                    "{precision} {stage}: parameter {i} off by {worst} of {scale}"
+                    "{precision} {stage} (others low: {low_others}): parameter {i} off by \
+                     {worst} of {scale}"
                 );
             }
         }

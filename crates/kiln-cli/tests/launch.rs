@@ -299,6 +299,26 @@ fn split_optimizer_state_across_processes_trains_as_plain_ddp_and_resumes_bit_fo
         whole[0],
         "ZeRO-3 parameters held between steps: {parts:?} against {whole:?}"
     );
+    // In bf16 the owners send the others the bf16 copies their forwards read, across the
+    // processes, and keep the f32 master weights alone: plain ddp's bits, and less held.
+    let bf16 = ["--precision", "bf16"];
+    let plain_bf16 = run("plain-bf16", Some(&two), args("4", &bf16));
+    let zero2_bf16 = run(
+        "zero2-bf16",
+        Some(&two),
+        args("4", &[&bf16[..], &["--shard-state", "gradients"]].concat()),
+    );
+    for key in ["param_sum", "param_sq_sum", "final_loss"] {
+        assert_eq!(plain_bf16[key], zero2_bf16[key], "bf16 ZeRO-2: {key}");
+    }
+    let (whole, parts) = (
+        per_rank(&plain_bf16, "param_bytes"),
+        per_rank(&zero2_bf16, "param_bytes"),
+    );
+    assert!(
+        parts.iter().all(|&p| p < whole[0] * 3 / 4),
+        "bf16 ZeRO-2 parameters held between steps: {parts:?} against {whole:?}"
+    );
     // The parts, gathered from both processes into one checkpoint, resume across processes
     // (against processes too: MPI's sums need not round as the in-process collective's).
     // Three processes of one rank each: three owners, one a process.

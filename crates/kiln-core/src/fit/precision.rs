@@ -84,9 +84,12 @@ where
             hooks,
             backend,
         } = run;
+        // Replicas that split their state keep the others' parameters in the dtype this model
+        // computes in, not as f32 masters.
+        let plan = plan.clone().computing_in(optim.precision().dtype());
         let mut unwrapped = Unwrapped(hooks);
         let run = Run {
-            plan,
+            plan: &plan,
             training,
             optim,
             hooks: &mut unwrapped,

@@ -18,6 +18,7 @@ use burn::tensor::{Tensor, backend::AutodiffBackend};
 
 pub use bucket::{BucketPlan, ParamSelection};
 pub(crate) use owners::Owners;
+pub(crate) use sync::broadcast_parameters_in;
 pub use sync::{all_reduce_gradients, broadcast_parameters};
 pub(crate) use to_owners::reduce_to_owners;
 pub use units::gather_unit;

@@ -16,9 +16,9 @@ use std::collections::HashSet;
 
 use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
-use burn::tensor::{Tensor, backend::AutodiffBackend};
+use burn::tensor::{FloatDType, Tensor, backend::AutodiffBackend};
 
-use super::{BucketPlan, broadcast_parameters};
+use super::{BucketPlan, broadcast_parameters, broadcast_parameters_in};
 use crate::collective::{Collective, CollectiveError};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
@@ -36,6 +36,9 @@ pub(crate) struct Owners {
     gradients: bool,
     /// Whether each replica holds only its own parameters between steps (ZeRO-3).
     parameters: bool,
+    /// Under ZeRO-1 and ZeRO-2 with mixed precision, the compute dtype each replica holds the
+    /// others' parameters in (their owners keep the f32 masters).
+    others_dtype: Option<FloatDType>,
     /// The largest bucket of a broadcast.
     cap_bytes: usize,
 }
@@ -76,6 +79,7 @@ impl Owners {
             rank,
             gradients: false,
             parameters: false,
+            others_dtype: None,
             cap_bytes,
         }
     }
@@ -97,6 +101,29 @@ impl Owners {
             parameters: yes,
             ..self
         }
+    }
+
+    /// With `dtype` (a mixed-precision model's compute dtype), each replica holds the others'
+    /// parameters in it between steps: the owners keep the f32 master weights of their parts
+    /// and send each other replica the copy its forward reads, the same bits its own cast
+    /// would make. Not under ZeRO-3, which releases the others' parameters instead.
+    pub(crate) fn holding_others_in(self, dtype: Option<FloatDType>) -> Self {
+        Self {
+            others_dtype: dtype.filter(|_| !self.parameters),
+            ..self
+        }
+    }
+
+    /// The dtype the replica holds the others' parameters in, where it is not theirs.
+    pub(crate) fn others_dtype(&self) -> Option<FloatDType> {
+        self.others_dtype
+    }
+
+    /// Whether the replica holds a part of the trainable parameters as they train, the others
+    /// released (ZeRO-3) or in the compute dtype: the whole model is then gathered from the
+    /// owners.
+    pub(crate) fn holds_part(&self) -> bool {
+        self.parameters || self.others_dtype.is_some()
     }
 
     /// Whether each owner alone receives its parameters' reduced gradients (ZeRO-2).
@@ -200,6 +227,58 @@ impl Owners {
         Ok(module)
     }
 
+    /// After the owners' step (ZeRO-1 and ZeRO-2): every owner's parameters broadcast to the
+    /// others, as they are or, where the replicas [hold the others in the compute
+    /// dtype](Self::holding_others_in), cast to it (the owner keeps its f32 values).
+    ///
+    /// # Errors
+    /// The first [`CollectiveError`]; the group is then poisoned.
+    pub(crate) fn share_stepped<B: AutodiffBackend, M: AutodiffModule<B>>(
+        &self,
+        mut module: M,
+        collective: &mut dyn Collective<Inner<B>>,
+    ) -> Result<M, CollectiveError> {
+        for (root, part) in self.parts.iter().enumerate() {
+            if part.num_params() > 0 {
+                let replace = root != self.rank || self.others_dtype.is_none();
+                module = broadcast_parameters_in(
+                    module,
+                    part,
+                    collective,
+                    root,
+                    self.others_dtype,
+                    replace,
+                )?;
+            }
+        }
+        Ok(module)
+    }
+
+    /// `module` with every parameter another replica owns cast to the dtype the replica holds
+    /// the others' in ([`Self::holding_others_in`]); `module` as it is without one.
+    pub(crate) fn lower<B: AutodiffBackend, M: AutodiffModule<B>>(&self, module: M) -> M {
+        let Some(dtype) = self.others_dtype else {
+            return module;
+        };
+        module.map(&mut Lower::<B> {
+            owners: self,
+            dtype,
+            backend: std::marker::PhantomData,
+        })
+    }
+
+    /// Bytes the replica frees by holding the others' parameters in their compute dtype
+    /// instead of f32, or by releasing them (ZeRO-3).
+    pub(crate) fn freed_bytes(&self) -> usize {
+        let others = self.others_bytes();
+        match (self.parameters, self.others_dtype) {
+            (true, _) => others,
+            // The others' parameters are f32 masters: a 2-byte copy keeps half of each.
+            (false, Some(dtype)) => others - others / 4 * burn::tensor::DType::from(dtype).size(),
+            (false, None) => 0,
+        }
+    }
+
     /// `module` with every parameter another replica owns replaced by a placeholder of its
     /// shape, dtype and `require_grad` that holds one element: a zero broadcast to the shape,
     /// a view with zero strides on Burn's backends. Only [`Self::broadcast`] reads it, for its
@@ -255,6 +334,24 @@ impl<B: AutodiffBackend> ModuleMapper<B> for Release<'_, B> {
         let one = Tensor::<Inner<B>, D>::zeros([1; D], (&device, dtype));
         let placeholder = Tensor::from_inner(one.expand(dims)).set_require_grad(require_grad);
         Param::from_mapped_value(id, placeholder, mapper)
+    }
+}
+
+struct Lower<'a, B: AutodiffBackend> {
+    owners: &'a Owners,
+    dtype: FloatDType,
+    backend: std::marker::PhantomData<B>,
+}
+
+impl<B: AutodiffBackend> ModuleMapper<B> for Lower<'_, B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        if !self.owners.is_others(param.id) {
+            return param;
+        }
+        let (id, tensor, mapper) = param.consume();
+        let require_grad = tensor.is_require_grad();
+        let low = Tensor::from_inner(tensor.inner().cast(self.dtype));
+        Param::from_mapped_value(id, low.set_require_grad(require_grad), mapper)
     }
 }
 

@@ -4,7 +4,7 @@ use std::marker::PhantomData;
 
 use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
-use burn::tensor::{Tensor, backend::AutodiffBackend};
+use burn::tensor::{FloatDType, Tensor, backend::AutodiffBackend};
 
 use super::BucketPlan;
 use crate::collective::{Collective, CollectiveError, ReduceOp};
@@ -116,6 +116,19 @@ pub fn broadcast_parameters<B: AutodiffBackend, M: AutodiffModule<B>>(
     collective: &mut dyn Collective<Inner<B>>,
     root: usize,
 ) -> Result<M, CollectiveError> {
+    broadcast_parameters_in(module, plan, collective, root, None, true)
+}
+
+/// [`broadcast_parameters`] with rank `root`'s values cast to `dtype` first (`None`: as they
+/// are), replacing the parameters only where `replace` (the root, sending, keeps its own).
+pub(crate) fn broadcast_parameters_in<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: M,
+    plan: &BucketPlan,
+    collective: &mut dyn Collective<Inner<B>>,
+    root: usize,
+    dtype: Option<FloatDType>,
+    replace: bool,
+) -> Result<M, CollectiveError> {
     let mut flatten = FlattenParams::<B> {
         plan,
         flats: vec![None; plan.slots.len()],
@@ -124,9 +137,18 @@ pub fn broadcast_parameters<B: AutodiffBackend, M: AutodiffModule<B>>(
     let flats = flatten
         .flats
         .into_iter()
-        .map(|f| f.expect("every planned parameter is visited"))
+        .map(|f: Option<Tensor<Inner<B>, 1>>| {
+            let flat = f.expect("every planned parameter is visited");
+            match dtype {
+                Some(dtype) if flat.dtype() != dtype.into() => flat.cast(dtype),
+                _ => flat,
+            }
+        })
         .collect();
     let (values, _) = plan.run(flats, None, |bucket| collective.broadcast(bucket, root))?;
+    if !replace {
+        return Ok(module);
+    }
     let mut replace = ReplaceParams::<B> {
         plan,
         values,

@@ -26,7 +26,9 @@ type Inner<B> = <B as AutodiffBackend>::InnerBackend;
 /// `model` with every float parameter cast to `dtype` (ids kept), each a leaf of the graph
 /// that requires a gradient where the parameter does: the copy's gradients are the model's, in
 /// `dtype` ([`grads_to_f32`] brings them back). A parameter with a copy in `copies` made from
-/// it as it is takes that copy; the others are cast in one pass.
+/// it as it is takes that copy, and one held in `dtype` already (a replica's copy of a
+/// parameter another replica owns, [`DdpConfig::compute_dtype`](crate::plan::DdpConfig)) is
+/// taken as it is; the others are cast in one pass.
 pub(crate) fn low_precision_copy<B, M>(
     model: &M,
     dtype: FloatDType,
@@ -37,6 +39,7 @@ where
     M: AutodiffModule<B>,
 {
     let mut params = Params::<B> {
+        dtype,
         copies: copies.filter(|c| c.dtype() == dtype),
         seen: HashSet::new(),
         ids: Vec::new(),
@@ -98,8 +101,10 @@ where
 type KeepCopy<B> = Box<dyn FnOnce(&LowCopies, Tensor<Inner<B>, 1>)>;
 
 /// Every float parameter once, in visiting order: its copy where `copies` holds one made from
-/// it, else flattened to be cast (and, for a frozen one, how to keep its copy).
+/// it, itself where it is in the compute dtype already, else flattened to be cast (and, for a
+/// frozen one, how to keep its copy).
 struct Params<'a, B: AutodiffBackend> {
+    dtype: FloatDType,
     copies: Option<&'a LowCopies>,
     seen: HashSet<ParamId>,
     ids: Vec<ParamId>,
@@ -117,6 +122,10 @@ impl<B: AutodiffBackend<InnerBackend: KernelBackend>> ModuleVisitor<B> for Param
                 return;
             }
             let numel = tensor.shape().num_elements();
+            if tensor.dtype() == self.dtype.into() {
+                self.copied.insert(param.id, tensor.reshape([numel]));
+                return;
+            }
             let id = param.id;
             let frozen = !param.val().is_require_grad();
             self.frozen.push(frozen.then(|| {

@@ -218,7 +218,7 @@ where
                 model
             } else {
                 let start = Instant::now();
-                let model = owners.broadcast::<B, M>(model, group)?;
+                let model = owners.share_stepped::<B, M>(model, group)?;
                 broadcast = start.elapsed();
                 model
             }

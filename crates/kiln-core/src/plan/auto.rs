@@ -379,6 +379,19 @@ mod tests {
         };
         let whole = layout_configs(StrategyKind::Ddp, &whole, None, &StrategyConfigs::default());
         assert_eq!(whole.ddp.shard_state, ShardState::None);
+        // ZeRO-3 recomputed (a model that recomputes its blocks) gathers one block at a time;
+        // gathered whole, it does not.
+        for recompute in [false, true] {
+            let zero3 = Layout {
+                shard_state: ShardState::Parameters,
+                recompute,
+                ..layout
+            };
+            let configs =
+                layout_configs(StrategyKind::Ddp, &zero3, None, &StrategyConfigs::default());
+            assert_eq!(configs.ddp.shard_state, ShardState::Parameters);
+            assert_eq!(configs.ddp.gather_units, recompute);
+        }
     }
 
     #[test]

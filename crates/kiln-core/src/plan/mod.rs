@@ -12,6 +12,7 @@ mod auto;
 mod config;
 pub mod cost;
 mod kind;
+mod shard_state;
 
 use std::fmt;
 
@@ -23,10 +24,11 @@ pub use auto::Planner;
 pub use auto::layout_configs;
 pub(crate) use config::check_threads;
 pub use config::{
-    AutoConfig, ConfigError, DataParallelConfig, DdpConfig, PipelineConfig, Schedule, ShardState,
-    SingleConfig, StrategyConfigs, TensorConfig,
+    AutoConfig, ConfigError, DataParallelConfig, DdpConfig, PipelineConfig, Schedule, SingleConfig,
+    StrategyConfigs, TensorConfig,
 };
 pub use kind::StrategyKind;
+pub use shard_state::ShardState;
 
 /// What a run asks for, before it is resolved.
 #[derive(Debug, Clone)]
@@ -327,6 +329,14 @@ impl Plan {
     /// Every strategy's settings, the degrees written in.
     pub fn configs(&self) -> &StrategyConfigs {
         &self.configs
+    }
+
+    /// This plan for a model that computes in `dtype` under mixed precision: `ddp`'s replicas
+    /// that split their state hold the others' parameters in it
+    /// ([`DdpConfig::compute_dtype`]).
+    pub(crate) fn computing_in(mut self, dtype: burn::tensor::FloatDType) -> Self {
+        self.configs.ddp.compute_dtype = Some(dtype);
+        self
     }
 
     /// Samples per optimizer step over all ranks.

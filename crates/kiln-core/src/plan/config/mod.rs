@@ -14,7 +14,7 @@ mod tensor;
 pub use auto::AutoConfig;
 pub use configs::StrategyConfigs;
 pub use data_parallel::DataParallelConfig;
-pub use ddp::{DdpConfig, ShardState};
+pub use ddp::DdpConfig;
 pub use error::ConfigError;
 pub(crate) use error::check_threads;
 pub use pipeline::{PipelineConfig, Schedule};

@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
-use super::{ConfigError, DdpConfig, PipelineConfig, ShardState};
+use super::{ConfigError, DdpConfig, PipelineConfig};
 use crate::data::ShardPolicy;
+use crate::plan::ShardState;
 use crate::world::Mesh;
 
 /// Configuration of [`Tensor`](crate::strategy::Tensor) (`[parallel.tensor]`).
@@ -87,6 +88,7 @@ impl TensorConfig {
             // is not built.
             shard_state: ShardState::None,
             gather_units: false,
+            compute_dtype: None,
         }
     }
 

@@ -113,11 +113,13 @@ fn reduce_scatter(
 /// Seconds of the replicas' collectives in a step of `layout`, whose busiest device reduces
 /// `grads` bytes of gradients, by what the replicas split:
 /// - nothing: the gradients' all-reduce;
-/// - the optimizer state (ZeRO-1): the all-reduce, then each owner's broadcast of the f32
-///   parameters it stepped;
-/// - the gradients (ZeRO-2), or the parameters gathered whole (ZeRO-3): each owner's
-///   reduction, then the broadcast (ZeRO-3's gather before the forward moves what ZeRO-2's
-///   broadcast after the step does): an all-reduce's traffic, as DeepSpeed counts them;
+/// - the optimizer state (ZeRO-1): the all-reduce, then each owner's broadcast of the
+///   parameters it stepped, as the forward reads them (the compute dtype's copy under mixed
+///   precision);
+/// - the gradients (ZeRO-2): each owner's reduction (half an all-reduce's traffic), then the
+///   broadcast;
+/// - the parameters gathered whole (ZeRO-3): the reduction, and the owners' f32 parameters
+///   gathered before the forward;
 /// - the parameters gathered one block at a time: the reduction, and every block gathered
 ///   for its forward and again for its recomputation, 1.5 all-reduces' traffic.
 fn data_parallel(
@@ -129,15 +131,16 @@ fn data_parallel(
 ) -> f64 {
     let dp = layout.dp;
     let params = grads / work.gradient_bytes.max(f64::MIN_POSITIVE);
-    let stepped = broadcast(cluster, params * PARAMETER_BYTES, dp, link);
+    let sent = broadcast(cluster, params * gathered_bytes(work), dp, link);
     match (shard_state(layout), gathers_blocks(layout)) {
         (ShardState::None, _) => all_reduce(cluster, grads, dp, link),
-        (ShardState::Optimizer, _) => all_reduce(cluster, grads, dp, link) + stepped,
-        (_, false) => reduce_scatter(cluster, grads, dp, link) + stepped,
-        (_, true) => {
+        (ShardState::Optimizer, _) => all_reduce(cluster, grads, dp, link) + sent,
+        (ShardState::Gradients, _) => reduce_scatter(cluster, grads, dp, link) + sent,
+        (ShardState::Parameters, false) => {
             reduce_scatter(cluster, grads, dp, link)
-                + 2.0 * broadcast(cluster, params * gathered_bytes(work), dp, link)
+                + broadcast(cluster, params * PARAMETER_BYTES, dp, link)
         }
+        (ShardState::Parameters, true) => reduce_scatter(cluster, grads, dp, link) + 2.0 * sent,
     }
 }
 

@@ -21,11 +21,12 @@ fn master_bytes(work: &Workload) -> f64 {
 }
 
 /// Bytes of a trainable parameter as the model holds it: f32, the master copy under mixed
-/// precision (what ZeRO-1's owners broadcast after their step).
+/// precision (what ZeRO-3's gather before the forward moves).
 pub(super) const PARAMETER_BYTES: f64 = 4.0;
 
-/// Bytes per trainable parameter that gathering a block moves: its weight as the forward
-/// reads it (a low-precision copy under mixed precision, the f32 parameter otherwise).
+/// Bytes per trainable parameter that an owner's broadcast after its step, or a block's
+/// gather, moves: its weight as the forward reads it (a low-precision copy under mixed
+/// precision, the f32 parameter otherwise).
 pub(super) fn gathered_bytes(work: &Workload) -> f64 {
     match master_bytes(work) > 0.0 {
         true => work.weight_bytes,
@@ -52,17 +53,20 @@ pub(super) fn gathers_blocks(layout: &Layout) -> bool {
 /// Bytes per trainable parameter a device keeps besides its weight: all of the workload's
 /// ([`Workload::trainable_extra_bytes`]) less its part of what the replicas split. Burn's
 /// backward returns every gradient at once, so the whole gradients stand at the peak under
-/// every stage (ZeRO-2 and ZeRO-3 cut what a replica holds after the reduction); the master
-/// copies split where ZeRO-3 releases them through the step.
+/// every stage (ZeRO-2 and ZeRO-3 cut what a replica holds after the reduction). The f32
+/// master copies of mixed precision split with the moments (each replica holds the others'
+/// parameters in the compute dtype: `ddp`'s `compute_dtype`, which `fit` sets), but for
+/// ZeRO-3 gathered whole, which gathers them for the step.
 fn kept_extra_bytes(work: &Workload, layout: &Layout) -> f64 {
     let extra = work.trainable_extra_bytes;
     let moments = MOMENT_BYTES.min(extra - work.gradient_bytes).max(0.0);
     let others = 1.0 - 1.0 / layout.dp as f64;
-    match (shard_state(layout), gathers_blocks(layout)) {
-        (ShardState::None, _) => extra,
-        (_, true) => extra - (moments + master_bytes(work)) * others,
-        (_, false) => extra - moments * others,
-    }
+    let split = match (shard_state(layout), gathers_blocks(layout)) {
+        (ShardState::None, _) => 0.0,
+        (ShardState::Parameters, false) => moments,
+        _ => moments + master_bytes(work),
+    };
+    extra - split * others
 }
 
 /// Bytes of the gradients within `trainable_state` (a device's gradients, moments and master

@@ -348,9 +348,12 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Strategy<B, M> for Ddp<B, M> {
     }
 
     fn model(&self) -> Result<M, StrategyError> {
-        // Under ZeRO-3 each replica holds a part: every replica joins the gather (a replica
-        // alone holds the whole and hands it over).
-        if self.config.shard_state.splits_parameters() {
+        // Under ZeRO-3, or with the others' parameters in the compute dtype, each replica
+        // holds a part: every replica joins the gather (a replica alone holds the whole and
+        // hands it over).
+        let stage = self.config.shard_state;
+        let low = stage.splits_optimizer() && self.config.compute_dtype.is_some();
+        if stage.splits_parameters() || low {
             return self.threads.gather();
         }
         // Every replica is the same: this process's first stands for rank 0's.

@@ -144,14 +144,21 @@ where
             let dp = self.groups.axis(Mesh::DP).expect("a Ddp mesh has dp");
             let owners = Owners::new(&plan, self.replicas, dp.rank(), cap)
                 .reducing_gradients(stage.splits_gradients())
-                .releasing_parameters(stage.splits_parameters());
+                .releasing_parameters(stage.splits_parameters())
+                .holding_others_in(self.config.compute_dtype);
             if dp.rank() == 0 {
-                let (what, when) = match stage {
-                    ShardState::Optimizer => ("optimizer state", "broadcasts them after the step"),
-                    ShardState::Gradients => (
-                        "optimizer state and reduced gradients",
-                        "broadcasts them after the step",
+                // Under mixed precision the owners send the copies the forward reads, and
+                // keep the f32 master weights of their own parameters alone.
+                let sent = match owners.others_dtype() {
+                    Some(dtype) => &format!(
+                        "broadcasts them in {dtype:?} after the step (the f32 master weights \
+                         split too)"
                     ),
+                    None => "broadcasts them after the step",
+                };
+                let (what, when) = match stage {
+                    ShardState::Optimizer => ("optimizer state", sent),
+                    ShardState::Gradients => ("optimizer state and reduced gradients", sent),
                     _ if self.config.gather_units => (
                         "optimizer state, reduced gradients and parameters",
                         "the others gather them one unit at a time, as the model runs it",
@@ -175,10 +182,11 @@ where
             }
             if owners.releases_parameters() {
                 model = owners.release(model);
-                // What the replica holds between steps: its own part of the trainable
-                // parameters, and the frozen ones whole.
-                self.stats.param_bytes -= owners.others_bytes() as u64;
             }
+            model = owners.lower(model);
+            // What the replica holds between steps: its own part of the trainable parameters
+            // in f32, the others released or in the compute dtype, the frozen ones whole.
+            self.stats.param_bytes -= owners.freed_bytes() as u64;
             self.owners = Some(Arc::new(owners));
         }
         self.plan = Some(plan);
@@ -200,10 +208,10 @@ where
         // Under ZeRO-3 with `gather_units`, the owners the model's units gather from.
         let by_units = (self.releasing().cloned()).filter(|_| self.config.gather_units);
         let gather_start = Instant::now();
-        let model = match by_units {
+        let model = match (&by_units, self.releasing()) {
             // The model gathers each unit as it runs it.
-            Some(_) => self.model.clone().ok_or(RankError::Gone)?,
-            None => self.gathered()?,
+            (Some(_), _) | (None, None) => self.model.clone().ok_or(RankError::Gone)?,
+            (None, Some(_)) => self.gathered()?,
         };
         // A released part's placeholders are dropped with the old handle.
         self.model = None;
@@ -295,11 +303,17 @@ where
         self.owners.as_ref().filter(|o| o.releases_parameters())
     }
 
-    /// The model whole: this replica's own, or under ZeRO-3 its part with every other
+    /// The owners, when the replica holds a part of the trainable parameters as they train
+    /// (released under ZeRO-3, or the others' in the compute dtype).
+    fn holding_part(&self) -> Option<&Arc<Owners>> {
+        self.owners.as_ref().filter(|o| o.holds_part())
+    }
+
+    /// The model whole, as it trains: this replica's own, or its part with every other
     /// parameter gathered from its owner (every replica of `dp` makes this call together).
     fn gathered(&mut self) -> Result<M, RankError> {
         let model = self.model.clone().ok_or(RankError::Gone)?;
-        match self.releasing().cloned() {
+        match self.holding_part().cloned() {
             Some(owners) => {
                 let dp = self.groups.axis(Mesh::DP).expect("a Ddp mesh has dp");
                 Ok(owners.broadcast::<B, M>(model, dp)?)
@@ -317,11 +331,12 @@ where
 
     /// Compares this replica's parameters with the first replica's, bit for bit: every
     /// parameter's fingerprint (its exact bits, hashed on the host) against the first
-    /// replica's, the first that differs named. Under ZeRO-3 a trainable parameter has one
-    /// holder between steps, and the gather gives every replica its owner's bits: the frozen
-    /// ones, which every replica holds, are compared.
+    /// replica's, the first that differs named. Where a replica holds a part (ZeRO-3, or the
+    /// others in the compute dtype) a trainable parameter has one f32 holder, and the owners'
+    /// broadcasts give every replica its bits: the frozen ones, which every replica holds
+    /// alike, are compared.
     fn check_replicas(&mut self, model: &M) -> Result<(), RankError> {
-        let skip = match (self.releasing(), &self.plan) {
+        let skip = match (self.holding_part(), &self.plan) {
             (Some(_), Some(plan)) => plan.index.keys().copied().collect(),
             _ => Default::default(),
         };
