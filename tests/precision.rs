@@ -415,6 +415,7 @@ fn split_state_trains_bf16_and_f16_as_whole_state() {
             (ShardState::Gradients, false),
             (ShardState::Gradients, true),
             (ShardState::Parameters, false),
+            (ShardState::Parameters, true),
         ] {
             let (split, _) = ad_ddp_params(precision, stage, low_others, 4);
             for (i, (a, b)) in whole.iter().zip(&split).enumerate() {

@@ -1318,7 +1318,22 @@ fn full_fine_tuning_in_bf16_keeps_the_base_s_dtype_and_trains_alike_with_the_sta
         whole == split,
         "the split state's model differs from the whole state's"
     );
-    for dir in [whole_dir, split_dir, folder] {
+    // ZeRO-3 one layer at a time: bf16 placeholders for the other replica's parameters, each
+    // layer gathered as the owner's bf16 copy. The same bf16 model here too.
+    let by_layer_dir = scratch("full-bf16-by-layer");
+    let by_layer = run(
+        &by_layer_dir,
+        &[
+            &ddp[..],
+            &["--shard-state", "parameters", "--gradient-checkpointing"],
+        ]
+        .concat(),
+    );
+    assert!(
+        whole == by_layer,
+        "ZeRO-3 by layer's model differs from the whole state's"
+    );
+    for dir in [whole_dir, split_dir, by_layer_dir, folder] {
         std::fs::remove_dir_all(dir).ok();
     }
 }

@@ -106,10 +106,11 @@ impl Owners {
     /// With `dtype` (a mixed-precision model's compute dtype), each replica holds the others'
     /// parameters in it between steps: the owners keep the f32 master weights of their parts
     /// and send each other replica the copy its forward reads, the same bits its own cast
-    /// would make. Not under ZeRO-3, which releases the others' parameters instead.
+    /// would make. Under ZeRO-3 the released parameters' placeholders are in `dtype`, which
+    /// mixed precision takes as they are instead of casting a whole copy of each.
     pub(crate) fn holding_others_in(self, dtype: Option<FloatDType>) -> Self {
         Self {
-            others_dtype: dtype.filter(|_| !self.parameters),
+            others_dtype: dtype,
             ..self
         }
     }
@@ -257,7 +258,7 @@ impl Owners {
     /// `module` with every parameter another replica owns cast to the dtype the replica holds
     /// the others' in ([`Self::holding_others_in`]); `module` as it is without one.
     pub(crate) fn lower<B: AutodiffBackend, M: AutodiffModule<B>>(&self, module: M) -> M {
-        let Some(dtype) = self.others_dtype else {
+        let Some(dtype) = self.others_dtype.filter(|_| !self.parameters) else {
             return module;
         };
         module.map(&mut Lower::<B> {
@@ -280,7 +281,8 @@ impl Owners {
     }
 
     /// `module` with every parameter another replica owns replaced by a placeholder of its
-    /// shape, dtype and `require_grad` that holds one element: a zero broadcast to the shape,
+    /// shape, dtype (the compute dtype where the replica holds the others' parameters in it)
+    /// and `require_grad` that holds one element: a zero broadcast to the shape,
     /// a view with zero strides on Burn's backends. Only [`Self::broadcast`] reads it, for its
     /// shape, and replaces it with the owner's value.
     pub(crate) fn release<B: AutodiffBackend, M: AutodiffModule<B>>(&self, module: M) -> M {
@@ -328,7 +330,12 @@ impl<B: AutodiffBackend> ModuleMapper<B> for Release<'_, B> {
         }
         let (id, tensor, mapper) = param.consume();
         let require_grad = tensor.is_require_grad();
-        let (dims, device, dtype) = (tensor.dims(), tensor.device(), tensor.dtype());
+        // In the compute dtype where the replica holds the others' parameters in it.
+        let dtype = match self.owners.others_dtype {
+            Some(dtype) => dtype.into(),
+            None => tensor.dtype(),
+        };
+        let (dims, device) = (tensor.dims(), tensor.device());
         // Dropping `tensor` here frees the value once no other handle holds it.
         drop(tensor);
         let one = Tensor::<Inner<B>, D>::zeros([1; D], (&device, dtype));

@@ -40,6 +40,7 @@ where
 {
     let mut params = Params::<B> {
         dtype,
+        as_is: HashSet::new(),
         copies: copies.filter(|c| c.dtype() == dtype),
         seen: HashSet::new(),
         ids: Vec::new(),
@@ -61,11 +62,12 @@ where
         }
         low.extend(params.ids.into_iter().zip(cast));
     }
-    if low.is_empty() {
+    if low.is_empty() && params.as_is.is_empty() {
         return model.clone();
     }
     model.clone().map(&mut Leaves::<B> {
         low,
+        as_is: params.as_is,
         made: HashMap::new(),
     })
 }
@@ -105,6 +107,7 @@ type KeepCopy<B> = Box<dyn FnOnce(&LowCopies, Tensor<Inner<B>, 1>)>;
 /// frozen one, how to keep its copy).
 struct Params<'a, B: AutodiffBackend> {
     dtype: FloatDType,
+    as_is: HashSet<ParamId>,
     copies: Option<&'a LowCopies>,
     seen: HashSet<ParamId>,
     ids: Vec<ParamId>,
@@ -123,7 +126,9 @@ impl<B: AutodiffBackend<InnerBackend: KernelBackend>> ModuleVisitor<B> for Param
             }
             let numel = tensor.shape().num_elements();
             if tensor.dtype() == self.dtype.into() {
-                self.copied.insert(param.id, tensor.reshape([numel]));
+                // As it is, not flattened: a released parameter's placeholder (a zero-stride
+                // view of one element) stays one.
+                self.as_is.insert(param.id);
                 return;
             }
             let id = param.id;
@@ -180,6 +185,8 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Register<B> {
 /// gets the same leaf both times, so that both uses' gradients add up in it.
 struct Leaves<B: AutodiffBackend> {
     low: HashMap<ParamId, Tensor<Inner<B>, 1>>,
+    /// Parameters in the compute dtype already, each its own leaf as it is.
+    as_is: HashSet<ParamId>,
     made: HashMap<ParamId, Box<dyn Any>>,
 }
 
@@ -193,11 +200,14 @@ impl<B: AutodiffBackend> ModuleMapper<B> for Leaves<B> {
         {
             Some(leaf) => leaf.clone(),
             None => {
-                let low = self
-                    .low
-                    .remove(&id)
-                    .expect("every parameter was cast")
-                    .reshape(tensor.shape());
+                let low = match self.as_is.contains(&id) {
+                    true => tensor.clone().inner(),
+                    false => self
+                        .low
+                        .remove(&id)
+                        .expect("every parameter was cast")
+                        .reshape(tensor.shape()),
+                };
                 let mut leaf = Tensor::from_inner(low);
                 if tensor.is_require_grad() {
                     leaf = leaf.require_grad();

@@ -100,12 +100,11 @@ pub(super) fn stage_memory(
     let micro_batch = layout.micro_batch as f64;
     let blocks = blocks as f64;
     let params = per_block_params * blocks / layout.tp as f64 + edges;
-    let weights = match gathers_blocks(layout) && master_bytes(work) == 0.0 {
-        // ZeRO-3 one block at a time, where the weights are the parameters (f32): the
-        // replica's own trainable part, the frozen rest, one block gathered, and the edges,
-        // gathered once for the step. Under mixed precision the low-precision copies are
-        // cast whole before the forward (a released parameter's too), so only the masters
-        // split.
+    let weights = match gathers_blocks(layout) {
+        // ZeRO-3 one block at a time: the replica's own trainable part, the frozen rest, one
+        // block gathered, and the edges, gathered once for the step. The others' parameters
+        // are one-element placeholders, in the compute dtype under mixed precision, which the
+        // forward's cast takes as they are.
         true => {
             let own = 1.0 / layout.dp as f64;
             let blocks_params = per_block_params * blocks;
