@@ -21,16 +21,6 @@ use kiln::nn::models::Mlp;
 
 const STEPS: usize = 60;
 
-/// Burn draws initial parameters from one process-wide generator, which the cases seed: tests
-/// that build models must not interleave, or their models differ from run to run.
-static SEEDED: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn seeded() -> std::sync::MutexGuard<'static, ()> {
-    SEEDED
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 /// The mean loss of the last 10 of `STEPS` steps of the MLP in `precision` on `world` ranks.
 fn final_loss(precision: Precision, world: usize) -> (f64, MixedPrecision<B, Mlp<B>>) {
     let case = mlp_case(2, 32);
@@ -62,7 +52,6 @@ fn final_loss(precision: Precision, world: usize) -> (f64, MixedPrecision<B, Mlp
 
 #[test]
 fn bf16_and_f16_reach_the_f32_loss_within_5_percent() {
-    let _seeded = seeded();
     let (f32_loss, _) = final_loss(Precision::F32, 1);
     eprintln!("f32: final loss {f32_loss:.5}");
     for precision in [Precision::Bf16, Precision::F16] {
@@ -102,7 +91,6 @@ fn ad_final_loss(precision: Precision, world: usize, steps: usize) -> f64 {
 
 #[test]
 fn the_ad_model_in_bf16_and_f16_reaches_the_f32_loss_within_5_percent() {
-    let _seeded = seeded();
     let steps = 40;
     let f32_loss = ad_final_loss(Precision::F32, 2, steps);
     eprintln!("AD f32: final loss {f32_loss:.5}");
@@ -153,7 +141,6 @@ fn ad_tensor_final_loss(precision: Precision, dp: usize, steps: usize) -> (f64, 
 
 #[test]
 fn the_ad_model_sharded_in_bf16_and_f16_reaches_the_f32_loss_within_5_percent() {
-    let _seeded = seeded();
     let steps = 40;
     let f32_loss = ad_final_loss(Precision::F32, 2, steps);
     for precision in [Precision::Bf16, Precision::F16] {
@@ -175,7 +162,6 @@ fn the_ad_model_sharded_in_bf16_and_f16_reaches_the_f32_loss_within_5_percent() 
 
 #[test]
 fn half_precision_changes_the_arithmetic() {
-    let _seeded = seeded();
     // The low-precision path is taken: its parameters differ from f32 training's.
     let (_, f32_model) = final_loss(Precision::F32, 1);
     let (_, bf16_model) = final_loss(Precision::Bf16, 1);
@@ -195,7 +181,6 @@ impl burn::module::ModuleVisitor<B> for DTypes<'_> {
 
 #[test]
 fn an_overflow_halves_the_loss_scale_and_skips_the_step_on_every_rank_and_clean_runs_double_it() {
-    let _seeded = seeded();
     let case = mlp_case(2, 32);
     // At 2^40 the f16 backward overflows (f16's largest value is 65504): the first steps
     // overflow, each halving the scale, until it fits; every 3 clean steps then double it.
@@ -320,7 +305,6 @@ fn ad_fused_params(precision: Precision, uncast: bool, steps: usize) -> Vec<Vec<
 
 #[test]
 fn uncast_half_precision_gradients_train_exactly_as_cast_ones() {
-    let _seeded = seeded();
     for precision in [Precision::Bf16, Precision::F16] {
         let cast = ad_fused_params(precision, false, 4);
         let uncast = ad_fused_params(precision, true, 4);
@@ -351,7 +335,6 @@ impl burn::module::ModuleVisitor<B> for Values<'_> {
 /// that casts every parameter in every step.
 #[test]
 fn f16_from_copies_trains_as_from_casts_on_the_cpu() {
-    let _seeded = seeded();
     f16_copies_train_as_casts::<B>(Default::default());
 }
 
@@ -386,7 +369,6 @@ fn ad_ddp_params(
 
 #[test]
 fn split_state_trains_bf16_and_f16_as_whole_state() {
-    let _seeded = seeded();
     for precision in [Precision::Bf16, Precision::F16] {
         let (whole, whole_bytes) = ad_ddp_params(precision, ShardState::None, false, 4);
         // ZeRO-1, the masters whole or split (the others' parameters held in the compute

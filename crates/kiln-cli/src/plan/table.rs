@@ -162,11 +162,7 @@ fn row(i: usize, c: &Candidate, by_device: bool) -> String {
         l.tp,
         l.micro_batches,
         l.micro_batch,
-        match (l.recompute, l.pp > 1) {
-            (false, _) => "",
-            (true, true) => ", recomputed",
-            (true, false) => ", blocks recomputed",
-        },
+        l.recomputation(),
         match l.split {
             StageSplit::Even => String::new(),
             split => format!(", {} stages of {}", split.name(), join(&c.blocks)),

@@ -18,7 +18,7 @@ use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{FloatDType, Tensor, backend::AutodiffBackend};
 
-use super::{BucketPlan, broadcast_parameters, broadcast_parameters_in};
+use super::{BucketPlan, broadcast_parameters_in};
 use crate::collective::{Collective, CollectiveError};
 
 type Inner<B> = <B as AutodiffBackend>::InnerBackend;
@@ -120,13 +120,6 @@ impl Owners {
         self.others_dtype
     }
 
-    /// Whether the replica holds a part of the trainable parameters as they train, the others
-    /// released (ZeRO-3) or in the compute dtype: the whole model is then gathered from the
-    /// owners.
-    pub(crate) fn holds_part(&self) -> bool {
-        self.parameters || self.others_dtype.is_some()
-    }
-
     /// Whether each owner alone receives its parameters' reduced gradients (ZeRO-2).
     pub(crate) fn reduces_gradients(&self) -> bool {
         self.gradients
@@ -210,22 +203,11 @@ impl Owners {
     /// [`Self::broadcast`] of `module`, whose parameters' ids are `held`.
     pub(crate) fn broadcast_held<B: AutodiffBackend, M: AutodiffModule<B>>(
         &self,
-        mut module: M,
+        module: M,
         held: &HashSet<ParamId>,
         collective: &mut dyn Collective<Inner<B>>,
     ) -> Result<M, CollectiveError> {
-        for (root, part) in self.parts.iter().enumerate() {
-            let part = match part.slots.iter().all(|s| held.contains(&s.id)) {
-                true => std::borrow::Cow::Borrowed(part),
-                false => {
-                    std::borrow::Cow::Owned(part.subset(|id| held.contains(&id), self.cap_bytes))
-                }
-            };
-            if part.num_params() > 0 {
-                module = broadcast_parameters(module, &part, collective, root)?;
-            }
-        }
-        Ok(module)
+        self.broadcast_parts(module, Some(held), collective, None)
     }
 
     /// After the owners' step (ZeRO-1 and ZeRO-2): every owner's parameters broadcast to the
@@ -236,36 +218,49 @@ impl Owners {
     /// The first [`CollectiveError`]; the group is then poisoned.
     pub(crate) fn share_stepped<B: AutodiffBackend, M: AutodiffModule<B>>(
         &self,
-        mut module: M,
+        module: M,
         collective: &mut dyn Collective<Inner<B>>,
     ) -> Result<M, CollectiveError> {
+        self.broadcast_parts(module, None, collective, self.others_dtype)
+    }
+
+    /// Each owner's parameters (those of `held` alone where given) broadcast from it, one
+    /// broadcast per bucket, in rank order; cast to `dtype` first where given, and then kept
+    /// by the owner as they were.
+    fn broadcast_parts<B: AutodiffBackend, M: AutodiffModule<B>>(
+        &self,
+        mut module: M,
+        held: Option<&HashSet<ParamId>>,
+        collective: &mut dyn Collective<Inner<B>>,
+        dtype: Option<FloatDType>,
+    ) -> Result<M, CollectiveError> {
         for (root, part) in self.parts.iter().enumerate() {
+            let part = match held {
+                Some(held) if !part.slots.iter().all(|s| held.contains(&s.id)) => {
+                    std::borrow::Cow::Owned(part.subset(|id| held.contains(&id), self.cap_bytes))
+                }
+                _ => std::borrow::Cow::Borrowed(part),
+            };
             if part.num_params() > 0 {
-                let replace = root != self.rank || self.others_dtype.is_none();
-                module = broadcast_parameters_in(
-                    module,
-                    part,
-                    collective,
-                    root,
-                    self.others_dtype,
-                    replace,
-                )?;
+                let replace = root != self.rank || dtype.is_none();
+                module = broadcast_parameters_in(module, &part, collective, root, dtype, replace)?;
             }
         }
         Ok(module)
     }
 
     /// `module` with every parameter another replica owns cast to the dtype the replica holds
-    /// the others' in ([`Self::holding_others_in`]); `module` as it is without one.
+    /// the others' in ([`Self::holding_others_in`]); `module` as it is without one, and under
+    /// ZeRO-3, which [releases](Self::release) them instead.
     pub(crate) fn lower<B: AutodiffBackend, M: AutodiffModule<B>>(&self, module: M) -> M {
-        let Some(dtype) = self.others_dtype.filter(|_| !self.parameters) else {
-            return module;
-        };
-        module.map(&mut Lower::<B> {
-            owners: self,
-            dtype,
-            backend: std::marker::PhantomData,
-        })
+        match self.others_dtype.is_some() && !self.parameters {
+            true => module.map(&mut Others::<B> {
+                owners: self,
+                release: false,
+                backend: std::marker::PhantomData,
+            }),
+            false => module,
+        }
     }
 
     /// Bytes the replica frees by holding the others' parameters in their compute dtype
@@ -286,11 +281,11 @@ impl Owners {
     /// a view with zero strides on Burn's backends. Only [`Self::broadcast`] reads it, for its
     /// shape, and replaces it with the owner's value.
     pub(crate) fn release<B: AutodiffBackend, M: AutodiffModule<B>>(&self, module: M) -> M {
-        let mut release = Release::<B> {
+        module.map(&mut Others::<B> {
             owners: self,
+            release: true,
             backend: std::marker::PhantomData,
-        };
-        module.map(&mut release)
+        })
     }
 
     /// Whether `id` is a parameter another replica owns (released under ZeRO-3).
@@ -318,47 +313,40 @@ pub(crate) fn param_ids<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M) ->
     ids
 }
 
-struct Release<'a, B: AutodiffBackend> {
+/// Maps every parameter another replica owns, keeping its id, shape and `require_grad`: in the
+/// compute dtype where the replica holds the others' parameters in it, and with `release` a
+/// one-element placeholder ([`Owners::release`]), else the value cast ([`Owners::lower`]).
+struct Others<'a, B: AutodiffBackend> {
     owners: &'a Owners,
+    release: bool,
     backend: std::marker::PhantomData<B>,
 }
 
-impl<B: AutodiffBackend> ModuleMapper<B> for Release<'_, B> {
+impl<B: AutodiffBackend> ModuleMapper<B> for Others<'_, B> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         if !self.owners.is_others(param.id) {
             return param;
         }
         let (id, tensor, mapper) = param.consume();
         let require_grad = tensor.is_require_grad();
-        // In the compute dtype where the replica holds the others' parameters in it.
         let dtype = match self.owners.others_dtype {
             Some(dtype) => dtype.into(),
             None => tensor.dtype(),
         };
-        let (dims, device) = (tensor.dims(), tensor.device());
-        // Dropping `tensor` here frees the value once no other handle holds it.
-        drop(tensor);
-        let one = Tensor::<Inner<B>, D>::zeros([1; D], (&device, dtype));
-        let placeholder = Tensor::from_inner(one.expand(dims)).set_require_grad(require_grad);
-        Param::from_mapped_value(id, placeholder, mapper)
-    }
-}
-
-struct Lower<'a, B: AutodiffBackend> {
-    owners: &'a Owners,
-    dtype: FloatDType,
-    backend: std::marker::PhantomData<B>,
-}
-
-impl<B: AutodiffBackend> ModuleMapper<B> for Lower<'_, B> {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        if !self.owners.is_others(param.id) {
-            return param;
-        }
-        let (id, tensor, mapper) = param.consume();
-        let require_grad = tensor.is_require_grad();
-        let low = Tensor::from_inner(tensor.inner().cast(self.dtype));
-        Param::from_mapped_value(id, low.set_require_grad(require_grad), mapper)
+        let value = match self.release {
+            true => {
+                let (dims, device) = (tensor.dims(), tensor.device());
+                // Dropping `tensor` here frees the value once no other handle holds it.
+                drop(tensor);
+                Tensor::<Inner<B>, D>::zeros([1; D], (&device, dtype)).expand(dims)
+            }
+            false => tensor.inner().cast(dtype),
+        };
+        Param::from_mapped_value(
+            id,
+            Tensor::from_inner(value).set_require_grad(require_grad),
+            mapper,
+        )
     }
 }
 

@@ -61,6 +61,14 @@ impl Default for DdpConfig {
 }
 
 impl DdpConfig {
+    /// Whether each replica holds a part of the trainable parameters as they train (the
+    /// others released under ZeRO-3, or held in the compute dtype under ZeRO-1 and -2 with
+    /// [`Self::compute_dtype`]), so that the whole model is gathered from their owners.
+    pub(crate) fn replicas_hold_parts(&self) -> bool {
+        let stage = self.shard_state;
+        stage.splits_parameters() || (stage.splits_optimizer() && self.compute_dtype.is_some())
+    }
+
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if self.gather_units && !self.shard_state.splits_parameters() {
             return Err(ConfigError::GatherUnitsWithoutZero3(

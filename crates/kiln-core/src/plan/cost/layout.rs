@@ -37,6 +37,18 @@ pub struct Layout {
     pub split: StageSplit,
 }
 
+impl Layout {
+    /// Its recomputation as the plan's lines say it: ", recomputed" for stages, ", blocks
+    /// recomputed" one block at a time without them, nothing without recomputation.
+    pub fn recomputation(&self) -> &'static str {
+        match (self.recompute, self.pp > 1) {
+            (false, _) => "",
+            (true, true) => ", recomputed",
+            (true, false) => ", blocks recomputed",
+        }
+    }
+}
+
 /// How a pipeline's blocks are cut into its stages, as the planner chooses them.
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,

@@ -222,11 +222,7 @@ fn describe(layout: &Layout, blocks: &[usize]) -> String {
             StageSplit::Even => String::new(),
             split => format!(", {} stages of {} blocks", split.name(), join(blocks)),
         },
-        match (layout.recompute, layout.pp > 1) {
-            (false, _) => "",
-            (true, true) => ", recomputed",
-            (true, false) => ", blocks recomputed",
-        },
+        layout.recomputation(),
         zero(layout)
     )
 }

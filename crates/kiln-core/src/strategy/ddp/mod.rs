@@ -351,9 +351,7 @@ impl<B: AutodiffBackend, M: TrainModel<B>> Strategy<B, M> for Ddp<B, M> {
         // Under ZeRO-3, or with the others' parameters in the compute dtype, each replica
         // holds a part: every replica joins the gather (a replica alone holds the whole and
         // hands it over).
-        let stage = self.config.shard_state;
-        let low = stage.splits_optimizer() && self.config.compute_dtype.is_some();
-        if stage.splits_parameters() || low {
+        if self.config.replicas_hold_parts() {
             return self.threads.gather();
         }
         // Every replica is the same: this process's first stands for rank 0's.

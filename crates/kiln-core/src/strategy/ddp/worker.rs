@@ -306,7 +306,9 @@ where
     /// The owners, when the replica holds a part of the trainable parameters as they train
     /// (released under ZeRO-3, or the others' in the compute dtype).
     fn holding_part(&self) -> Option<&Arc<Owners>> {
-        self.owners.as_ref().filter(|o| o.holds_part())
+        self.owners
+            .as_ref()
+            .filter(|_| self.config.replicas_hold_parts())
     }
 
     /// The model whole, as it trains: this replica's own, or its part with every other
